@@ -1,0 +1,97 @@
+"""Shared fixtures: fresh-process runners with controlled environments.
+
+Reproducibility is a property of fresh processes, and TensorFlow's global state
+(thread pools, op determinism, seeds) cannot be undone inside one, so tests
+that touch it spawn `sys.executable` here instead of mutating the test process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from tfdet._environment import DETERMINISM_VARIABLES
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def clean_env(**overrides: str | None) -> dict[str, str]:
+    """os.environ without determinism variables, plus `overrides` (None unsets)."""
+    env = {k: v for k, v in os.environ.items() if k not in DETERMINISM_VARIABLES}
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    for key, value in overrides.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def run_python(
+    code: str,
+    *,
+    env: dict[str, str] | None = None,
+    cpus: Sequence[int] | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh interpreter; `cpus` restricts its CPU affinity."""
+    preexec = None
+    if cpus is not None:
+        cpu_set = set(cpus)
+
+        def preexec() -> None:
+            os.sched_setaffinity(0, cpu_set)
+
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=clean_env() if env is None else env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=preexec,
+        check=False,
+    )
+
+
+def run_tfdet(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 600, cwd=None
+) -> subprocess.CompletedProcess:
+    """Runs the `tfdet` CLI in a fresh process (`python -m tfdet ...`)."""
+    return subprocess.run(
+        [sys.executable, "-m", "tfdet", *args],
+        env=clean_env() if env is None else env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        check=False,
+    )
+
+
+def last_json_line(stdout: str) -> dict:
+    """The last line of `stdout` that parses as a JSON object."""
+    for line in reversed(stdout.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            return json.loads(line)
+    raise AssertionError(f"no JSON line in output:\n{stdout}")
+
+
+@pytest.fixture
+def two_cpus() -> tuple[int, int]:
+    """Two CPUs this process may use, or skip (affinity tests need two)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        pytest.skip("CPU affinity is not available on this platform")
+    if len(cpus) < 2:
+        pytest.skip("affinity perturbation needs at least 2 CPUs")
+    return cpus[0], cpus[1]

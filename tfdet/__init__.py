@@ -1,0 +1,47 @@
+"""tfdet: bit-for-bit reproducible Keras/TensorFlow training, and the proof.
+
+Importing tfdet does not import TensorFlow and changes nothing: settings that
+TensorFlow reads at import must still be pinnable by `tfdet.enable()`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfdet._enable import enable
+from tfdet._enable import is_enabled
+from tfdet._enable import profile
+from tfdet._errors import DivergenceError
+from tfdet._errors import Error
+from tfdet._errors import ProfileMismatchError
+from tfdet._errors import TooLateError
+from tfdet._profile import Profile
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DeterminismCallback",
+    "DivergenceError",
+    "Error",
+    "Profile",
+    "ProfileMismatchError",
+    "TooLateError",
+    "__version__",
+    "enable",
+    "is_enabled",
+    "profile",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The callback subclasses a Keras class; importing Keras imports
+    # TensorFlow, so it is loaded on first use only.
+    if name == "DeterminismCallback":
+        from tfdet._callback import DeterminismCallback
+
+        return DeterminismCallback
+    raise AttributeError(f"module 'tfdet' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

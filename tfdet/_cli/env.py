@@ -1,0 +1,49 @@
+"""`tfdet env`: the environment fingerprint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from tfdet import _environment
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "env",
+        help="Print the environment fingerprint (versions, CPU, GPUs, variables).",
+        description="Prints what can explain a difference in bits between two "
+        "machines: versions, TensorFlow build, CPU model and ISA flags, cores "
+        "and affinity, GPUs, determinism-relevant environment variables.",
+    )
+    parser.add_argument("--json", metavar="FILE", help="Also write the report as JSON.")
+    parser.set_defaults(func=execute)
+
+
+def format_fingerprint(facts: dict) -> str:
+    """Human-readable lines for a fingerprint dict."""
+    lines = []
+    for key, value in facts.items():
+        if key == "env":
+            lines.append("env:")
+            lines.extend(
+                f"  {name}={'(unset)' if val is None else val}" for name, val in value.items()
+            )
+        elif key == "profile":
+            lines.append(f"profile: {'(tfdet not enabled)' if value is None else ''}")
+            if value:
+                lines.extend(f"  {name}: {val}" for name, val in value.items())
+        elif isinstance(value, list):
+            lines.append(f"{key}: {' '.join(map(str, value)) or '(none)'}")
+        else:
+            lines.append(f"{key}: {value}")
+    return "\n".join(lines)
+
+
+def execute(args: argparse.Namespace) -> int:
+    facts = _environment.fingerprint()
+    print(format_fingerprint(facts))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump(facts, out, indent=2, sort_keys=True)
+    return 0

@@ -1,0 +1,392 @@
+"""`tfdet.enable()`: seed everything and pin what decides the bits.
+
+Environment variables this module reads or writes (children inherit writes):
+
+- `PYTHONHASHSEED`: read (only takes effect at interpreter start; a mismatch
+  is a warning naming `tfdet run`), then written as `str(seed)`.
+- `TF_ENABLE_ONEDNN_OPTS`: read; written before `import tensorflow` when
+  `onednn=` asks for a value. Too late once TensorFlow is imported.
+- `ONEDNN_MAX_CPU_ISA`: written on x86-64 (oneDNN reads it at its first
+  primitive). A lower cap already set is kept as the machine's ceiling.
+- `TF_NUM_INTRAOP_THREADS`, `TF_NUM_INTEROP_THREADS`: written, for children.
+- `TF_DETERMINISTIC_OPS`, `TF_CUDNN_DETERMINISTIC`: written as "1".
+- `XLA_FLAGS`: `--xla_gpu_deterministic_ops=true` appended, others kept.
+- `TF_USE_LEGACY_KERAS`: read, to seed tf_keras when it is the Keras in use.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import warnings
+from typing import Any
+
+from tfdet import _isa, _patching, _versions
+from tfdet._errors import ProfileMismatchError, TooLateError
+from tfdet._profile import Profile
+
+_LOG = logging.getLogger("tfdet")
+
+MAX_SEED = 2**32 - 1
+XLA_DETERMINISM_FLAG = "--xla_gpu_deterministic_ops=true"
+
+# What the interpreter started with: PYTHONHASHSEED is only read at start, so
+# the value seen when tfdet is first imported is the one in force.
+_STARTUP_HASH_SEED = os.environ.get("PYTHONHASHSEED")
+
+_active: tuple[dict[str, Any], Profile] | None = None
+
+
+def _check_int(name: str, value: Any, low: int, high: int | None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(
+            f"Expected `{name}` to be an int. Received: {name}={value!r} "
+            f"(of type {type(value).__name__})"
+        )
+    if value < low or (high is not None and value > high):
+        accepted = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"Expected `{name}` {accepted}. Received: {name}={value}")
+    return value
+
+
+def _parse_onednn(value: str | None) -> bool | None:
+    if value is None or value.strip() == "":
+        return None
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _onednn_in_force() -> bool:
+    """Whether oneDNN custom ops are on, as TensorFlow decided at import."""
+    explicit = _parse_onednn(os.environ.get("TF_ENABLE_ONEDNN_OPTS"))
+    if explicit is not None:
+        return explicit
+    # TF 2.21 turns them on by default on x86-64 Linux and Windows.
+    return _isa.applies()
+
+
+def pinned_environment(
+    seed: int,
+    threads: int,
+    cpu_isa: str | None,
+    onednn: bool | None,
+) -> dict[str, str]:
+    """Environment variables that pin the profile in a new process.
+
+    `tfdet run` sets these before starting the interpreter; `enable()` writes
+    the ones that still matter so that child processes inherit them.
+
+    Args:
+        seed: The profile's seed (becomes PYTHONHASHSEED).
+        threads: Thread-pool size for TF's intra- and inter-op pools.
+        cpu_isa: oneDNN ISA cap, canonical name, or None off x86-64.
+        onednn: Requested oneDNN custom-ops state, or None for TF's default.
+
+    Returns:
+        A dict of variables to set (existing XLA_FLAGS are kept, not clobbered).
+    """
+    env = {
+        "PYTHONHASHSEED": str(seed),
+        "TF_NUM_INTRAOP_THREADS": str(threads),
+        "TF_NUM_INTEROP_THREADS": str(threads),
+        "TF_DETERMINISTIC_OPS": "1",
+        "TF_CUDNN_DETERMINISTIC": "1",
+        "XLA_FLAGS": _with_xla_determinism(os.environ.get("XLA_FLAGS", "")),
+    }
+    if cpu_isa is not None:
+        env[_isa.ENV_VAR] = cpu_isa
+    if onednn is not None:
+        env["TF_ENABLE_ONEDNN_OPTS"] = "1" if onednn else "0"
+    return env
+
+
+def _with_xla_determinism(flags: str) -> str:
+    parts = flags.split()
+    if any(part.startswith("--xla_gpu_deterministic_ops") for part in parts):
+        # Respect an explicit choice; `xla_determinism` records what it says.
+        return flags
+    return " ".join([*parts, XLA_DETERMINISM_FLAG])
+
+
+def _xla_determinism_in_force() -> bool:
+    return XLA_DETERMINISM_FLAG in os.environ.get("XLA_FLAGS", "").split()
+
+
+def _runtime_started() -> bool:
+    """Whether TensorFlow's eager context exists (the first op has run)."""
+    if not _versions.tensorflow_imported():
+        return False
+    from tensorflow.python.eager import context
+
+    return context.context()._initialized  # pylint: disable=protected-access
+
+
+def _refuse(strict: bool, setting: str, detail: str) -> None:
+    error = TooLateError(setting, detail)
+    if strict:
+        raise error
+    warnings.warn(f"{error} (strict=False: continuing.)", stacklevel=4)
+
+
+def _resolve_isa(requested: str | None, strict: bool, started: bool) -> str:
+    """Decides the oneDNN cap, writes it to the environment, returns it."""
+    if not _isa.applies():
+        return _isa.NOT_APPLICABLE
+    if requested is None:
+        return _isa.current_cap() or "ALL"
+    wanted = _isa.normalize(requested)
+    if not _isa.supports(wanted):
+        best = _isa.best_supported()
+        raise ValueError(
+            f"Expected a `cpu_isa` this CPU supports (up to {best}). Received: "
+            f"cpu_isa={requested!r}. Pass cpu_isa={best!r} or lower; the bits "
+            "will then match machines pinned at that level."
+        )
+    existing = _isa.current_cap()
+    if existing is not None and _isa.rank(existing) < _isa.rank(wanted):
+        warnings.warn(
+            f"{_isa.ENV_VAR}={existing} is already set, below the requested "
+            f"cpu_isa={wanted!r}; keeping {existing} as this machine's ceiling. "
+            f"Bits will differ from machines pinned at {wanted}.",
+            stacklevel=3,
+        )
+        return existing
+    if existing != wanted and started:
+        _refuse(
+            strict,
+            "cpu_isa",
+            f"oneDNN reads {_isa.ENV_VAR} at its first primitive, and "
+            "TensorFlow has already run ops in this process.",
+        )
+        return existing or "ALL"
+    os.environ[_isa.ENV_VAR] = wanted
+    return wanted
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    import numpy as np
+    import tensorflow as tf
+
+    np.random.seed(seed)
+    tf.random.set_seed(seed)
+    try:
+        import keras
+
+        # Also resets Keras 3's global SeedGenerator; default layer seeds come
+        # from Python `random` (keras-team/keras#22620), seeded above too.
+        keras.utils.set_random_seed(seed)
+    except ImportError:  # pragma: no cover - Keras 3 ships with TF >= 2.16
+        pass
+    if _versions.uses_legacy_keras():
+        import tf_keras
+
+        tf_keras.utils.set_random_seed(seed)
+
+
+def _pin_threads(threads: int, strict: bool, started: bool) -> tuple[int, int]:
+    import tensorflow as tf
+
+    threading = tf.config.threading
+    current = (
+        threading.get_intra_op_parallelism_threads(),
+        threading.get_inter_op_parallelism_threads(),
+    )
+    if started and current != (threads, threads):
+        _refuse(
+            strict,
+            "threads",
+            f"TensorFlow's thread pools were created with intra={current[0]}, "
+            f"inter={current[1]} (0 means one per core) when the first op ran, "
+            f"and cannot become {threads}.",
+        )
+        return current
+    threading.set_intra_op_parallelism_threads(threads)
+    threading.set_inter_op_parallelism_threads(threads)
+    return threads, threads
+
+
+def enable(
+    seed: int = 0,
+    *,
+    threads: int = 1,
+    cpu_isa: str | None = "AVX2",
+    onednn: bool | None = None,
+    patches: str | list[str] | tuple[str, ...] | None = "auto",
+    strict: bool = True,
+) -> Profile:
+    """Makes the training that follows bit-for-bit reproducible.
+
+    Call it at the top of the script, before any model, tensor or dataset is
+    built. It seeds Python `random`, NumPy, TensorFlow, Keras 3 (and tf_keras
+    when `TF_USE_LEGACY_KERAS=1`), turns on op determinism, pins the thread
+    pools and the oneDNN ISA, and installs tfdet's deterministic patches.
+
+    Example:
+
+    >>> import tfdet
+    >>> profile = tfdet.enable(seed=42)          # doctest: +SKIP
+    >>> profile.intra_op_threads                 # doctest: +SKIP
+    1
+
+    Args:
+        seed: Seed for every generator, in [0, 2**32 - 1].
+        threads: Size of TensorFlow's intra- and inter-op thread pools. 1 (the
+            default) is portable to any machine; any fixed N gives the same
+            bits on machines with any core count and is faster on N cores.
+        cpu_isa: Cap on oneDNN's instruction set on x86-64 (e.g. "AVX2",
+            "AVX512_CORE"; None leaves it uncapped). Ignored elsewhere.
+        onednn: Require oneDNN custom ops on (True) or off (False); None keeps
+            TensorFlow's default. Only possible before `import tensorflow`.
+        patches: "auto" (the patches these versions need), None (none), or a
+            list of names from `tfdet.patches`.
+        strict: When False, settings that cannot be pinned any more are
+            warnings instead of `TooLateError`, and the profile records what
+            is actually in force, so `tfdet diff` still shows the difference.
+
+    Returns:
+        The active `tfdet.Profile`.
+
+    Raises:
+        ValueError: an argument is out of range, or the CPU lacks `cpu_isa`.
+        TooLateError: TensorFlow already started and a setting cannot change.
+        ProfileMismatchError: `enable()` was already called with other
+            arguments.
+    """
+    global _active
+    request = {
+        "seed": _check_int("seed", seed, 0, MAX_SEED),
+        "threads": _check_int("threads", threads, 1, None),
+        "cpu_isa": None if cpu_isa is None else _isa.normalize(cpu_isa),
+        "onednn": onednn,
+        "patches": _normalize_patch_request(patches),
+        "strict": bool(strict),
+    }
+    if onednn is not None and not isinstance(onednn, bool):
+        raise ValueError(
+            f"Expected `onednn` to be True, False or None. Received: onednn={onednn!r}"
+        )
+    if _active is not None:
+        previous, profile = _active
+        if previous == request:
+            return profile
+        changed = {
+            key: (previous[key], request[key])
+            for key in request
+            if previous[key] != request[key]
+        }
+        raise ProfileMismatchError(
+            "tfdet.enable() was already called with other arguments; a process "
+            "has one profile. Differences (active, requested): "
+            + ", ".join(f"{key}={old!r} vs {new!r}" for key, (old, new) in changed.items())
+            + ". Call enable() once, or start a new process.",
+            changed,
+        )
+
+    _versions.tensorflow_version()  # Clear ImportError when TF is missing/old.
+    if onednn is not None:
+        if _versions.tensorflow_imported():
+            if _onednn_in_force() != onednn:
+                _refuse(
+                    strict,
+                    "onednn",
+                    "TF_ENABLE_ONEDNN_OPTS is read at `import tensorflow`, which "
+                    "already ran.",
+                )
+        else:
+            os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if onednn else "0"
+
+    started = _runtime_started()
+    isa_cap = _resolve_isa(request["cpu_isa"], strict, started)
+
+    import tensorflow as tf
+
+    threads_in_force = _pin_threads(request["threads"], strict, started)
+    tf.config.experimental.enable_op_determinism()
+    env = pinned_environment(seed, threads, None, None)
+    if _STARTUP_HASH_SEED != env["PYTHONHASHSEED"]:
+        warnings.warn(
+            f"PYTHONHASHSEED was {_STARTUP_HASH_SEED!r} at interpreter start; the "
+            f"profile wants {env['PYTHONHASHSEED']!r}. It only takes effect at "
+            "start: run the script as `tfdet run script.py` so that set and dict "
+            "iteration orders are pinned too.",
+            stacklevel=2,
+        )
+    if threads_in_force != (threads, threads):
+        del env["TF_NUM_INTRAOP_THREADS"], env["TF_NUM_INTEROP_THREADS"]
+    os.environ.update(env)
+
+    _seed_everything(seed)
+    installed = _patching.install(_patching.resolve(request["patches"]))
+
+    profile = Profile(
+        seed=seed,
+        intra_op_threads=threads_in_force[0],
+        inter_op_threads=threads_in_force[1],
+        onednn_opts=_onednn_in_force(),
+        cpu_isa=isa_cap,
+        op_determinism=True,
+        xla_determinism=_xla_determinism_in_force(),
+        python_hash_seed=_STARTUP_HASH_SEED,
+        patches=installed,
+        keras=_versions.keras_flavor(),
+        tensorflow_version=tf.__version__,
+        keras_version=_versions.keras_version(),
+        numpy_version=_versions.numpy_version(),
+        python_version=_versions.python_version(),
+    )
+    _active = (request, profile)
+    _LOG.info("tfdet: enabled %s", profile)
+    return profile
+
+
+def _normalize_patch_request(patches: Any) -> Any:
+    if patches is None or patches is False or isinstance(patches, str):
+        return patches
+    return tuple(sorted(patches))
+
+
+def profile() -> Profile | None:
+    """The active profile, or None when `enable()` has not been called."""
+    return None if _active is None else _active[1]
+
+
+def is_enabled() -> bool:
+    """Whether `tfdet.enable()` is in force in this process."""
+    return _active is not None
+
+
+def _op_determinism_enabled() -> bool:
+    from tensorflow.python.framework import config
+
+    return bool(config.is_op_determinism_enabled())
+
+
+def observed_profile(seed: int | None = None) -> Profile:
+    """Describes the settings in force now, without changing anything.
+
+    Used for runs without `enable()` (e.g. `tfdet check --no-enable`), so that
+    their traces still say what decided their bits.
+    """
+    active = profile()
+    if active is not None:
+        return active
+    import tensorflow as tf
+
+    threading = tf.config.threading
+    return Profile(
+        seed=-1 if seed is None else seed,
+        intra_op_threads=threading.get_intra_op_parallelism_threads(),
+        inter_op_threads=threading.get_inter_op_parallelism_threads(),
+        onednn_opts=_onednn_in_force(),
+        cpu_isa=(_isa.current_cap() or "ALL") if _isa.applies() else _isa.NOT_APPLICABLE,
+        op_determinism=_op_determinism_enabled(),
+        xla_determinism=_xla_determinism_in_force(),
+        python_hash_seed=_STARTUP_HASH_SEED,
+        patches=_patching.installed(),
+        keras=_versions.keras_flavor(),
+        tensorflow_version=tf.__version__,
+        keras_version=_versions.keras_version(),
+        numpy_version=_versions.numpy_version(),
+        python_version=_versions.python_version(),
+    )

@@ -1,0 +1,159 @@
+"""oneDNN instruction-set caps (`ONEDNN_MAX_CPU_ISA`) and what this CPU has.
+
+oneDNN picks its kernels, and so the order of floating-point operations, from
+the best ISA the CPU offers. FACTS.md: on x86-64 the bits change with the ISA
+even with TensorFlow's oneDNN custom ops off, because Eigen's contraction kernel
+also goes through oneDNN. Capping the ISA at a level most x86-64 machines have
+(AVX2) makes bits portable across CPU generations.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+ENV_VAR = "ONEDNN_MAX_CPU_ISA"
+NOT_APPLICABLE = "not applicable"
+
+# oneDNN's values, lowest first, with the /proc/cpuinfo flags each one needs.
+_LEVELS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("SSE41", frozenset({"sse4_1"})),
+    ("AVX", frozenset({"avx"})),
+    ("AVX2", frozenset({"avx2"})),
+    ("AVX2_VNNI", frozenset({"avx2", "avx_vnni"})),
+    ("AVX2_VNNI_2", frozenset({"avx2", "avx_vnni", "avx_vnni_int8"})),
+    ("AVX512_CORE", frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})),
+    (
+        "AVX512_CORE_VNNI",
+        frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}),
+    ),
+    (
+        "AVX512_CORE_BF16",
+        frozenset(
+            {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}
+            | {"avx512_bf16"}
+        ),
+    ),
+    (
+        "AVX10_1_512",
+        frozenset(
+            {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}
+            | {"avx512_bf16", "avx512_fp16"}
+        ),
+    ),
+    (
+        "AVX10_1_512_AMX",
+        frozenset(
+            {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}
+            | {"avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16"}
+        ),
+    ),
+    (
+        "AVX10_1_512_AMX_FP16",
+        frozenset(
+            {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}
+            | {"avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16"}
+            | {"amx_fp16"}
+        ),
+    ),
+    ("ALL", frozenset()),
+)
+_ALIASES = {
+    "AVX512_CORE_FP16": "AVX10_1_512",
+    "AVX512_CORE_AMX": "AVX10_1_512_AMX",
+    "AVX512_CORE_AMX_FP16": "AVX10_1_512_AMX_FP16",
+}
+NAMES: tuple[str, ...] = tuple(name for name, _ in _LEVELS)
+_RANK = {name: rank for rank, name in enumerate(NAMES)}
+_REQUIRED = dict(_LEVELS)
+
+
+def applies() -> bool:
+    """Whether oneDNN ISA caps mean anything on this machine (x86-64 only)."""
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+def normalize(name: str) -> str:
+    """Canonical upper-case oneDNN name for `name`.
+
+    Raises:
+        ValueError: `name` is not a oneDNN ISA, listing the accepted names.
+    """
+    if not isinstance(name, str):
+        raise ValueError(
+            f"Expected `cpu_isa` to be a string, one of {', '.join(NAMES)}. "
+            f"Received: cpu_isa={name!r}"
+        )
+    upper = name.strip().upper()
+    upper = _ALIASES.get(upper, upper)
+    if upper not in _RANK:
+        raise ValueError(
+            f"Expected `cpu_isa` to be one of {', '.join(NAMES)}. "
+            f"Received: cpu_isa={name!r}"
+        )
+    return upper
+
+
+def rank(name: str) -> int:
+    """Position of a canonical name, lowest ISA first."""
+    return _RANK[normalize(name)]
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags of /proc/cpuinfo (empty where unavailable)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_model() -> str:
+    """The CPU model name, or the platform's processor string."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def best_supported(flags: frozenset[str] | None = None) -> str:
+    """The highest capped level the CPU fully supports (never `"ALL"`)."""
+    flags = cpu_flags() if flags is None else flags
+    best = NAMES[0]
+    for name, required in _LEVELS[:-1]:
+        if required <= flags:
+            best = name
+    return best
+
+
+def supports(name: str, flags: frozenset[str] | None = None) -> bool:
+    """Whether the CPU has every instruction `name` needs."""
+    flags = cpu_flags() if flags is None else flags
+    if not flags:  # Unknown CPU (no /proc/cpuinfo): trust the request.
+        return True
+    return _REQUIRED[normalize(name)] <= flags
+
+
+def relevant_flags(flags: frozenset[str] | None = None) -> list[str]:
+    """The CPU flags that decide oneDNN's kernel choice, sorted."""
+    flags = cpu_flags() if flags is None else flags
+    wanted = frozenset().union(*_REQUIRED.values())
+    return sorted(flags & wanted)
+
+
+def current_cap() -> str | None:
+    """The cap set in the environment, canonical, or None when unset/unknown."""
+    value = os.environ.get(ENV_VAR)
+    if not value:
+        return None
+    try:
+        return normalize(value)
+    except ValueError:
+        return None

@@ -1,0 +1,86 @@
+"""`tfdet.Profile`: everything that decides the bits and can be pinned."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """The settings that decide the bits of a training run.
+
+    Two runs with equal profiles on conforming machines give the same bits.
+    `tfdet.enable()` returns one, every trace records one, `tfdet diff`
+    compares them field by field.
+
+    Attributes:
+        seed: Seed of Python `random`, NumPy, TensorFlow and Keras.
+        intra_op_threads: Size of TensorFlow's intra-op thread pool (0 means
+            TensorFlow's default, which follows the machine's cores).
+        inter_op_threads: Size of the inter-op thread pool (0: default).
+        onednn_opts: Whether TensorFlow's oneDNN custom ops are on.
+        cpu_isa: oneDNN's maximum ISA, or "not applicable" off x86-64.
+        op_determinism: Whether `enable_op_determinism()` is in force.
+        xla_determinism: Whether `--xla_gpu_deterministic_ops=true` is in
+            `XLA_FLAGS`.
+        python_hash_seed: `PYTHONHASHSEED` the interpreter started with, or
+            None when hashing is randomized.
+        patches: Names of the tfdet patches installed, sorted.
+        keras: "keras3" or "tf_keras".
+        tensorflow_version: Version of TensorFlow.
+        keras_version: Version of the Keras in use.
+        numpy_version: Version of NumPy.
+        python_version: Version of Python.
+    """
+
+    seed: int
+    intra_op_threads: int
+    inter_op_threads: int
+    onednn_opts: bool
+    cpu_isa: str
+    op_determinism: bool
+    xla_determinism: bool
+    python_hash_seed: str | None
+    patches: tuple[str, ...]
+    keras: str
+    tensorflow_version: str
+    keras_version: str | None
+    numpy_version: str
+    python_version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (tuples become lists)."""
+        data = dataclasses.asdict(self)
+        data["patches"] = list(self.patches)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Profile:
+        """Inverse of `to_dict`; unknown keys are ignored, missing ones raise.
+
+        Raises:
+            ValueError: a field is missing.
+        """
+        names = [field.name for field in dataclasses.fields(cls)]
+        missing = [name for name in names if name not in data]
+        if missing:
+            raise ValueError(
+                f"Expected a tfdet profile with fields {names}. Missing: {missing}"
+            )
+        values = {name: data[name] for name in names}
+        values["patches"] = tuple(values["patches"])
+        return cls(**values)
+
+    def differences(self, other: Profile) -> dict[str, tuple[Any, Any]]:
+        """`{field: (self value, other value)}` for every field that differs."""
+        mine, theirs = self.to_dict(), other.to_dict()
+        return {
+            name: (mine[name], theirs[name])
+            for name in mine
+            if mine[name] != theirs[name]
+        }
+
+    def __str__(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)

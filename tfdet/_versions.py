@@ -1,0 +1,102 @@
+"""Version facts in one place: what is installed, which Keras is in use.
+
+Nothing here imports TensorFlow at module import time: `import tfdet` must not
+start TensorFlow, or settings read at `import tensorflow` could no longer be
+pinned.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import sys
+
+from packaging.version import Version
+
+MIN_TENSORFLOW = Version("2.16")
+
+# TensorFlow ships under several distribution names that install the same
+# `tensorflow` package; the first one found is the one in use.
+_TENSORFLOW_DISTRIBUTIONS = (
+    "tensorflow",
+    "tensorflow-cpu",
+    "tensorflow-gpu",
+    "tensorflow-intel",
+    "tensorflow-macos",
+    "tf-nightly",
+    "tf-nightly-cpu",
+)
+
+
+def distribution_version(name: str) -> str | None:
+    """Returns the installed version of a distribution, or None."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def tensorflow_distribution() -> tuple[str, str] | None:
+    """Returns `(distribution name, version)` of the installed TensorFlow."""
+    for name in _TENSORFLOW_DISTRIBUTIONS:
+        version = distribution_version(name)
+        if version is not None:
+            return name, version
+    return None
+
+
+def uses_legacy_keras() -> bool:
+    """Whether `tf.keras` resolves to tf_keras (Keras 2) in this process."""
+    return os.environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in (
+        "1",
+        "true",
+        "yes",
+    )
+
+
+def keras_flavor() -> str:
+    """`"tf_keras"` when TF_USE_LEGACY_KERAS is on, else `"keras3"`."""
+    return "tf_keras" if uses_legacy_keras() else "keras3"
+
+
+def keras_version() -> str | None:
+    """Version of the Keras in use (tf_keras or Keras 3)."""
+    return distribution_version("tf_keras" if uses_legacy_keras() else "keras")
+
+
+def python_version() -> str:
+    return platform.python_version()
+
+
+def numpy_version() -> str:
+    import numpy
+
+    return numpy.__version__
+
+
+def tensorflow_version() -> str:
+    """Version of the importable `tensorflow`, checked against the minimum.
+
+    Raises:
+        ImportError: TensorFlow is missing or older than 2.16, with the fix.
+    """
+    found = tensorflow_distribution()
+    if found is None:
+        raise ImportError(
+            "tfdet needs TensorFlow >= 2.16 and none is installed. Install "
+            "one build: `pip install tfdet[cpu]` (tensorflow-cpu) or "
+            "`pip install tfdet[gpu]` (tensorflow[and-cuda])."
+        )
+    name, version = found
+    if Version(version) < MIN_TENSORFLOW:
+        raise ImportError(
+            f"tfdet needs TensorFlow >= {MIN_TENSORFLOW}. Received: {name}=="
+            f"{version}. Upgrade with `pip install -U {name}`."
+        )
+    return version
+
+
+def tensorflow_imported() -> bool:
+    """Whether `import tensorflow` already ran in this process."""
+    return "tensorflow" in sys.modules
