@@ -158,11 +158,8 @@ def _is_keras_model(model: Any) -> bool:
 
 
 def _is_compiled(model: Any) -> bool:
-    if getattr(model, "compiled", False):  # Keras 3
-        return True
-    return getattr(model, "optimizer", None) is not None and getattr(
-        model, "compiled_loss", None
-    ) is not None
+    # Keras 3 sets `compiled`; tf_keras (eager and v1 graph models) `_is_compiled`.
+    return bool(getattr(model, "compiled", False) or getattr(model, "_is_compiled", False))
 
 
 def build(text: str | None, seed: int = 0) -> Built:
