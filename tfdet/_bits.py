@@ -35,6 +35,20 @@ def value_bits(value: Any) -> dict[str, str]:
     }
 
 
+def logged_value_bits(value: Any) -> dict[str, str]:
+    """`value_bits` of a logged loss or metric, narrowed to float32 when exact.
+
+    Keras returns float32 losses and metrics as Python floats. Recording them
+    as float32 (they convert back exactly) keeps ulp distances in the units
+    of the computation instead of float64's.
+    """
+    if isinstance(value, float):
+        narrowed = np.float32(value)
+        if float(narrowed) == value or value != value:  # exact, or NaN
+            return value_bits(narrowed)
+    return value_bits(value)
+
+
 def _ordered_int(bits_hex: str, width: int) -> int:
     """Maps a float bit pattern to an integer whose order is the float order."""
     as_int = int(bits_hex, 16)
