@@ -1,0 +1,45 @@
+"""Whether TensorFlow can see a GPU, answered cheaply when it cannot.
+
+Importing TensorFlow costs seconds; on a machine without GPU device nodes or
+with GPUs hidden by `CUDA_VISIBLE_DEVICES`, the answer is known without it.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+
+def _hidden_by_env() -> bool:
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return value is not None and value.strip() in ("", "-1")
+
+
+def _device_nodes() -> list[str]:
+    return glob.glob("/dev/nvidia[0-9]*") + glob.glob("/dev/dxg") + glob.glob("/dev/kfd")
+
+
+def gpu_visible() -> bool:
+    """Whether TensorFlow in this process lists at least one GPU."""
+    if _hidden_by_env() or not _device_nodes():
+        return False
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def why_no_gpu() -> str:
+    """A short reason for `gpu_visible() == False`."""
+    if _hidden_by_env():
+        return "CUDA_VISIBLE_DEVICES hides every GPU"
+    if not _device_nodes():
+        return "no GPU device nodes on this machine"
+    try:
+        import tensorflow as tf
+
+        build = tf.sysconfig.get_build_info()
+    except ImportError:  # pragma: no cover
+        return "TensorFlow is not installed"
+    if not build.get("is_cuda_build", False):
+        return "this TensorFlow build has no CUDA support (e.g. tensorflow-cpu)"
+    return "TensorFlow lists no GPU"

@@ -1,0 +1,209 @@
+"""The GPU hazard table, and the one place that decides versions for it.
+
+`hazards.json` (package data) lists the ops that TensorFlow refuses, moves to
+the host, or runs nondeterministically on GPU under op determinism, which
+TensorFlow versions each row applies to, the Keras entry points that reach it,
+and the tfdet patch that replaces it. `tfdet scan` matches traced ops against
+it; each patch's `needed()` asks `patch_needed()` here. Nothing in this module
+imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import sys
+from collections.abc import Mapping
+from importlib import resources
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from tfdet import _versions
+
+RAISES = "raises"
+HOST_FALLBACK = "host_fallback"
+NONDETERMINISTIC = "nondeterministic"
+XLA_COMPILE_ERROR = "xla_compile_error"
+DETERMINISTIC = "deterministic"
+
+# Behaviours that make an op a hazard (everything but `deterministic`).
+HAZARDOUS = frozenset({RAISES, HOST_FALLBACK, NONDETERMINISTIC, XLA_COMPILE_ERROR})
+BEHAVIOURS = HAZARDOUS | {DETERMINISTIC}
+
+# Pseudo-attribute in `when`: the node is inside an XLA-compiled function.
+XLA_CONDITION = "_xla"
+
+
+@dataclasses.dataclass(frozen=True)
+class Hazard:
+    """One row of the hazard table.
+
+    Attributes:
+        ops: TensorFlow op types the row covers.
+        device: "GPU", or "any" when every device behaves so.
+        behaviour: One of `BEHAVIOURS`.
+        detail: What happens, one sentence.
+        tensorflow: PEP 440 specifier of the TensorFlow versions it applies to.
+        confirmed: Which of those versions were checked, and how.
+        entry_points: Keras / TensorFlow APIs that reach the op.
+        patch: Name of the tfdet patch that replaces it, or None.
+        upstream: Upstream issue or pull request.
+        when: Node attributes the row requires (e.g. `is_training: False`).
+    """
+
+    ops: tuple[str, ...]
+    device: str
+    behaviour: str
+    detail: str
+    tensorflow: str
+    confirmed: str
+    entry_points: tuple[str, ...]
+    patch: str | None
+    upstream: str
+    when: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def hazardous(self) -> bool:
+        """Whether the row describes a hazard (not a known-deterministic op)."""
+        return self.behaviour in HAZARDOUS
+
+    def applies_to(self, tensorflow_version: str) -> bool:
+        """Whether the row holds for `tensorflow_version`."""
+        return version_matches(tensorflow_version, self.tensorflow)
+
+    def matches(self, attrs: Mapping[str, Any], xla: bool = False) -> bool:
+        """Whether a node with these attributes meets the row's `when`."""
+        for key, wanted in self.when.items():
+            found = xla if key == XLA_CONDITION else attrs.get(key)
+            if found != wanted:
+                return False
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """The hazard table and the version requirements of each patch."""
+
+    hazards: tuple[Hazard, ...]
+    patch_requirements: Mapping[str, Mapping[str, str]]
+    confirmed_note: str
+
+    def rows_for(self, op_type: str) -> tuple[Hazard, ...]:
+        """Rows naming `op_type`, in table order."""
+        return tuple(row for row in self.hazards if op_type in row.ops)
+
+
+def version_matches(version: str, specifier: str) -> bool:
+    """Whether `version` satisfies the PEP 440 `specifier`.
+
+    Pre-releases and local builds ("2.21.0rc1", "2.21.0+nv") count as their
+    release, so nightly and vendor builds get the rows of their version.
+    """
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        return False
+    release = Version(parsed.base_version)
+    return SpecifierSet(specifier).contains(release, prereleases=True)
+
+
+def _parse_row(raw: Mapping[str, Any]) -> Hazard:
+    behaviour = raw["behaviour"]
+    if behaviour not in BEHAVIOURS:
+        raise ValueError(
+            f"Expected a hazard behaviour in {sorted(BEHAVIOURS)}. "
+            f"Received: behaviour={behaviour!r} for ops {raw['ops']}"
+        )
+    SpecifierSet(raw["tensorflow"])  # Fails loudly on a malformed table.
+    return Hazard(
+        ops=tuple(raw["ops"]),
+        device=raw["device"],
+        behaviour=behaviour,
+        detail=raw["detail"],
+        tensorflow=raw["tensorflow"],
+        confirmed=raw["confirmed"],
+        entry_points=tuple(raw["entry_points"]),
+        patch=raw.get("patch"),
+        upstream=raw["upstream"],
+        when=dict(raw.get("when", {})),
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def table() -> Table:
+    """The hazard table shipped with tfdet (parsed once)."""
+    text = resources.files("tfdet").joinpath("hazards.json").read_text(encoding="utf-8")
+    raw = json.loads(text)
+    return Table(
+        hazards=tuple(_parse_row(row) for row in raw["hazards"]),
+        patch_requirements={name: dict(reqs) for name, reqs in raw["patches"].items()},
+        confirmed_note=raw["confirmed_note"],
+    )
+
+
+def lookup(
+    op_type: str,
+    attrs: Mapping[str, Any] | None = None,
+    *,
+    tensorflow_version: str | None = None,
+    xla: bool = False,
+) -> Hazard | None:
+    """The first table row that holds for this node, or None.
+
+    Args:
+        op_type: The node's op type, e.g. "ResizeNearestNeighborGrad".
+        attrs: The node's attributes (only those named in `when` are read).
+        tensorflow_version: Version to check rows against; the installed one
+            when None.
+        xla: Whether the node is inside an XLA-compiled function.
+    """
+    version = tensorflow_version or _versions.tensorflow_version()
+    for row in table().rows_for(op_type):
+        if row.applies_to(version) and row.matches(attrs or {}, xla):
+            return row
+    return None
+
+
+def _keras_in_use(flavor: str) -> bool:
+    if flavor == "tf_keras":
+        # TF_USE_LEGACY_KERAS makes tf.keras resolve to tf_keras; a script may
+        # also import tf_keras directly.
+        return _versions.uses_legacy_keras() or "tf_keras" in sys.modules
+    return not _versions.uses_legacy_keras()
+
+
+def patch_needed(name: str) -> bool:
+    """Whether the running versions need patch `name` (per the table).
+
+    A patch is needed when every requirement in the table's `patches` entry
+    holds: `tensorflow` / `keras` / `tf_keras` are version specifiers of the
+    installed distributions, and `keras_in_use` names the Keras that must be
+    in use ("tf_keras" or "keras3").
+
+    Raises:
+        KeyError: the table has no entry for `name`.
+    """
+    requirements = table().patch_requirements[name]
+    for key, wanted in requirements.items():
+        if key == "keras_in_use":
+            if not _keras_in_use(wanted):
+                return False
+            continue
+        if key == "tensorflow":
+            found = _versions.tensorflow_distribution()
+            version = found[1] if found else None
+        else:
+            version = _versions.distribution_version(key)
+        if version is None or not version_matches(version, wanted):
+            return False
+    return True
+
+
+def patches_for(op_type: str) -> tuple[str, ...]:
+    """Names of the patches that replace `op_type` (any table row)."""
+    return tuple(
+        sorted({row.patch for row in table().rows_for(op_type) if row.patch is not None})
+    )

@@ -1,0 +1,255 @@
+"""Step traces: the JSON Lines file a `DeterminismCallback` writes.
+
+Line 1 is a header: `{"format": "tfdet-trace", "version": 1, "profile": ...,
+"environment": ..., "variables": [names], ...}` with the `tfdet.Profile` and
+the environment fingerprint of `tfdet env`. Every further line is one
+training step:
+
+    {"epoch": 0, "step": 3, "batch": 3,
+     "loss": {"dtype": "float32", "bits": "3f8ccccd", "value": "1.1"},
+     "metrics": {"accuracy": {...}},
+     "weights": "<32 hex digits>",
+     "variables": ["<16 hex digits>", ...]}
+
+`weights` fingerprints every weight of the model exactly (any single flipped
+bit changes it); `variables`, present every `variables_every` recorded steps,
+holds one fingerprint per variable, in the order of the header's
+`variables`. Each line is flushed as it is written, so a killed run leaves a
+file that reads back up to its last whole step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tfdet._errors import TraceFormatError
+from tfdet._profile import Profile
+
+FORMAT = "tfdet-trace"
+VERSION = 1
+
+_LOG = logging.getLogger("tfdet")
+
+
+def weights_fingerprint(checksums: np.ndarray) -> str:
+    """One exact fingerprint of all weights from their per-variable checksums.
+
+    Args:
+        checksums: `_bits.device_checksums(...)` output, shape (n, 2) uint32.
+
+    Returns:
+        32 hex digits (a SHA-256 prefix over the checksums, in order).
+    """
+    array = np.ascontiguousarray(np.asarray(checksums, dtype=np.uint32))
+    return hashlib.sha256(array.astype("<u4").tobytes()).hexdigest()[:32]
+
+
+def variable_fingerprints(checksums: np.ndarray) -> list[str]:
+    """One 16-hex-digit fingerprint per variable (its two 32-bit checksums)."""
+    return [f"{int(a):08x}{int(b):08x}" for a, b in np.asarray(checksums, dtype=np.uint32)]
+
+
+def make_header(
+    profile: Profile | Mapping[str, Any] | None,
+    environment: Mapping[str, Any] | None,
+    variables: Sequence[str] = (),
+    **extra: Any,
+) -> dict[str, Any]:
+    """The header line of a trace.
+
+    Args:
+        profile: The run's profile (a `Profile` or its dict), or None.
+        environment: The environment fingerprint (`tfdet env` dict), or None.
+        variables: Names of the model's variables, in fingerprint order.
+        **extra: More JSON-ready facts (e.g. `every`).
+    """
+    if isinstance(profile, Profile):
+        profile = profile.to_dict()
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "profile": None if profile is None else dict(profile),
+        "environment": None if environment is None else dict(environment),
+        "variables": list(variables),
+        **extra,
+    }
+
+
+class TraceWriter:
+    """Writes a trace line by line, flushing each line.
+
+    Example:
+
+    >>> with TraceWriter("run.jsonl", header) as writer:  # doctest: +SKIP
+    ...     writer.write_step({"epoch": 0, "step": 0, ...})
+    """
+
+    def __init__(self, path: str | os.PathLike[str], header: Mapping[str, Any]) -> None:
+        self.path = os.fspath(path)
+        directory = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(directory, exist_ok=True)
+        self._file: io.TextIOBase | None = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+        self._write(header)
+
+    def _write(self, record: Mapping[str, Any]) -> None:
+        if self._file is None:
+            raise ValueError(f"Expected an open trace. Received: closed writer of {self.path!r}")
+        # One line per write, flushed: a killed process leaves whole lines only,
+        # plus at most one cut line, which `read` drops with a warning.
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def write_step(self, record: Mapping[str, Any]) -> None:
+        """Appends one step line."""
+        self._write(record)
+
+    def close(self) -> None:
+        """Closes the file; closing twice is fine."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+@dataclasses.dataclass
+class Trace:
+    """A trace read back from a file.
+
+    Attributes:
+        header: The header dict (format, version, profile, environment, ...).
+        steps: Step records, in file order.
+        path: The file it was read from, if any.
+        truncated: Whether the last line was cut (a killed run) and dropped.
+    """
+
+    header: dict[str, Any]
+    steps: list[dict[str, Any]]
+    path: str | None = None
+    truncated: bool = False
+
+    @property
+    def profile(self) -> Profile | None:
+        """The recorded `Profile`, or None when absent or incomplete."""
+        data = self.header.get("profile")
+        if not data:
+            return None
+        try:
+            return Profile.from_dict(data)
+        except (TypeError, ValueError):
+            return None
+
+    @property
+    def environment(self) -> dict[str, Any]:
+        """The recorded environment fingerprint ({} when absent)."""
+        return dict(self.header.get("environment") or {})
+
+    @property
+    def variables(self) -> list[str]:
+        """Variable names, in the order of each step's `variables` list."""
+        return list(self.header.get("variables") or [])
+
+    def by_step(self) -> dict[int, dict[str, Any]]:
+        """Step records keyed by global step."""
+        return {int(record["step"]): record for record in self.steps}
+
+
+def _describe(path: str) -> str:
+    return f"{path!r}"
+
+
+def read(path: str | os.PathLike[str]) -> Trace:
+    """Reads a trace file.
+
+    A last line cut in the middle (a run killed while writing) is dropped
+    with a warning: the trace reads back up to its last whole step.
+
+    Raises:
+        TraceFormatError: the file cannot be read, is not a tfdet trace, has a
+            newer format version, or has a corrupt line before the last one.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+    except (OSError, UnicodeDecodeError) as error:
+        raise TraceFormatError(
+            f"Expected a readable tfdet trace file. Received: {_describe(path)} ({error})"
+        ) from error
+    lines = text.split("\n")
+    # A complete file ends with "\n", leaving one empty string at the end.
+    complete_end = lines[-1] == ""
+    if complete_end:
+        lines.pop()
+    if not lines:
+        raise TraceFormatError(
+            f"Expected a tfdet trace (JSON Lines, header first). Received: empty "
+            f"file {_describe(path)}"
+        )
+    header = _parse_header(lines[0], path, cut=len(lines) == 1 and not complete_end)
+    steps = []
+    truncated = False
+    for number, line in enumerate(lines[1:], start=2):
+        is_last = number == len(lines)
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or "step" not in record:
+                raise ValueError("not a step record")
+        except ValueError as error:
+            if is_last and not complete_end:
+                truncated = True
+                message = (
+                    f"tfdet trace {path!r} ends with a cut line {number} (the run "
+                    f"was killed while writing?); read {len(steps)} whole steps."
+                )
+                warnings.warn(message, stacklevel=2)
+                break
+            raise TraceFormatError(
+                f"Expected a step record on line {number} of tfdet trace {path!r}. "
+                f"Received: {line[:80]!r} ({error})"
+            ) from error
+        steps.append(record)
+    return Trace(header=header, steps=steps, path=path, truncated=truncated)
+
+
+def _parse_header(line: str, path: str, cut: bool) -> dict[str, Any]:
+    try:
+        header = json.loads(line)
+    except ValueError as error:
+        detail = "its header line is cut" if cut else f"line 1 is not JSON: {line[:60]!r}"
+        raise TraceFormatError(
+            f"Expected a tfdet trace (JSON Lines, header first). Received: {path!r}, "
+            f"{detail}"
+        ) from error
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise TraceFormatError(
+            f"Expected a tfdet trace, whose first line has \"format\": \"{FORMAT}\". "
+            f"Received: {path!r}, first line {line[:60]!r}. Record one with "
+            "`tfdet.DeterminismCallback(trace=...)`."
+        )
+    version = header.get("version")
+    if not isinstance(version, int) or version > VERSION:
+        raise TraceFormatError(
+            f"Expected a tfdet trace of format version <= {VERSION}. Received: "
+            f"version {version!r} in {path!r}. Upgrade tfdet to read it."
+        )
+    return header
+
+
+def load(trace: str | os.PathLike[str] | Trace) -> Trace:
+    """A `Trace` from a path, or the `Trace` itself."""
+    return trace if isinstance(trace, Trace) else read(trace)

@@ -1,0 +1,133 @@
+"""Child side of `tfdet check`: train a TARGET and record every bit.
+
+Started as `python -m tfdet._worker SPEC_JSON` in a fresh process whose
+environment the parent has already perturbed. It prints one progress line per
+step on stdout (`tfdet-progress STEP TOTAL`) and writes a JSON result file
+(atomically: a crashed run leaves no result, and is never counted as equal).
+Final weights are saved next to it (`.npz`) so a divergence in the weights
+can be shown element by element.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+PROGRESS_PREFIX = "tfdet-progress"
+
+
+def _seed_without_tfdet(seed: int, legacy: bool) -> None:
+    """What a careful user does without tfdet: Keras' own seeding only."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    if legacy:
+        import tf_keras
+
+        tf_keras.utils.set_random_seed(seed)
+
+
+def _train_step(model: Any, x: Any, y: Any) -> dict[str, Any]:
+    try:
+        logs = model.train_on_batch(x, y, return_dict=True)
+    except TypeError:  # tf_keras v1 (graph-mode) models have no return_dict.
+        outputs = model.train_on_batch(x, y)
+        outputs = outputs if isinstance(outputs, list) else [outputs]
+        logs = dict(zip(model.metrics_names, outputs, strict=False))
+    return dict(logs)
+
+
+def _variable_names(model: Any) -> list[str]:
+    return [
+        f"{index}:{getattr(v, 'path', None) or v.name}"
+        for index, v in enumerate(model.weights)
+    ]
+
+
+def _weight_checksums(model: Any) -> list[str]:
+    """Per-variable checksum strings, on device when running eagerly."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tfdet import _bits
+
+    if tf.executing_eagerly():
+        sums = _bits.device_checksums(model.weights)
+        return [f"{int(a):08x}{int(b):08x}" for a, b in sums]
+    # tf.compat.v1 graph mode: no eager tf.function; copy to the host instead.
+    return [_bits.array_digest(np.asarray(w))[:16] for w in model.get_weights()]
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """Trains `spec["target"]` for `spec["steps"]` steps and records the bits.
+
+    Args:
+        spec: target, seed, steps, enable, threads, cpu_isa, result.
+
+    Returns:
+        The result dict (also written to `spec["result"]`).
+    """
+    import numpy as np
+
+    import tfdet
+    from tfdet import _bits, _enable, _environment, _target, _versions
+
+    started = time.perf_counter()
+    seed = spec["seed"]
+    if spec["enable"]:
+        tfdet.enable(seed, threads=spec["threads"], cpu_isa=spec.get("cpu_isa", "AVX2"))
+    else:
+        _seed_without_tfdet(seed, _versions.uses_legacy_keras())
+    built = _target.build(spec["target"], seed=seed)
+    model = built.model
+    steps = []
+    for step in range(spec["steps"]):
+        logs = _train_step(model, *built.batch(step))
+        steps.append(
+            {
+                "step": step,
+                "values": {
+                    name: _bits.logged_value_bits(value) for name, value in sorted(logs.items())
+                },
+                "weights": _weight_checksums(model),
+            }
+        )
+        print(f"{PROGRESS_PREFIX} {step + 1} {spec['steps']}", flush=True)
+    final = model.get_weights()
+    names = _variable_names(model)
+    weights_path = spec["result"] + ".npz"
+    np.savez(weights_path, *final)
+    result = {
+        "profile": _enable.observed_profile(seed).to_dict(),
+        "environment": {
+            "affinity": _environment.affinity(),
+            "env": {
+                name: os.environ.get(name) for name in _environment.DETERMINISM_VARIABLES
+            },
+        },
+        "variables": names,
+        "steps": steps,
+        "final_weights": {
+            name: _bits.array_digest(value) for name, value in zip(names, final, strict=True)
+        },
+        "weights_file": weights_path,
+        "synthesized_data": built.synthesized,
+        "seconds": time.perf_counter() - started,
+    }
+    partial = spec["result"] + ".tmp"
+    with open(partial, "w", encoding="utf-8") as out:
+        json.dump(result, out)
+    os.replace(partial, spec["result"])
+    return result
+
+
+def main(argv: list[str]) -> int:
+    run(json.loads(argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
