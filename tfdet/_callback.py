@@ -205,7 +205,10 @@ class DeterminismCallback(_Callback):
             self._writer.write_step(record)
         self.steps_recorded += 1
         if self.divergence is None and step in self._expected:
-            names = self._names if self._names == self._reference_names else None
+            # Fingerprints are matched by position; names may differ only by
+            # Keras's auto-numbering (a second model in one process).
+            reference_names = self._reference_names or []
+            names = reference_names if len(reference_names) == len(self._names) else None
             divergence = _diff.compare_steps(self._expected[step], record, names)
             if divergence is not None:
                 self.divergence = divergence

@@ -199,7 +199,8 @@ def compare(a: Trace, b: Trace) -> TraceComparison:
     """
     steps_a, steps_b = a.by_step(), b.by_step()
     common = sorted(set(steps_a) & set(steps_b))
-    variables = a.variables if a.variables == b.variables else None
+    # Fingerprints are matched by position; A's names label them.
+    variables = a.variables if len(a.variables) == len(b.variables) else None
     divergence = None
     for step in common:
         divergence = compare_steps(steps_a[step], steps_b[step], variables)

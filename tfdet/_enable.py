@@ -17,8 +17,10 @@ Environment variables this module reads or writes (children inherit writes):
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import random
+import sys
 import warnings
 from typing import Any
 
@@ -31,19 +33,44 @@ _LOG = logging.getLogger("tfdet")
 MAX_SEED = 2**32 - 1
 XLA_DETERMINISM_FLAG = "--xla_gpu_deterministic_ops=true"
 
-# What the interpreter started with: PYTHONHASHSEED is only read at start, so
-# the value seen when tfdet is first imported is the one in force.
-_STARTUP_HASH_SEED = os.environ.get("PYTHONHASHSEED")
+
+def _startup_hash_seed() -> str | None:
+    """The PYTHONHASHSEED the interpreter started with, or None if random.
+
+    It is only read at interpreter start. `sys.flags.hash_randomization` is
+    the interpreter's own record for seed 0 (tfdet's default), so a value
+    written to `os.environ` later by the script is not mistaken for one in
+    force; for other seeds the value seen when tfdet is first imported is the
+    best evidence available.
+    """
+    if not sys.flags.hash_randomization:
+        return "0"
+    if sys.flags.ignore_environment:
+        return None
+    value = os.environ.get("PYTHONHASHSEED", "").strip()
+    if value in ("", "random", "0"):
+        # "0" with randomization on was written after start: not in force.
+        return None
+    return value
+
+
+_STARTUP_HASH_SEED = _startup_hash_seed()
 
 _active: tuple[dict[str, Any], Profile] | None = None
 
 
 def _check_int(name: str, value: Any, low: int, high: int | None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    # Any integer type (int, numpy.int64, ...) is accepted and returned as a
+    # Python int, so the profile stays JSON-ready; bool, float and str are not.
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
         raise ValueError(
             f"Expected `{name}` to be an int. Received: {name}={value!r} "
             f"(of type {type(value).__name__})"
-        )
+        ) from None
     if value < low or (high is not None and value > high):
         accepted = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ValueError(f"Expected `{name}` {accepted}. Received: {name}={value}")
@@ -79,7 +106,8 @@ def pinned_environment(
     Args:
         seed: The profile's seed (becomes PYTHONHASHSEED).
         threads: Thread-pool size for TF's intra- and inter-op pools.
-        cpu_isa: oneDNN ISA cap, canonical name, or None off x86-64.
+        cpu_isa: oneDNN ISA cap, canonical name, or None off x86-64. A lower
+            cap already in `os.environ` is kept (not in the returned dict).
         onednn: Requested oneDNN custom-ops state, or None for TF's default.
 
     Returns:
@@ -94,7 +122,11 @@ def pinned_environment(
         "XLA_FLAGS": _with_xla_determinism(os.environ.get("XLA_FLAGS", "")),
     }
     if cpu_isa is not None:
-        env[_isa.ENV_VAR] = cpu_isa
+        existing = _isa.current_cap()
+        # A lower cap already set is the machine's ceiling: keep it, as
+        # enable() does (it warns in the process that reads it).
+        if existing is None or _isa.rank(existing) >= _isa.rank(cpu_isa):
+            env[_isa.ENV_VAR] = cpu_isa
     if onednn is not None:
         env["TF_ENABLE_ONEDNN_OPTS"] = "1" if onednn else "0"
     return env
@@ -135,13 +167,6 @@ def _resolve_isa(requested: str | None, strict: bool, started: bool) -> str:
     if requested is None:
         return _isa.current_cap() or "ALL"
     wanted = _isa.normalize(requested)
-    if not _isa.supports(wanted):
-        best = _isa.best_supported()
-        raise ValueError(
-            f"Expected a `cpu_isa` this CPU supports (up to {best}). Received: "
-            f"cpu_isa={requested!r}. Pass cpu_isa={best!r} or lower; the bits "
-            "will then match machines pinned at that level."
-        )
     existing = _isa.current_cap()
     if existing is not None and _isa.rank(existing) < _isa.rank(wanted):
         warnings.warn(
@@ -160,6 +185,26 @@ def _resolve_isa(requested: str | None, strict: bool, started: bool) -> str:
         )
         return existing or "ALL"
     os.environ[_isa.ENV_VAR] = wanted
+    return wanted
+
+
+def check_isa_supported(cpu_isa: str | None) -> str | None:
+    """Normalizes `cpu_isa` and checks this CPU has it (x86-64 only).
+
+    Raises:
+        ValueError: not a oneDNN ISA name, or the CPU lacks it; the message
+            names the best level this CPU supports.
+    """
+    if cpu_isa is None:
+        return None
+    wanted = _isa.normalize(cpu_isa)
+    if _isa.applies() and not _isa.supports(wanted):
+        best = _isa.best_supported()
+        raise ValueError(
+            f"Expected a `cpu_isa` this CPU supports (up to {best}). Received: "
+            f"cpu_isa={cpu_isa!r}. Pass cpu_isa={best!r} or lower; the bits "
+            "will then match machines pinned at that level."
+        )
     return wanted
 
 
@@ -257,7 +302,7 @@ def enable(
     request = {
         "seed": _check_int("seed", seed, 0, MAX_SEED),
         "threads": _check_int("threads", threads, 1, None),
-        "cpu_isa": None if cpu_isa is None else _isa.normalize(cpu_isa),
+        "cpu_isa": check_isa_supported(cpu_isa),
         "onednn": onednn,
         "patches": _normalize_patch_request(patches),
         "strict": bool(strict),
@@ -268,17 +313,21 @@ def enable(
         )
     if _active is not None:
         previous, profile = _active
-        if previous == request:
-            return profile
+        # `strict` only decides how refusals are reported, and nothing is
+        # refused on a repeat call: a script under `tfdet run` may pass its own.
         changed = {
             key: (previous[key], request[key])
             for key in request
-            if previous[key] != request[key]
+            if key != "strict" and previous[key] != request[key]
         }
+        if not changed:
+            return profile
         raise ProfileMismatchError(
             "tfdet.enable() was already called with other arguments; a process "
             "has one profile. Differences (active, requested): "
-            + ", ".join(f"{key}={old!r} vs {new!r}" for key, (old, new) in changed.items())
+            + ", ".join(
+                f"{key}={old!r} vs {new!r}" for key, (old, new) in changed.items()
+            )
             + ". Call enable() once, or start a new process.",
             changed,
         )
@@ -296,15 +345,18 @@ def enable(
         else:
             os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if onednn else "0"
 
+    seed, threads = request["seed"], request["threads"]
     started = _runtime_started()
+    # Threads first: once the runtime started they always change the bits, so
+    # they are the setting a TooLateError should name.
+    threads_in_force = _pin_threads(threads, strict, started)
     isa_cap = _resolve_isa(request["cpu_isa"], strict, started)
 
     import tensorflow as tf
 
-    threads_in_force = _pin_threads(request["threads"], strict, started)
     tf.config.experimental.enable_op_determinism()
     env = pinned_environment(seed, threads, None, None)
-    if _STARTUP_HASH_SEED != env["PYTHONHASHSEED"]:
+    if env["PYTHONHASHSEED"] != _STARTUP_HASH_SEED:
         warnings.warn(
             f"PYTHONHASHSEED was {_STARTUP_HASH_SEED!r} at interpreter start; the "
             f"profile wants {env['PYTHONHASHSEED']!r}. It only takes effect at "
@@ -379,7 +431,9 @@ def observed_profile(seed: int | None = None) -> Profile:
         intra_op_threads=threading.get_intra_op_parallelism_threads(),
         inter_op_threads=threading.get_inter_op_parallelism_threads(),
         onednn_opts=_onednn_in_force(),
-        cpu_isa=(_isa.current_cap() or "ALL") if _isa.applies() else _isa.NOT_APPLICABLE,
+        cpu_isa=(_isa.current_cap() or "ALL")
+        if _isa.applies()
+        else _isa.NOT_APPLICABLE,
         op_determinism=_op_determinism_enabled(),
         xla_determinism=_xla_determinism_in_force(),
         python_hash_seed=_STARTUP_HASH_SEED,

@@ -8,21 +8,25 @@ interpreter starts. KIND is "script" or "module".
 from __future__ import annotations
 
 import json
+import os
 import runpy
 import sys
 
 
 def main(argv: list[str]) -> None:
+    """Enables tfdet with the JSON settings, then runs the script or module."""
     settings, kind, target, *args = argv[1:]
     import tfdet
 
     tfdet.enable(**json.loads(settings))
+    sys.argv = [target, *args]
     if kind == "module":
-        sys.argv = [target, *args]
+        # As `python -m`: sys.path[0] stays the working directory.
         runpy.run_module(target, run_name="__main__", alter_sys=True)
     else:
-        sys.argv = [target, *args]
-        sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(target)))
+        # As `python script.py`: sys.path[0] is the script's directory, not
+        # the working directory that `python -m tfdet._launch` put there.
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
         runpy.run_path(target, run_name="__main__")
 
 

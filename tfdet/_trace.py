@@ -24,7 +24,6 @@ import dataclasses
 import hashlib
 import io
 import json
-import logging
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -37,8 +36,6 @@ from tfdet._profile import Profile
 
 FORMAT = "tfdet-trace"
 VERSION = 1
-
-_LOG = logging.getLogger("tfdet")
 
 
 def weights_fingerprint(checksums: np.ndarray) -> str:

@@ -27,7 +27,8 @@ def format_fingerprint(facts: dict) -> str:
         if key == "env":
             lines.append("env:")
             lines.extend(
-                f"  {name}={'(unset)' if val is None else val}" for name, val in value.items()
+                f"  {name}={'(unset)' if val is None else val}"
+                for name, val in value.items()
             )
         elif key == "profile":
             lines.append(f"profile: {'(tfdet not enabled)' if value is None else ''}")

@@ -37,25 +37,41 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     onednn = parser.add_mutually_exclusive_group()
     onednn.add_argument(
-        "--onednn", dest="onednn", action="store_true", default=None,
+        "--onednn",
+        dest="onednn",
+        action="store_true",
+        default=None,
         help="Require TensorFlow's oneDNN custom ops on.",
     )
     onednn.add_argument(
-        "--no-onednn", dest="onednn", action="store_false",
+        "--no-onednn",
+        dest="onednn",
+        action="store_false",
         help="Require oneDNN custom ops off (slower, different bits).",
     )
-    parser.add_argument("-m", dest="module", help="Run a module, like python -m.")
+    # Like `python -m`: everything after the module name is the module's own
+    # (`tfdet run -m pkg --help` must reach pkg, not print tfdet's help).
+    parser.add_argument(
+        "-m",
+        dest="module",
+        nargs=argparse.REMAINDER,
+        help="Run a module as __main__, like python -m; the rest are its arguments.",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="script.py [args]")
     parser.set_defaults(func=execute)
 
 
 def _split_command(args: argparse.Namespace) -> tuple[str, str, list[str]]:
     """Returns (kind, target, arguments) from the flags and the remainder."""
+    if args.module is not None:
+        if not args.module:
+            raise app.UsageError(
+                "Expected a module after -m: `tfdet run -m module [args]`."
+            )
+        return "module", args.module[0], list(args.module[1:])
     rest = list(args.command)
     if rest and rest[0] == "--":
         rest = rest[1:]
-    if args.module:
-        return "module", args.module, rest
     if rest and os.path.basename(rest[0]).startswith("python"):
         rest = rest[1:]  # `tfdet run -- python train.py`: we pick the interpreter.
         if rest[:1] == ["-m"] and len(rest) > 1:
@@ -75,7 +91,7 @@ def execute(args: argparse.Namespace) -> int:
     if kind == "module" and importlib.util.find_spec(target.split(".")[0]) is None:
         raise app.UsageError(f"Expected an importable module. Not found: {target!r}")
     try:  # Validate here, so that bad flags fail before anything starts.
-        cpu_isa = _isa.normalize(args.cpu_isa) if args.cpu_isa else None
+        cpu_isa = _enable.check_isa_supported(args.cpu_isa or None)
         _enable._check_int("seed", args.seed, 0, _enable.MAX_SEED)
         _enable._check_int("threads", args.threads, 1, None)
     except ValueError as error:
@@ -95,7 +111,18 @@ def execute(args: argparse.Namespace) -> int:
             args.onednn,
         )
     )
-    command = [sys.executable, "-m", "tfdet._launch", json.dumps(settings), kind, target]
+    command = [
+        sys.executable,
+        "-m",
+        "tfdet._launch",
+        json.dumps(settings),
+        kind,
+        target,
+    ]
     completed = subprocess.run([*command, *arguments], env=env, check=False)
     # A child killed by signal N reports -N; shells report 128 + N.
-    return completed.returncode if completed.returncode >= 0 else 128 - completed.returncode
+    return (
+        completed.returncode
+        if completed.returncode >= 0
+        else 128 - completed.returncode
+    )

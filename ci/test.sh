@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine with Python 3.10+ and pip:
+#   bash ci/test.sh
+# Makes its own virtual environment (.venv-ci, or $TFDET_VENV), installs tfdet
+# with the CPU build of TensorFlow and the test tools, lints, and runs pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv="${TFDET_VENV:-.venv-ci}"
+python="${PYTHON:-python3}"
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+  -c ci/constraints.txt -e ".[cpu,test]"
+# tf_keras declares a dependency on the full `tensorflow` distribution, which
+# would install a second TensorFlow over tensorflow-cpu in the same directory;
+# its only dependency is TensorFlow itself, so install it without deps.
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+  --no-deps -c ci/constraints.txt tf_keras
+
+"$venv/bin/ruff" check .
+"$venv/bin/ruff" format --check .
+exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"

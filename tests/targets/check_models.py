@@ -1,0 +1,65 @@
+"""TARGETs for the `tfdet check` tests: broken and nondeterministic ones."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import keras
+import numpy as np
+
+
+class UrandomNoise(keras.layers.Layer):
+    """Adds noise drawn from os.urandom: different in every process."""
+
+    def call(self, inputs):
+        noise = np.frombuffer(os.urandom(4), dtype=np.uint32)[0] / 2**32 * 1e-3
+        return inputs + noise
+
+
+class CrashWhenTraining(keras.layers.Layer):
+    """Builds fine, raises at the first training step."""
+
+    def call(self, inputs, training=None):
+        if training:
+            raise RuntimeError("boom: this layer refuses to train")
+        return inputs
+
+
+def _dense_model(*middle: keras.layers.Layer) -> keras.Model:
+    model = keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), *middle, keras.layers.Dense(1)]
+    )
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def urandom_model() -> keras.Model:
+    # Keras traces `call` once per process, so the noise is a constant of the
+    # graph: fixed within a process, different between processes.
+    return _dense_model(UrandomNoise())
+
+
+def crash_model() -> keras.Model:
+    return _dense_model(CrashWhenTraining())
+
+
+def sleepy_model() -> keras.Model:
+    """Sleeps when built by a check worker, so the run times out."""
+    if sys.argv[0].endswith("_worker.py"):
+        time.sleep(600)
+    return _dense_model()
+
+
+def not_a_model() -> str:
+    return "I am not a model"
+
+
+def uncompiled_model() -> keras.Model:
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+
+
+def with_data() -> tuple:
+    rng = np.random.default_rng(0)
+    return _dense_model(), rng.random((64, 8), dtype=np.float32), rng.random((64, 1), dtype=np.float32)

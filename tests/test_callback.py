@@ -1,0 +1,215 @@
+"""`tfdet.DeterminismCallback` in real `fit` runs, in fresh processes."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import clean_env, last_json_line, run_python
+
+from tfdet import _trace
+
+# Records a reference: builtin CNN, 2 epochs x 2 batches, thread count argv[1],
+# without tfdet's pinning (seeds only), ISA uncapped.
+_FIT = """
+import json, logging, sys, warnings
+import tensorflow as tf
+import keras
+tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
+import tfdet
+from tfdet import _target
+
+logging.basicConfig(level=logging.WARNING, format="LOG %(message)s")
+
+
+def build():
+    keras.utils.set_random_seed(1)
+    return _target.build("builtin:cnn", seed=1)
+
+
+def fit(callback, built=None):
+    built = built or build()
+    built.model.fit(built.x, built.y, batch_size=32, epochs=2, verbose=0,
+                    shuffle=False, callbacks=[callback])
+    return built
+"""
+
+ENV = clean_env(ONEDNN_MAX_CPU_ISA=None)
+
+
+def _run(body: str, threads: int, *args: str) -> dict:
+    code = _FIT + body
+    result = run_python(
+        "import sys; sys.argv[1:] = " + repr([str(threads), *args]) + "\n" + code, env=ENV
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    facts = last_json_line(result.stdout)
+    facts["stderr"] = result.stderr
+    facts["stdout"] = result.stdout
+    return facts
+
+
+_RECORD = """
+callback = tfdet.DeterminismCallback(trace=sys.argv[2])
+built = fit(callback)
+first = open(sys.argv[2]).read()
+# Reused for a second fit (training continues): state starts afresh.
+fit(callback, built)
+second = open(sys.argv[2]).read()
+overridden = sorted(
+    name for name in dir(keras.callbacks.Callback)
+    if name.startswith("on_")
+    and getattr(type(callback), name) is not getattr(keras.callbacks.Callback, name)
+)
+errors = []
+for kwargs in ({"every": 0}, {"on_divergence": "explode"}, {"variables_every": -1}):
+    try:
+        tfdet.DeterminismCallback(**kwargs)
+    except ValueError as error:
+        errors.append(str(error))
+# Flip one bit of one weight: the fingerprint taken on the device changes.
+from tfdet import _callback, _trace
+weights = built.model.weights
+before = _trace.weights_fingerprint(_callback._weight_checksums(weights))
+bits = tf.bitcast(weights[4].value, tf.uint32).numpy()
+bits.flat[123] ^= 1 << 7
+weights[4].assign(tf.bitcast(tf.constant(bits), tf.float32))
+after = _trace.weights_fingerprint(_callback._weight_checksums(weights))
+print(json.dumps({
+    "steps": callback.steps_recorded, "same_file": first == second,
+    "overridden": overridden, "errors": errors, "flip_changes": before != after,
+}))
+"""
+
+_COMPARE = """
+results = {}
+for action in ("stop", "raise", "warn"):
+    callback = tfdet.DeterminismCallback(reference=sys.argv[2], on_divergence=action,
+                                         trace=sys.argv[3] + action)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            built = fit(callback)
+            error = None
+        except tfdet.DivergenceError as raised:
+            error = {"step": raised.step, "quantity": raised.quantity,
+                     "expected": raised.expected, "received": raised.received,
+                     "epoch": raised.epoch, "message": str(raised)}
+    divergence = callback.divergence
+    results[action] = {
+        "steps": callback.steps_recorded,
+        "divergence": None if divergence is None else divergence.to_dict(),
+        "error": error,
+        "profile_differences": {k: list(v) for k, v in callback.profile_differences.items()},
+        "warnings": [str(w.message) for w in caught],
+    }
+print(json.dumps(results))
+"""
+
+
+def test_records_a_trace_and_is_reusable_across_fits(tmp_path):
+    path = str(tmp_path / "run.jsonl")
+    facts = _run(_RECORD, 1, path)
+    trace = _trace.read(path)
+    # Two epochs of two batches, global steps 0..3, rewritten by the second fit.
+    assert [(r["epoch"], r["step"], r["batch"]) for r in trace.steps] == [
+        (0, 0, 0),
+        (0, 1, 1),
+        (1, 2, 0),
+        (1, 3, 1),
+    ]
+    assert facts["steps"] == 4
+    assert not facts["same_file"], "the second fit trains on: its bits differ"
+    assert trace.steps[0]["loss"]["dtype"] == "float32"
+    assert set(trace.steps[0]["metrics"]) == {"categorical_accuracy", "categorical_hinge"}
+    assert len(trace.steps[0]["variables"]) == len(trace.variables) == 12
+    assert trace.profile.intra_op_threads == 1
+    assert trace.environment["cpu_count"] >= 1
+    # Only the hooks it needs: Keras skips the batch hooks nobody overrides.
+    assert facts["overridden"] == [
+        "on_epoch_begin",
+        "on_train_batch_end",
+        "on_train_begin",
+        "on_train_end",
+    ]
+    assert len(facts["errors"]) == 3 and "every=0" in facts["errors"][0]
+    assert facts["flip_changes"]
+
+
+def test_against_a_reference_with_another_thread_count(tmp_path):
+    reference = str(tmp_path / "reference.jsonl")
+    _run("fit(tfdet.DeterminismCallback(trace=sys.argv[2]))\nprint('{}')", 1, reference)
+    prefix = str(tmp_path / "run_")
+
+    # Same thread count, another process: every step matches.
+    same = _run(_COMPARE, 1, reference, prefix)
+    for action in ("stop", "raise", "warn"):
+        assert same[action]["divergence"] is None and same[action]["error"] is None
+        assert same[action]["steps"] == 4
+        assert same[action]["profile_differences"] == {}
+    assert "diverged" not in same["stderr"]
+
+    other = _run(_COMPARE, 2, reference, prefix)
+    stop, raised, warn = other["stop"], other["raise"], other["warn"]
+    # The profile difference is reported first, as a warning.
+    assert stop["profile_differences"] == {"intra_op_threads": [1, 2]}
+    assert "intra_op_threads=1 vs 2" in stop["warnings"][0]
+    # "stop": the first diverging step, quantity and both values, logged;
+    # training stopped right after it.
+    divergence = stop["divergence"]
+    assert divergence["step"] == 0 and divergence["quantity"].startswith("weights:")
+    assert stop["steps"] == divergence["step"] + 1 < 4
+    log = [line for line in other["stderr"].splitlines() if "Bits diverged" in line]
+    assert log and "Stopping training" in log[0]
+    for fact in ("step 0", divergence["quantity"], divergence["expected"], divergence["received"]):
+        assert fact in log[0]
+    # "raise": the exception carries the same facts; the trace stays readable.
+    error = raised["error"]
+    assert error is not None
+    assert (error["step"], error["quantity"], error["expected"], error["received"]) == (
+        divergence["step"],
+        divergence["quantity"],
+        divergence["expected"],
+        divergence["received"],
+    )
+    assert error["epoch"] == 0
+    assert len(_trace.read(prefix + "raise").steps) == 1
+    # "warn": warns once and trains on.
+    assert warn["steps"] == 4 and warn["divergence"] == divergence
+    assert sum("Bits diverged" in w for w in warn["warnings"]) == 1
+    assert json.loads(json.dumps(divergence))["ulps"] is None
+
+
+def test_tf_keras_fit(tmp_path):
+    path = str(tmp_path / "tf_keras.jsonl")
+    code = """
+import json, sys
+import tf_keras
+import tfdet
+from tfdet import _target
+
+def fit(callback):
+    tf_keras.utils.set_random_seed(3)
+    built = _target.build("builtin:cnn_tf_keras", seed=3)
+    built.model.fit(built.x, built.y, batch_size=32, epochs=2, verbose=0,
+                    shuffle=False, callbacks=[callback])
+
+recorder = tfdet.DeterminismCallback(trace=sys.argv[1])
+fit(recorder)
+checker = tfdet.DeterminismCallback(reference=sys.argv[1])
+fit(checker)
+print(json.dumps({
+    "base": type(recorder).__mro__[1].__module__,
+    "steps": checker.steps_recorded,
+    "divergence": checker.divergence is not None,
+}))
+"""
+    result = run_python(
+        f"import sys; sys.argv[1:] = [{path!r}]\n" + code,
+        env=clean_env(TF_USE_LEGACY_KERAS="1"),
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    facts = last_json_line(result.stdout)
+    assert facts["base"].startswith("tf_keras")
+    assert facts["steps"] == 4 and not facts["divergence"]
+    trace = _trace.read(path)
+    assert len(trace.steps) == 4 and trace.profile.keras == "tf_keras"

@@ -1,0 +1,147 @@
+"""`tfdet check` end to end: fresh processes, perturbations, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import REPO, clean_env, run_tfdet
+
+MODELS = f"{REPO / 'tests' / 'targets' / 'check_models.py'}"
+
+
+def _check(*args: str, tmp_path, env=None) -> tuple[int, dict, str]:
+    report_path = tmp_path / "report.json"
+    proc = run_tfdet("check", *args, "--json", str(report_path), env=env)
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    return proc.returncode, report, proc.stdout + proc.stderr
+
+
+def test_builtin_cnn_is_bit_identical_under_every_perturbation(tmp_path):
+    code, report, output = _check(tmp_path=tmp_path)
+    assert code == 0, output
+    cpu = report["devices"]["cpu"]
+    assert report["verdict"] == cpu["verdict"] == "identical"
+    assert all(run["ok"] and run["steps_recorded"] == 3 for run in cpu["runs"])
+    # Each run says what it had; the baseline and the other run differ in each
+    # perturbation that applies here.
+    first, second = (run["perturbations"] for run in cpu["runs"])
+    applied = set(cpu["perturbations"]) - set(cpu["perturbations_skipped"])
+    assert {"hashseed", "neighbour", "stagger"} <= applied
+    for name in applied:
+        assert first[name] != second[name]
+    assert report["devices"]["gpu"] == {"status": "skipped", "reason": "no GPU visible"}
+    assert "GPU: skipped, no GPU visible" in output
+
+
+def test_without_tfdet_the_same_check_diverges_and_names_the_cause(tmp_path):
+    code, report, output = _check("--no-enable", tmp_path=tmp_path)
+    cpu = report["devices"]["cpu"]
+    applied = set(cpu["perturbations"]) - set(cpu["perturbations_skipped"])
+    if not applied & {"affinity", "isa"}:
+        pytest.skip("neither affinity nor ISA perturbation applies on this machine")
+    assert code == 1, output
+    divergence = cpu["divergence"]
+    assert divergence["step"] == 0
+    assert divergence["quantity"].startswith(("loss", "metric:", "weights:"))
+    attribution = divergence["attribution"]
+    assert attribution["alone"]["none (a re-run of the baseline)"] == "same bits"
+    assert set(attribution["responsible"]) <= applied & {"affinity", "isa"}
+    assert attribution["responsible"], attribution
+    for harmless in ("hashseed", "neighbour", "stagger"):
+        assert attribution["alone"][harmless] == "same bits"
+    assert "first divergence" in output and "separated by" in output
+
+
+def test_urandom_noise_diverges_even_with_tfdet(tmp_path):
+    code, report, output = _check(
+        f"{MODELS}:urandom_model", "--perturb", "none", "--steps", "2", tmp_path=tmp_path
+    )
+    assert code == 1, output
+    divergence = report["devices"]["cpu"]["divergence"]
+    assert divergence["step"] == 0 and divergence["quantity"] == "loss"
+    assert divergence["ulps"] > 0
+    assert "nondeterministic by itself" in divergence["attribution"]["verdict"]
+
+
+@pytest.mark.parametrize(
+    ("target", "legacy"),
+    [
+        ("builtin:keras_issue", False),
+        ("builtin:keras_issue_tf_keras", True),
+        ("builtin:keras_issue_tf_keras_graph", True),
+    ],
+)
+def test_keras_issue_12724_is_bit_identical_in_three_processes(tmp_path, target, legacy):
+    if legacy:
+        pytest.importorskip("tf_keras")
+    code, report, output = _check(
+        target, "--runs", "3", "--steps", "2", "--no-attribute", tmp_path=tmp_path
+    )
+    assert code == 0, output
+    runs = report["devices"]["cpu"]["runs"]
+    assert len(runs) == 3 and all(run["steps_recorded"] == 2 for run in runs)
+    assert {run["profile"]["keras"] for run in runs} == {"tf_keras" if legacy else "keras3"}
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("no_such_module_xyz:build", "importable"),
+        (f"{MODELS}:no_such_function", "no_such_function"),
+        (f"{MODELS}:not_a_model", "compiled Keras model"),
+        (f"{MODELS}:uncompiled_model", "compile"),
+        ("builtin:nope", "built-in target"),
+        ("no-colon", "TARGET"),
+    ],
+)
+def test_bad_target_exits_2_before_any_run(tmp_path, target, message):
+    code, report, output = _check(target, tmp_path=tmp_path)
+    assert code == 2, output
+    assert message in output
+    assert "run 0" not in output and report == {}
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--runs", "1"], ["--perturb", "gravity"], ["--device", "tpu"], ["--steps", "0"]],
+)
+def test_bad_flags_exit_2(tmp_path, flags):
+    code, _, output = _check(*flags, tmp_path=tmp_path)
+    assert code == 2, output
+
+
+def test_crashing_run_exits_3_with_its_stderr(tmp_path):
+    code, report, output = _check(
+        f"{MODELS}:crash_model", "--perturb", "none", "--steps", "1", tmp_path=tmp_path
+    )
+    assert code == 3, output
+    cpu = report["devices"]["cpu"]
+    assert cpu["verdict"] == "failed" and report["verdict"] == "failed"
+    assert all(not run["ok"] for run in cpu["runs"])
+    assert "boom: this layer refuses to train" in cpu["runs"][0]["stderr_tail"]
+    assert "boom" in output
+
+
+def test_run_over_timeout_exits_3(tmp_path):
+    code, report, output = _check(
+        f"{MODELS}:sleepy_model", "--perturb", "none", "--timeout", "20", tmp_path=tmp_path
+    )
+    assert code == 3, output
+    assert all(run["timed_out"] for run in report["devices"]["cpu"]["runs"])
+    assert "timed out" in output
+
+
+def test_gpu_without_gpu_exits_4(tmp_path):
+    code, _, output = _check("--device", "gpu", tmp_path=tmp_path, env=clean_env(CUDA_VISIBLE_DEVICES="-1"))
+    assert code == 4, output
+    assert "no GPU visible" in output
+
+
+def test_user_data_is_used(tmp_path):
+    code, report, output = _check(
+        f"{MODELS}:with_data", "--perturb", "hashseed", "--steps", "2", tmp_path=tmp_path
+    )
+    assert code == 0, output
+    assert report["devices"]["cpu"]["runs"][0]["steps_recorded"] == 2

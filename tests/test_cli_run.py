@@ -1,0 +1,195 @@
+"""`tfdet run`: pins the environment, enables tfdet, runs the user's code.
+
+Usage errors are decided before anything is started, so they are checked
+through `tfdet._cli.main` in this process; the runs themselves are fresh
+processes (`python -m tfdet run ...`).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import clean_env, last_json_line, run_tfdet
+from tfdet import _isa
+from tfdet._cli import main
+from tfdet._errors import EXIT_USAGE
+
+# A user script that reports what it sees, calls tfdet.enable() itself with
+# the settings `tfdet run` was given, and exits with a chosen status.
+_SCRIPT = """
+import json, os, sys
+import tfdet
+
+active = tfdet.profile()
+mine = tfdet.enable(seed=3, threads=2)
+again = tfdet.enable(seed=3, threads=2, strict=False)
+try:
+    tfdet.enable(seed=4, threads=2)
+    mismatch = None
+except tfdet.ProfileMismatchError as error:
+    mismatch = {k: list(v) for k, v in error.differences.items()}
+print(json.dumps({
+    "name": __name__,
+    "argv": sys.argv,
+    "path0": sys.path[0],
+    "enabled_before_script": active is not None,
+    "same_profile": mine is active and again is active,
+    "mismatch": mismatch,
+    "profile": mine.to_dict(),
+    "hash_randomization": sys.flags.hash_randomization,
+    "env": {name: os.environ.get(name) for name in (
+        "PYTHONHASHSEED", "TF_NUM_INTRAOP_THREADS", "ONEDNN_MAX_CPU_ISA",
+        "TF_DETERMINISTIC_OPS")},
+}))
+sys.exit(int(os.environ.get("EXIT_WITH", "0")))
+"""
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "scripts" / "train.py"
+    path.parent.mkdir()
+    path.write_text(textwrap.dedent(_SCRIPT))
+    return path
+
+
+def test_script_runs_as_main_with_arguments_exit_status_and_settings(
+    script: Path, tmp_path: Path
+) -> None:
+    result = run_tfdet(
+        "run",
+        "--seed",
+        "3",
+        "--threads",
+        "2",
+        str(script),
+        "data.csv",
+        "--epochs",
+        "2",
+        "-v",
+        "--help",
+        env=clean_env(EXIT_WITH="7"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 7, result.stderr[-3000:]
+    seen = last_json_line(result.stdout)
+    assert seen["name"] == "__main__"
+    # Flags after the script belong to the script, --help included.
+    assert seen["argv"] == [str(script), "data.csv", "--epochs", "2", "-v", "--help"]
+    assert seen["path0"] == str(script.parent)  # As `python script.py` would.
+    # The script's own enable() with the same settings is the active profile.
+    assert seen["enabled_before_script"] and seen["same_profile"]
+    assert seen["mismatch"] == {"seed": [3, 4]}
+    profile = seen["profile"]
+    assert (
+        profile["seed"],
+        profile["intra_op_threads"],
+        profile["inter_op_threads"],
+    ) == (
+        3,
+        2,
+        2,
+    )
+    # PYTHONHASHSEED was set before the interpreter started: in force, no warning.
+    assert profile["python_hash_seed"] == "3" and seen["hash_randomization"] == 1
+    assert "PYTHONHASHSEED" not in result.stderr
+    assert seen["env"]["PYTHONHASHSEED"] == "3"
+    assert seen["env"]["TF_NUM_INTRAOP_THREADS"] == "2"
+    assert seen["env"]["TF_DETERMINISTIC_OPS"] == "1"
+    if _isa.applies():
+        assert seen["env"]["ONEDNN_MAX_CPU_ISA"] == profile["cpu_isa"] == "AVX2"
+
+
+def test_module_runs_with_its_own_flags(tmp_path: Path) -> None:
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "__init__.py").write_text("")
+    (tmp_path / "trainer" / "__main__.py").write_text(
+        textwrap.dedent(
+            """
+            import json, sys
+            import tfdet
+            print(json.dumps({"name": __name__, "argv": sys.argv[1:],
+                              "profile": tfdet.profile().to_dict()}))
+            sys.exit(5)
+            """
+        )
+    )
+    result = run_tfdet(
+        "run", "--seed", "9", "-m", "trainer", "--seed", "1", "--help", cwd=tmp_path
+    )
+    assert result.returncode == 5, result.stderr[-3000:]
+    seen = last_json_line(result.stdout)
+    assert seen["name"] == "__main__"
+    assert seen["argv"] == ["--seed", "1", "--help"]
+    assert seen["profile"]["seed"] == 9
+    assert seen["profile"]["python_hash_seed"] == "9"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["run", "missing_script.py"], id="missing-script"),
+        pytest.param(["run"], id="no-script"),
+        pytest.param(["run", "--"], id="only-dashes"),
+        pytest.param(["run", "-m"], id="m-without-module"),
+        pytest.param(["run", "-m", "tfdet_no_such_module_xyz"], id="missing-module"),
+        pytest.param(["run", "--bogus", "SCRIPT"], id="unknown-flag"),
+        pytest.param(["run", "--seed", "-1", "SCRIPT"], id="negative-seed"),
+        pytest.param(["run", "--seed", "4294967296", "SCRIPT"], id="seed-too-big"),
+        pytest.param(["run", "--seed", "x", "SCRIPT"], id="seed-not-int"),
+        pytest.param(["run", "--threads", "0", "SCRIPT"], id="zero-threads"),
+        pytest.param(["run", "--cpu-isa", "AVX3", "SCRIPT"], id="unknown-isa"),
+        pytest.param(["run", "--onednn", "--no-onednn", "SCRIPT"], id="onednn-both"),
+        pytest.param([], id="no-command"),
+        pytest.param(["no-such-command"], id="unknown-command"),
+    ],
+)
+def test_usage_errors_exit_2_before_starting_anything(
+    argv: list[str], script: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [str(script) if arg == "SCRIPT" else arg for arg in argv]
+    assert main(["tfdet", *argv]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.strip(), "a usage error must say what is wrong"
+
+
+def test_missing_script_message_names_the_file(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["tfdet", "run", "missing_script.py"]) == EXIT_USAGE
+    assert "No such file: 'missing_script.py'" in capsys.readouterr().err
+
+
+def test_isa_the_cpu_lacks_exits_2_in_the_parent(
+    script: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(_isa, "applies", lambda: True)
+    monkeypatch.setattr(_isa, "cpu_flags", lambda: frozenset({"sse4_1", "avx", "avx2"}))
+    assert main(["tfdet", "run", "--cpu-isa", "AVX512_CORE", str(script)]) == EXIT_USAGE
+    assert "up to AVX2" in capsys.readouterr().err
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tfdet", "run", "--help"]) == 0
+    assert "like python -m" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not _isa.applies(), reason="oneDNN ISA caps are x86-64 only")
+def test_lower_preset_isa_cap_survives_tfdet_run(script: Path, tmp_path: Path) -> None:
+    result = run_tfdet(
+        "run",
+        "--seed",
+        "3",
+        "--threads",
+        "2",
+        str(script),
+        env=clean_env(ONEDNN_MAX_CPU_ISA="SSE41"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = last_json_line(result.stdout)
+    assert seen["env"]["ONEDNN_MAX_CPU_ISA"] == seen["profile"]["cpu_isa"] == "SSE41"
+    assert "keeping SSE41" in result.stderr

@@ -1,0 +1,287 @@
+"""Bit equality of training across fresh processes, with and without tfdet.
+
+Each run is a fresh interpreter that trains the built-in CNN (convolutions,
+max-pooling, Dropout, Dense, RMSprop) for 3 `train_on_batch` steps and prints
+the SHA-256 of every weight. With `tfdet.enable()` the weights must be
+bit-identical under perturbations that imitate another machine (fewer cores,
+a different oneDNN ISA, another hash seed). Without it (seeds only), the same
+perturbations must change the bits: that is what shows these tests can fail.
+Where a perturbation does not change the bits on this machine, the unpinned
+half is skipped with the reason, never passed.
+
+Every run is started once per module, two at a time (these machines have 2
+cores), and shared by the tests that compare it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import importlib.util
+import json
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import clean_env, last_json_line, run_python
+from tfdet import _isa
+
+STEPS = 3
+HASH_SEED = "12345"
+
+# Trains TARGET for STEPS steps in a fresh process; MODE "enable" calls
+# tfdet.enable() first, "seeds" only keras.utils.set_random_seed(0).
+_TRAIN = """
+import json, os, sys
+mode, target, steps = {mode!r}, {target!r}, {steps!r}
+if mode == "enable":
+    import tfdet
+    profile = tfdet.enable().to_dict()
+else:
+    import keras
+    keras.utils.set_random_seed(0)
+    profile = None
+import tensorflow as tf
+from tfdet import _bits, _target
+
+built = _target.build(target)
+losses = []
+for step in range(steps):
+    x, y = built.batch(step)
+    out = built.model.train_on_batch(x, y)
+    losses.append(_bits.value_bits(out[0] if isinstance(out, list) else out)["bits"])
+digests = _bits.weights_digests(built.model.weights)
+print(json.dumps({{
+    "digest": _bits.combined_digest(digests.values()),
+    "weights": digests,
+    "losses": losses,
+    "profile": profile,
+    "affinity": sorted(os.sched_getaffinity(0)),
+    "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+    "isa_cap": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+    "hash_randomization": sys.flags.hash_randomization,
+}}))
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One fresh training run: what it trains and how it is perturbed."""
+
+    mode: str  # "enable" or "seeds"
+    target: str = "builtin:cnn"
+    one_cpu: bool = False  # Affinity to 1 CPU instead of 2.
+    isa_cap: str | None = None  # ONEDNN_MAX_CPU_ISA set before start.
+    hash_seed: str | None = None  # PYTHONHASHSEED at start (None: random).
+    repeat: int = 0  # Distinguishes an identical run used as a control.
+
+    @property
+    def legacy_keras(self) -> bool:
+        return self.target.endswith("_tf_keras")
+
+
+def _configs(has_two_cpus: bool, has_tf_keras: bool) -> list[Config]:
+    configs = []
+    targets = [("builtin:cnn", ("enable", "seeds"))]
+    if has_tf_keras:
+        targets.append(("builtin:cnn_tf_keras", ("enable", "seeds")))
+    for target, modes in targets:
+        for mode in modes:
+            configs.append(Config(mode, target))
+            if has_two_cpus:
+                configs.append(Config(mode, target, one_cpu=True))
+            configs.append(Config(mode, target, isa_cap="AVX2"))
+        configs.append(Config("enable", target, hash_seed=HASH_SEED))
+    # Control: seeds alone, same settings, another process. Shows that the
+    # differences found without tfdet come from the perturbations.
+    configs.append(Config("seeds", repeat=1))
+    return configs
+
+
+class Runs:
+    """Starts every configured run at once (2 at a time), waits on demand."""
+
+    def __init__(self, configs: list[Config], cpus: list[int]) -> None:
+        self._cpus = cpus
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+        self._futures = {
+            config: self._pool.submit(self._run, config) for config in configs
+        }
+
+    def _run(self, config: Config) -> dict:
+        env = clean_env(
+            ONEDNN_MAX_CPU_ISA=config.isa_cap,
+            PYTHONHASHSEED=config.hash_seed,
+            TF_USE_LEGACY_KERAS="1" if config.legacy_keras else None,
+        )
+        code = _TRAIN.format(mode=config.mode, target=config.target, steps=STEPS)
+        cpus = self._cpus[:1] if config.one_cpu else self._cpus[:2]
+        result = run_python(code, env=env, cpus=cpus or None, timeout=240)
+        if result.returncode != 0:
+            raise AssertionError(
+                f"run {config} failed (exit {result.returncode}):\n{result.stderr[-3000:]}"
+            )
+        return last_json_line(result.stdout)
+
+    def get(self, config: Config) -> dict:
+        if config not in self._futures:
+            pytest.skip(f"{config} is not run on this machine")
+        return self._futures[config].result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+@pytest.fixture(scope="module")
+def runs() -> Iterator[Runs]:
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = []
+    has_tf_keras = importlib.util.find_spec("tf_keras") is not None
+    runs = Runs(_configs(len(cpus) >= 2, has_tf_keras), cpus)
+    yield runs
+    runs.close()
+
+
+def _differing(a: dict, b: dict) -> list[str]:
+    return [
+        name for name in a["weights"] if a["weights"][name] != b["weights"].get(name)
+    ]
+
+
+def _assert_identical(base: dict, other: dict, what: str) -> None:
+    assert base["losses"] == other["losses"], f"{what}: loss bits differ"
+    assert base["digest"] == other["digest"], (
+        f"{what}: weights differ in {_differing(base, other)}"
+    )
+
+
+def _assert_differs_or_skip(base: dict, other: dict, what: str) -> None:
+    if base["digest"] == other["digest"]:
+        pytest.skip(
+            f"without tfdet.enable(), {what} did not change the weight bits on "
+            "this machine, so the pinned test above proves nothing for it here"
+        )
+
+
+def _require_two_cpus(runs: Runs) -> None:
+    try:
+        if len(os.sched_getaffinity(0)) < 2:
+            pytest.skip("the affinity perturbation needs at least 2 CPUs")
+    except AttributeError:
+        pytest.skip("CPU affinity is not available on this platform")
+
+
+def _require_isa_above_avx2() -> None:
+    if not _isa.applies():
+        pytest.skip("oneDNN ISA caps apply to x86-64 only")
+    if _isa.rank(_isa.best_supported()) <= _isa.rank("AVX2"):
+        pytest.skip("this CPU's best ISA is AVX2: an AVX2 cap changes nothing")
+
+
+def _require_tf_keras() -> None:
+    if importlib.util.find_spec("tf_keras") is None:
+        pytest.skip("tf_keras is not installed")
+
+
+KERAS_TARGETS = [
+    pytest.param("builtin:cnn", id="keras3"),
+    pytest.param("builtin:cnn_tf_keras", id="tf_keras"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", KERAS_TARGETS)
+def test_enabled_weights_identical_on_one_and_two_cores(
+    runs: Runs, target: str
+) -> None:
+    if "tf_keras" in target:
+        _require_tf_keras()
+    _require_two_cpus(runs)
+    two = runs.get(Config("enable", target))
+    one = runs.get(Config("enable", target, one_cpu=True))
+    assert (len(one["affinity"]), len(two["affinity"])) == (1, 2)
+    assert one["intra_op_threads"] == two["intra_op_threads"] == 1
+    _assert_identical(two, one, "1 core vs 2 cores")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", KERAS_TARGETS)
+def test_seeded_only_weights_differ_on_one_and_two_cores(
+    runs: Runs, target: str
+) -> None:
+    if "tf_keras" in target:
+        _require_tf_keras()
+    _require_two_cpus(runs)
+    two = runs.get(Config("seeds", target))
+    one = runs.get(Config("seeds", target, one_cpu=True))
+    assert (len(one["affinity"]), len(two["affinity"])) == (1, 2)
+    _assert_differs_or_skip(two, one, "confining the process to 1 core instead of 2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", KERAS_TARGETS)
+def test_enabled_weights_identical_with_preset_avx2_cap_and_none(
+    runs: Runs, target: str
+) -> None:
+    if "tf_keras" in target:
+        _require_tf_keras()
+    _require_isa_above_avx2()
+    uncapped = runs.get(Config("enable", target))
+    capped = runs.get(Config("enable", target, isa_cap="AVX2"))
+    # Both end at enable()'s default cap, whatever the process started with.
+    assert uncapped["isa_cap"] == capped["isa_cap"] == "AVX2"
+    _assert_identical(uncapped, capped, "ONEDNN_MAX_CPU_ISA=AVX2 preset vs unset")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", KERAS_TARGETS)
+def test_seeded_only_weights_differ_with_avx2_cap_and_none(
+    runs: Runs, target: str
+) -> None:
+    if "tf_keras" in target:
+        _require_tf_keras()
+    _require_isa_above_avx2()
+    uncapped = runs.get(Config("seeds", target))
+    capped = runs.get(Config("seeds", target, isa_cap="AVX2"))
+    assert (uncapped["isa_cap"], capped["isa_cap"]) == (None, "AVX2")
+    _assert_differs_or_skip(uncapped, capped, "capping oneDNN at AVX2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", KERAS_TARGETS)
+def test_enabled_weights_identical_with_different_hash_seeds(
+    runs: Runs, target: str
+) -> None:
+    if "tf_keras" in target:
+        _require_tf_keras()
+    randomized = runs.get(Config("enable", target))
+    fixed = runs.get(Config("enable", target, hash_seed=HASH_SEED))
+    assert (randomized["hash_randomization"], fixed["hash_randomization"]) == (1, 1)
+    assert randomized["profile"]["python_hash_seed"] is None
+    assert fixed["profile"]["python_hash_seed"] == HASH_SEED
+    _assert_identical(randomized, fixed, f"PYTHONHASHSEED random vs {HASH_SEED}")
+
+
+@pytest.mark.slow
+def test_enabled_runs_record_the_same_profile_under_every_perturbation(
+    runs: Runs,
+) -> None:
+    base = runs.get(Config("enable"))["profile"]
+    others = [Config("enable", isa_cap="AVX2")]
+    if len(os.sched_getaffinity(0)) >= 2:
+        others.append(Config("enable", one_cpu=True))
+    for config in others:
+        assert runs.get(config)["profile"] == base, config
+    assert base["intra_op_threads"] == base["inter_op_threads"] == 1
+    assert base["op_determinism"] is True
+    assert json.loads(json.dumps(base)) == base
+
+
+@pytest.mark.slow
+def test_seeded_only_weights_identical_without_perturbation(runs: Runs) -> None:
+    first = runs.get(Config("seeds"))
+    second = runs.get(Config("seeds", repeat=1))
+    _assert_identical(first, second, "seeds only, same settings")

@@ -1,0 +1,124 @@
+"""`tfdet diff` and trace comparison: first diverging step, and why."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from conftest import clean_env, run_tfdet
+from test_trace import PROFILE, write_trace
+
+from tfdet import _diff, _trace
+from tfdet._cli import main
+
+
+def _record(step: int, loss: str = "40135d8e", weights: str = "a" * 32, variables=None):
+    return {
+        "epoch": 0,
+        "step": step,
+        "loss": {"dtype": "float32", "bits": loss, "value": "x"},
+        "metrics": {"accuracy": {"dtype": "float32", "bits": "3f000000", "value": "0.5"}},
+        "weights": weights,
+        "variables": variables or ["1" * 16, "2" * 16],
+    }
+
+
+def test_compare_steps_reports_the_first_quantity_with_ulps():
+    assert _diff.compare_steps(_record(0), _record(0)) is None
+    found = _diff.compare_steps(_record(4), _record(4, loss="40135d8f"))
+    assert (found.step, found.quantity, found.ulps) == (4, "loss", 1)
+    assert "0x40135d8e" in found.expected and "0x40135d8f" in found.received
+    metric = _record(1)
+    metric["metrics"]["accuracy"]["bits"] = "3f000002"
+    found = _diff.compare_steps(_record(1), metric)
+    assert (found.quantity, found.ulps) == ("metric:accuracy", 2)
+
+
+def test_compare_steps_names_the_first_differing_variable():
+    a = _record(2, weights="a" * 32, variables=["1" * 16, "2" * 16])
+    b = _record(2, weights="b" * 32, variables=["1" * 16, "3" * 16])
+    found = _diff.compare_steps(a, b, ["dense/kernel", "dense/bias"])
+    assert found.quantity == "weights:dense/bias"
+    assert (found.expected, found.received) == ("2" * 16, "3" * 16)
+    del a["variables"], b["variables"]
+    assert _diff.compare_steps(a, b).quantity == "weights"
+    error = found.to_error()
+    assert (error.step, error.quantity, error.expected) == (2, "weights:dense/bias", "2" * 16)
+
+
+def test_cli_diff_exit_codes_and_json(tmp_path):
+    a = write_trace(tmp_path / "a.jsonl", steps=3)
+    same = write_trace(tmp_path / "same.jsonl", steps=3)
+    other_profile = dict(PROFILE, intra_op_threads=2)
+    b = write_trace(tmp_path / "b.jsonl", steps=3, profile=other_profile)
+    # B: same first step, loss 3 ulps off at step 1.
+    lines = open(b, encoding="utf-8").read().splitlines()
+    record = json.loads(lines[2])
+    record["loss"]["bits"] = "40135d91"
+    lines[2] = json.dumps(record)
+    open(b, "w", encoding="utf-8").write("\n".join(lines) + "\n")
+    assert main(["tfdet", "diff", a, same]) == 0
+    report = tmp_path / "report.json"
+    assert main(["tfdet", "diff", a, b, "--json", str(report)]) == 1
+    facts = json.loads(report.read_text())
+    assert facts["profile_differences"] == {"intra_op_threads": [1, 2]}
+    assert facts["divergence"]["step"] == 1
+    assert facts["divergence"]["quantity"] == "loss"
+    assert facts["divergence"]["ulps"] == 3
+    assert main(["tfdet", "diff", a, str(tmp_path / "missing.jsonl")]) == 2
+
+
+_RECORD = """
+import sys
+import tensorflow as tf
+import keras
+tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
+keras.utils.set_random_seed(1)
+import tfdet
+from tfdet import _target
+built = _target.build("builtin:cnn", seed=1)
+built.model.fit(built.x, built.y, batch_size=32, epochs=2, verbose=0, shuffle=False,
+                callbacks=[tfdet.DeterminismCallback(trace=sys.argv[2])])
+"""
+
+
+def _record_traces(tmp_path, threads: list[int]) -> list[str]:
+    """Records one trace per thread count, in concurrent fresh processes."""
+    paths = [str(tmp_path / f"threads{n}_{i}.jsonl") for i, n in enumerate(threads)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(_RECORD), str(n), path],
+            env=clean_env(ONEDNN_MAX_CPU_ISA=None),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n, path in zip(threads, paths)
+    ]
+    for process in processes:
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr[-3000:]
+    return paths
+
+
+def test_diff_of_runs_differing_only_in_thread_count(tmp_path):
+    one, one_again, two = _record_traces(tmp_path, [1, 1, 2])
+    # Same thread count in two processes: bit-identical (the comparison can pass).
+    same = run_tfdet("diff", one, one_again)
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "bit-identical: all 4 steps" in same.stdout
+    # Thread count 1 vs 2 without tfdet's pinning: the bits part.
+    report = tmp_path / "diff.json"
+    result = run_tfdet("diff", one, two, "--json", str(report))
+    assert result.returncode == 1, result.stdout + result.stderr
+    facts = json.loads(report.read_text())
+    assert facts["profile_differences"]["intra_op_threads"] == [1, 2]
+    divergence = facts["divergence"]
+    assert divergence["step"] == 0
+    assert divergence["quantity"].startswith("weights:")
+    assert "intra_op_threads: 1 vs 2" in result.stdout
+    assert "first diverging step: step 0" in result.stdout
+    # The explanation comes before the bits.
+    assert result.stdout.index("intra_op_threads") < result.stdout.index("first diverging")
+    assert _trace.read(one).steps == _trace.read(one_again).steps

@@ -1,0 +1,304 @@
+"""`tfdet.enable()`: what it pins, what it refuses, and what it warns about.
+
+Argument errors are raised before `enable()` touches anything, so they are
+checked in this process. Everything that gets past validation changes global
+TensorFlow state that cannot be undone, so it runs in a fresh interpreter;
+several assertions share one interpreter where that saves a TensorFlow start.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import tfdet
+from tests.conftest import clean_env, last_json_line, run_python
+from tfdet import _isa
+
+# Collects warnings and results of enable() calls in a child; prints one JSON
+# line. Prepended to each child script.
+_PRELUDE = """
+import json, os, sys, warnings
+warnings.simplefilter("always")
+_caught = []
+warnings.showwarning = lambda message, *args, **kwargs: _caught.append(str(message))
+import tfdet
+out = {}
+
+def attempt(name, **kwargs):
+    try:
+        tfdet.enable(**kwargs)
+    except Exception as error:
+        out[name] = {
+            "type": type(error).__name__,
+            "message": str(error),
+            "setting": getattr(error, "setting", None),
+            "differences": {k: list(v) for k, v in getattr(error, "differences", {}).items()},
+        }
+    else:
+        out[name] = None
+
+def finish():
+    out["warnings"] = _caught
+    out["enabled"] = tfdet.is_enabled()
+    print(json.dumps(out, default=str))
+"""
+
+
+def _child(code: str, **env: str | None) -> dict:
+    result = run_python(
+        _PRELUDE + code + "\nfinish()\n", env=clean_env(**env), timeout=240
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return last_json_line(result.stdout)
+
+
+def _matching(warnings: list[str], text: str) -> list[str]:
+    return [message for message in warnings if text in message]
+
+
+# --- Bad arguments: ValueError before anything changes (in this process). ---
+
+
+@pytest.fixture
+def untouched_environment():
+    """Fails the test if `enable()` changed the environment or activated."""
+    def snapshot() -> dict[str, str]:
+        return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+
+    before = snapshot()
+    yield
+    assert snapshot() == before
+    assert not tfdet.is_enabled()
+
+
+@pytest.mark.parametrize(
+    "seed",
+    [-1, 2**32, 1.0, "3", True, None],
+    ids=["negative", "2**32", "float", "str", "bool", "None"],
+)
+def test_bad_seed_is_a_value_error_naming_the_argument(
+    seed, untouched_environment
+) -> None:
+    with pytest.raises(ValueError, match=r"Expected `seed`.*Received: seed="):
+        tfdet.enable(seed=seed)
+
+
+def test_seed_range_error_says_the_accepted_range(untouched_environment) -> None:
+    with pytest.raises(ValueError, match=r"in \[0, 4294967295\]"):
+        tfdet.enable(seed=2**32)
+
+
+@pytest.mark.parametrize("threads", [0, -2, 2.0, "1", False], ids=str)
+def test_bad_threads_is_a_value_error_naming_the_argument(
+    threads, untouched_environment
+) -> None:
+    with pytest.raises(ValueError, match=r"Expected `threads`.*Received: threads="):
+        tfdet.enable(threads=threads)
+
+
+@pytest.mark.parametrize("cpu_isa", ["AVX3", "", 2])
+def test_unknown_isa_is_a_value_error_listing_accepted_names(
+    cpu_isa, untouched_environment
+) -> None:
+    with pytest.raises(ValueError) as info:
+        tfdet.enable(cpu_isa=cpu_isa)
+    message = str(info.value)
+    assert "cpu_isa" in message
+    assert f"Received: cpu_isa={cpu_isa!r}" in message
+    for accepted in ("SSE41", "AVX2", "AVX512_CORE"):
+        assert accepted in message
+
+
+def test_isa_the_cpu_lacks_is_a_value_error_naming_the_best_level(
+    monkeypatch, untouched_environment
+) -> None:
+    monkeypatch.setattr(_isa, "applies", lambda: True)
+    monkeypatch.setattr(_isa, "cpu_flags", lambda: frozenset({"sse4_1", "avx", "avx2"}))
+    with pytest.raises(ValueError, match=r"up to AVX2.*cpu_isa='AVX512_CORE'"):
+        tfdet.enable(cpu_isa="AVX512_CORE")
+
+
+def test_bad_onednn_is_a_value_error(untouched_environment) -> None:
+    with pytest.raises(ValueError, match=r"Expected `onednn`"):
+        tfdet.enable(onednn="yes")
+
+
+# --- A normal enable(), then repeated calls. ---
+
+
+def test_enable_pins_everything_and_repeat_calls_are_no_ops() -> None:
+    out = _child(
+        """
+import random
+import numpy as np
+profile = tfdet.enable()
+out["profile"] = profile.to_dict()
+out["same_profile"] = tfdet.profile() is profile
+out["env"] = {name: os.environ.get(name) for name in (
+    "PYTHONHASHSEED", "TF_DETERMINISTIC_OPS", "TF_CUDNN_DETERMINISTIC",
+    "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "ONEDNN_MAX_CPU_ISA",
+    "XLA_FLAGS")}
+out["python_random"] = random.random() == random.Random(0).random()
+out["numpy_random"] = np.random.rand() == np.random.RandomState(0).rand()
+import tensorflow as tf
+from tensorflow.python.framework import config
+out["op_determinism"] = config.is_op_determinism_enabled()
+out["tf_threads"] = [tf.config.threading.get_intra_op_parallelism_threads(),
+                     tf.config.threading.get_inter_op_parallelism_threads()]
+# Same settings spelled differently, and strict=False: the same profile.
+out["repeat_is_same"] = all(
+    tfdet.enable(**kwargs) is profile
+    for kwargs in ({}, {"seed": 0, "threads": 1, "cpu_isa": "avx2"}, {"strict": False})
+)
+attempt("other_threads", threads=2)
+attempt("other_seed_and_isa", seed=1, cpu_isa="SSE41")
+out["still_same"] = tfdet.profile() is profile
+# XLA_FLAGS was set before start: kept, and XLA still accepts every flag (an
+# unknown flag would abort the process here).
+jitted = tf.function(lambda x: tf.reduce_sum(x * 2.0), jit_compile=True)
+out["jit_result"] = float(jitted(tf.ones([4])))
+""",
+        XLA_FLAGS="--xla_cpu_enable_fast_math=false",
+    )
+    profile = out["profile"]
+    assert out["enabled"] and out["same_profile"]
+    assert profile["seed"] == 0
+    assert profile["intra_op_threads"] == profile["inter_op_threads"] == 1
+    assert out["tf_threads"] == [1, 1]
+    assert profile["op_determinism"] is True and out["op_determinism"]
+    assert profile["xla_determinism"] is True
+    assert profile["python_hash_seed"] is None  # Started without one.
+    if _isa.applies():
+        assert profile["cpu_isa"] == "AVX2"
+        assert out["env"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    else:
+        assert profile["cpu_isa"] == _isa.NOT_APPLICABLE
+    assert out["env"]["PYTHONHASHSEED"] == "0"  # For child processes.
+    assert (
+        out["env"]["TF_DETERMINISTIC_OPS"]
+        == out["env"]["TF_CUDNN_DETERMINISTIC"]
+        == "1"
+    )
+    assert (
+        out["env"]["TF_NUM_INTRAOP_THREADS"]
+        == out["env"]["TF_NUM_INTEROP_THREADS"]
+        == "1"
+    )
+    assert out["env"]["XLA_FLAGS"] == (
+        "--xla_cpu_enable_fast_math=false --xla_gpu_deterministic_ops=true"
+    )
+    assert out["jit_result"] == 8.0
+    assert out["python_random"] and out["numpy_random"]
+    assert out["repeat_is_same"] and out["still_same"]
+    assert out["other_threads"]["type"] == "ProfileMismatchError"
+    assert out["other_threads"]["differences"] == {"threads": [1, 2]}
+    assert "Call enable() once" in out["other_threads"]["message"]
+    assert out["other_seed_and_isa"]["differences"] == {
+        "seed": [0, 1],
+        "cpu_isa": ["AVX2", "SSE41"],
+    }
+
+
+def test_unset_pythonhashseed_is_a_warning_naming_tfdet_run() -> None:
+    out = _child("tfdet.enable()")
+    (warning,) = _matching(out["warnings"], "PYTHONHASHSEED")
+    assert "None" in warning and "'0'" in warning
+    assert "tfdet run" in warning
+
+
+def test_matching_pythonhashseed_numpy_seed_and_onednn_off() -> None:
+    # The largest seed, as a NumPy integer; the interpreter started with the
+    # matching hash seed; oneDNN custom ops requested off before TF import.
+    out = _child(
+        """
+import numpy as np
+profile = tfdet.enable(seed=np.uint32(2**32 - 1), onednn=False)
+out["profile"] = profile.to_dict()
+out["seed_type"] = type(profile.seed).__name__
+out["onednn_env"] = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+""",
+        PYTHONHASHSEED=str(2**32 - 1),
+    )
+    assert out["profile"]["seed"] == 2**32 - 1 and out["seed_type"] == "int"
+    assert out["profile"]["python_hash_seed"] == str(2**32 - 1)
+    assert not _matching(out["warnings"], "PYTHONHASHSEED")
+    assert out["profile"]["onednn_opts"] is False and out["onednn_env"] == "0"
+
+
+@pytest.mark.skipif(not _isa.applies(), reason="oneDNN ISA caps are x86-64 only")
+def test_lower_preset_isa_cap_is_kept_with_a_warning() -> None:
+    out = _child(
+        """
+profile = tfdet.enable()
+out["cpu_isa"] = profile.cpu_isa
+out["env"] = os.environ.get("ONEDNN_MAX_CPU_ISA")
+""",
+        ONEDNN_MAX_CPU_ISA="SSE41",
+    )
+    assert out["cpu_isa"] == out["env"] == "SSE41"
+    (warning,) = _matching(out["warnings"], "ONEDNN_MAX_CPU_ISA=SSE41")
+    assert "keeping SSE41" in warning and "differ" in warning
+
+
+@pytest.mark.skipif(not _isa.applies(), reason="oneDNN ISA caps are x86-64 only")
+def test_higher_preset_isa_cap_is_lowered_to_the_requested_one() -> None:
+    out = _child(
+        """
+out["cpu_isa"] = tfdet.enable().cpu_isa
+out["env"] = os.environ.get("ONEDNN_MAX_CPU_ISA")
+""",
+        ONEDNN_MAX_CPU_ISA="ALL",
+    )
+    assert out["cpu_isa"] == out["env"] == "AVX2"
+    assert not _matching(out["warnings"], "ONEDNN_MAX_CPU_ISA")
+
+
+# --- Too late: after TensorFlow started. ---
+
+
+def test_too_late_after_a_model_is_built_then_strict_false_records_what_is_in_force() -> (
+    None
+):
+    out = _child(
+        """
+import tensorflow as tf
+attempt("onednn_after_import", onednn=False)
+from tfdet import _target
+_target.build("builtin:cnn")  # Creates weights: TF's runtime has started.
+attempt("threads_default")
+attempt("threads_only", cpu_isa=None)
+out["enabled_after_refusals"] = tfdet.is_enabled()
+out["isa_env_after_refusals"] = os.environ.get("ONEDNN_MAX_CPU_ISA")
+profile = tfdet.enable(strict=False)
+out["profile"] = profile.to_dict()
+out["repeat_is_same"] = tfdet.enable(strict=False) is profile and tfdet.enable() is profile
+""",
+        PYTHONHASHSEED="7",
+    )
+    onednn = out["onednn_after_import"]
+    assert onednn["type"] == "TooLateError" and onednn["setting"] == "onednn"
+    assert "TF_ENABLE_ONEDNN_OPTS" in onednn["message"]
+    for name in ("threads_default", "threads_only"):
+        error = out[name]
+        assert error["type"] == "TooLateError", error
+        assert error["setting"] == "threads"
+        assert "tfdet run" in error["message"]
+        assert "tfdet.enable()" in error["message"]
+    assert out["enabled_after_refusals"] is False
+    assert out["isa_env_after_refusals"] is None  # A refused call left no trace.
+
+    # strict=False: warnings, and the profile says what is really in force.
+    profile = out["profile"]
+    assert out["enabled"] and out["repeat_is_same"]
+    assert profile["intra_op_threads"] == profile["inter_op_threads"] == 0
+    if _isa.applies():
+        assert profile["cpu_isa"] == "ALL"
+        assert _matching(out["warnings"], "Too late to pin `cpu_isa`")
+    assert profile["op_determinism"] is True
+    assert profile["python_hash_seed"] == "7"
+    (threads_warning,) = _matching(out["warnings"], "Too late to pin `threads`")
+    assert "strict=False" in threads_warning
+    (hash_warning,) = _matching(out["warnings"], "PYTHONHASHSEED")
+    assert "'7'" in hash_warning and "tfdet run" in hash_warning

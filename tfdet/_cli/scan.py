@@ -1,0 +1,132 @@
+"""`tfdet scan`: which ops of a training step are hazards on GPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from tfdet import _target
+from tfdet._errors import EXIT_DIVERGED, EXIT_OK
+
+_BEHAVIOUR = {
+    "raises": "raises on GPU",
+    "host_fallback": "falls back to the host on GPU",
+    "nondeterministic": "nondeterministic on GPU",
+    "xla_compile_error": "fails to compile under XLA",
+}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "scan",
+        help="List the ops of TARGET's training step that raise, fall back to "
+        "the host, or are nondeterministic on GPU under op determinism.",
+        description="Traces TARGET's real training step (forward, loss, "
+        "gradients, optimizer update, metric updates) on this machine (no GPU "
+        "needed), walks every op including nested and gradient functions, and "
+        "lists each GPU determinism hazard with the Keras layer, metric or "
+        "optimizer it comes from and whether a tfdet patch covers it. By "
+        "default the trace runs under tfdet.enable(), so it shows what remains "
+        "with tfdet's patches. Exit 1 if a hazard remains, 0 otherwise.",
+    )
+    parser.add_argument(
+        "target",
+        nargs="?",
+        default=None,
+        metavar="TARGET",
+        help="`package.module:function`, `path/to/file.py:function` or "
+        f"`builtin:NAME` (default {_target.DEFAULT_TARGET}).",
+    )
+    parser.add_argument(
+        "--no-enable",
+        action="store_true",
+        help="Trace with plain TensorFlow (op determinism on, no tfdet patches).",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="Seed for enable() and data.")
+    parser.add_argument("--json", metavar="FILE", help="Also write the report as JSON.")
+    parser.set_defaults(func=execute)
+
+
+def _source(finding) -> str:
+    kind = finding.kind
+    label = f"{kind} {finding.source}"
+    if finding.source_type:
+        label += f" ({finding.source_type})"
+    return label + (", backward pass" if finding.gradient else "")
+
+
+def _patch_note(finding, enabled: bool) -> str:
+    if finding.patch is None:
+        return "no tfdet patch"
+    if finding.patch_installed:
+        return f"tfdet patch {finding.patch} is installed but does not cover this entry point"
+    if enabled:
+        return f"tfdet patch {finding.patch} exists but was not installed (not needed by these versions?)"
+    return f"covered by tfdet patch {finding.patch} (tfdet.enable() installs it)"
+
+
+def format_report(report) -> str:
+    """Human-readable lines for a `ScanReport`."""
+    mode = (
+        f"with tfdet.enable() (patches: {', '.join(report.patches) or 'none'})"
+        if report.enabled
+        else "with plain TensorFlow (--no-enable: op determinism on, no tfdet patches)"
+    )
+    lines = [
+        f"tfdet scan {report.target}: {report.keras}, TensorFlow {report.tensorflow_version}, traced {mode}",
+        f"checked {report.ops_checked} ops of {len(report.op_types)} types in the training "
+        f"step graph and {report.functions} nested/gradient functions",
+        f"op types checked: {', '.join(report.op_types)}",
+    ]
+    if report.deterministic_ops:
+        lines.append(
+            "known deterministic on GPU under determinism: " + ", ".join(report.deterministic_ops)
+        )
+    if report.covered:
+        lines.append(f"covered by tfdet patches ({len(report.covered)}):")
+        for finding in report.covered:
+            lines.append(
+                f"  {finding.op_type:<28} {_source(finding)}: {_BEHAVIOUR[finding.behaviour]} "
+                f"without patch {finding.patch}"
+            )
+    if report.findings:
+        lines.append(f"GPU hazards under op determinism ({len(report.findings)}):")
+        for finding in report.findings:
+            where = "" if finding.device == "GPU" else f" (on {finding.device} device)"
+            lines.append(
+                f"  {finding.op_type:<28} {_source(finding)}: "
+                f"{_BEHAVIOUR[finding.behaviour]}{where}; {_patch_note(finding, report.enabled)}"
+            )
+            lines.append(f"    {finding.detail} ({finding.upstream}); nodes: {', '.join(finding.nodes)}")
+    else:
+        lines.append("GPU hazards under op determinism: none")
+    return "\n".join(lines)
+
+
+def execute(args: argparse.Namespace) -> int:
+    spec = _target.parse(args.target)  # TargetError (exit 2) before TF starts.
+    if spec.legacy_keras:
+        # The CLI process is fresh: tf.keras must resolve to tf_keras before
+        # TensorFlow is imported.
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    if not args.no_enable:
+        import tfdet
+
+        tfdet.enable(seed=args.seed)
+    else:
+        import tensorflow as tf
+
+        # Plain TensorFlow under determinism: what users see when they turn
+        # it on themselves.
+        tf.config.experimental.enable_op_determinism()
+        tf.random.set_seed(args.seed)
+    from tfdet import _scan
+
+    built = _target.build(spec.text, seed=args.seed)
+    report = _scan.scan(built, spec.text)
+    print(format_report(report))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump(report.to_dict(), out, indent=2, sort_keys=True)
+    return EXIT_DIVERGED if report.findings else EXIT_OK

@@ -1,0 +1,268 @@
+"""`tfdet locate`: the first layer whose bits differ between two processes.
+
+Two fresh processes train TARGET under the perturbations of `tfdet check`
+(`tfdet._perturb`, spawned by `tfdet._runs`), each running
+`tfdet._locate_worker`, which fingerprints every layer's forward output, the
+loss, the gradient flowing into every layer's output and every variable's
+gradient, and the weights after the update, at every step.
+
+At the first step where anything differs, the quantities are walked in the
+order TensorFlow computes them: forward outputs in call order, the loss, then
+backward, layers in reverse call order, each with its variables' gradients
+and the gradient it passes to its input, then the optimizer's update. The
+first difference on that walk names the layer where the bits part; the
+layers before it on the walk agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+from tfdet import _check, _perturb, _runs, _target
+from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError
+
+DEFAULT_STEPS = 3
+WORKER_MODULE = "tfdet._locate_worker"
+
+# Phases of a training step, in the order they run.
+FORWARD = "forward"
+LOSS = "loss"
+BACKWARD = "backward"
+UPDATE = "update"
+
+
+@dataclasses.dataclass(frozen=True)
+class LocateOptions:
+    """What `tfdet locate` runs. Field names mirror the CLI flags."""
+
+    target: str | None = None
+    steps: int = DEFAULT_STEPS
+    perturb: tuple[str, ...] = _perturb.ALL
+    enable: bool = True
+    seed: int = 0
+    threads: int = 1
+    cpu_isa: str | None = "AVX2"
+    timeout: float = 600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Location:
+    """Where two runs' bits part.
+
+    Attributes:
+        step: First step (0-based) where any fingerprint differs.
+        phase: `"forward"`, `"loss"`, `"backward"` or `"update"`.
+        layer: Name of the layer, or None for the loss.
+        layer_class: Its Python class name.
+        scope: Its TensorFlow name scope in the traced step.
+        quantity: What differs: `"output"`, `"output gradient"` (the gradient
+            arriving at the layer's output is computed by the layers after
+            it), `"input gradient"`, `"gradient of VARIABLE"`, `"update of
+            VARIABLE"` or `"loss"`.
+        ops: TensorFlow op types of the layer's forward computation.
+        gradient_ops: Op types of its gradient computation.
+        agreeing: Layers before it, on the walk, whose bits agree.
+    """
+
+    step: int
+    phase: str
+    layer: str | None
+    layer_class: str | None
+    scope: str | None
+    quantity: str
+    ops: tuple[str, ...] = ()
+    gradient_ops: tuple[str, ...] = ()
+    agreeing: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        for key in ("ops", "gradient_ops", "agreeing"):
+            data[key] = list(data[key])
+        return data
+
+    def describe(self) -> str:
+        if self.layer is None:
+            return f"step {self.step}, {self.phase}: the {self.quantity} differs"
+        return (
+            f"step {self.step}, {self.phase}: {self.quantity} of layer "
+            f"{self.layer!r} ({self.layer_class})"
+        )
+
+
+def _slice(values: list[str], span: list[int]) -> list[str]:
+    return values[span[0] : span[1]]
+
+
+def _walk(
+    result: dict[str, Any], step_a: dict[str, Any], step_b: dict[str, Any]
+) -> Location | None:
+    """The first differing quantity of one step, in execution order."""
+    layers = result["layers"]
+    names = result["variables"]
+    owners = result["variable_layers"]
+    step = int(step_a["step"])
+    agreeing: list[str] = []
+
+    def at(index: int | None, phase: str, quantity: str) -> Location:
+        if index is None:
+            return Location(step, phase, None, None, None, quantity, agreeing=tuple(agreeing))
+        layer = layers[index]
+        return Location(
+            step,
+            phase,
+            layer["name"],
+            layer["class"],
+            layer["scope"],
+            quantity,
+            tuple(layer["ops"]),
+            tuple(layer["gradient_ops"]),
+            tuple(agreeing),
+        )
+
+    for index, layer in enumerate(layers):
+        span = layer["tensors"]
+        if _slice(step_a["outputs"], span) != _slice(step_b["outputs"], span):
+            return at(index, FORWARD, "output")
+        agreeing.append(layer["name"])
+    if step_a["loss"]["bits"] != step_b["loss"]["bits"]:
+        return at(None, LOSS, "loss")
+    for index in reversed(range(len(layers))):
+        span = layers[index]["tensors"]
+        if _slice(step_a["output_gradients"], span) != _slice(step_b["output_gradients"], span):
+            # The gradient arriving here was computed by the layer consuming
+            # this output, which comes next in forward order.
+            consumer = index + 1 if index + 1 < len(layers) else None
+            if consumer is None:
+                return at(None, BACKWARD, "loss gradient")
+            return at(consumer, BACKWARD, "input gradient")
+        mine = [v for v, owner in enumerate(owners) if owner == index]
+        for v in mine:
+            if step_a["gradients"][v] != step_b["gradients"][v]:
+                return at(index, BACKWARD, f"gradient of {names[v]}")
+        agreeing.append(f"{layers[index]['name']} (gradient)")
+    for v, (a, b) in enumerate(zip(step_a["gradients"], step_b["gradients"], strict=True)):
+        if a != b:  # A variable no called layer owns.
+            return at(owners[v], BACKWARD, f"gradient of {names[v]}")
+    for v, (a, b) in enumerate(zip(step_a["weights"], step_b["weights"], strict=True)):
+        if a != b:
+            return at(owners[v], UPDATE, f"update of {names[v]}")
+    return None
+
+
+def locate_results(a: dict[str, Any], b: dict[str, Any]) -> Location | None:
+    """Where the results of two `_locate_worker` runs first differ, or None.
+
+    Raises:
+        RunFailedError: the runs traced different layer structures.
+    """
+    structure_a = [(layer["name"], layer["tensors"]) for layer in a["layers"]]
+    structure_b = [(layer["name"], layer["tensors"]) for layer in b["layers"]]
+    if structure_a != structure_b or a["variables"] != b["variables"]:
+        raise RunFailedError(
+            "Expected both runs to trace the same layers and variables. Received "
+            f"different structures: {structure_a} vs {structure_b}. Does TARGET "
+            "build a different model in each process?"
+        )
+    for step_a, step_b in zip(a["steps"], b["steps"], strict=False):
+        found = _walk(a, step_a, step_b)
+        if found is not None:
+            return found
+    return None
+
+
+ProgressFn = Callable[[str], None]
+
+
+def _base_env(spec: _target.TargetSpec) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if spec.legacy_keras:
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    # Layer fingerprints are taken on the CPU: hide GPUs.
+    env["CUDA_VISIBLE_DEVICES"] = "-1"
+    return env
+
+
+def validate(options: LocateOptions) -> None:
+    """Raises ValueError for options out of range."""
+    if options.steps < 1:
+        raise ValueError(f"Expected --steps >= 1. Received: steps={options.steps}")
+    if options.timeout <= 0:
+        raise ValueError(f"Expected --timeout > 0. Received: timeout={options.timeout}")
+    if options.threads < 1:
+        raise ValueError(f"Expected --threads >= 1. Received: threads={options.threads}")
+
+
+def locate(options: LocateOptions, progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Runs two perturbed processes and finds the first layer that differs.
+
+    Returns:
+        A JSON-ready report: target, options, the two runs' perturbations and
+        profiles, `location` (a `Location` dict or None), `exit_code`.
+
+    Raises:
+        TargetError: TARGET cannot be built.
+        RunFailedError: a run crashed or timed out.
+    """
+    validate(options)
+    spec = _check.preflight(options.target)
+    names = list(options.perturb)
+    setups = _perturb.plan(2, names, options.cpu_isa)
+    worker_spec = {
+        "target": spec.text,
+        "seed": options.seed,
+        "steps": options.steps,
+        "enable": options.enable,
+        "threads": options.threads,
+        "cpu_isa": options.cpu_isa,
+    }
+
+    def on_step(index: int, done: int, total: int) -> None:
+        if progress is not None:
+            progress(f"run {index}: step {done}/{total}")
+
+    with tempfile.TemporaryDirectory(prefix="tfdet-locate-") as workdir:
+        outcomes = _runs.run_all(
+            setups,
+            worker_spec,
+            workdir,
+            module=WORKER_MODULE,
+            base_env=_base_env(spec),
+            timeout=options.timeout,
+            progress=on_step,
+        )
+    failed = [outcome for outcome in outcomes if not outcome.ok]
+    if failed:
+        outcome = failed[0]
+        state = "timed out" if outcome.timed_out else f"exited {outcome.returncode}"
+        raise RunFailedError(
+            f"locate run {outcome.setup.index} {state}; stderr tail:\n{outcome.stderr_tail}"
+        )
+    a, b = outcomes[0].result, outcomes[1].result
+    location = locate_results(a, b)
+    return {
+        "target": spec.text,
+        "enable": options.enable,
+        "steps": options.steps,
+        "perturbations": names,
+        "perturbations_skipped": _perturb.skipped(names, options.cpu_isa),
+        "runs": [
+            {
+                "index": outcome.setup.index,
+                "perturbations": outcome.setup.labels,
+                "profile": outcome.result["profile"],
+                "seconds": round(outcome.seconds, 3),
+            }
+            for outcome in outcomes
+        ],
+        "layers": [
+            {key: layer[key] for key in ("name", "class", "scope", "ops", "gradient_ops")}
+            for layer in a["layers"]
+        ],
+        "location": None if location is None else location.to_dict(),
+        "exit_code": EXIT_OK if location is None else EXIT_DIVERGED,
+    }

@@ -1,0 +1,265 @@
+"""Child side of `tfdet locate`: train a TARGET, fingerprint every layer.
+
+Started as `python -m tfdet._locate_worker SPEC_JSON` by `tfdet._runs` in a
+fresh, perturbed process (the spec of `tfdet._worker` plus nothing new). Each
+step is one `tf.function` with a `tf.GradientTape`; every layer's `call` is
+wrapped so that, while the step is traced, its outputs are collected in
+execution order. The step returns those outputs, the gradient of the loss
+with respect to each of them and to each trainable variable, and the
+fingerprints of all of them are taken on the device with
+`_bits.device_checksums` (8 bytes per tensor reach the host).
+
+The result file lists the layers in execution order with the TensorFlow op
+types inside each (from the traced graph's name scopes) and, per step, the
+fingerprints in the order they were computed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+PROGRESS_PREFIX = "tfdet-progress"
+
+# Plumbing ops that every layer has and that explain nothing about its numerics.
+_PLUMBING_OPS = frozenset(
+    {"Placeholder", "Const", "NoOp", "Identity", "IdentityN", "ReadVariableOp"}
+)
+
+
+def _seed_without_tfdet(seed: int, legacy: bool) -> None:
+    """What a careful user does without tfdet: Keras's own seeding only."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    if legacy:
+        import tf_keras
+
+        tf_keras.utils.set_random_seed(seed)
+
+
+def _sublayers(model: Any) -> list[Any]:
+    """Every layer inside `model`, nested ones included, each once."""
+    flatten = getattr(model, "_flatten_layers", None)
+    if flatten is not None:
+        return list(flatten(include_self=False, recursive=True))
+    found: list[Any] = []
+    stack = list(getattr(model, "layers", []))
+    while stack:
+        layer = stack.pop(0)
+        if all(layer is not seen for seen in found):
+            found.append(layer)
+            stack.extend(getattr(layer, "layers", []))
+    return found
+
+
+class _Recorder:
+    """Wraps each layer's `call` to collect its outputs while tracing."""
+
+    def __init__(self, model: Any) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.tensors: list[Any] = []
+        for layer in _sublayers(model):
+            self._wrap(layer)
+
+    def _wrap(self, layer: Any) -> None:
+        import tensorflow as tf
+
+        original: Callable[..., Any] = layer.call
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            outputs = original(*args, **kwargs)
+            flat = [t for t in tf.nest.flatten(outputs) if tf.is_tensor(t)]
+            self.calls.append(
+                {
+                    "name": layer.name,
+                    "class": type(layer).__name__,
+                    # Keras opens the layer's name scope around `call`; the
+                    # graph's op names start with it.
+                    "scope": tf.get_current_name_scope(),
+                    "outputs": len(flat),
+                    "layer": layer,
+                }
+            )
+            self.tensors.extend(flat)
+            return outputs
+
+        # An instance attribute: Keras's `__call__` looks `call` up on the
+        # instance, and the class (shared with other models) stays untouched.
+        layer.call = call
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.tensors.clear()
+
+
+def _variable_names(variables: list[Any]) -> list[str]:
+    names = [getattr(v, "path", None) or v.name for v in variables]
+    if len(set(names)) != len(names):
+        names = [f"{index}:{name}" for index, name in enumerate(names)]
+    return names
+
+
+def _owner(variable: Any, calls: list[dict[str, Any]]) -> int | None:
+    """Index of the innermost called layer that holds `variable`."""
+    best, best_size = None, None
+    for index, call in enumerate(calls):
+        weights = call["layer"].trainable_weights
+        if any(w is variable for w in weights):
+            if best_size is None or len(weights) < best_size:
+                best, best_size = index, len(weights)
+    return best
+
+
+def _ops_by_scope(graph: Any, scope: str) -> tuple[list[str], list[str]]:
+    """Op types under `scope` in the forward and in the gradient part."""
+    forward: list[str] = []
+    backward: list[str] = []
+    prefix = scope + "/"
+    gradient_prefix = "gradient_tape/" + prefix
+    for op in graph.get_operations():
+        if op.type in _PLUMBING_OPS:
+            continue
+        if op.name.startswith(prefix) and op.type not in forward:
+            forward.append(op.type)
+        elif op.name.startswith(gradient_prefix) and op.type not in backward:
+            backward.append(op.type)
+    return forward, backward
+
+
+def _hex(checksums: Any) -> list[str]:
+    return [f"{int(a):08x}{int(b):08x}" for a, b in checksums]
+
+
+def _fingerprints(tensors: list[Any]) -> list[str]:
+    """One fingerprint per tensor; "none" for a missing gradient."""
+    from tfdet import _bits
+
+    present = [index for index, t in enumerate(tensors) if t is not None]
+    sums = _hex(_bits.device_checksums([tensors[i] for i in present])) if present else []
+    result = ["none"] * len(tensors)
+    for index, value in zip(present, sums, strict=True):
+        result[index] = value
+    return result
+
+
+def _build_model(model: Any, x: Any) -> None:
+    if not getattr(model, "built", False):
+        # A subclassed model creates its weights on its first call.
+        model(x, training=False)
+    optimizer = model.optimizer
+    build = getattr(optimizer, "build", None)
+    if callable(build) and not getattr(optimizer, "built", False):
+        try:
+            build(model.trainable_variables)
+        except TypeError:  # Legacy optimizers create slots on first use.
+            pass
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """Trains `spec["target"]` for `spec["steps"]` steps, fingerprinting layers.
+
+    Args:
+        spec: target, seed, steps, enable, threads, cpu_isa, result.
+
+    Returns:
+        The result dict (also written to `spec["result"]`).
+    """
+    import tfdet
+    from tfdet import _bits, _enable, _environment, _target, _versions
+
+    started = time.perf_counter()
+    seed = spec["seed"]
+    if spec["enable"]:
+        tfdet.enable(seed, threads=spec["threads"], cpu_isa=spec.get("cpu_isa", "AVX2"))
+    else:
+        _seed_without_tfdet(seed, _versions.uses_legacy_keras())
+    import tensorflow as tf
+
+    built = _target.build(spec["target"], seed=seed)
+    model = built.model
+    first_x, first_y = built.batch(0)
+    _build_model(model, first_x)
+    recorder = _Recorder(model)
+    variables = list(model.trainable_variables)
+
+    @tf.function
+    def train_step(x: Any, y: Any) -> tuple[Any, ...]:
+        recorder.reset()
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss = model.compute_loss(x=x, y=y, y_pred=y_pred)
+        outputs = list(recorder.tensors)
+        gradients = tape.gradient(loss, variables + outputs)
+        variable_grads = gradients[: len(variables)]
+        model.optimizer.apply_gradients(
+            [(g, v) for g, v in zip(variable_grads, variables, strict=True) if g is not None]
+        )
+        return loss, outputs, gradients[len(variables) :], variable_grads
+
+    steps = []
+    for step in range(spec["steps"]):
+        x, y = built.batch(step)
+        loss, outputs, output_grads, variable_grads = train_step(x, y)
+        variable_grads = [
+            tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+            for g in variable_grads
+        ]
+        steps.append(
+            {
+                "step": step,
+                "outputs": _fingerprints(outputs),
+                "loss": _bits.value_bits(loss.numpy()),
+                "output_gradients": _fingerprints(output_grads),
+                "gradients": _fingerprints(variable_grads),
+                "weights": _hex(_bits.device_checksums(variables)),
+            }
+        )
+        print(f"{PROGRESS_PREFIX} {step + 1} {spec['steps']}", flush=True)
+
+    graph = train_step.get_concrete_function(first_x, first_y).graph
+    layers = []
+    position = 0
+    for call in recorder.calls:
+        forward, backward = _ops_by_scope(graph, call["scope"])
+        layers.append(
+            {
+                "name": call["name"],
+                "class": call["class"],
+                "scope": call["scope"],
+                "tensors": [position, position + call["outputs"]],
+                "ops": forward,
+                "gradient_ops": backward,
+            }
+        )
+        position += call["outputs"]
+    result = {
+        "profile": _enable.observed_profile(seed).to_dict(),
+        "environment": {
+            "affinity": _environment.affinity(),
+            "env": {name: os.environ.get(name) for name in _environment.DETERMINISM_VARIABLES},
+        },
+        "layers": layers,
+        "variables": _variable_names(variables),
+        "variable_layers": [_owner(v, recorder.calls) for v in variables],
+        "steps": steps,
+        "seconds": time.perf_counter() - started,
+    }
+    partial = spec["result"] + ".tmp"
+    with open(partial, "w", encoding="utf-8") as out:
+        json.dump(result, out)
+    os.replace(partial, spec["result"])
+    return result
+
+
+def main(argv: list[str]) -> int:
+    run(json.loads(argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

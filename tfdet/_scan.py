@@ -1,0 +1,418 @@
+"""Finds the ops of a model's training step that are hazards on GPU.
+
+`scan(built)` traces the model's real training step (forward, loss,
+gradients, optimizer update, metric updates) into a graph, walks every node,
+including those of nested and gradient functions in the function library,
+matches each op against the hazard table (`tfdet._hazards`) and attributes it
+to the Keras layer, metric or optimizer whose name scope it was built in.
+Tracing needs no GPU: op types and attributes are decided at trace time.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from tfdet import _hazards, _patching
+
+_LOG = logging.getLogger("tfdet")
+
+LAYER = "layer"
+METRIC = "metric"
+OPTIMIZER = "optimizer"
+LOSS = "loss"
+UNKNOWN = "unknown"
+
+# Name scope the scan opens around each metric's update (Keras metrics do not
+# always open one); '-' is valid in scopes but not in Keras names' defaults.
+_METRIC_SCOPE = "tfdet_metric-"
+_GRADIENT_SCOPES = ("gradient_tape", "gradients")
+_UNIQUIFIED = re.compile(r"^(.*)_\d+$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One node of the traced graph or of a function in its library."""
+
+    op_type: str
+    name: str
+    function: str
+    attrs: dict[str, Any]
+    xla: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """A hazard op reached by the training step, grouped by where it comes from.
+
+    Attributes:
+        op_type: The op, e.g. "ResizeNearestNeighborGrad".
+        behaviour: "raises", "host_fallback", "nondeterministic" or
+            "xla_compile_error".
+        device: Where it behaves so ("GPU" or "any").
+        kind: "layer", "metric", "optimizer", "loss" or "unknown".
+        source: The layer, metric or optimizer name (a scope path if unknown).
+        source_type: Its class name, when known.
+        gradient: Whether the op is in the backward pass.
+        nodes: Names of the graph nodes (first few) that are this op.
+        count: Number of such nodes.
+        patch: The tfdet patch for this op, or None.
+        patch_installed: Whether that patch is installed in this process.
+        detail: What the op does under determinism.
+        upstream: Upstream issue.
+    """
+
+    op_type: str
+    behaviour: str
+    device: str
+    kind: str
+    source: str
+    source_type: str
+    gradient: bool
+    nodes: tuple[str, ...]
+    count: int
+    patch: str | None
+    patch_installed: bool
+    detail: str
+    upstream: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanReport:
+    """What the scan checked and found.
+
+    Attributes:
+        target: The TARGET scanned.
+        keras: "keras3" or "tf_keras".
+        tensorflow_version: TensorFlow the table was matched against.
+        enabled: Whether `tfdet.enable()` was in force during the trace.
+        patches: Patches installed during the trace.
+        ops_checked: Number of nodes walked (graph + every library function).
+        functions: Number of library functions walked.
+        op_types: Every op type seen, sorted.
+        deterministic_ops: Op types seen that the table marks deterministic.
+        findings: Hazards in the traced step (each remains on GPU).
+        covered: Hazards an unpatched trace had that installed patches removed.
+    """
+
+    target: str
+    keras: str
+    tensorflow_version: str
+    enabled: bool
+    patches: tuple[str, ...]
+    ops_checked: int
+    functions: int
+    op_types: tuple[str, ...]
+    deterministic_ops: tuple[str, ...]
+    findings: tuple[Finding, ...]
+    covered: tuple[Finding, ...]
+
+    @property
+    def clean(self) -> bool:
+        """No hazard remains in the traced step."""
+        return not self.findings
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["clean"] = self.clean
+        return data
+
+
+def _attr_value(value: Any) -> Any:
+    field = value.WhichOneof("value")
+    return None if field is None else getattr(value, field)
+
+
+def walk(graph_def: Any, *, xla: bool = False) -> Iterator[Node]:
+    """Every node of `graph_def` and of each function in its library.
+
+    Args:
+        graph_def: A `GraphDef` (e.g. `concrete_fn.graph.as_graph_def()`).
+        xla: Whether the top-level graph is XLA-compiled.
+    """
+    for node in graph_def.node:
+        attrs = {key: _attr_value(value) for key, value in node.attr.items()}
+        yield Node(node.op, node.name, "", attrs, xla)
+    for function in graph_def.library.function:
+        must_compile = function.attr.get("_XlaMustCompile")
+        function_xla = xla or bool(must_compile is not None and must_compile.b)
+        for node in function.node_def:
+            attrs = {key: _attr_value(value) for key, value in node.attr.items()}
+            yield Node(node.op, node.name, function.signature.name, attrs, function_xla)
+
+
+def _sublayers(layer: Any) -> list[Any]:
+    flatten = getattr(layer, "_flatten_layers", None)
+    if flatten is not None:
+        try:
+            return list(flatten(include_self=False, recursive=False))
+        except TypeError:  # pragma: no cover - unusual Layer subclasses
+            pass
+    return list(getattr(layer, "layers", []) or [])
+
+
+def _match(component: str, names: dict[str, Any]) -> Any:
+    """The object named `component`, allowing TF's `_N` scope suffix."""
+    if component in names:
+        return names[component]
+    found = _UNIQUIFIED.match(component)
+    if found and found.group(1) in names:
+        return names[found.group(1)]
+    return None
+
+
+class Attributor:
+    """Maps node names to the Keras object whose name scope built them."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        optimizer = getattr(model, "optimizer", None)
+        self._optimizer_names = {}
+        if optimizer is not None:
+            for candidate in (getattr(optimizer, "name", None), type(optimizer).__name__):
+                if candidate:
+                    self._optimizer_names[candidate] = optimizer
+        self._metrics = {getattr(m, "name", ""): m for m in metric_objects(model)}
+
+    def attribute(self, node_name: str) -> tuple[str, str, str, bool]:
+        """`(kind, source, source_type, gradient)` for a node name."""
+        parts = node_name.split("/")[:-1]
+        gradient = bool(parts) and parts[0] in _GRADIENT_SCOPES
+        if gradient:
+            parts = parts[1:]
+        metric = None
+        for part in parts:
+            if part.startswith(_METRIC_SCOPE):
+                metric = part[len(_METRIC_SCOPE) :]
+        if metric is not None:
+            obj = self._metrics.get(metric)
+            return METRIC, metric, type(obj).__name__ if obj is not None else "", gradient
+        if parts and _match(parts[0], self._optimizer_names) is not None:
+            optimizer = _match(parts[0], self._optimizer_names)
+            return OPTIMIZER, getattr(optimizer, "name", parts[0]), type(optimizer).__name__, gradient
+        layer = self._layer(parts)
+        if layer is not None:
+            return LAYER, layer.name, type(layer).__name__, gradient
+        if parts and "loss" in parts[0]:
+            return LOSS, parts[0], "", gradient
+        return UNKNOWN, "/".join(parts) or "(top level)", "", gradient
+
+    def _layer(self, parts: list[str]) -> Any:
+        """Innermost layer along the scope path, descending parent to child."""
+        model = self._model
+        index = 0
+        if parts and _match(parts[0], {model.name: model}) is not None:
+            index = 1
+        current, found = model, None
+        for part in parts[index:]:
+            child = _match(part, {layer.name: layer for layer in _sublayers(current)})
+            if child is None:
+                break
+            current = found = child
+        return found
+
+
+def metric_objects(model: Any) -> list[Any]:
+    """Every metric of a compiled model, containers and their members."""
+    seen: list[Any] = []
+
+    def visit(metric: Any) -> None:
+        if any(metric is other for other in seen):
+            return
+        seen.append(metric)
+        for inner in list(getattr(metric, "metrics", None) or []):
+            if inner is not metric and hasattr(inner, "update_state"):
+                visit(inner)
+
+    for metric in list(getattr(model, "metrics", None) or []):
+        visit(metric)
+    return seen
+
+
+@contextlib.contextmanager
+def _metric_scopes(model: Any) -> Iterator[None]:
+    """Opens a name scope named after each metric around its update."""
+    import tensorflow as tf
+
+    wrapped = []
+    for metric in metric_objects(model):
+        own = vars(metric).get("update_state", None)
+        original = metric.update_state
+        scope = _METRIC_SCOPE + re.sub(r"[^A-Za-z0-9_.\-]", "_", metric.name)
+
+        def update_state(*args: Any, _original: Any = original, _scope: str = scope, **kwargs: Any) -> Any:
+            with tf.name_scope(_scope):
+                return _original(*args, **kwargs)
+
+        object.__setattr__(metric, "update_state", update_state)
+        wrapped.append((metric, own))
+    try:
+        yield
+    finally:
+        for metric, own in wrapped:
+            if own is None:
+                object.__delattr__(metric, "update_state")
+            else:
+                object.__setattr__(metric, "update_state", own)
+
+
+def _to_tensors(data: Any) -> Any:
+    import tensorflow as tf
+
+    if isinstance(data, dict):
+        return {key: _to_tensors(value) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return tuple(_to_tensors(value) for value in data)
+    return tf.convert_to_tensor(data)
+
+
+def trace_train_step(model: Any, x: Any, y: Any) -> tuple[Any, bool]:
+    """Traces `model.train_step` on one batch into a graph.
+
+    The model must already have run one step (so its optimizer and metric
+    variables exist). Keras 3 and tf_keras both define `train_step(data)`;
+    it is traced here in a fresh `tf.function`, so patches installed or
+    restored since the model's own trace take effect.
+
+    Returns:
+        `(graph_def, xla)`: the traced graph with its function library, and
+        whether the model compiles its step with XLA.
+    """
+    import tensorflow as tf
+
+    xla = bool(getattr(model, "jit_compile", False))
+    if not tf.executing_eagerly():
+        # tf.compat.v1 graph mode (tf_keras): the train function is built in
+        # the Keras graph when the model first trains.
+        import tf_keras
+
+        return tf_keras.backend.get_graph().as_graph_def(), xla
+    data = (_to_tensors(x), _to_tensors(y))
+    with _metric_scopes(model):
+        step = tf.function(model.train_step, jit_compile=xla or None)
+        concrete = step.get_concrete_function(data)
+    return concrete.graph.as_graph_def(), xla
+
+
+def find(graph_def: Any, model: Any, xla: bool, tensorflow_version: str) -> tuple[list[Finding], dict[str, Any]]:
+    """Hazard findings in `graph_def`, plus statistics of what was walked."""
+    attributor = Attributor(model)
+    installed = set(_patching.installed())
+    groups: dict[tuple, list[Node]] = collections.defaultdict(list)
+    rows: dict[tuple, _hazards.Hazard] = {}
+    op_types: set[str] = set()
+    deterministic: set[str] = set()
+    count = 0
+    for node in walk(graph_def, xla=xla):
+        count += 1
+        op_types.add(node.op_type)
+        row = _hazards.lookup(node.op_type, node.attrs, tensorflow_version=tensorflow_version, xla=node.xla)
+        if row is None:
+            continue
+        if not row.hazardous:
+            deterministic.add(node.op_type)
+            continue
+        kind, source, source_type, gradient = attributor.attribute(node.name)
+        key = (node.op_type, kind, source, source_type, gradient)
+        groups[key].append(node)
+        rows[key] = row
+    findings = []
+    for key, nodes in sorted(groups.items()):
+        op_type, kind, source, source_type, gradient = key
+        row = rows[key]
+        findings.append(
+            Finding(
+                op_type=op_type,
+                behaviour=row.behaviour,
+                device=row.device,
+                kind=kind,
+                source=source,
+                source_type=source_type,
+                gradient=gradient,
+                nodes=tuple(node.name for node in nodes[:3]),
+                count=len(nodes),
+                patch=row.patch,
+                patch_installed=row.patch in installed,
+                detail=row.detail,
+                upstream=row.upstream,
+            )
+        )
+    stats = {
+        "ops_checked": count,
+        "functions": len(graph_def.library.function),
+        "op_types": tuple(sorted(op_types)),
+        "deterministic_ops": tuple(sorted(deterministic)),
+    }
+    return findings, stats
+
+
+def _keras_of(model: Any) -> str:
+    return "tf_keras" if type(model).__module__.startswith("tf_keras") else "keras3"
+
+
+def _warm_up(built: Any) -> None:
+    """Runs one real step so the optimizer and metric variables exist."""
+    x, y = built.batch(0)
+    built.model.train_on_batch(x, y)
+
+
+def scan(built: Any, target: str, *, compare_unpatched: bool = True) -> ScanReport:
+    """Scans a built TARGET's training step.
+
+    Args:
+        built: A `tfdet._target.Built`.
+        target: The TARGET text, for the report.
+        compare_unpatched: When patches are installed, also trace without them
+            (restoring them afterwards) to report which hazards they cover.
+
+    Returns:
+        The `ScanReport`.
+    """
+    from tfdet import _enable
+
+    import tensorflow as tf
+
+    version = tf.__version__
+    model = built.model
+    _warm_up(built)
+    x, y = built.batch(0)
+    graph_def, xla = trace_train_step(model, x, y)
+    findings, stats = find(graph_def, model, xla, version)
+    covered: list[Finding] = []
+    installed = _patching.installed()
+    if installed and compare_unpatched and tf.executing_eagerly():
+        # Re-installing would log each patch again; the trace is internal.
+        level = _LOG.level
+        _LOG.setLevel(logging.WARNING)
+        _patching.restore(installed)
+        try:
+            unpatched_def, _ = trace_train_step(model, x, y)
+            before, _ = find(unpatched_def, model, xla, version)
+        finally:
+            _patching.install(installed)
+            _LOG.setLevel(level)
+        remaining = {(f.op_type, f.kind, f.source, f.gradient) for f in findings}
+        covered = [
+            dataclasses.replace(f, patch_installed=True)
+            for f in before
+            if (f.op_type, f.kind, f.source, f.gradient) not in remaining and f.patch in installed
+        ]
+    _LOG.debug("tfdet: scanned %d ops of %s, %d hazards", stats["ops_checked"], target, len(findings))
+    return ScanReport(
+        target=target,
+        keras=_keras_of(model),
+        tensorflow_version=version,
+        enabled=_enable.is_enabled(),
+        patches=tuple(installed),
+        findings=tuple(findings),
+        covered=tuple(covered),
+        **stats,
+    )

@@ -1,0 +1,123 @@
+"""Deterministic gradient of a frozen fused batch norm (`is_training=False`).
+
+TensorFlow raises `UnimplementedError` for `FusedBatchNormGrad*` with
+`is_training=False` on GPU under op determinism
+(tensorflow/tensorflow#50505). tf_keras' BatchNormalization is fused, so a BN
+layer called with `training=False` while its scale and offset still train
+(fine-tuning with frozen statistics) reaches it. This patch replaces the
+gradients registered for `FusedBatchNorm`, `FusedBatchNormV2` and
+`FusedBatchNormV3`: with `is_training=False` it computes the kernel's formulas
+from deterministic ops (element-wise ops and `Sum`),
+
+    dx      = dy * scale * rsqrt(var + epsilon)
+    dscale  = sum(dy * (x - mean)) * rsqrt(var + epsilon)
+    doffset = sum(dy)
+
+in float32, as the kernel does; with `is_training=True` it defers to
+TensorFlow's own gradient, which is deterministic.
+
+Tolerance: `dx` is element-wise (equal up to rounding of one product); the two
+sums run in another order than the kernel's, so they agree to a few float32
+ulps of the sum of magnitudes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tfdet import _hazards, _patching
+from tfdet.patches._swap import Swap
+
+NAME = "fused_batch_norm_frozen"
+UPSTREAM = "https://github.com/tensorflow/tensorflow/pull/50505"
+OP_TYPES = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+
+_swap = Swap()
+_originals: dict[str, Callable[..., Any]] = {}
+
+
+def frozen_batch_norm_grad(
+    grad_y: Any,
+    x: Any,
+    scale: Any,
+    mean: Any,
+    variance: Any,
+    epsilon: float,
+    data_format: str = "NHWC",
+) -> tuple[Any, Any, Any]:
+    """Gradients of `y = (x - mean) * rsqrt(variance + epsilon) * scale + offset`.
+
+    Args:
+        grad_y: Gradient of the output, shaped like `x`.
+        x: The batch-norm input.
+        scale: Per-channel scale, float32.
+        mean: Per-channel population mean used by the forward pass.
+        variance: Per-channel population variance used by the forward pass.
+        epsilon: The forward op's epsilon.
+        data_format: "NHWC", "NCHW", "NDHWC" or "NCDHW".
+
+    Returns:
+        `(dx, dscale, doffset)`; `dx` has `x`'s dtype, the others float32.
+    """
+    import tensorflow as tf
+
+    if isinstance(data_format, bytes):
+        data_format = data_format.decode()
+    with tf.name_scope("DeterministicFrozenBatchNormGrad"):
+        channel_axis = data_format.index("C")
+        rank = len(data_format)
+        axes = [axis for axis in range(rank) if axis != channel_axis]
+        broadcast = [1] * rank
+        broadcast[channel_axis] = -1
+        dy = tf.cast(grad_y, tf.float32)
+        inputs = tf.cast(x, tf.float32)
+        inv = tf.math.rsqrt(tf.cast(variance, tf.float32) + epsilon)
+        centered = inputs - tf.reshape(tf.cast(mean, tf.float32), broadcast)
+        dx = dy * tf.reshape(tf.cast(scale, tf.float32) * inv, broadcast)
+        dscale = tf.reduce_sum(dy * centered, axis=axes) * inv
+        doffset = tf.reduce_sum(dy, axis=axes)
+        return tf.cast(dx, x.dtype), dscale, doffset
+
+
+def _gradient(op: Any, *grads: Any) -> tuple[Any, ...]:
+    if op.get_attr("is_training"):
+        return _originals[op.type](op, *grads)
+    dx, dscale, doffset = frozen_batch_norm_grad(
+        grads[0],
+        op.inputs[0],
+        op.inputs[1],
+        op.inputs[3],
+        op.inputs[4],
+        op.get_attr("epsilon"),
+        op.get_attr("data_format"),
+    )
+    return dx, dscale, doffset, None, None
+
+
+def install() -> None:
+    """Registers the deterministic frozen-BN gradient for the fused ops."""
+    if _swap.active:
+        return
+    import tensorflow.python.ops.nn_grad  # noqa: F401  (registers the originals)
+
+    for op_type in OP_TYPES:
+        _originals[op_type] = _swap.gradient(op_type, _gradient)
+
+
+def restore() -> None:
+    """Puts TensorFlow's gradients back."""
+    _swap.restore()
+    _originals.clear()
+
+
+PATCH = _patching.register(
+    _patching.Patch(
+        name=NAME,
+        summary="FusedBatchNormGrad(is_training=False) -> element-wise ops + Sum",
+        upstream=UPSTREAM,
+        needed=lambda: _hazards.patch_needed(NAME),
+        install=install,
+        restore=restore,
+    )
+)
