@@ -26,7 +26,9 @@ def clean_env(**overrides: str | None) -> dict[str, str]:
     """os.environ without determinism variables, plus `overrides` (None unsets)."""
     env = {k: v for k, v in os.environ.items() if k not in DETERMINISM_VARIABLES}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO), env.get("PYTHONPATH")])
+    )
     for key, value in overrides.items():
         if value is None:
             env.pop(key, None)

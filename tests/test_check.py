@@ -56,7 +56,12 @@ def test_without_tfdet_the_same_check_diverges_and_names_the_cause(tmp_path):
 
 def test_urandom_noise_diverges_even_with_tfdet(tmp_path):
     code, report, output = _check(
-        f"{MODELS}:urandom_model", "--perturb", "none", "--steps", "2", tmp_path=tmp_path
+        f"{MODELS}:urandom_model",
+        "--perturb",
+        "none",
+        "--steps",
+        "2",
+        tmp_path=tmp_path,
     )
     assert code == 1, output
     divergence = report["devices"]["cpu"]["divergence"]
@@ -73,7 +78,9 @@ def test_urandom_noise_diverges_even_with_tfdet(tmp_path):
         ("builtin:keras_issue_tf_keras_graph", True),
     ],
 )
-def test_keras_issue_12724_is_bit_identical_in_three_processes(tmp_path, target, legacy):
+def test_keras_issue_12724_is_bit_identical_in_three_processes(
+    tmp_path, target, legacy
+):
     if legacy:
         pytest.importorskip("tf_keras")
     code, report, output = _check(
@@ -82,7 +89,9 @@ def test_keras_issue_12724_is_bit_identical_in_three_processes(tmp_path, target,
     assert code == 0, output
     runs = report["devices"]["cpu"]["runs"]
     assert len(runs) == 3 and all(run["steps_recorded"] == 2 for run in runs)
-    assert {run["profile"]["keras"] for run in runs} == {"tf_keras" if legacy else "keras3"}
+    assert {run["profile"]["keras"] for run in runs} == {
+        "tf_keras" if legacy else "keras3"
+    }
 
 
 @pytest.mark.parametrize(
@@ -126,7 +135,12 @@ def test_crashing_run_exits_3_with_its_stderr(tmp_path):
 
 def test_run_over_timeout_exits_3(tmp_path):
     code, report, output = _check(
-        f"{MODELS}:sleepy_model", "--perturb", "none", "--timeout", "20", tmp_path=tmp_path
+        f"{MODELS}:sleepy_model",
+        "--perturb",
+        "none",
+        "--timeout",
+        "20",
+        tmp_path=tmp_path,
     )
     assert code == 3, output
     assert all(run["timed_out"] for run in report["devices"]["cpu"]["runs"])
@@ -134,14 +148,21 @@ def test_run_over_timeout_exits_3(tmp_path):
 
 
 def test_gpu_without_gpu_exits_4(tmp_path):
-    code, _, output = _check("--device", "gpu", tmp_path=tmp_path, env=clean_env(CUDA_VISIBLE_DEVICES="-1"))
+    code, _, output = _check(
+        "--device", "gpu", tmp_path=tmp_path, env=clean_env(CUDA_VISIBLE_DEVICES="-1")
+    )
     assert code == 4, output
     assert "no GPU visible" in output
 
 
 def test_user_data_is_used(tmp_path):
     code, report, output = _check(
-        f"{MODELS}:with_data", "--perturb", "hashseed", "--steps", "2", tmp_path=tmp_path
+        f"{MODELS}:with_data",
+        "--perturb",
+        "hashseed",
+        "--steps",
+        "2",
+        tmp_path=tmp_path,
     )
     assert code == 0, output
     assert report["devices"]["cpu"]["runs"][0]["steps_recorded"] == 2

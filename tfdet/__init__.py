@@ -8,13 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet._enable import enable
-from tfdet._enable import is_enabled
-from tfdet._enable import profile
-from tfdet._errors import DivergenceError
-from tfdet._errors import Error
-from tfdet._errors import ProfileMismatchError
-from tfdet._errors import TooLateError
+from tfdet._enable import enable, is_enabled, profile
+from tfdet._errors import DivergenceError, Error, ProfileMismatchError, TooLateError
 from tfdet._profile import Profile
 
 __version__ = "0.1.0"

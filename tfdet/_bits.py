@@ -79,7 +79,10 @@ def array_digest(array: Any) -> str:
 
 def weights_digests(variables: Sequence[Any]) -> dict[str, str]:
     """`{variable path: array_digest}` for every variable (copies to host)."""
-    return {_variable_name(v, i): array_digest(np.asarray(v)) for i, v in enumerate(variables)}
+    return {
+        _variable_name(v, i): array_digest(np.asarray(v))
+        for i, v in enumerate(variables)
+    }
 
 
 def combined_digest(digests: Iterable[str]) -> str:
@@ -140,5 +143,8 @@ def device_checksums(variables: Sequence[Any]) -> np.ndarray:
         _checksum_fn = tf.function(checksums, reduce_retracing=True)
     if not variables:
         return np.zeros((0, 2), dtype=np.uint32)
-    values = [v.value if hasattr(v, "value") and not callable(v.value) else v for v in variables]
+    values = [
+        v.value if hasattr(v, "value") and not callable(v.value) else v
+        for v in variables
+    ]
     return np.asarray(_checksum_fn([tf.convert_to_tensor(v) for v in values]))

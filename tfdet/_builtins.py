@@ -50,7 +50,11 @@ def _cnn_layers(layers: Any, dropout: bool = True) -> list[Any]:
         layers.Dropout(0.5),
         layers.Dense(10, activation="softmax"),
     ]
-    return stack if dropout else [layer for layer in stack if "Dropout" not in type(layer).__name__]
+    return (
+        stack
+        if dropout
+        else [layer for layer in stack if "Dropout" not in type(layer).__name__]
+    )
 
 
 def cnn() -> Any:
@@ -76,7 +80,9 @@ def cnn_tf_keras() -> Any:
     """The same CNN in tf_keras (Keras 2), legacy RMSprop with `decay`."""
     import tf_keras
 
-    model = tf_keras.Sequential([tf_keras.Input((32, 32, 3)), *_cnn_layers(tf_keras.layers)])
+    model = tf_keras.Sequential(
+        [tf_keras.Input((32, 32, 3)), *_cnn_layers(tf_keras.layers)]
+    )
     model.compile(
         optimizer=tf_keras.optimizers.legacy.RMSprop(learning_rate=1e-4, decay=1e-6),
         loss="categorical_crossentropy",
@@ -141,7 +147,9 @@ def keras_issue() -> Any:
 def _keras_issue_tf_keras_model() -> Any:
     import tf_keras
 
-    model = tf_keras.Sequential([tf_keras.Input((32, 32, 3)), *_cnn_layers(tf_keras.layers)])
+    model = tf_keras.Sequential(
+        [tf_keras.Input((32, 32, 3)), *_cnn_layers(tf_keras.layers)]
+    )
     model.compile(
         optimizer=tf_keras.optimizers.legacy.RMSprop(learning_rate=1e-4, decay=1e-6),
         loss="categorical_crossentropy",
@@ -180,7 +188,9 @@ _BUILTINS = {
         Builtin("cnn", cnn, "Keras 3 CNN of keras-team/keras#12724 (the default)."),
         Builtin("embedding", embedding, "Keras 3 Embedding + Adam + AUC."),
         Builtin("cnn_tf_keras", cnn_tf_keras, "The CNN in tf_keras (Keras 2).", True),
-        Builtin("keras_issue", keras_issue, "keras-team/keras#12724 scenario, Keras 3."),
+        Builtin(
+            "keras_issue", keras_issue, "keras-team/keras#12724 scenario, Keras 3."
+        ),
         Builtin(
             "keras_issue_tf_keras",
             keras_issue_tf_keras,

@@ -99,7 +99,9 @@ def _run_report(outcome: _runs.RunOutcome) -> dict[str, Any]:
     if outcome.result is not None:
         report["profile"] = outcome.result["profile"]
         report["steps_recorded"] = len(outcome.result["steps"])
-        report["final_loss"] = (outcome.result["steps"][-1]["values"].get("loss") or {}).get("value")
+        report["final_loss"] = (
+            outcome.result["steps"][-1]["values"].get("loss") or {}
+        ).get("value")
     if not outcome.ok:
         report["stderr_tail"] = outcome.stderr_tail
     return report
@@ -173,7 +175,12 @@ def _check_device(
             progress(f"[{device}] run {index}: step {done}/{total}")
 
     outcomes = _runs.run_all(
-        setups, worker_spec, workdir, base_env=env, timeout=options.timeout, progress=on_step
+        setups,
+        worker_spec,
+        workdir,
+        base_env=env,
+        timeout=options.timeout,
+        progress=on_step,
     )
     report: dict[str, Any] = {
         "status": "ran",
@@ -200,7 +207,9 @@ def _check_device(
         }
         if options.attribute:
             if progress is not None:
-                progress(f"[{device}] diverged; re-running to find the perturbation responsible")
+                progress(
+                    f"[{device}] diverged; re-running to find the perturbation responsible"
+                )
             report["divergence"]["attribution"] = _attribute(
                 baseline, other, worker_spec, env, options.timeout, workdir
             )
@@ -231,7 +240,13 @@ def check(options: CheckOptions, progress: ProgressFn | None = None) -> dict[str
             f"({_devices.why_no_gpu()}). Use --device cpu, or run on a machine with a "
             "GPU and the tensorflow[and-cuda] build."
         )
-    wanted = ["cpu"] if options.device == "cpu" else ["gpu"] if options.device == "gpu" else ["cpu", "gpu"]
+    wanted = (
+        ["cpu"]
+        if options.device == "cpu"
+        else ["gpu"]
+        if options.device == "gpu"
+        else ["cpu", "gpu"]
+    )
     with tempfile.TemporaryDirectory(prefix="tfdet-check-") as workdir:
         for device in wanted:
             if device == "gpu" and not gpu:
@@ -241,8 +256,14 @@ def check(options: CheckOptions, progress: ProgressFn | None = None) -> dict[str
             os.makedirs(device_dir)
             devices[device] = _check_device(device, options, spec, progress, device_dir)
     codes = [d["exit_code"] for d in devices.values() if d.get("status") == "ran"]
-    exit_code = EXIT_RUN_FAILED if EXIT_RUN_FAILED in codes else max(codes, default=EXIT_OK)
-    verdict = {EXIT_OK: "identical", EXIT_DIVERGED: "diverged", EXIT_RUN_FAILED: "failed"}[exit_code]
+    exit_code = (
+        EXIT_RUN_FAILED if EXIT_RUN_FAILED in codes else max(codes, default=EXIT_OK)
+    )
+    verdict = {
+        EXIT_OK: "identical",
+        EXIT_DIVERGED: "diverged",
+        EXIT_RUN_FAILED: "failed",
+    }[exit_code]
     return {
         "target": spec.text,
         "enable": options.enable,

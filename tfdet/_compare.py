@@ -44,34 +44,59 @@ def _value_order(names: set[str]) -> list[str]:
     return sorted(names, key=lambda name: (name != "loss", name))
 
 
-def first_divergence(baseline: dict[str, Any], other: dict[str, Any]) -> Divergence | None:
+def first_divergence(
+    baseline: dict[str, Any], other: dict[str, Any]
+) -> Divergence | None:
     """The first difference between two worker results, or None if identical."""
     variables = baseline["variables"]
     for a, b in zip(baseline["steps"], other["steps"], strict=False):
         step = a["step"]
         for name in _value_order(set(a["values"]) | set(b["values"])):
             va, vb = a["values"].get(name), b["values"].get(name)
-            if va is None or vb is None or va["bits"] != vb["bits"] or va["dtype"] != vb["dtype"]:
+            if (
+                va is None
+                or vb is None
+                or va["bits"] != vb["bits"]
+                or va["dtype"] != vb["dtype"]
+            ):
                 quantity = "loss" if name == "loss" else f"metric:{name}"
                 ulps = None if va is None or vb is None else _bits.ulp_distance(va, vb)
                 return Divergence(step, quantity, va, vb, ulps)
         for index, (ca, cb) in enumerate(zip(a["weights"], b["weights"], strict=False)):
             if ca != cb:
                 name = variables[index] if index < len(variables) else str(index)
-                return Divergence(step, f"weights:{name}", ca, cb, None, _weights_detail(baseline, other, index))
+                return Divergence(
+                    step,
+                    f"weights:{name}",
+                    ca,
+                    cb,
+                    None,
+                    _weights_detail(baseline, other, index),
+                )
         if len(a["weights"]) != len(b["weights"]):
-            return Divergence(step, "weights:count", len(a["weights"]), len(b["weights"]))
+            return Divergence(
+                step, "weights:count", len(a["weights"]), len(b["weights"])
+            )
     if len(baseline["steps"]) != len(other["steps"]):
         return Divergence(None, "steps", len(baseline["steps"]), len(other["steps"]))
     for index, name in enumerate(variables):
         da = baseline["final_weights"].get(name)
         db = other["final_weights"].get(name)
         if da != db:
-            return Divergence(None, f"weights:{name}", da, db, None, _weights_detail(baseline, other, index))
+            return Divergence(
+                None,
+                f"weights:{name}",
+                da,
+                db,
+                None,
+                _weights_detail(baseline, other, index),
+            )
     return None
 
 
-def _weights_detail(a: dict[str, Any], b: dict[str, Any], index: int) -> dict[str, Any] | None:
+def _weights_detail(
+    a: dict[str, Any], b: dict[str, Any], index: int
+) -> dict[str, Any] | None:
     """First differing element of a variable's final value, from saved weights.
 
     The weights are only saved at the end, so this describes the final value
@@ -83,7 +108,10 @@ def _weights_detail(a: dict[str, Any], b: dict[str, Any], index: int) -> dict[st
     except (OSError, KeyError, ValueError):
         return None
     if xa.shape != xb.shape or xa.dtype != xb.dtype:
-        return {"shape": [list(xa.shape), list(xb.shape)], "dtype": [str(xa.dtype), str(xb.dtype)]}
+        return {
+            "shape": [list(xa.shape), list(xb.shape)],
+            "dtype": [str(xa.dtype), str(xb.dtype)],
+        }
     width = xa.dtype.itemsize
     if width not in (2, 4, 8):
         return None
@@ -118,7 +146,9 @@ def _weights_detail(a: dict[str, Any], b: dict[str, Any], index: int) -> dict[st
 
 def describe(divergence: Divergence) -> str:
     """One human line: where, what, both values in hex and decimal, ulps."""
-    where = "after the last step" if divergence.step is None else f"step {divergence.step}"
+    where = (
+        "after the last step" if divergence.step is None else f"step {divergence.step}"
+    )
     if divergence.quantity.startswith("weights:") and divergence.detail:
         d = divergence.detail
         if "expected" in d:

@@ -16,7 +16,9 @@ def _hidden_by_env() -> bool:
 
 
 def _device_nodes() -> list[str]:
-    return glob.glob("/dev/nvidia[0-9]*") + glob.glob("/dev/dxg") + glob.glob("/dev/kfd")
+    return (
+        glob.glob("/dev/nvidia[0-9]*") + glob.glob("/dev/dxg") + glob.glob("/dev/kfd")
+    )
 
 
 def gpu_visible() -> bool:

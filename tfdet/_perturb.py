@@ -54,7 +54,9 @@ class RunSetup:
     neighbour: bool
     labels: dict[str, str]
 
-    def with_perturbation_of(self, other: RunSetup, name: str | None, index: int) -> RunSetup:
+    def with_perturbation_of(
+        self, other: RunSetup, name: str | None, index: int
+    ) -> RunSetup:
         """This setup with perturbation `name` taken from `other` (None: none).
 
         Used to find which perturbation separates two runs: the baseline with
@@ -115,7 +117,9 @@ def parse(text: str | None) -> list[str]:
     return names
 
 
-def plan(runs: int, names: list[str], pinned_isa: str | None = "AVX2") -> list[RunSetup]:
+def plan(
+    runs: int, names: list[str], pinned_isa: str | None = "AVX2"
+) -> list[RunSetup]:
     """One `RunSetup` per run, each non-baseline run perturbed in every name.
 
     Perturbations that do not apply on this machine are left out (see
@@ -128,7 +132,9 @@ def plan(runs: int, names: list[str], pinned_isa: str | None = "AVX2") -> list[R
     caps = [
         name
         for name in _isa.NAMES[:-1]
-        if _isa.rank(pinned_isa or "AVX2") <= _isa.rank(name) < _isa.rank(best or "SSE41")
+        if _isa.rank(pinned_isa or "AVX2")
+        <= _isa.rank(name)
+        < _isa.rank(best or "SSE41")
     ]
     setups = []
     for index in range(runs):

@@ -176,7 +176,9 @@ def run_all(
     outcomes: list[RunOutcome | None] = [None] * len(setups)
 
     def target(slot: int, setup: RunSetup) -> None:
-        outcomes[slot] = _run_one(setup, module, spec, base_env, workdir, timeout, progress)
+        outcomes[slot] = _run_one(
+            setup, module, spec, base_env, workdir, timeout, progress
+        )
 
     threads = [
         threading.Thread(target=target, args=(slot, setup), daemon=True)

@@ -74,7 +74,9 @@ def load_function(spec: TargetSpec) -> Callable[[], Any]:
     if module_name.endswith(".py"):
         path = os.path.abspath(module_name)
         if not os.path.isfile(path):
-            raise TargetError(f"Expected TARGET's file to exist. No such file: {module_name!r}")
+            raise TargetError(
+                f"Expected TARGET's file to exist. No such file: {module_name!r}"
+            )
         unique = f"tfdet_target_{abs(hash(path))}"
         module_spec = importlib.util.spec_from_file_location(unique, path)
         module = importlib.util.module_from_spec(module_spec)
@@ -159,7 +161,9 @@ def _is_keras_model(model: Any) -> bool:
 
 def _is_compiled(model: Any) -> bool:
     # Keras 3 sets `compiled`; tf_keras (eager and v1 graph models) `_is_compiled`.
-    return bool(getattr(model, "compiled", False) or getattr(model, "_is_compiled", False))
+    return bool(
+        getattr(model, "compiled", False) or getattr(model, "_is_compiled", False)
+    )
 
 
 def build(text: str | None, seed: int = 0) -> Built:
@@ -260,21 +264,35 @@ def synthesize(model: Any, seed: int) -> tuple[Any, Any]:
     count = DEFAULT_BATCH_SIZE * _SYNTHETIC_BATCHES
     xs = []
     for tensor in inputs:
-        shape = (count, *[int(d) if d is not None else 1 for d in tuple(tensor.shape)[1:]])
+        shape = (
+            count,
+            *[int(d) if d is not None else 1 for d in tuple(tensor.shape)[1:]],
+        )
         dtype = np.dtype(getattr(tensor.dtype, "name", tensor.dtype))
         if np.issubdtype(dtype, np.integer):
-            xs.append(rng.integers(0, _vocabulary_size(model), size=shape).astype(dtype))
+            xs.append(
+                rng.integers(0, _vocabulary_size(model), size=shape).astype(dtype)
+            )
         else:
             xs.append(rng.random(shape, dtype=np.float32).astype(dtype))
     loss = _loss_name(model)
     ys = []
     for tensor in outputs:
-        shape = (count, *[int(d) if d is not None else 1 for d in tuple(tensor.shape)[1:]])
+        shape = (
+            count,
+            *[int(d) if d is not None else 1 for d in tuple(tensor.shape)[1:]],
+        )
         classes = shape[-1] if len(shape) > 1 else 1
         if "sparse" in loss:
-            ys.append(rng.integers(0, max(classes, 2), size=shape[:-1]).astype(np.int32))
+            ys.append(
+                rng.integers(0, max(classes, 2), size=shape[:-1]).astype(np.int32)
+            )
         elif "categorical" in loss:
-            ys.append(np.eye(classes, dtype=np.float32)[rng.integers(0, classes, size=shape[:-1])])
+            ys.append(
+                np.eye(classes, dtype=np.float32)[
+                    rng.integers(0, classes, size=shape[:-1])
+                ]
+            )
         elif "binary" in loss:
             ys.append(rng.integers(0, 2, size=shape).astype(np.float32))
         else:

@@ -90,7 +90,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             {
                 "step": step,
                 "values": {
-                    name: _bits.logged_value_bits(value) for name, value in sorted(logs.items())
+                    name: _bits.logged_value_bits(value)
+                    for name, value in sorted(logs.items())
                 },
                 "weights": _weight_checksums(model),
             }
@@ -105,13 +106,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "environment": {
             "affinity": _environment.affinity(),
             "env": {
-                name: os.environ.get(name) for name in _environment.DETERMINISM_VARIABLES
+                name: os.environ.get(name)
+                for name in _environment.DETERMINISM_VARIABLES
             },
         },
         "variables": names,
         "steps": steps,
         "final_weights": {
-            name: _bits.array_digest(value) for name, value in zip(names, final, strict=True)
+            name: _bits.array_digest(value)
+            for name, value in zip(names, final, strict=True)
         },
         "weights_file": weights_path,
         "synthesized_data": built.synthesized,

@@ -29,7 +29,12 @@ class CrashWhenTraining(keras.layers.Layer):
 
 def _dense_model(*middle: keras.layers.Layer) -> keras.Model:
     model = keras.Sequential(
-        [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), *middle, keras.layers.Dense(1)]
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(16, activation="relu"),
+            *middle,
+            keras.layers.Dense(1),
+        ]
     )
     model.compile(optimizer="sgd", loss="mse")
     return model
@@ -62,4 +67,8 @@ def uncompiled_model() -> keras.Model:
 
 def with_data() -> tuple:
     rng = np.random.default_rng(0)
-    return _dense_model(), rng.random((64, 8), dtype=np.float32), rng.random((64, 1), dtype=np.float32)
+    return (
+        _dense_model(),
+        rng.random((64, 8), dtype=np.float32),
+        rng.random((64, 1), dtype=np.float32),
+    )

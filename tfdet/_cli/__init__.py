@@ -25,7 +25,9 @@ SUBCOMMANDS = ("check", "run", "env", "diff", "locate", "scan")
 
 def _available_subcommands() -> list[str]:
     here = os.path.dirname(__file__)
-    return [name for name in SUBCOMMANDS if os.path.exists(os.path.join(here, f"{name}.py"))]
+    return [
+        name for name in SUBCOMMANDS if os.path.exists(os.path.join(here, f"{name}.py"))
+    ]
 
 
 def build_parser() -> argparse.ArgumentParser:

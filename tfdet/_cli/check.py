@@ -32,9 +32,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("target", nargs="?", default=None, help="Default: builtin:cnn.")
-    parser.add_argument("--runs", type=int, default=_check.DEFAULT_RUNS, help="Processes (default 2).")
     parser.add_argument(
-        "--steps", type=int, default=_check.DEFAULT_STEPS, help="train_on_batch steps per run."
+        "--runs", type=int, default=_check.DEFAULT_RUNS, help="Processes (default 2)."
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=_check.DEFAULT_STEPS,
+        help="train_on_batch steps per run.",
     )
     parser.add_argument("--device", default="all", choices=("cpu", "gpu", "all"))
     parser.add_argument(
@@ -50,7 +55,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="Plain TensorFlow with only Keras seeds: what you get without tfdet.",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="tfdet.enable(threads=N).")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="tfdet.enable(threads=N)."
+    )
     parser.add_argument("--json", metavar="FILE", help="Write the full report as JSON.")
     parser.add_argument(
         "--timeout", type=float, default=_check.DEFAULT_TIMEOUT, help="Seconds per run."
@@ -82,19 +89,30 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"{device.upper()}: {result['verdict'].upper()}")
         for run in result["runs"]:
             labels = "; ".join(run["perturbations"].values()) or "no perturbation"
-            state = "ok" if run["ok"] else ("timed out" if run["timed_out"] else f"exit {run['returncode']}")
-            lines.append(f"  run {run['index']} ({state}, {run['seconds']:.1f}s): {labels}")
+            state = (
+                "ok"
+                if run["ok"]
+                else ("timed out" if run["timed_out"] else f"exit {run['returncode']}")
+            )
+            lines.append(
+                f"  run {run['index']} ({state}, {run['seconds']:.1f}s): {labels}"
+            )
         for name, reason in result.get("perturbations_skipped", {}).items():
             lines.append(f"  perturbation {name} not applied: {reason}")
         if result["verdict"] == "failed":
             for run in result["runs"]:
                 if not run["ok"]:
                     lines.append(f"  run {run['index']} failed; stderr tail:")
-                    lines.extend(f"    {line}" for line in run.get("stderr_tail", "").splitlines())
+                    lines.extend(
+                        f"    {line}"
+                        for line in run.get("stderr_tail", "").splitlines()
+                    )
         divergence = result.get("divergence")
         if divergence:
             a, b = divergence["runs"]
-            lines.append(f"  first divergence (run {a} vs run {b}): {divergence['description']}")
+            lines.append(
+                f"  first divergence (run {a} vs run {b}): {divergence['description']}"
+            )
             attribution = divergence.get("attribution")
             if attribution:
                 lines.append(f"  cause: {attribution['verdict']}")

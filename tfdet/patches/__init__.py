@@ -7,12 +7,14 @@ answers and builds its replacement only from ops that are deterministic on
 GPU and stay on the device.
 """
 
-from tfdet.patches import adjust_contrast
-from tfdet.patches import bincount
-from tfdet.patches import confusion_matrix_scatter
-from tfdet.patches import fused_batch_norm_frozen
-from tfdet.patches import resize_nearest_grad
-from tfdet.patches import sparse_optimizer_update
+from tfdet.patches import (
+    adjust_contrast,
+    bincount,
+    confusion_matrix_scatter,
+    fused_batch_norm_frozen,
+    resize_nearest_grad,
+    sparse_optimizer_update,
+)
 
 __all__ = [
     "adjust_contrast",

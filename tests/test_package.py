@@ -1,0 +1,73 @@
+"""The package surface: what `import tfdet` exposes, and that it changes nothing."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+
+import pytest
+
+import tfdet
+from tests.conftest import clean_env, last_json_line, run_python
+from tfdet._cli import main
+
+LAZY = {"DeterminismCallback"}  # Subclasses a Keras class: loaded on first use.
+
+
+def test_dir_is_all() -> None:
+    assert set(dir(tfdet)) == set(tfdet.__all__)
+
+
+def test_every_public_name_resolves() -> None:
+    for name in sorted(set(tfdet.__all__) - LAZY):
+        assert getattr(tfdet, name) is not None, name
+
+
+def test_lazy_callback_resolves_when_its_module_exists() -> None:
+    if importlib.util.find_spec("tfdet._callback") is None:
+        pytest.skip("tfdet._callback is not written yet")
+    assert tfdet.DeterminismCallback.__name__ == "DeterminismCallback"
+
+
+def test_unknown_attribute_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        tfdet.nope  # noqa: B018
+
+
+def test_version_matches_the_installed_distribution() -> None:
+    assert tfdet.__version__ == importlib.metadata.version("tfdet")
+
+
+def test_import_does_not_import_tensorflow_or_change_the_environment() -> None:
+    # `tfdet run` and enable() must still be able to set what TensorFlow reads
+    # at import, so neither importing tfdet nor building the CLI may start it.
+    result = run_python(
+        """
+        import json, os, sys
+        before = dict(os.environ)
+        import tfdet
+        import tfdet._cli.run, tfdet._cli.env, tfdet._launch
+        print(json.dumps({
+            "tensorflow": "tensorflow" in sys.modules,
+            "keras": "keras" in sys.modules or "tf_keras" in sys.modules,
+            "env_changed": dict(os.environ) != before,
+            "enabled": tfdet.is_enabled(),
+            "profile": tfdet.profile(),
+        }))
+        """,
+        env=clean_env(),
+    )
+    assert result.returncode == 0, result.stderr
+    assert last_json_line(result.stdout) == {
+        "tensorflow": False,
+        "keras": False,
+        "env_changed": False,
+        "enabled": False,
+        "profile": None,
+    }
+
+
+def test_cli_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tfdet", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "run" in out and "env" in out and "Exit codes" in out
