@@ -39,7 +39,8 @@ ENV = clean_env(ONEDNN_MAX_CPU_ISA=None)
 def _run(body: str, threads: int, *args: str) -> dict:
     code = _FIT + body
     result = run_python(
-        "import sys; sys.argv[1:] = " + repr([str(threads), *args]) + "\n" + code, env=ENV
+        "import sys; sys.argv[1:] = " + repr([str(threads), *args]) + "\n" + code,
+        env=ENV,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     facts = last_json_line(result.stdout)
@@ -120,7 +121,10 @@ def test_records_a_trace_and_is_reusable_across_fits(tmp_path):
     assert facts["steps"] == 4
     assert not facts["same_file"], "the second fit trains on: its bits differ"
     assert trace.steps[0]["loss"]["dtype"] == "float32"
-    assert set(trace.steps[0]["metrics"]) == {"categorical_accuracy", "categorical_hinge"}
+    assert set(trace.steps[0]["metrics"]) == {
+        "categorical_accuracy",
+        "categorical_hinge",
+    }
     assert len(trace.steps[0]["variables"]) == len(trace.variables) == 12
     assert trace.profile.intra_op_threads == 1
     assert trace.environment["cpu_count"] >= 1
@@ -160,7 +164,12 @@ def test_against_a_reference_with_another_thread_count(tmp_path):
     assert stop["steps"] == divergence["step"] + 1 < 4
     log = [line for line in other["stderr"].splitlines() if "Bits diverged" in line]
     assert log and "Stopping training" in log[0]
-    for fact in ("step 0", divergence["quantity"], divergence["expected"], divergence["received"]):
+    for fact in (
+        "step 0",
+        divergence["quantity"],
+        divergence["expected"],
+        divergence["received"],
+    ):
         assert fact in log[0]
     # "raise": the exception carries the same facts; the trace stays readable.
     error = raised["error"]

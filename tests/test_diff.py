@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from conftest import clean_env, run_tfdet
 from test_trace import PROFILE, write_trace
@@ -19,7 +20,9 @@ def _record(step: int, loss: str = "40135d8e", weights: str = "a" * 32, variable
         "epoch": 0,
         "step": step,
         "loss": {"dtype": "float32", "bits": loss, "value": "x"},
-        "metrics": {"accuracy": {"dtype": "float32", "bits": "3f000000", "value": "0.5"}},
+        "metrics": {
+            "accuracy": {"dtype": "float32", "bits": "3f000000", "value": "0.5"}
+        },
         "weights": weights,
         "variables": variables or ["1" * 16, "2" * 16],
     }
@@ -45,7 +48,11 @@ def test_compare_steps_names_the_first_differing_variable():
     del a["variables"], b["variables"]
     assert _diff.compare_steps(a, b).quantity == "weights"
     error = found.to_error()
-    assert (error.step, error.quantity, error.expected) == (2, "weights:dense/bias", "2" * 16)
+    assert (error.step, error.quantity, error.expected) == (
+        2,
+        "weights:dense/bias",
+        "2" * 16,
+    )
 
 
 def test_cli_diff_exit_codes_and_json(tmp_path):
@@ -54,11 +61,11 @@ def test_cli_diff_exit_codes_and_json(tmp_path):
     other_profile = dict(PROFILE, intra_op_threads=2)
     b = write_trace(tmp_path / "b.jsonl", steps=3, profile=other_profile)
     # B: same first step, loss 3 ulps off at step 1.
-    lines = open(b, encoding="utf-8").read().splitlines()
+    lines = Path(b).read_text(encoding="utf-8").splitlines()
     record = json.loads(lines[2])
     record["loss"]["bits"] = "40135d91"
     lines[2] = json.dumps(record)
-    open(b, "w", encoding="utf-8").write("\n".join(lines) + "\n")
+    Path(b).write_text("\n".join(lines) + "\n", encoding="utf-8")
     assert main(["tfdet", "diff", a, same]) == 0
     report = tmp_path / "report.json"
     assert main(["tfdet", "diff", a, b, "--json", str(report)]) == 1
@@ -94,7 +101,7 @@ def _record_traces(tmp_path, threads: list[int]) -> list[str]:
             stderr=subprocess.PIPE,
             text=True,
         )
-        for n, path in zip(threads, paths)
+        for n, path in zip(threads, paths, strict=True)
     ]
     for process in processes:
         _, stderr = process.communicate(timeout=300)
@@ -120,5 +127,7 @@ def test_diff_of_runs_differing_only_in_thread_count(tmp_path):
     assert "intra_op_threads: 1 vs 2" in result.stdout
     assert "first diverging step: step 0" in result.stdout
     # The explanation comes before the bits.
-    assert result.stdout.index("intra_op_threads") < result.stdout.index("first diverging")
+    assert result.stdout.index("intra_op_threads") < result.stdout.index(
+        "first diverging"
+    )
     assert _trace.read(one).steps == _trace.read(one_again).steps

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -44,7 +45,9 @@ def _step(step: int, loss_bits: str = "40135d8e") -> dict:
 
 
 def write_trace(path, steps: int = 3, profile: dict | None = None, **header) -> str:
-    header = _trace.make_header(profile or PROFILE, {"cpu_count": 2}, ["dense/kernel"], **header)
+    header = _trace.make_header(
+        profile or PROFILE, {"cpu_count": 2}, ["dense/kernel"], **header
+    )
     with _trace.TraceWriter(path, header) as writer:
         for step in range(steps):
             writer.write_step(_step(step))
@@ -74,7 +77,7 @@ def test_each_line_is_on_disk_before_the_writer_closes(tmp_path):
 
 def test_a_line_cut_anywhere_reads_back_the_whole_steps(tmp_path):
     path = write_trace(tmp_path / "run.jsonl", steps=3)
-    data = open(path, "rb").read()
+    data = Path(path).read_bytes()
     last_start = data.rstrip(b"\n").rfind(b"\n") + 1
     # Every cut inside the last line (a run killed while writing it).
     for cut in range(last_start + 1, len(data) - 1):
@@ -110,7 +113,7 @@ def test_non_traces_are_format_errors(tmp_path, content):
 
 def test_cut_header_and_corrupt_middle_line_are_format_errors(tmp_path):
     path = write_trace(tmp_path / "run.jsonl", steps=3)
-    lines = open(path, encoding="utf-8").read().splitlines(keepends=True)
+    lines = Path(path).read_text(encoding="utf-8").splitlines(keepends=True)
     cut_header = tmp_path / "cut_header.jsonl"
     cut_header.write_text(lines[0][:20], encoding="utf-8")
     with pytest.raises(TraceFormatError, match="header line is cut"):
@@ -134,7 +137,10 @@ def test_weights_fingerprint_catches_any_single_flipped_bit(shape, variable, bit
     # Host model of `_bits.device_checksums` (wrap-around plain and
     # odd-weighted sums of the uint32 words), which the callback feeds in.
     rng = np.random.default_rng(0)
-    words = [rng.integers(0, 2**32, size=shape[0] * shape[1], dtype=np.uint64) for _ in range(3)]
+    words = [
+        rng.integers(0, 2**32, size=shape[0] * shape[1], dtype=np.uint64)
+        for _ in range(3)
+    ]
     index = data.draw(st.integers(0, words[variable].size - 1))
 
     def checksums(arrays):
@@ -151,7 +157,11 @@ def test_weights_fingerprint_catches_any_single_flipped_bit(shape, variable, bit
     changed = [
         i
         for i, (a, b) in enumerate(
-            zip(_trace.variable_fingerprints(before), _trace.variable_fingerprints(after))
+            zip(
+                _trace.variable_fingerprints(before),
+                _trace.variable_fingerprints(after),
+                strict=True,
+            )
         )
         if a != b
     ]
@@ -165,7 +175,7 @@ def test_cli_diff_exits_2_on_a_non_trace_and_reads_a_cut_trace(tmp_path):
     result = run_tfdet("diff", str(bad), good)
     assert result.returncode == 2, result.stderr
     assert "Expected a tfdet trace" in result.stderr
-    data = open(good, "rb").read()
+    data = Path(good).read_bytes()
     cut = tmp_path / "cut.jsonl"
     cut.write_bytes(data[: len(data) - 10])
     report = tmp_path / "report.json"

@@ -40,7 +40,9 @@ def _weight_checksums(variables: list[Any]) -> np.ndarray:
     backend = tf.compat.v1.keras.backend
     values = backend.batch_get_value(variables)
     digests = [_bits.array_digest(value) for value in values]
-    return np.array([[int(d[:8], 16), int(d[8:16], 16)] for d in digests], dtype=np.uint32)
+    return np.array(
+        [[int(d[:8], 16), int(d[8:16], 16)] for d in digests], dtype=np.uint32
+    )
 
 
 def _logged_bits(value: Any) -> dict[str, str]:
@@ -49,7 +51,11 @@ def _logged_bits(value: Any) -> dict[str, str]:
     except ValueError:
         # A metric that logs an array (e.g. per-class values): keep its digest.
         array = np.asarray(value)
-        return {"dtype": array.dtype.name, "bits": _bits.array_digest(array), "value": "array"}
+        return {
+            "dtype": array.dtype.name,
+            "bits": _bits.array_digest(array),
+            "value": "array",
+        }
 
 
 def _variable_names(variables: list[Any]) -> list[str]:
@@ -120,7 +126,9 @@ class DeterminismCallback(_Callback):
     ) -> None:
         super().__init__()
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"Expected `every` to be an int >= 1. Received: every={every!r}")
+            raise ValueError(
+                f"Expected `every` to be an int >= 1. Received: every={every!r}"
+            )
         if on_divergence not in _ACTIONS:
             raise ValueError(
                 f"Expected `on_divergence` to be one of {_ACTIONS}. Received: "
@@ -193,7 +201,9 @@ class DeterminismCallback(_Callback):
         self._epoch_start += self._last_batch + 1
         self._last_batch = -1
 
-    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+    def on_train_batch_end(
+        self, batch: int, logs: dict[str, Any] | None = None
+    ) -> None:
         # With steps_per_execution > 1, Keras reports the last batch of each
         # execution; the global step follows the batch index, not the calls.
         self._last_batch = batch
@@ -208,7 +218,9 @@ class DeterminismCallback(_Callback):
             # Fingerprints are matched by position; names may differ only by
             # Keras's auto-numbering (a second model in one process).
             reference_names = self._reference_names or []
-            names = reference_names if len(reference_names) == len(self._names) else None
+            names = (
+                reference_names if len(reference_names) == len(self._names) else None
+            )
             divergence = _diff.compare_steps(self._expected[step], record, names)
             if divergence is not None:
                 self.divergence = divergence

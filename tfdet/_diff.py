@@ -44,7 +44,12 @@ class Divergence:
     def to_error(self) -> DivergenceError:
         """The same facts as a `tfdet.DivergenceError`."""
         return DivergenceError(
-            self.step, self.quantity, self.expected, self.received, self.ulps, self.epoch
+            self.step,
+            self.quantity,
+            self.expected,
+            self.received,
+            self.ulps,
+            self.epoch,
         )
 
     def describe(self) -> str:
@@ -63,7 +68,9 @@ def format_bits(bits: Mapping[str, str] | None) -> str:
 
 
 def _compare_values(
-    quantity: str, expected: Mapping[str, str] | None, received: Mapping[str, str] | None
+    quantity: str,
+    expected: Mapping[str, str] | None,
+    received: Mapping[str, str] | None,
 ) -> tuple[str, str, str, int | None] | None:
     if expected is None and received is None:
         return None
@@ -100,16 +107,27 @@ def compare_steps(
         metrics_a = expected.get("metrics") or {}
         metrics_b = received.get("metrics") or {}
         for name in sorted(set(metrics_a) | set(metrics_b)):
-            found = _compare_values(f"metric:{name}", metrics_a.get(name), metrics_b.get(name))
+            found = _compare_values(
+                f"metric:{name}", metrics_a.get(name), metrics_b.get(name)
+            )
             if found is not None:
                 break
     if found is None and expected.get("weights") != received.get("weights"):
-        found = ("weights", str(expected.get("weights")), str(received.get("weights")), None)
+        found = (
+            "weights",
+            str(expected.get("weights")),
+            str(received.get("weights")),
+            None,
+        )
         per_a, per_b = expected.get("variables"), received.get("variables")
         if per_a and per_b:
             for index, (a, b) in enumerate(zip(per_a, per_b, strict=False)):
                 if a != b:
-                    name = variables[index] if variables and index < len(variables) else index
+                    name = (
+                        variables[index]
+                        if variables and index < len(variables)
+                        else index
+                    )
                     found = (f"weights:{name}", a, b, None)
                     break
     if found is None:
@@ -142,8 +160,12 @@ def profile_differences(a: Trace, b: Trace) -> dict[str, tuple[Any, Any]]:
 
 def fingerprint_differences(a: Trace, b: Trace) -> dict[str, tuple[Any, Any]]:
     """`{dotted.key: (A, B)}` for the environment fingerprint facts that differ."""
-    env_a = {k: v for k, v in a.environment.items() if k not in _VOLATILE_FINGERPRINT_KEYS}
-    env_b = {k: v for k, v in b.environment.items() if k not in _VOLATILE_FINGERPRINT_KEYS}
+    env_a = {
+        k: v for k, v in a.environment.items() if k not in _VOLATILE_FINGERPRINT_KEYS
+    }
+    env_b = {
+        k: v for k, v in b.environment.items() if k not in _VOLATILE_FINGERPRINT_KEYS
+    }
     flat_a, flat_b = _flatten(env_a), _flatten(env_b)
     return {
         name: (flat_a.get(name), flat_b.get(name))
@@ -180,11 +202,15 @@ class TraceComparison:
     def to_dict(self) -> dict[str, Any]:
         return {
             "identical": self.identical,
-            "profile_differences": {k: list(v) for k, v in self.profile_differences.items()},
+            "profile_differences": {
+                k: list(v) for k, v in self.profile_differences.items()
+            },
             "fingerprint_differences": {
                 k: list(v) for k, v in self.fingerprint_differences.items()
             },
-            "divergence": None if self.divergence is None else self.divergence.to_dict(),
+            "divergence": None
+            if self.divergence is None
+            else self.divergence.to_dict(),
             "steps_compared": self.steps_compared,
             "steps": list(self.steps),
             "truncated": list(self.truncated),

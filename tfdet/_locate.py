@@ -109,7 +109,9 @@ def _walk(
 
     def at(index: int | None, phase: str, quantity: str) -> Location:
         if index is None:
-            return Location(step, phase, None, None, None, quantity, agreeing=tuple(agreeing))
+            return Location(
+                step, phase, None, None, None, quantity, agreeing=tuple(agreeing)
+            )
         layer = layers[index]
         return Location(
             step,
@@ -132,7 +134,9 @@ def _walk(
         return at(None, LOSS, "loss")
     for index in reversed(range(len(layers))):
         span = layers[index]["tensors"]
-        if _slice(step_a["output_gradients"], span) != _slice(step_b["output_gradients"], span):
+        if _slice(step_a["output_gradients"], span) != _slice(
+            step_b["output_gradients"], span
+        ):
             # The gradient arriving here was computed by the layer consuming
             # this output, which comes next in forward order.
             consumer = index + 1 if index + 1 < len(layers) else None
@@ -144,7 +148,9 @@ def _walk(
             if step_a["gradients"][v] != step_b["gradients"][v]:
                 return at(index, BACKWARD, f"gradient of {names[v]}")
         agreeing.append(f"{layers[index]['name']} (gradient)")
-    for v, (a, b) in enumerate(zip(step_a["gradients"], step_b["gradients"], strict=True)):
+    for v, (a, b) in enumerate(
+        zip(step_a["gradients"], step_b["gradients"], strict=True)
+    ):
         if a != b:  # A variable no called layer owns.
             return at(owners[v], BACKWARD, f"gradient of {names[v]}")
     for v, (a, b) in enumerate(zip(step_a["weights"], step_b["weights"], strict=True)):
@@ -194,10 +200,14 @@ def validate(options: LocateOptions) -> None:
     if options.timeout <= 0:
         raise ValueError(f"Expected --timeout > 0. Received: timeout={options.timeout}")
     if options.threads < 1:
-        raise ValueError(f"Expected --threads >= 1. Received: threads={options.threads}")
+        raise ValueError(
+            f"Expected --threads >= 1. Received: threads={options.threads}"
+        )
 
 
-def locate(options: LocateOptions, progress: ProgressFn | None = None) -> dict[str, Any]:
+def locate(
+    options: LocateOptions, progress: ProgressFn | None = None
+) -> dict[str, Any]:
     """Runs two perturbed processes and finds the first layer that differs.
 
     Returns:
@@ -260,7 +270,10 @@ def locate(options: LocateOptions, progress: ProgressFn | None = None) -> dict[s
             for outcome in outcomes
         ],
         "layers": [
-            {key: layer[key] for key in ("name", "class", "scope", "ops", "gradient_ops")}
+            {
+                key: layer[key]
+                for key in ("name", "class", "scope", "ops", "gradient_ops")
+            }
             for layer in a["layers"]
         ],
         "location": None if location is None else location.to_dict(),

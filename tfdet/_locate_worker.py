@@ -16,6 +16,7 @@ fingerprints in the order they were computed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -109,9 +110,9 @@ def _owner(variable: Any, calls: list[dict[str, Any]]) -> int | None:
     best, best_size = None, None
     for index, call in enumerate(calls):
         weights = call["layer"].trainable_weights
-        if any(w is variable for w in weights):
-            if best_size is None or len(weights) < best_size:
-                best, best_size = index, len(weights)
+        holds = any(w is variable for w in weights)
+        if holds and (best_size is None or len(weights) < best_size):
+            best, best_size = index, len(weights)
     return best
 
 
@@ -140,7 +141,9 @@ def _fingerprints(tensors: list[Any]) -> list[str]:
     from tfdet import _bits
 
     present = [index for index, t in enumerate(tensors) if t is not None]
-    sums = _hex(_bits.device_checksums([tensors[i] for i in present])) if present else []
+    sums = (
+        _hex(_bits.device_checksums([tensors[i] for i in present])) if present else []
+    )
     result = ["none"] * len(tensors)
     for index, value in zip(present, sums, strict=True):
         result[index] = value
@@ -154,10 +157,9 @@ def _build_model(model: Any, x: Any) -> None:
     optimizer = model.optimizer
     build = getattr(optimizer, "build", None)
     if callable(build) and not getattr(optimizer, "built", False):
-        try:
+        # Legacy optimizers create their slots on first use instead.
+        with contextlib.suppress(TypeError):
             build(model.trainable_variables)
-        except TypeError:  # Legacy optimizers create slots on first use.
-            pass
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -197,7 +199,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         gradients = tape.gradient(loss, variables + outputs)
         variable_grads = gradients[: len(variables)]
         model.optimizer.apply_gradients(
-            [(g, v) for g, v in zip(variable_grads, variables, strict=True) if g is not None]
+            [
+                (g, v)
+                for g, v in zip(variable_grads, variables, strict=True)
+                if g is not None
+            ]
         )
         return loss, outputs, gradients[len(variables) :], variable_grads
 
@@ -241,7 +247,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "profile": _enable.observed_profile(seed).to_dict(),
         "environment": {
             "affinity": _environment.affinity(),
-            "env": {name: os.environ.get(name) for name in _environment.DETERMINISM_VARIABLES},
+            "env": {
+                name: os.environ.get(name)
+                for name in _environment.DETERMINISM_VARIABLES
+            },
         },
         "layers": layers,
         "variables": _variable_names(variables),

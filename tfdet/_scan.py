@@ -33,6 +33,7 @@ UNKNOWN = "unknown"
 _METRIC_SCOPE = "tfdet_metric-"
 _GRADIENT_SCOPES = ("gradient_tape", "gradients")
 _UNIQUIFIED = re.compile(r"^(.*)_\d+$")
+_BACKWARD = re.compile(r"__backward_(.+)_\d+_\d+$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,22 +132,69 @@ def _attr_value(value: Any) -> Any:
     return None if field is None else getattr(value, field)
 
 
+def _called_functions(attrs: Any) -> Iterator[str]:
+    """Names of the functions a node calls (`f`, `body`, `then_branch`, ...)."""
+    for value in attrs.values():
+        if value.HasField("func"):
+            yield value.func.name
+        elif value.HasField("list"):
+            yield from (func.name for func in value.list.func)
+
+
 def walk(graph_def: Any, *, xla: bool = False) -> Iterator[Node]:
     """Every node of `graph_def` and of each function in its library.
+
+    A node inside a library function is named with the scope of the node
+    that calls the function (a `PartitionedCall`, `If`, `While` ... or a
+    gradient call), so that it is attributed where it was built.
 
     Args:
         graph_def: A `GraphDef` (e.g. `concrete_fn.graph.as_graph_def()`).
         xla: Whether the top-level graph is XLA-compiled.
     """
+    functions = {function.signature.name: function for function in graph_def.library.function}
+    callers: dict[str, tuple[str, str]] = {}  # function -> (caller node, its function)
+    for node in graph_def.node:
+        for called in _called_functions(node.attr):
+            callers.setdefault(called, (node.name, ""))
+    for name, function in functions.items():
+        for node in function.node_def:
+            for called in _called_functions(node.attr):
+                if called != name:
+                    callers.setdefault(called, (node.name, name))
+    # A nested function's gradient is called from an unscoped node; it is
+    # attributed where its forward function was called, in the backward pass.
+    for name in functions:
+        backward = _BACKWARD.search(name)
+        if backward is None:
+            continue
+        forward = re.compile(rf"__forward_{re.escape(backward.group(1))}_\d+$")
+        for other, caller in list(callers.items()):
+            if forward.search(other):
+                callers[name] = (f"{_GRADIENT_SCOPES[0]}/{caller[0]}", caller[1])
+                break
+    prefixes: dict[str, str] = {"": ""}
+
+    def prefix(function_name: str, seen: frozenset[str] = frozenset()) -> str:
+        if function_name not in prefixes:
+            caller = callers.get(function_name)
+            if caller is None or caller[1] in seen:
+                prefixes[function_name] = ""
+            else:
+                outer = prefix(caller[1], seen | {function_name})
+                prefixes[function_name] = f"{outer}{caller[0]}/"
+        return prefixes[function_name]
+
     for node in graph_def.node:
         attrs = {key: _attr_value(value) for key, value in node.attr.items()}
         yield Node(node.op, node.name, "", attrs, xla)
-    for function in graph_def.library.function:
+    for name, function in functions.items():
         must_compile = function.attr.get("_XlaMustCompile")
         function_xla = xla or bool(must_compile is not None and must_compile.b)
+        scope = prefix(name)
         for node in function.node_def:
             attrs = {key: _attr_value(value) for key, value in node.attr.items()}
-            yield Node(node.op, node.name, function.signature.name, attrs, function_xla)
+            yield Node(node.op, scope + node.name, name, attrs, function_xla)
 
 
 def _sublayers(layer: Any) -> list[Any]:
@@ -185,9 +233,8 @@ class Attributor:
     def attribute(self, node_name: str) -> tuple[str, str, str, bool]:
         """`(kind, source, source_type, gradient)` for a node name."""
         parts = node_name.split("/")[:-1]
-        gradient = bool(parts) and parts[0] in _GRADIENT_SCOPES
-        if gradient:
-            parts = parts[1:]
+        gradient = any(part in _GRADIENT_SCOPES for part in parts)
+        parts = [part for part in parts if part not in _GRADIENT_SCOPES]
         metric = None
         for part in parts:
             if part.startswith(_METRIC_SCOPE):

@@ -58,6 +58,11 @@ def parse(text: str | None) -> TargetSpec:
         )
     if module == "builtin":
         builtin = _builtins.get(function)  # Raises TargetError when unknown.
+        if builtin.legacy_keras and importlib.util.find_spec("tf_keras") is None:
+            raise TargetError(
+                f"Expected tf_keras to be installed for {text!r}. Install the one "
+                "matching TensorFlow: `pip install --no-deps tf_keras==<TF version>`."
+            )
         return TargetSpec(text, legacy_keras=builtin.legacy_keras)
     return TargetSpec(text)
 

@@ -53,7 +53,9 @@ def weights_fingerprint(checksums: np.ndarray) -> str:
 
 def variable_fingerprints(checksums: np.ndarray) -> list[str]:
     """One 16-hex-digit fingerprint per variable (its two 32-bit checksums)."""
-    return [f"{int(a):08x}{int(b):08x}" for a, b in np.asarray(checksums, dtype=np.uint32)]
+    return [
+        f"{int(a):08x}{int(b):08x}" for a, b in np.asarray(checksums, dtype=np.uint32)
+    ]
 
 
 def make_header(
@@ -100,7 +102,9 @@ class TraceWriter:
 
     def _write(self, record: Mapping[str, Any]) -> None:
         if self._file is None:
-            raise ValueError(f"Expected an open trace. Received: closed writer of {self.path!r}")
+            raise ValueError(
+                f"Expected an open trace. Received: closed writer of {self.path!r}"
+            )
         # One line per write, flushed: a killed process leaves whole lines only,
         # plus at most one cut line, which `read` drops with a warning.
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
@@ -227,14 +231,16 @@ def _parse_header(line: str, path: str, cut: bool) -> dict[str, Any]:
     try:
         header = json.loads(line)
     except ValueError as error:
-        detail = "its header line is cut" if cut else f"line 1 is not JSON: {line[:60]!r}"
+        detail = (
+            "its header line is cut" if cut else f"line 1 is not JSON: {line[:60]!r}"
+        )
         raise TraceFormatError(
             f"Expected a tfdet trace (JSON Lines, header first). Received: {path!r}, "
             f"{detail}"
         ) from error
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise TraceFormatError(
-            f"Expected a tfdet trace, whose first line has \"format\": \"{FORMAT}\". "
+            f'Expected a tfdet trace, whose first line has "format": "{FORMAT}". '
             f"Received: {path!r}, first line {line[:60]!r}. Record one with "
             "`tfdet.DeterminismCallback(trace=...)`."
         )

@@ -76,3 +76,34 @@ def tf_keras() -> tuple[Any, list[np.ndarray], np.ndarray]:
     import tf_keras
 
     return (_build(tf_keras, legacy=True), *_data())
+
+
+def nested() -> tuple[Any, np.ndarray, np.ndarray]:
+    """Keras 3 model whose nearest resize runs inside a nested `tf.function`.
+
+    Its gradient is then a separate gradient function in the library: the
+    scan must look inside it and attribute it to the layer that called it.
+    """
+    import keras
+    import tensorflow as tf
+
+    @tf.function
+    def upscale(x: Any) -> Any:
+        return tf.image.resize(x, (8, 8), method="nearest")
+
+    class NestedResize(keras.layers.Layer):
+        def call(self, x: Any) -> Any:
+            return upscale(x)
+
+        def compute_output_shape(self, input_shape: Any) -> Any:
+            return (input_shape[0], 8, 8, input_shape[3])
+
+    image = keras.Input((4, 4, 2))
+    x = keras.layers.Conv2D(2, 1, name="conv")(image)
+    x = NestedResize(name="nested_resize")(x)
+    x = keras.layers.Flatten()(x)
+    output = keras.layers.Dense(1, name="head")(x)
+    model = keras.Model(image, output, name="nested")
+    model.compile(optimizer="sgd", loss="mse")
+    rng = np.random.default_rng(0)
+    return model, rng.random((8, 4, 4, 2), dtype=np.float32), rng.random((8, 1), dtype=np.float32)

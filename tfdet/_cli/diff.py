@@ -41,7 +41,9 @@ def format_comparison(comparison: _diff.TraceComparison) -> str:
     lines += _pairs("environment facts", comparison.fingerprint_differences)
     for label, cut in zip("AB", comparison.truncated, strict=True):
         if cut:
-            lines.append(f"note: trace {label} ends with a cut line (killed run); compared its whole steps.")
+            lines.append(
+                f"note: trace {label} ends with a cut line (killed run); compared its whole steps."
+            )
     divergence = comparison.divergence
     if divergence is not None:
         where = f"step {divergence.step}"

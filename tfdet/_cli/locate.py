@@ -52,7 +52,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="Plain TensorFlow with only Keras seeds: what you get without tfdet.",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="tfdet.enable(threads=N).")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="tfdet.enable(threads=N)."
+    )
     parser.add_argument("--json", metavar="FILE", help="Write the full report as JSON.")
     parser.add_argument("--timeout", type=float, default=600.0, help="Seconds per run.")
     parser.set_defaults(func=execute)
@@ -65,7 +67,9 @@ def _progress(message: str) -> None:
 def format_report(report: dict[str, Any]) -> str:
     """The human report: runs, then the layer where the bits part."""
     mode = "with tfdet.enable()" if report["enable"] else "without tfdet (--no-enable)"
-    lines = [f"tfdet locate {report['target']} {mode}: 2 runs x {report['steps']} steps"]
+    lines = [
+        f"tfdet locate {report['target']} {mode}: 2 runs x {report['steps']} steps"
+    ]
     for run in report["runs"]:
         labels = "; ".join(run["perturbations"].values()) or "no perturbation"
         lines.append(f"  run {run['index']} ({run['seconds']:.1f}s): {labels}")
@@ -87,7 +91,9 @@ def format_report(report: dict[str, Any]) -> str:
             f"{location['quantity']}"
         )
         lines.append(f"  name scope: {location['scope']}")
-        lines.append(f"  TensorFlow ops (forward): {', '.join(location['ops']) or '(none)'}")
+        lines.append(
+            f"  TensorFlow ops (forward): {', '.join(location['ops']) or '(none)'}"
+        )
         lines.append(
             f"  TensorFlow ops (gradient): {', '.join(location['gradient_ops']) or '(none)'}"
         )

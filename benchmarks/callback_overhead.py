@@ -1,0 +1,111 @@
+"""Cost of `tfdet.DeterminismCallback(every=1)` on `fit` step time.
+
+Usage:
+
+    python benchmarks/callback_overhead.py [--steps 30] [--repeats 5] [--threads 1]
+
+Two models, in one process, under `tfdet.enable()`: the built-in CNN
+(keras-team/keras#12724, ~1.2M parameters) and a 4.2M-parameter MLP. For
+each, `fit` runs over the same batches with and without the callback
+(writing a trace, every step), alternating A/B/A/B so that a busy neighbour
+slows both alike; the figure is the median ms/step of each and their ratio.
+The last line is the same table as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+
+def _mlp() -> Any:
+    import keras
+
+    model = keras.Sequential(
+        [
+            keras.Input((1024,)),
+            keras.layers.Dense(2048, activation="relu"),
+            keras.layers.Dense(1024, activation="relu"),
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
+    model.compile(optimizer="adam", loss="categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def _data(model: Any, steps: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    shape = tuple(model.inputs[0].shape[1:])
+    x = rng.random((steps * batch, *shape), dtype=np.float32)
+    y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, steps * batch)]
+    return x, y
+
+
+def _time_fit(model: Any, x: Any, y: Any, batch: int, callbacks: list[Any]) -> float:
+    started = time.perf_counter()
+    model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=callbacks)
+    return time.perf_counter() - started
+
+
+def measure(name: str, model: Any, steps: int, repeats: int, batch: int = 32) -> dict:
+    """Median ms/step of `fit` without and with the callback, and the ratio."""
+    import tfdet
+
+    x, y = _data(model, steps, batch)
+    with tempfile.TemporaryDirectory() as workdir:
+        trace = os.path.join(workdir, "trace.jsonl")
+        callback = tfdet.DeterminismCallback(trace=trace, every=1)
+        # Warm-up: trace the train function and the checksum function once.
+        _time_fit(model, x[: 2 * batch], y[: 2 * batch], batch, [callback])
+        plain, traced = [], []
+        for _ in range(repeats):
+            plain.append(_time_fit(model, x, y, batch, []) / steps)
+            traced.append(_time_fit(model, x, y, batch, [callback]) / steps)
+        lines = sum(1 for _ in open(trace, encoding="utf-8")) - 1
+    assert lines == steps, f"expected {steps} trace lines, found {lines}"
+    without = statistics.median(plain) * 1e3
+    with_cb = statistics.median(traced) * 1e3
+    return {
+        "model": name,
+        "parameters": int(model.count_params()),
+        "variables": len(model.weights),
+        "ms_per_step_without": round(without, 2),
+        "ms_per_step_with": round(with_cb, 2),
+        "ratio": round(with_cb / without, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30, help="Batches per timed fit.")
+    parser.add_argument("--repeats", type=int, default=5, help="A/B pairs per model.")
+    parser.add_argument("--threads", type=int, default=1, help="tfdet.enable(threads=N).")
+    args = parser.parse_args()
+    import tfdet
+
+    tfdet.enable(seed=0, threads=args.threads)
+    from tfdet import _builtins
+
+    rows = [
+        measure("builtin:cnn", _builtins.cnn(), args.steps, args.repeats),
+        measure("mlp_4m", _mlp(), args.steps, args.repeats),
+    ]
+    print(f"fit step time, batch 32, tfdet.enable(threads={args.threads}), median of {args.repeats}")
+    print(f"{'model':<12} {'params':>10} {'without':>10} {'with':>10} {'ratio':>7}")
+    for row in rows:
+        print(
+            f"{row['model']:<12} {row['parameters']:>10,} {row['ms_per_step_without']:>8.2f}ms"
+            f" {row['ms_per_step_with']:>8.2f}ms {row['ratio']:>7.3f}"
+        )
+    print(json.dumps({"threads": args.threads, "steps": args.steps, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""What bit-for-bit reproducibility costs: step time of the built-in CNN.
+
+Usage:
+    python benchmarks/cost_of_determinism.py [--rounds 2] [--blocks 6]
+        [--steps 8] [--batch-size 64] [--json FILE]
+
+Three configurations train `builtin:cnn` (the keras-team/keras#12724 CNN:
+convolutions, max-pooling, Dropout, Dense 512, RMSprop) with `train_on_batch`
+on batches of 64 (as in FACTS.md's timings):
+
+- plain TensorFlow defaults (seeds only: thread pools follow the cores,
+  oneDNN uncapped, op determinism off);
+- `tfdet.enable(threads=1)`, the portable default;
+- `tfdet.enable(threads=N)`, N = the cores this process may use.
+
+Each configuration runs in its own fresh process. The three processes start
+together, warm up (tracing, first oneDNN primitives; not timed), then take
+turns: in each block one process at a time runs `--steps` steps while the
+others wait, the order rotating every block. A block's ratio to plain
+TensorFlow compares steps timed seconds apart, so the load of a shared machine
+hits all configurations alike; the table reports the median over blocks of
+these ratios, and of each configuration's median ms/step. `--rounds` repeats
+this with new processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tfdet import _isa  # noqa: E402
+from tfdet._environment import DETERMINISM_VARIABLES  # noqa: E402
+
+_CHILD = """
+import json, sys, time, warnings
+warnings.simplefilter("ignore")
+threads, warmup, batch_size = {threads!r}, {warmup!r}, {batch_size!r}
+if threads is None:
+    import keras
+    keras.utils.set_random_seed(0)
+else:
+    import tfdet
+    tfdet.enable(threads=threads)
+import numpy as np
+from tfdet import _target
+
+built = _target.build("builtin:cnn")
+# The synthesized samples, repeated to the batch size.
+x = np.resize(built.x, (batch_size, *built.x.shape[1:]))
+y = np.resize(built.y, (batch_size, *built.y.shape[1:]))
+for _ in range(warmup):
+    built.model.train_on_batch(x, y)
+print("ready", flush=True)
+# Protocol: the parent writes a step count; the child runs that many steps and
+# answers with their times. An empty line ends it.
+for line in sys.stdin:
+    if not line.strip():
+        break
+    times = []
+    for _ in range(int(line)):
+        start = time.perf_counter()
+        built.model.train_on_batch(x, y)  # Returns host values: the step is done.
+        times.append(1000 * (time.perf_counter() - start))
+    print(json.dumps(times), flush=True)
+"""
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _environment() -> dict[str, str]:
+    # Plain TensorFlow means plain: no determinism variable from the caller's
+    # shell may leak into any configuration.
+    env = {k: v for k, v in os.environ.items() if k not in DETERMINISM_VARIABLES}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO), env.get("PYTHONPATH")])
+    )
+    return env
+
+
+class _Worker:
+    """One configuration in its own fresh process, stepping on request."""
+
+    def __init__(self, threads: int | None, warmup: int, batch_size: int) -> None:
+        code = _CHILD.format(threads=threads, warmup=warmup, batch_size=batch_size)
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            env=_environment(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def _read(self) -> str:
+        line = self._process.stdout.readline()
+        if not line:
+            self._process.kill()
+            raise RuntimeError(
+                f"benchmark run failed:\n{self._process.stderr.read()[-3000:]}"
+            )
+        return line
+
+    def wait_ready(self) -> None:
+        while self._read().strip() != "ready":
+            pass
+
+    def steps(self, count: int) -> list[float]:
+        self._process.stdin.write(f"{count}\n")
+        self._process.stdin.flush()
+        return json.loads(self._read())
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            self._process.stdin.write("\n")
+            self._process.stdin.flush()
+            try:
+                self._process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+
+
+def measure(rounds: int, blocks: int, steps: int, warmup: int, batch_size: int) -> dict:
+    """Runs every configuration, interleaved block by block; returns the figures."""
+    cores = _cores()
+    configs: dict[str, int | None] = {
+        "plain TensorFlow defaults": None,
+        "enable(threads=1)": 1,
+        f"enable(threads={cores})": cores,
+    }
+    names = list(configs)
+    per_block: list[dict[str, float]] = []
+    for round_ in range(rounds):
+        workers = {
+            name: _Worker(threads, warmup, batch_size)
+            for name, threads in configs.items()
+        }
+        try:
+            for worker in workers.values():
+                worker.wait_ready()
+            for block in range(blocks):
+                shift = (round_ * blocks + block) % len(names)
+                medians = {
+                    name: statistics.median(workers[name].steps(steps))
+                    for name in names[shift:] + names[:shift]
+                }
+                per_block.append(medians)
+                print(
+                    f"  round {round_ + 1}/{rounds} block {block + 1}/{blocks}: "
+                    + ", ".join(f"{name} {medians[name]:.1f}" for name in names)
+                    + " ms/step",
+                    flush=True,
+                )
+        finally:
+            for worker in workers.values():
+                worker.close()
+    baseline = names[0]
+    table = {}
+    for name in names:
+        ratios = sorted(block[name] / block[baseline] for block in per_block)
+        table[name] = {
+            "ms_per_step": statistics.median(block[name] for block in per_block),
+            "ratio": statistics.median(ratios),
+            # Middle half of the block ratios: how stable the figure is.
+            "ratio_q1": ratios[len(ratios) // 4],
+            "ratio_q3": ratios[(3 * len(ratios)) // 4],
+        }
+    return {
+        "target": "builtin:cnn",
+        "batch_size": batch_size,
+        "rounds": rounds,
+        "blocks_per_round": blocks,
+        "steps_per_block": steps,
+        "warmup_steps": warmup,
+        "cores": cores,
+        "cpu_model": _isa.cpu_model(),
+        "per_block_ms": per_block,
+        "table": table,
+    }
+
+
+def format_table(figures: dict) -> str:
+    """The ratio table, plain text."""
+    blocks = figures["rounds"] * figures["blocks_per_round"]
+    lines = [
+        f"builtin:cnn, batch {figures['batch_size']}, {figures['cores']} cores "
+        f"({figures['cpu_model']}); {blocks} interleaved blocks of "
+        f"{figures['steps_per_block']} steps in {figures['rounds']} rounds of fresh "
+        f"processes, after {figures['warmup_steps']} warm-up steps",
+        "",
+        f"{'configuration':<28}{'ms/step':>9}{'ratio':>8}  middle half of block ratios",
+    ]
+    for name, row in figures["table"].items():
+        lines.append(
+            f"{name:<28}{row['ms_per_step']:>9.1f}{row['ratio']:>8.2f}  "
+            f"{row['ratio_q1']:.2f}-{row['ratio_q3']:.2f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="Rounds of fresh processes."
+    )
+    parser.add_argument(
+        "--blocks", type=int, default=6, help="Interleaved blocks per round."
+    )
+    parser.add_argument("--steps", type=int, default=8, help="Timed steps per block.")
+    parser.add_argument(
+        "--warmup", type=int, default=5, help="Untimed steps per process."
+    )
+    parser.add_argument("--batch-size", type=int, default=64, help="Samples per step.")
+    parser.add_argument(
+        "--json", metavar="FILE", help="Also write the figures as JSON."
+    )
+    args = parser.parse_args(argv)
+    if (
+        min(args.rounds, args.blocks, args.steps, args.batch_size) < 1
+        or args.warmup < 0
+    ):
+        parser.error("rounds, blocks, steps and batch size must be >= 1, warm-up >= 0")
+    figures = measure(
+        args.rounds, args.blocks, args.steps, args.warmup, args.batch_size
+    )
+    print()
+    print(format_table(figures))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

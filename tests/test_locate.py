@@ -1,0 +1,158 @@
+"""`tfdet locate`: the first layer whose bits differ between two processes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import REPO, run_tfdet
+
+from tfdet import _locate
+from tfdet._errors import RunFailedError
+
+TARGETS = str(REPO / "tests" / "targets" / "locate_models.py")
+
+
+def _result(steps: list[dict]) -> dict:
+    """A fake worker result: dense_a -> noise -> head, variables in a and head."""
+    return {
+        "layers": [
+            {"name": "dense_a", "class": "Dense", "scope": "m/dense_a", "tensors": [0, 1],
+             "ops": ["MatMul"], "gradient_ops": ["MatMul"]},
+            {"name": "noise", "class": "Noise", "scope": "m/noise", "tensors": [1, 2],
+             "ops": ["AddV2"], "gradient_ops": []},
+            {"name": "head", "class": "Dense", "scope": "m/head", "tensors": [2, 3],
+             "ops": ["MatMul"], "gradient_ops": ["MatMul", "BiasAddGrad"]},
+        ],
+        "variables": ["dense_a/kernel", "head/kernel"],
+        "variable_layers": [0, 2],
+        "steps": steps,
+    }  # fmt: skip
+
+
+def _step(step=0, outputs="abc", loss="1", out_grads="xyz", grads="gh", weights="wv"):
+    return {
+        "step": step,
+        "outputs": list(outputs),
+        "loss": {"dtype": "float32", "bits": loss},
+        "output_gradients": list(out_grads),
+        "gradients": list(grads),
+        "weights": list(weights),
+    }
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"outputs": "abX"}, ("forward", "head", "output")),
+        ({"outputs": "aXX"}, ("forward", "noise", "output")),
+        ({"loss": "2"}, ("loss", None, "loss")),
+        ({"out_grads": "xyZ"}, ("backward", None, "loss gradient")),
+        ({"grads": "gH"}, ("backward", "head", "gradient of head/kernel")),
+        # The gradient reaching noise's output is computed by head's backprop.
+        ({"out_grads": "xYz"}, ("backward", "head", "input gradient")),
+        ({"grads": "Gh"}, ("backward", "dense_a", "gradient of dense_a/kernel")),
+        ({"weights": "Wv"}, ("update", "dense_a", "update of dense_a/kernel")),
+    ],
+)
+def test_walk_follows_execution_order(changes, expected):
+    a = _result([_step(0), _step(1)])
+    b = _result([_step(0), _step(1, **changes)])
+    location = _locate.locate_results(a, b)
+    assert location.step == 1
+    assert (location.phase, location.layer, location.quantity) == expected
+    assert _locate.locate_results(a, _result([_step(0), _step(1)])) is None
+
+
+def test_different_structures_are_a_failed_run():
+    a = _result([_step(0)])
+    b = _result([_step(0)])
+    b["layers"] = b["layers"][:2]
+    with pytest.raises(RunFailedError, match="same layers"):
+        _locate.locate_results(a, b)
+
+
+def _locate_cli(tmp_path, *args: str) -> tuple[int, dict | None, str]:
+    report = tmp_path / "locate.json"
+    result = run_tfdet("locate", *args, "--json", str(report), timeout=400)
+    facts = json.loads(report.read_text()) if report.exists() else None
+    return result.returncode, facts, result.stdout + result.stderr
+
+
+def test_names_exactly_the_urandom_layer_in_a_sequential(tmp_path):
+    code, facts, output = _locate_cli(
+        tmp_path, f"{TARGETS}:urandom_sequential", "--perturb", "none", "--steps", "2"
+    )
+    assert code == 1, output
+    location = facts["location"]
+    assert (location["step"], location["phase"]) == (0, "forward")
+    assert (location["layer"], location["layer_class"]) == (
+        "urandom_noise",
+        "UrandomNoise",
+    )
+    assert location["agreeing"] == ["dense_a", "dense_b"]
+    assert location["ops"] == ["AddV2"]
+    assert [layer["name"] for layer in facts["layers"]] == [
+        "dense_a",
+        "dense_b",
+        "urandom_noise",
+        "dense_c",
+        "head",
+    ]
+    assert "first layer that differs: urandom_noise (UrandomNoise)" in output
+
+
+def test_the_same_model_without_noise_is_identical(tmp_path):
+    code, facts, output = _locate_cli(
+        tmp_path, f"{TARGETS}:clean_sequential", "--perturb", "none", "--steps", "2"
+    )
+    assert code == 0, output
+    assert facts["location"] is None and len(facts["layers"]) == 5
+    assert "no difference" in output
+
+
+@pytest.mark.parametrize(
+    ("target", "layer", "agreeing"),
+    [
+        ("urandom_functional", "inner_noise", ["dense_a", "inner_dense"]),
+        ("urandom_subclassed", "sub_noise", ["first"]),
+    ],
+)
+def test_nested_and_subclassed_models(tmp_path, target, layer, agreeing):
+    code, facts, output = _locate_cli(
+        tmp_path, f"{TARGETS}:{target}", "--perturb", "none", "--steps", "1"
+    )
+    assert code == 1, output
+    location = facts["location"]
+    assert (location["phase"], location["layer"]) == ("forward", layer)
+    assert location["agreeing"] == agreeing
+
+
+def test_thread_count_without_tfdet_names_a_thread_dependent_layer(tmp_path, two_cpus):
+    # Affinity 2 CPUs vs 1: TensorFlow's default pools follow it (2 vs 1 threads).
+    code, facts, output = _locate_cli(
+        tmp_path, "builtin:cnn", "--perturb", "affinity", "--no-enable", "--steps", "2"
+    )
+    assert code == 1, output
+    location = facts["location"]
+    assert location["step"] == 0
+    # A layer with reductions whose split follows the thread count, not a
+    # pooling, dropout or reshaping layer.
+    assert location["layer_class"] in ("Conv2D", "Dense"), location
+    assert {"Conv2DBackpropFilter", "MatMul"} & set(
+        location["gradient_ops"] + location["ops"]
+    )
+    assert location["agreeing"], "the layers before it on the walk agree"
+
+    # The same perturbation with tfdet.enable(): every layer bit-identical.
+    code, facts, output = _locate_cli(
+        tmp_path, "builtin:cnn", "--perturb", "affinity", "--steps", "2"
+    )
+    assert code == 0, output
+    assert facts["location"] is None
+
+
+def test_bad_input_exits_2(tmp_path):
+    assert run_tfdet("locate", f"{TARGETS}:no_such_function").returncode == 2
+    assert run_tfdet("locate", "--steps", "0").returncode == 2
+    assert run_tfdet("locate", "--perturb", "cosmic_rays").returncode == 2

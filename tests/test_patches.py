@@ -1,0 +1,536 @@
+"""Each patch against the op it replaces, on CPU (DESIGN.md: verifying without a GPU).
+
+For every patch: forward output (and gradient where the original has one)
+equal to the original op's over a property-based sweep of shapes, dtypes and
+edge cases (empty inputs, duplicate indices, out-of-range values raise the same
+error class); the patched graph no longer contains the hazard op; install and
+restore are exact and idempotent. Equality is exact for integer results, and
+exact for floats where the replacement accumulates in the CPU kernel's order;
+where it cannot, the tolerance and its reason are stated at the assertion.
+
+Patches change process-wide TensorFlow state; every test restores what it
+installed (the `patched` context manager), so the tests share one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+tf = pytest.importorskip("tensorflow")
+
+from tensorflow.python.framework import ops as tf_ops  # noqa: E402
+from tensorflow.python.ops import gen_image_ops, gen_math_ops  # noqa: E402
+
+from tfdet import _scan  # noqa: E402
+from tfdet.patches import (  # noqa: E402
+    adjust_contrast,
+    bincount,
+    confusion_matrix_scatter,
+    fused_batch_norm_frozen,
+    resize_nearest_grad,
+    sparse_optimizer_update,
+)
+
+SWEEP = settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+@contextlib.contextmanager
+def patched(*modules) -> Iterator[None]:
+    for module in modules:
+        module.install()
+    try:
+        yield
+    finally:
+        for module in reversed(modules):
+            module.restore()
+
+
+def op_types(function, *args) -> set[str]:
+    """Op types of `function` traced on `args`, nested functions included."""
+    concrete = tf.function(function).get_concrete_function(*args)
+    return {node.op_type for node in _scan.walk(concrete.graph.as_graph_def())}
+
+
+def assert_same_error(original, replacement) -> None:
+    """Both raise, and the replacement's error is the original's class."""
+    with pytest.raises(Exception) as expected:
+        original()
+    with pytest.raises(type(expected.value)):
+        replacement()
+
+
+# ---------------------------------------------------------------- registry
+
+
+def _registry_entry(op_type: str):
+    return tf_ops._gradient_registry._registry[op_type]["type"]
+
+
+def _snapshot():
+    from tensorflow.python.ops import confusion_matrix
+
+    return {
+        "dense_bincount": gen_math_ops.dense_bincount,
+        "bincount": gen_math_ops.bincount,
+        "adjust_contrastv2": gen_image_ops.adjust_contrastv2,
+        "resize_grad": _registry_entry("ResizeNearestNeighbor"),
+        "bn_grads": tuple(_registry_entry(op) for op in fused_batch_norm_frozen.OP_TYPES),
+        "cm_array_ops": confusion_matrix.array_ops,
+    }
+
+
+MODULES = [
+    adjust_contrast,
+    bincount,
+    confusion_matrix_scatter,
+    fused_batch_norm_frozen,
+    resize_nearest_grad,
+]
+
+
+def test_install_twice_then_restore_puts_every_original_back() -> None:
+    before = _snapshot()
+    for module in MODULES:
+        module.install()
+        module.install()  # Idempotent: the second call must not save the patch as "original".
+    during = _snapshot()
+    for key in before:
+        assert during[key] != before[key], key
+    for module in MODULES:
+        module.restore()
+        module.restore()
+    after = _snapshot()
+    for key in before:
+        assert after[key] is before[key] or after[key] == before[key], key
+
+
+def test_sparse_optimizer_patch_restores_methods() -> None:
+    pytest.importorskip("tf_keras")
+    classes = sparse_optimizer_update._optimizer_classes()
+    before = [vars(cls).get("apply_gradients") for cls in classes]
+    with patched(sparse_optimizer_update):
+        sparse_optimizer_update.install()
+        during = [vars(cls).get("apply_gradients") for cls in classes]
+        assert any(getattr(m, "__tfdet_patch__", None) for m in during)
+    assert [vars(cls).get("apply_gradients") for cls in classes] == before
+
+
+# ------------------------------------------------------- nearest resize grad
+
+RESIZE_DTYPES = [np.float32, np.float64, np.float16, np.int32]
+
+
+@st.composite
+def resize_cases(draw):
+    batch = draw(st.integers(0, 2))
+    in_h, in_w = draw(st.integers(1, 7)), draw(st.integers(1, 7))
+    out_h, out_w = draw(st.integers(1, 15)), draw(st.integers(1, 15))
+    channels = draw(st.integers(0, 3))
+    align_corners = draw(st.booleans())
+    # TF rejects half_pixel_centers together with align_corners.
+    half_pixel = draw(st.booleans()) and not align_corners
+    dtype = draw(st.sampled_from(RESIZE_DTYPES))
+    seed = draw(st.integers(0, 2**31))
+    grads = (np.random.default_rng(seed).standard_normal((batch, out_h, out_w, channels)) * 8).astype(dtype)
+    return grads, (in_h, in_w), align_corners, half_pixel
+
+
+@SWEEP
+@given(resize_cases())
+def test_resize_nearest_grad_equals_the_kernel(case) -> None:
+    grads, size, align_corners, half_pixel = case
+    expected = tf.raw_ops.ResizeNearestNeighborGrad(
+        grads=grads, size=size, align_corners=align_corners, half_pixel_centers=half_pixel
+    ).numpy()
+    received = resize_nearest_grad.resize_nearest_neighbor_grad(
+        grads, size, align_corners, half_pixel
+    ).numpy()
+    assert received.dtype == expected.dtype and received.shape == expected.shape
+    # Exact, floats included: UnsortedSegmentSum on CPU adds the output pixels
+    # in the same row-major order as the CPU kernel. (A GPU's sort-based sum
+    # may round differently from the CPU, but the same on every run.)
+    np.testing.assert_array_equal(received, expected)
+
+
+@pytest.mark.parametrize("method_args", [{}, {"preserve_aspect_ratio": True}])
+def test_resize_gradient_through_tf_image_resize(method_args) -> None:
+    images = tf.constant(np.random.default_rng(1).standard_normal((2, 5, 7, 3)), tf.float32)
+
+    def loss_grad(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = tf.image.resize(x, (11, 16), method="nearest", **method_args)
+            loss = tf.reduce_sum(y * y)
+        return tape.gradient(loss, x)
+
+    expected = loss_grad(images).numpy()
+    assert "ResizeNearestNeighborGrad" in op_types(loss_grad, images)
+    with patched(resize_nearest_grad):
+        received = loss_grad(images).numpy()
+        assert "ResizeNearestNeighborGrad" not in op_types(loss_grad, images)
+    np.testing.assert_array_equal(received, expected)
+
+
+# ------------------------------------------------------------------ bincount
+
+
+@st.composite
+def bincount_cases(draw):
+    rank = draw(st.integers(1, 2))
+    shape = tuple(draw(st.lists(st.integers(0, 6), min_size=rank, max_size=rank)))
+    size = draw(st.integers(0, 9))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    value_dtype = draw(st.sampled_from([np.int32, np.int64]))
+    # Values up to 12 include values >= size, which both must drop.
+    values = rng.integers(0, 12, shape).astype(value_dtype)
+    weight_dtype = draw(st.sampled_from([None, np.float32, np.float64, np.int32, np.int64]))
+    if weight_dtype is None:
+        weights = np.array([], np.float32)
+    else:
+        weights = (rng.standard_normal(shape) * 5).astype(weight_dtype)
+    binary = bool(draw(st.booleans()) and weight_dtype is None)
+    return values, size, weights, binary
+
+
+@SWEEP
+@given(bincount_cases())
+def test_dense_bincount_equals_the_kernel(case) -> None:
+    values, size, weights, binary = case
+    expected = gen_math_ops.dense_bincount(
+        input=values, size=size, weights=weights, binary_output=binary
+    ).numpy()
+    received = bincount.dense_bincount(values, size, weights, binary).numpy()
+    assert received.dtype == expected.dtype and received.shape == expected.shape
+    # Exact for integer counts; for float weights too, because the CPU
+    # UnsortedSegmentSum adds in input order, as the CPU kernel does.
+    np.testing.assert_array_equal(received, expected)
+
+
+def test_v1_bincount_equals_the_kernel() -> None:
+    values = np.array([3, 1, 1, 7, 0, 3, 3], np.int32)
+    weights = np.linspace(-1, 2, 7).astype(np.float32)
+    for w in (weights, np.array([], np.float32)):
+        np.testing.assert_array_equal(
+            bincount.bincount(values, 5, w).numpy(),
+            gen_math_ops.bincount(arr=values, size=5, weights=w).numpy(),
+        )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"input": [1, -1, 2], "size": 3, "weights": np.array([], np.float32)},
+        {"input": [1, 2], "size": -1, "weights": np.array([], np.float32)},
+        {"input": [[[1]]], "size": 2, "weights": np.array([], np.float32)},
+        {"input": [1, 2], "size": 3, "weights": np.array([1.0], np.float32)},
+    ],
+    ids=["negative value", "negative size", "rank 3", "weights shape"],
+)
+def test_bincount_rejects_what_the_kernel_rejects(kwargs) -> None:
+    assert_same_error(
+        lambda: gen_math_ops.dense_bincount(**kwargs),
+        lambda: bincount.dense_bincount(kwargs["input"], kwargs["size"], kwargs["weights"]),
+    )
+
+
+def test_tf_math_bincount_and_category_encoding_use_the_patch() -> None:
+    keras = pytest.importorskip("keras")
+    tokens = tf.constant([[1, 4, 4, 0], [2, 2, 9, 3]])
+    layer = keras.layers.CategoryEncoding(num_tokens=10, output_mode="count")
+
+    def count(x):
+        return tf.math.bincount(x, minlength=6, axis=-1), layer(x)
+
+    expected = [t.numpy() for t in count(tokens)]
+    assert "DenseBincount" in op_types(count, tokens)
+    with patched(bincount):
+        received = [t.numpy() for t in count(tokens)]
+        assert "DenseBincount" not in op_types(count, tokens)
+    for got, want in zip(received, expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+# ----------------------------------------------------- confusion-matrix scatter
+
+
+@st.composite
+def scatter_cases(draw):
+    classes = draw(st.integers(1, 6))
+    count = draw(st.integers(0, 40))  # 0: empty; many entries: duplicates.
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    indices = rng.integers(0, classes, (count, 2)).astype(draw(st.sampled_from([np.int32, np.int64])))
+    dtype = draw(st.sampled_from([np.int32, np.int64, np.float32, np.float64]))
+    updates = (rng.standard_normal(count) * 10).astype(dtype)
+    return indices, updates, [classes, classes]
+
+
+@SWEEP
+@given(scatter_cases())
+def test_scatter_nd_equals_the_kernel(case) -> None:
+    indices, updates, shape = case
+    expected = tf.scatter_nd(indices, updates, shape).numpy()
+    received = confusion_matrix_scatter.scatter_nd(indices, updates, shape).numpy()
+    assert received.dtype == expected.dtype
+    # Exact: duplicates are added in input order on CPU by both.
+    np.testing.assert_array_equal(received, expected)
+
+
+def test_scatter_nd_handles_trailing_axes() -> None:
+    indices = np.array([[0], [2], [0]], np.int64)
+    updates = np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.testing.assert_array_equal(
+        confusion_matrix_scatter.scatter_nd(indices, updates, [3, 4]).numpy(),
+        tf.scatter_nd(indices, updates, [3, 4]).numpy(),
+    )
+
+
+@pytest.mark.parametrize("bad", [[[0, 3]], [[-1, 0]]], ids=["too large", "negative"])
+def test_scatter_nd_rejects_out_of_range_like_the_kernel(bad) -> None:
+    indices = np.array(bad, np.int64)
+    assert_same_error(
+        lambda: tf.scatter_nd(indices, [1], [3, 3]),
+        lambda: confusion_matrix_scatter.scatter_nd(indices, [1], [3, 3]),
+    )
+
+
+def test_confusion_matrices_and_iou_use_the_patch() -> None:
+    keras = pytest.importorskip("keras")
+    rng = np.random.default_rng(3)
+    labels = tf.constant(rng.integers(0, 4, 50))
+    predictions = tf.constant(rng.integers(0, 4, 50))
+    weights = tf.constant(rng.random(50).astype(np.float32))
+
+    from keras.src.metrics import metrics_utils
+
+    def matrices(labels, predictions, weights):
+        return (
+            tf.math.confusion_matrix(labels, predictions, num_classes=4, weights=weights, dtype=tf.float32),
+            tf.math.confusion_matrix(labels, predictions),
+            # What Keras 3's IoU metrics call.
+            metrics_utils.confusion_matrix(labels, predictions, 4, weights=weights, dtype="float32"),
+        )
+
+    def mean_iou() -> float:
+        metric = keras.metrics.MeanIoU(num_classes=4, dtype="float32")
+        metric.update_state(labels, predictions, sample_weight=weights)
+        return float(metric.result())
+
+    expected = [t.numpy() for t in matrices(labels, predictions, weights)]
+    expected_iou = mean_iou()
+    assert "ScatterNd" in op_types(matrices, labels, predictions, weights)
+    with patched(confusion_matrix_scatter):
+        received = [t.numpy() for t in matrices(labels, predictions, weights)]
+        assert mean_iou() == expected_iou
+        assert "ScatterNd" not in op_types(matrices, labels, predictions, weights)
+        with pytest.raises(tf.errors.InvalidArgumentError):  # TF's own check still runs.
+            tf.math.confusion_matrix([0, 5], [0, 1], num_classes=3)
+    for got, want in zip(received, expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+# ----------------------------------------------------------- adjust_contrast
+
+
+@st.composite
+def contrast_cases(draw):
+    rank = draw(st.integers(3, 4))
+    shape = tuple(draw(st.lists(st.integers(1, 9), min_size=rank, max_size=rank)))
+    if draw(st.booleans()):  # Empty batches and images.
+        shape = (0, *shape[1:]) if rank == 4 else (shape[0], 0, shape[2])
+    # float32 only: the CPU kernel has no float16 variant to compare with.
+    dtype = np.float32
+    scale = draw(st.sampled_from([1.0, 255.0]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    images = (rng.standard_normal(shape) * scale).astype(dtype)
+    factor = draw(st.floats(-2, 3, allow_nan=False, width=32))
+    return images, factor
+
+
+@SWEEP
+@given(contrast_cases())
+def test_adjust_contrast_equals_the_kernel_within_summation_tolerance(case) -> None:
+    images, factor = case
+    images = tf.constant(images)
+    expected = gen_image_ops.adjust_contrastv2(images=images, contrast_factor=factor).numpy()
+    received = adjust_contrast.adjust_contrastv2(images, factor).numpy()
+    images = images.numpy()
+    assert received.dtype == expected.dtype and received.shape == expected.shape
+    if images.size == 0:
+        return
+    # The mean over height x width is summed in another order than the
+    # kernel's, so it may differ in its last bits; that error is scaled by
+    # (1 + |factor|) in the output. Bound: 4 ulps of the largest input,
+    # times (1 + |factor|), in the images' dtype (measured worst: ~1 ulp).
+    eps = float(np.finfo(images.dtype).eps)
+    bound = 4 * eps * float(np.abs(images).max()) * (1 + abs(factor))
+    np.testing.assert_allclose(received.astype(np.float64), expected, rtol=0, atol=bound)
+
+
+def test_adjust_contrast_rejects_rank_2_like_the_kernel() -> None:
+    images = np.ones((3, 3), np.float32)
+    assert_same_error(
+        lambda: gen_image_ops.adjust_contrastv2(images=images, contrast_factor=2.0),
+        lambda: adjust_contrast.adjust_contrastv2(images, 2.0),
+    )
+
+
+def test_random_contrast_layers_use_the_patch() -> None:
+    images = tf.constant(np.random.default_rng(5).random((2, 6, 6, 3)), tf.float32)
+
+    def contrast(x):
+        return tf.image.stateless_random_contrast(x, 0.5, 1.5, seed=(1, 2)), tf.image.adjust_contrast(x, 1.7)
+
+    expected = [t.numpy() for t in contrast(images)]
+    assert "AdjustContrastv2" in op_types(contrast, images)
+    with patched(adjust_contrast):
+        received = [t.numpy() for t in contrast(images)]
+        assert "AdjustContrastv2" not in op_types(contrast, images)
+    for got, want in zip(received, expected, strict=True):
+        # Same tolerance and reason as the property test (inputs in [0, 1)).
+        np.testing.assert_allclose(got, want, rtol=0, atol=4 * EPS32 * 2.5)
+
+
+# --------------------------------------------------- frozen fused batch norm
+
+
+def _fused_bn_grads(x, scale, offset, mean, var, data_format, training):
+    x, scale, offset = (tf.constant(v) for v in (x, scale, offset))
+    with tf.GradientTape() as tape:
+        tape.watch([x, scale, offset])
+        y, _, _ = tf.compat.v1.nn.fused_batch_norm(
+            x,
+            scale,
+            offset,
+            mean=None if training else mean,
+            variance=None if training else var,
+            epsilon=1e-3,
+            data_format=data_format,
+            is_training=training,
+        )
+        weights = tf.reshape(tf.cast(tf.range(tf.size(y)) % 7 - 3, y.dtype), tf.shape(y))
+        loss = tf.reduce_sum(y * weights)
+    return [g.numpy() for g in tape.gradient(loss, [x, scale, offset])], weights.numpy()
+
+
+@st.composite
+def batch_norm_cases(draw):
+    data_format = draw(st.sampled_from(["NHWC", "NCHW"]))
+    shape = tuple(draw(st.lists(st.integers(1, 5), min_size=4, max_size=4)))
+    channels = shape[3] if data_format == "NHWC" else shape[1]
+    dtype = draw(st.sampled_from([np.float32, np.float16]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    scale, offset, mean = (rng.standard_normal(channels).astype(np.float32) for _ in range(3))
+    var = (rng.random(channels) + 0.1).astype(np.float32)
+    return x, scale, offset, mean, var, data_format
+
+
+@SWEEP
+@given(batch_norm_cases())
+def test_frozen_batch_norm_gradient_equals_the_kernel(case) -> None:
+    x, scale, offset, mean, var, data_format = case
+    (dx0, dscale0, doffset0), dy = _fused_bn_grads(x, scale, offset, mean, var, data_format, False)
+    training0, _ = _fused_bn_grads(x, scale, offset, mean, var, data_format, True)
+    with patched(fused_batch_norm_frozen):
+        (dx1, dscale1, doffset1), _ = _fused_bn_grads(x, scale, offset, mean, var, data_format, False)
+        training1, _ = _fused_bn_grads(x, scale, offset, mean, var, data_format, True)
+    # is_training=True defers to TensorFlow's own gradient: exactly equal.
+    for got, want in zip(training1, training0, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert dx1.dtype == dx0.dtype
+    # dx is element-wise (dy * scale * rsqrt(var + eps)): at most 1 ulp of
+    # the dtype from where the product is rounded, measured against |dx|max.
+    eps_x = float(np.finfo(x.dtype).eps)
+    np.testing.assert_allclose(dx1, dx0, rtol=0, atol=eps_x * (np.abs(dx0).max() + 1e-30))
+    # The sums over N, H, W run in another order than the kernel's: the
+    # classic reordering bound is n * eps * sum(|terms|).
+    axis = tuple(i for i in range(4) if i != data_format.index("C"))
+    shape = [1, 1, 1, 1]
+    shape[data_format.index("C")] = -1
+    inv = 1 / np.sqrt(var.astype(np.float64) + 1e-3)
+    centered = x.astype(np.float64) - mean.reshape(shape)
+    n = x.size // len(scale)
+    scale_terms = (np.abs(dy.astype(np.float64) * centered)).sum(axis=axis) * inv
+    offset_terms = np.abs(dy.astype(np.float64)).sum(axis=axis)
+    assert np.all(np.abs(dscale1 - dscale0) <= n * EPS32 * scale_terms + 1e-30)
+    assert np.all(np.abs(doffset1 - doffset0) <= n * EPS32 * offset_terms + 1e-30)
+
+
+def test_frozen_batch_norm_graph_has_no_inference_gradient_op() -> None:
+    x = tf.constant(np.random.default_rng(2).standard_normal((2, 3, 3, 4)), tf.float32)
+    scale = tf.ones([4])
+    offset = tf.zeros([4])
+
+    def grads(x, training):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y, _, _ = tf.compat.v1.nn.fused_batch_norm(
+                x,
+                scale,
+                offset,
+                mean=None if training else tf.zeros([4]),
+                variance=None if training else tf.ones([4]),
+                is_training=training,
+            )
+            loss = tf.reduce_sum(y * y)
+        return tape.gradient(loss, x)
+
+    assert "FusedBatchNormGradV3" in op_types(lambda x: grads(x, False), x)
+    with patched(fused_batch_norm_frozen):
+        assert "FusedBatchNormGradV3" not in op_types(lambda x: grads(x, False), x)
+        # Training mode keeps TensorFlow's (deterministic) gradient kernel.
+        assert "FusedBatchNormGradV3" in op_types(lambda x: grads(x, True), x)
+
+
+# ------------------------------------------------ tf_keras sparse optimizer
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["Adam", "legacy.Adam"])
+def test_tf_keras_sparse_updates_equal_the_scatter_path(legacy: bool) -> None:
+    tf_keras = pytest.importorskip("tf_keras")
+    rng = np.random.default_rng(4)
+    initial = rng.standard_normal((12, 5)).astype(np.float32)
+    # Duplicate indices on purpose: scatter adds them one by one, the dense
+    # path sums them first.
+    steps = [
+        tf.IndexedSlices(
+            tf.constant(rng.standard_normal((6, 5)).astype(np.float32)),
+            tf.constant(rng.integers(0, 12, 6).astype(np.int64)),
+            tf.constant([12, 5], tf.int64),
+        )
+        for _ in range(3)
+    ]
+
+    def train() -> tuple[np.ndarray, set[str]]:
+        optimizer = (tf_keras.optimizers.legacy.Adam if legacy else tf_keras.optimizers.Adam)(0.1)
+        variable = tf.Variable(initial)
+
+        @tf.function
+        def apply(values, indices):
+            grad = tf.IndexedSlices(values, indices, tf.constant([12, 5], tf.int64))
+            optimizer.apply_gradients([(grad, variable)])
+
+        for grad in steps:
+            apply(grad.values, grad.indices)
+        concrete = apply.get_concrete_function(steps[0].values, steps[0].indices)
+        ops = {n.op_type for n in _scan.walk(concrete.graph.as_graph_def())}
+        return variable.numpy(), ops
+
+    expected, original_ops = train()
+    assert "ResourceScatterAdd" in original_ops
+    with patched(sparse_optimizer_update):
+        received, patched_ops = train()
+    assert not patched_ops & {"ResourceScatterAdd", "ResourceScatterSub", "ResourceScatterUpdate"}
+    # Same arithmetic, different rounding: the dense path sums duplicate rows
+    # before the update and Adam's dense formula rounds differently from its
+    # sparse one. After 3 steps of lr 0.1 the weights agree to ~1e-6.
+    np.testing.assert_allclose(received, expected, rtol=1e-5, atol=1e-6)
