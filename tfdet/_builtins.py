@@ -34,9 +34,9 @@ class Builtin:
     legacy_keras: bool = False
 
 
-def _cnn_layers(layers: Any, dropout: bool = True) -> list[Any]:
+def _cnn_layers(layers: Any) -> list[Any]:
     """The keras-team/keras#12724 CNN body, for Keras 3 or tf_keras `layers`."""
-    stack = [
+    return [
         layers.Conv2D(32, (3, 3), padding="same", activation="relu"),
         layers.Conv2D(32, (3, 3), activation="relu"),
         layers.MaxPooling2D(pool_size=(2, 2)),
@@ -50,11 +50,20 @@ def _cnn_layers(layers: Any, dropout: bool = True) -> list[Any]:
         layers.Dropout(0.5),
         layers.Dense(10, activation="softmax"),
     ]
-    return (
-        stack
-        if dropout
-        else [layer for layer in stack if "Dropout" not in type(layer).__name__]
+
+
+def _keras3_cnn(metrics: list[Any]) -> Any:
+    import keras
+
+    model = keras.Sequential([keras.Input((32, 32, 3)), *_cnn_layers(keras.layers)])
+    # Keras 2's RMSprop(decay=1e-6) is lr / (1 + decay * iterations).
+    schedule = keras.optimizers.schedules.InverseTimeDecay(1e-4, 1, 1e-6)
+    model.compile(
+        optimizer=keras.optimizers.RMSprop(learning_rate=schedule),
+        loss="categorical_crossentropy",
+        metrics=metrics,
     )
+    return model
 
 
 def cnn() -> Any:
@@ -64,16 +73,7 @@ def cnn() -> Any:
     categorical cross-entropy, categorical accuracy and hinge metrics. Data is
     synthesized (random images, one-hot labels).
     """
-    import keras
-
-    model = keras.Sequential([keras.Input((32, 32, 3)), *_cnn_layers(keras.layers)])
-    schedule = keras.optimizers.schedules.InverseTimeDecay(1e-4, 1, 1e-6)
-    model.compile(
-        optimizer=keras.optimizers.RMSprop(learning_rate=schedule),
-        loss="categorical_crossentropy",
-        metrics=["categorical_accuracy", "categorical_hinge"],
-    )
-    return model
+    return _keras3_cnn(["categorical_accuracy", "categorical_hinge"])
 
 
 def cnn_tf_keras() -> Any:
@@ -128,39 +128,18 @@ def keras_issue() -> Any:
     """keras-team/keras#12724 exactly, in Keras 3 (regression test)."""
     import keras
 
-    model = keras.Sequential([keras.Input((32, 32, 3)), *_cnn_layers(keras.layers)])
-    model.compile(
-        optimizer=keras.optimizers.RMSprop(
-            learning_rate=keras.optimizers.schedules.InverseTimeDecay(1e-4, 1, 1e-6)
-        ),
-        loss="categorical_crossentropy",
-        # The issue used categorical_accuracy twice; Keras 3 needs unique names.
-        metrics=[
-            keras.metrics.CategoricalAccuracy(name="categorical_accuracy"),
-            keras.metrics.CategoricalAccuracy(name="categorical_accuracy_2"),
-            "categorical_hinge",
-        ],
-    )
-    return (model, *_keras_issue_data())
-
-
-def _keras_issue_tf_keras_model() -> Any:
-    import tf_keras
-
-    model = tf_keras.Sequential(
-        [tf_keras.Input((32, 32, 3)), *_cnn_layers(tf_keras.layers)]
-    )
-    model.compile(
-        optimizer=tf_keras.optimizers.legacy.RMSprop(learning_rate=1e-4, decay=1e-6),
-        loss="categorical_crossentropy",
-        metrics=["categorical_accuracy", "categorical_hinge"],
-    )
-    return model
+    # The issue used categorical_accuracy twice; Keras 3 needs unique names.
+    metrics = [
+        keras.metrics.CategoricalAccuracy(name="categorical_accuracy"),
+        keras.metrics.CategoricalAccuracy(name="categorical_accuracy_2"),
+        "categorical_hinge",
+    ]
+    return (_keras3_cnn(metrics), *_keras_issue_data())
 
 
 def keras_issue_tf_keras() -> Any:
     """keras-team/keras#12724 in tf_keras, eager `train_on_batch`."""
-    return (_keras_issue_tf_keras_model(), *_keras_issue_data())
+    return (cnn_tf_keras(), *_keras_issue_data())
 
 
 def keras_issue_tf_keras_graph() -> Any:
@@ -179,7 +158,7 @@ def keras_issue_tf_keras_graph() -> Any:
     # code of the issue did.
     active = profile()
     tf_keras.utils.set_random_seed(active.seed if active is not None else 0)
-    return (_keras_issue_tf_keras_model(), *_keras_issue_data())
+    return (cnn_tf_keras(), *_keras_issue_data())
 
 
 _BUILTINS = {
