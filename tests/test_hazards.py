@@ -94,15 +94,32 @@ def test_version_matches(version: str, specifier: str, expected: bool) -> None:
 
 
 def test_lookup_reads_attributes_and_versions() -> None:
-    frozen = _hazards.lookup("FusedBatchNormGradV3", {"is_training": False}, tensorflow_version="2.21.0")
+    frozen = _hazards.lookup(
+        "FusedBatchNormGradV3", {"is_training": False}, tensorflow_version="2.21.0"
+    )
     assert frozen is not None and frozen.behaviour == "raises"
     assert frozen.patch == "fused_batch_norm_frozen"
-    assert _hazards.lookup("FusedBatchNormGradV3", {"is_training": True}, tensorflow_version="2.21.0") is None
-    assert _hazards.lookup("ResizeNearestNeighborGrad", tensorflow_version="2.15.0") is None
+    assert (
+        _hazards.lookup(
+            "FusedBatchNormGradV3", {"is_training": True}, tensorflow_version="2.21.0"
+        )
+        is None
+    )
+    assert (
+        _hazards.lookup("ResizeNearestNeighborGrad", tensorflow_version="2.15.0")
+        is None
+    )
     assert _hazards.lookup("Conv2D", tensorflow_version="2.21.0") is None
-    unseeded = _hazards.lookup("RandomUniform", {"seed": 0, "seed2": 0}, tensorflow_version="2.21.0")
+    unseeded = _hazards.lookup(
+        "RandomUniform", {"seed": 0, "seed2": 0}, tensorflow_version="2.21.0"
+    )
     assert unseeded is not None and unseeded.device == "any"
-    assert _hazards.lookup("RandomUniform", {"seed": 7, "seed2": 3}, tensorflow_version="2.21.0") is None
+    assert (
+        _hazards.lookup(
+            "RandomUniform", {"seed": 7, "seed2": 3}, tensorflow_version="2.21.0"
+        )
+        is None
+    )
     compiled = _hazards.lookup("MaxPoolGrad", tensorflow_version="2.21.0", xla=True)
     assert compiled is not None and compiled.behaviour == "xla_compile_error"
     plain = _hazards.lookup("MaxPoolGrad", tensorflow_version="2.21.0", xla=False)
@@ -111,16 +128,22 @@ def test_lookup_reads_attributes_and_versions() -> None:
 
 def test_patch_needed_follows_versions(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
-    monkeypatch.setattr(_versions, "tensorflow_distribution", lambda: ("tensorflow", "2.21.0"))
+    monkeypatch.setattr(
+        _versions, "tensorflow_distribution", lambda: ("tensorflow", "2.21.0")
+    )
     assert _hazards.patch_needed("resize_nearest_grad")
-    monkeypatch.setattr(_versions, "tensorflow_distribution", lambda: ("tensorflow", "2.15.0"))
+    monkeypatch.setattr(
+        _versions, "tensorflow_distribution", lambda: ("tensorflow", "2.15.0")
+    )
     assert not _hazards.patch_needed("resize_nearest_grad")
     monkeypatch.setattr(_versions, "tensorflow_distribution", lambda: None)
     assert not _hazards.patch_needed("bincount")
 
 
 def test_tf_keras_patch_needs_tf_keras_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_versions, "tensorflow_distribution", lambda: ("tensorflow", "2.21.0"))
+    monkeypatch.setattr(
+        _versions, "tensorflow_distribution", lambda: ("tensorflow", "2.21.0")
+    )
     monkeypatch.setattr(
         _versions, "distribution_version", lambda name: {"tf_keras": "2.21.0"}.get(name)
     )

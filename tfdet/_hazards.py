@@ -205,5 +205,7 @@ def patch_needed(name: str) -> bool:
 def patches_for(op_type: str) -> tuple[str, ...]:
     """Names of the patches that replace `op_type` (any table row)."""
     return tuple(
-        sorted({row.patch for row in table().rows_for(op_type) if row.patch is not None})
+        sorted(
+            {row.patch for row in table().rows_for(op_type) if row.patch is not None}
+        )
     )

@@ -82,9 +82,6 @@ class Finding:
     detail: str
     upstream: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclasses.dataclass(frozen=True)
 class ScanReport:
@@ -102,6 +99,9 @@ class ScanReport:
         deterministic_ops: Op types seen that the table marks deterministic.
         findings: Hazards in the traced step (each remains on GPU).
         covered: Hazards an unpatched trace had that installed patches removed.
+            Best effort: a nested `tf.function` keeps the gradient it was
+            first traced with, so a hazard inside one may be missing here
+            (it is still absent from `findings` when patched).
     """
 
     target: str
@@ -152,7 +152,9 @@ def walk(graph_def: Any, *, xla: bool = False) -> Iterator[Node]:
         graph_def: A `GraphDef` (e.g. `concrete_fn.graph.as_graph_def()`).
         xla: Whether the top-level graph is XLA-compiled.
     """
-    functions = {function.signature.name: function for function in graph_def.library.function}
+    functions = {
+        function.signature.name: function for function in graph_def.library.function
+    }
     callers: dict[str, tuple[str, str]] = {}  # function -> (caller node, its function)
     for node in graph_def.node:
         for called in _called_functions(node.attr):
@@ -225,10 +227,13 @@ class Attributor:
         optimizer = getattr(model, "optimizer", None)
         self._optimizer_names = {}
         if optimizer is not None:
-            for candidate in (getattr(optimizer, "name", None), type(optimizer).__name__):
+            for candidate in (
+                getattr(optimizer, "name", None),
+                type(optimizer).__name__,
+            ):
                 if candidate:
                     self._optimizer_names[candidate] = optimizer
-        self._metrics = {getattr(m, "name", ""): m for m in metric_objects(model)}
+        self._metrics = {_scope_name(m.name): m for m in metric_objects(model)}
 
     def attribute(self, node_name: str) -> tuple[str, str, str, bool]:
         """`(kind, source, source_type, gradient)` for a node name."""
@@ -241,10 +246,20 @@ class Attributor:
                 metric = part[len(_METRIC_SCOPE) :]
         if metric is not None:
             obj = self._metrics.get(metric)
-            return METRIC, metric, type(obj).__name__ if obj is not None else "", gradient
+            return (
+                METRIC,
+                metric,
+                type(obj).__name__ if obj is not None else "",
+                gradient,
+            )
         if parts and _match(parts[0], self._optimizer_names) is not None:
             optimizer = _match(parts[0], self._optimizer_names)
-            return OPTIMIZER, getattr(optimizer, "name", parts[0]), type(optimizer).__name__, gradient
+            return (
+                OPTIMIZER,
+                getattr(optimizer, "name", parts[0]),
+                type(optimizer).__name__,
+                gradient,
+            )
         layer = self._layer(parts)
         if layer is not None:
             return LAYER, layer.name, type(layer).__name__, gradient
@@ -265,6 +280,11 @@ class Attributor:
                 break
             current = found = child
         return found
+
+
+def _scope_name(name: str) -> str:
+    """`name` with characters that name scopes refuse replaced."""
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", str(name))
 
 
 def metric_objects(model: Any) -> list[Any]:
@@ -293,9 +313,11 @@ def _metric_scopes(model: Any) -> Iterator[None]:
     for metric in metric_objects(model):
         own = vars(metric).get("update_state", None)
         original = metric.update_state
-        scope = _METRIC_SCOPE + re.sub(r"[^A-Za-z0-9_.\-]", "_", metric.name)
+        scope = _METRIC_SCOPE + _scope_name(metric.name)
 
-        def update_state(*args: Any, _original: Any = original, _scope: str = scope, **kwargs: Any) -> Any:
+        def update_state(
+            *args: Any, _original: Any = original, _scope: str = scope, **kwargs: Any
+        ) -> Any:
             with tf.name_scope(_scope):
                 return _original(*args, **kwargs)
 
@@ -339,9 +361,9 @@ def trace_train_step(model: Any, x: Any, y: Any) -> tuple[Any, bool]:
     if not tf.executing_eagerly():
         # tf.compat.v1 graph mode (tf_keras): the train function is built in
         # the Keras graph when the model first trains.
-        import tf_keras
+        from tf_keras.src import backend
 
-        return tf_keras.backend.get_graph().as_graph_def(), xla
+        return backend.get_graph().as_graph_def(), xla
     data = (_to_tensors(x), _to_tensors(y))
     with _metric_scopes(model):
         step = tf.function(model.train_step, jit_compile=xla or None)
@@ -349,7 +371,9 @@ def trace_train_step(model: Any, x: Any, y: Any) -> tuple[Any, bool]:
     return concrete.graph.as_graph_def(), xla
 
 
-def find(graph_def: Any, model: Any, xla: bool, tensorflow_version: str) -> tuple[list[Finding], dict[str, Any]]:
+def find(
+    graph_def: Any, model: Any, xla: bool, tensorflow_version: str
+) -> tuple[list[Finding], dict[str, Any]]:
     """Hazard findings in `graph_def`, plus statistics of what was walked."""
     attributor = Attributor(model)
     installed = set(_patching.installed())
@@ -361,7 +385,12 @@ def find(graph_def: Any, model: Any, xla: bool, tensorflow_version: str) -> tupl
     for node in walk(graph_def, xla=xla):
         count += 1
         op_types.add(node.op_type)
-        row = _hazards.lookup(node.op_type, node.attrs, tensorflow_version=tensorflow_version, xla=node.xla)
+        row = _hazards.lookup(
+            node.op_type,
+            node.attrs,
+            tensorflow_version=tensorflow_version,
+            xla=node.xla,
+        )
         if row is None:
             continue
         if not row.hazardous:
@@ -423,9 +452,9 @@ def scan(built: Any, target: str, *, compare_unpatched: bool = True) -> ScanRepo
     Returns:
         The `ScanReport`.
     """
-    from tfdet import _enable
-
     import tensorflow as tf
+
+    from tfdet import _enable
 
     version = tf.__version__
     model = built.model
@@ -450,9 +479,15 @@ def scan(built: Any, target: str, *, compare_unpatched: bool = True) -> ScanRepo
         covered = [
             dataclasses.replace(f, patch_installed=True)
             for f in before
-            if (f.op_type, f.kind, f.source, f.gradient) not in remaining and f.patch in installed
+            if (f.op_type, f.kind, f.source, f.gradient) not in remaining
+            and f.patch in installed
         ]
-    _LOG.debug("tfdet: scanned %d ops of %s, %d hazards", stats["ops_checked"], target, len(findings))
+    _LOG.debug(
+        "tfdet: scanned %d ops of %s, %d hazards",
+        stats["ops_checked"],
+        target,
+        len(findings),
+    )
     return ScanReport(
         target=target,
         keras=_keras_of(model),

@@ -1,10 +1,12 @@
 """TARGETs whose training steps reach every GPU determinism hazard tfdet patches.
 
 `keras3` builds a Keras 3 model, `tf_keras` the same in tf_keras (run with
-`TF_USE_LEGACY_KERAS=1`). Both use nearest-neighbour resizing (Resizing and,
-in tf_keras, UpSampling2D), CategoryEncoding in count mode, RandomContrast, a
+`TF_USE_LEGACY_KERAS=1`). Both use Resizing (nearest) and UpSampling2D (which
+resizes only in tf_keras), CategoryEncoding in count mode, RandomContrast, a
 frozen BatchNormalization, an IoU metric and an Embedding trained with Adam:
-the entry points FACTS.md lists.
+the entry points FACTS.md lists. `nested` hides a nearest resize inside a
+nested `tf.function` (its gradient is a separate library function), and
+`extras` reaches the crop-and-resize and sparse-matmul backprops.
 """
 
 from __future__ import annotations
@@ -38,10 +40,8 @@ def _build(keras: Any, legacy: bool) -> Any:
     # needed; frozen BN after it (training=False while its weights train).
     x = layers.Conv2D(4, 3, padding="same", name="conv")(x)
     x = layers.Resizing(12, 12, interpolation="nearest", name="resize")(x)
-    if legacy:
-        x = layers.UpSampling2D(2, name="upsample")(x)
-    else:
-        x = layers.UpSampling2D(2, name="upsample")(x)
+    # Keras 3's UpSampling2D repeats instead of resizing; tf_keras' resizes.
+    x = layers.UpSampling2D(2, name="upsample")(x)
     frozen = layers.BatchNormalization(name="frozen_bn")
     x = frozen(x, training=False)
     x = layers.GlobalAveragePooling2D(name="pool")(x)
@@ -106,4 +106,64 @@ def nested() -> tuple[Any, np.ndarray, np.ndarray]:
     model = keras.Model(image, output, name="nested")
     model.compile(optimizer="sgd", loss="mse")
     rng = np.random.default_rng(0)
-    return model, rng.random((8, 4, 4, 2), dtype=np.float32), rng.random((8, 1), dtype=np.float32)
+    return (
+        model,
+        rng.random((8, 4, 4, 2), dtype=np.float32),
+        rng.random((8, 1), dtype=np.float32),
+    )
+
+
+def extras() -> tuple[Any, list[np.ndarray], np.ndarray]:
+    """Keras 3 model reaching the crop-and-resize and sparse-matmul backprops.
+
+    An ROI crop (`tf.image.crop_and_resize`, as in detection heads) of a
+    trainable convolution, and a graph convolution (a fixed sparse adjacency
+    matrix times trainable node features, `tf.sparse.sparse_dense_matmul`).
+    """
+    import keras
+    import tensorflow as tf
+
+    nodes, features = 6, 5
+
+    class RoiCrop(keras.layers.Layer):
+        def call(self, x: Any) -> Any:
+            batch = tf.shape(x)[0]
+            boxes = tf.tile(tf.constant([[0.1, 0.2, 0.8, 0.9]]), [batch, 1])
+            return tf.image.crop_and_resize(x, boxes, tf.range(batch), (4, 4))
+
+        def compute_output_shape(self, input_shape: Any) -> Any:
+            return (input_shape[0], 4, 4, input_shape[3])
+
+    class GraphConv(keras.layers.Layer):
+        def build(self, input_shape: Any) -> None:
+            self.kernel = self.add_weight(shape=(features, features), name="kernel")
+
+        def call(self, x: Any) -> Any:
+            adjacency = tf.sparse.SparseTensor(
+                [[0, 1], [1, 0], [1, 2], [2, 1], [3, 4], [4, 5], [5, 3]],
+                [1.0] * 7,
+                [nodes, nodes],
+            )
+            h = tf.matmul(x, self.kernel)  # [batch, nodes, features]
+            # Nodes first, so one sparse matmul serves the whole batch.
+            stacked = tf.reshape(tf.transpose(h, [1, 0, 2]), [nodes, -1])
+            mixed = tf.sparse.sparse_dense_matmul(adjacency, stacked)
+            return tf.transpose(tf.reshape(mixed, [nodes, -1, features]), [1, 0, 2])
+
+        def compute_output_shape(self, input_shape: Any) -> Any:
+            return input_shape
+
+    image = keras.Input((8, 8, 3), name="image")
+    graph = keras.Input((nodes, features), name="graph")
+    x = keras.layers.Conv2D(2, 3, padding="same", name="conv")(image)
+    x = keras.layers.Flatten()(RoiCrop(name="roi_crop")(x))
+    g = keras.layers.Flatten()(GraphConv(name="graph_conv")(graph))
+    output = keras.layers.Dense(1, name="head")(keras.layers.Concatenate()([x, g]))
+    model = keras.Model([image, graph], output, name="extras")
+    model.compile(optimizer="adam", loss="mse")
+    rng = np.random.default_rng(0)
+    data = [
+        rng.random((8, 8, 8, 3), dtype=np.float32),
+        rng.random((8, nodes, features), dtype=np.float32),
+    ]
+    return model, data, rng.random((8, 1), dtype=np.float32)

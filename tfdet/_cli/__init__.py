@@ -87,5 +87,7 @@ def _app_main(args: argparse.Namespace) -> int:
 def run_main() -> None:
     """Console-script entry point (`tfdet`)."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    # absl's handler shows INFO; tfdet's own progress is in the report.
+    logging.getLogger("tfdet").setLevel(logging.WARNING)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     app.run(_app_main, flags_parser=parse_flags)

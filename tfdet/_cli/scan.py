@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import warnings
+
+from absl import app
 
 from tfdet import _target
-from tfdet._errors import EXIT_DIVERGED, EXIT_OK
+from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError
 
 _BEHAVIOUR = {
     "raises": "raises on GPU",
@@ -43,7 +46,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="Trace with plain TensorFlow (op determinism on, no tfdet patches).",
     )
-    parser.add_argument("--seed", type=int, default=0, help="Seed for enable() and data.")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="Seed for enable() and data."
+    )
     parser.add_argument("--json", metavar="FILE", help="Also write the report as JSON.")
     parser.set_defaults(func=execute)
 
@@ -62,7 +67,11 @@ def _patch_note(finding, enabled: bool) -> str:
     if finding.patch_installed:
         return f"tfdet patch {finding.patch} is installed but does not cover this entry point"
     if enabled:
-        return f"tfdet patch {finding.patch} exists but was not installed (not needed by these versions?)"
+        return (
+            f"tfdet patch {finding.patch} exists but tfdet.enable() did not install it: "
+            "the hazard table says these versions do not need it (tf_keras patches need "
+            "TF_USE_LEGACY_KERAS=1, or tf_keras imported, before enable())"
+        )
     return f"covered by tfdet patch {finding.patch} (tfdet.enable() installs it)"
 
 
@@ -81,7 +90,8 @@ def format_report(report) -> str:
     ]
     if report.deterministic_ops:
         lines.append(
-            "known deterministic on GPU under determinism: " + ", ".join(report.deterministic_ops)
+            "known deterministic on GPU under determinism: "
+            + ", ".join(report.deterministic_ops)
         )
     if report.covered:
         lines.append(f"covered by tfdet patches ({len(report.covered)}):")
@@ -98,7 +108,9 @@ def format_report(report) -> str:
                 f"  {finding.op_type:<28} {_source(finding)}: "
                 f"{_BEHAVIOUR[finding.behaviour]}{where}; {_patch_note(finding, report.enabled)}"
             )
-            lines.append(f"    {finding.detail} ({finding.upstream}); nodes: {', '.join(finding.nodes)}")
+            lines.append(
+                f"    {finding.detail} ({finding.upstream}); nodes: {', '.join(finding.nodes)}"
+            )
     else:
         lines.append("GPU hazards under op determinism: none")
     return "\n".join(lines)
@@ -113,7 +125,16 @@ def execute(args: argparse.Namespace) -> int:
     if not args.no_enable:
         import tfdet
 
-        tfdet.enable(seed=args.seed)
+        with warnings.catch_warnings():
+            # The hash seed orders sets and dicts in training scripts; a
+            # trace's op list does not depend on it.
+            warnings.filterwarnings(
+                "ignore", message="PYTHONHASHSEED", category=UserWarning
+            )
+            try:
+                tfdet.enable(seed=args.seed)
+            except ValueError as error:
+                raise app.UsageError(str(error)) from error
     else:
         import tensorflow as tf
 
@@ -124,7 +145,12 @@ def execute(args: argparse.Namespace) -> int:
     from tfdet import _scan
 
     built = _target.build(spec.text, seed=args.seed)
-    report = _scan.scan(built, spec.text)
+    try:
+        report = _scan.scan(built, spec.text)
+    except Exception as error:  # The target's own training step failed.
+        raise RunFailedError(
+            f"Tracing the training step of TARGET {spec.text!r} failed: {error!r}"
+        ) from error
     print(format_report(report))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:

@@ -11,8 +11,10 @@ from tfdet.patches import (
     adjust_contrast,
     bincount,
     confusion_matrix_scatter,
+    crop_and_resize_grad,
     fused_batch_norm_frozen,
     resize_nearest_grad,
+    sparse_dense_matmul,
     sparse_optimizer_update,
 )
 
@@ -20,7 +22,9 @@ __all__ = [
     "adjust_contrast",
     "bincount",
     "confusion_matrix_scatter",
+    "crop_and_resize_grad",
     "fused_batch_norm_frozen",
     "resize_nearest_grad",
+    "sparse_dense_matmul",
     "sparse_optimizer_update",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+
 class Swap:
     """The replacements one patch made, and how to undo them."""
 
@@ -28,7 +29,9 @@ class Swap:
         setattr(owner, name, replacement)
         return original
 
-    def gradient(self, op_type: str, replacement: Callable[..., Any]) -> Callable[..., Any]:
+    def gradient(
+        self, op_type: str, replacement: Callable[..., Any]
+    ) -> Callable[..., Any]:
         """Replaces the gradient function registered for `op_type`.
 
         TensorFlow refuses a second `RegisterGradient` for the same op, so the

@@ -26,7 +26,9 @@ UPSTREAM = "https://github.com/tensorflow/tensorflow/pull/51140"
 _swap = Swap()
 
 
-def adjust_contrastv2(images: Any, contrast_factor: Any, name: str | None = None) -> Any:
+def adjust_contrastv2(
+    images: Any, contrast_factor: Any, name: str | None = None
+) -> Any:
     """Deterministic `tf.raw_ops.AdjustContrastv2`.
 
     Example:

@@ -75,16 +75,20 @@ def dense_bincount(
         if rank is not None and rank > 2:
             raise _invalid(f"Shape must be at most rank 2 but is rank {rank}")
         unweighted = weights.shape.num_elements() == 0
-        if not unweighted and weights.shape.is_fully_defined() and values.shape.is_fully_defined():
-            if weights.shape != values.shape:
-                raise _invalid(
-                    "`weights` must be the same shape as `arr` or a length-0 "
-                    "`Tensor`, in which case it acts as all weights equal to "
-                    f"1. Received {weights.shape.as_list()}"
-                )
+        shapes_known = (
+            weights.shape.is_fully_defined() and values.shape.is_fully_defined()
+        )
+        if not unweighted and shapes_known and weights.shape != values.shape:
+            raise _invalid(
+                "`weights` must be the same shape as `arr` or a length-0 "
+                "`Tensor`, in which case it acts as all weights equal to "
+                f"1. Received {weights.shape.as_list()}"
+            )
         checks = [
             tf.debugging.assert_non_negative(size, message="size must be non-negative"),
-            tf.debugging.assert_non_negative(values, message="Input arr must be non-negative!"),
+            tf.debugging.assert_non_negative(
+                values, message="Input arr must be non-negative!"
+            ),
         ]
         with tf.control_dependencies(checks):
             values = tf.identity(values)
@@ -110,7 +114,9 @@ def dense_bincount(
 
 def bincount(arr: Any, size: Any, weights: Any, name: str | None = None) -> Any:
     """Deterministic `tf.raw_ops.Bincount` (the `tf.compat.v1` op, rank 1)."""
-    return dense_bincount(arr, size, weights, binary_output=False, name=name or "DeterministicBincount")
+    return dense_bincount(
+        arr, size, weights, binary_output=False, name=name or "DeterministicBincount"
+    )
 
 
 def install() -> None:

@@ -114,7 +114,11 @@ def install() -> None:
     if _keras3_uses_tensorflow():
         from keras.src.metrics import metrics_utils
 
-        _swap.attribute(metrics_utils, "ops", _ModuleView(metrics_utils.ops, "scatter", _keras_scatter))
+        _swap.attribute(
+            metrics_utils,
+            "ops",
+            _ModuleView(metrics_utils.ops, "scatter", _keras_scatter),
+        )
 
 
 def restore() -> None:

@@ -24,7 +24,9 @@ UPSTREAM = "https://github.com/tensorflow/tensorflow/pull/51023"
 _swap = Swap()
 
 
-def _source_index(in_size: Any, out_size: Any, align_corners: bool, half_pixel_centers: bool) -> Any:
+def _source_index(
+    in_size: Any, out_size: Any, align_corners: bool, half_pixel_centers: bool
+) -> Any:
     """Input index that each of `out_size` output positions reads, on one axis."""
     import tensorflow as tf
 
@@ -81,11 +83,15 @@ def resize_nearest_neighbor_grad(
         # Segment axes first: UnsortedSegmentSum reduces leading dimensions.
         data = tf.transpose(grads, [1, 2, 0, 3])
         summed = tf.math.unsorted_segment_sum(data, segments, in_h * in_w)
-        result = tf.transpose(tf.reshape(summed, [in_h, in_w, batch, channels]), [2, 0, 1, 3])
+        result = tf.transpose(
+            tf.reshape(summed, [in_h, in_w, batch, channels]), [2, 0, 1, 3]
+        )
         static = grads.shape
         static_size = tf.get_static_value(size)
         if static_size is not None:
-            result.set_shape([static[0], int(static_size[0]), int(static_size[1]), static[3]])
+            result.set_shape(
+                [static[0], int(static_size[0]), int(static_size[1]), static[3]]
+            )
         return result
 
 

@@ -60,7 +60,9 @@ def densify_all(grads_and_vars: Iterable[tuple[Any, Any]]) -> list[tuple[Any, An
 
 def _wrap(apply_gradients: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(apply_gradients)
-    def apply_dense_gradients(self: Any, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+    def apply_dense_gradients(
+        self: Any, grads_and_vars: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         return apply_gradients(self, densify_all(grads_and_vars), *args, **kwargs)
 
     apply_dense_gradients.__tfdet_patch__ = NAME  # type: ignore[attr-defined]

@@ -1,0 +1,208 @@
+"""`tfdet scan`: hazards of real training steps, attributed, in fresh CLI processes.
+
+The models in `tests/targets/hazard_models.py` reach every entry point of
+FACTS.md's list. Without tfdet (`--no-enable`) the scan must list exactly
+those hazards, each with the layer, metric or optimizer it comes from, and
+exit 1; with tfdet's patches it must list none and exit 0. The same models
+must train bit-identically across processes in `tfdet check`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, clean_env, run_tfdet
+
+MODELS = str(REPO / "tests" / "targets" / "hazard_models.py")
+LEGACY = clean_env(TF_USE_LEGACY_KERAS="1")
+
+# (op type, kind, source): what the training step of each model reaches.
+KERAS3_HAZARDS = {
+    ("DenseBincount", "layer", "counts"),
+    ("ResizeNearestNeighborGrad", "layer", "resize"),
+    ("ScatterNd", "metric", "iou"),
+}
+TF_KERAS_HAZARDS = KERAS3_HAZARDS | {
+    ("ResizeNearestNeighborGrad", "layer", "upsample"),
+    ("AdjustContrastv2", "layer", "contrast"),
+    ("FusedBatchNormGradV3", "layer", "frozen_bn"),
+    ("ResourceScatterAdd", "optimizer", "Adam"),
+}
+# Entry points FACTS.md says Keras 3 already keeps off refused ops.
+KERAS3_SAFE_LAYERS = {"upsample", "contrast", "frozen_bn"}
+
+
+def scan(tmp_path: Path, target: str, *flags: str, env=None) -> tuple[int, dict, str]:
+    report = tmp_path / "scan.json"
+    result = run_tfdet("scan", target, *flags, "--json", str(report), env=env)
+    assert result.returncode in (0, 1), result.stderr[-3000:]
+    return result.returncode, json.loads(report.read_text()), result.stdout
+
+
+def keyed(findings: list[dict]) -> set[tuple[str, str, str]]:
+    return {(f["op_type"], f["kind"], f["source"]) for f in findings}
+
+
+def test_keras3_without_tfdet_lists_each_hazard_with_its_source(tmp_path: Path) -> None:
+    code, report, stdout = scan(tmp_path, f"{MODELS}:keras3", "--no-enable")
+    assert code == 1
+    assert not report["enabled"] and report["patches"] == []
+    assert keyed(report["findings"]) == KERAS3_HAZARDS
+    gradient = {f["op_type"]: f["gradient"] for f in report["findings"]}
+    assert gradient == {
+        "DenseBincount": False,
+        "ResizeNearestNeighborGrad": True,
+        "ScatterNd": False,
+    }
+    assert not {f["source"] for f in report["findings"]} & KERAS3_SAFE_LAYERS
+    for finding in report["findings"]:
+        assert finding["patch"] and not finding["patch_installed"]
+    assert "layer counts (CategoryEncoding)" in stdout
+    assert "metric iou (MeanIoU)" in stdout
+
+
+def test_keras3_with_tfdet_lists_none_and_says_what_patches_covered(
+    tmp_path: Path,
+) -> None:
+    code, report, stdout = scan(tmp_path, f"{MODELS}:keras3")
+    assert code == 0, stdout
+    assert report["enabled"] and report["findings"] == []
+    assert keyed(report["covered"]) == KERAS3_HAZARDS
+    assert {"bincount", "resize_nearest_grad", "confusion_matrix_scatter"} <= set(
+        report["patches"]
+    )
+    assert "GPU hazards under op determinism: none" in stdout
+
+
+def test_tf_keras_without_tfdet_lists_each_hazard_with_its_source(
+    tmp_path: Path,
+) -> None:
+    code, report, stdout = scan(
+        tmp_path, f"{MODELS}:tf_keras", "--no-enable", env=LEGACY
+    )
+    assert code == 1
+    assert report["keras"] == "tf_keras"
+    assert keyed(report["findings"]) == TF_KERAS_HAZARDS
+    frozen = [f for f in report["findings"] if f["op_type"] == "FusedBatchNormGradV3"]
+    assert frozen[0]["gradient"] and frozen[0]["behaviour"] == "raises"
+    assert "optimizer Adam" in stdout and "layer upsample (UpSampling2D)" in stdout
+
+
+def test_tf_keras_with_tfdet_lists_none(tmp_path: Path) -> None:
+    code, report, stdout = scan(tmp_path, f"{MODELS}:tf_keras", env=LEGACY)
+    assert code == 0, stdout
+    assert report["findings"] == []
+    assert keyed(report["covered"]) == TF_KERAS_HAZARDS
+    assert "sparse_optimizer_update" in report["patches"]
+
+
+def test_hazard_in_a_nested_gradient_function_is_found_and_attributed(
+    tmp_path: Path,
+) -> None:
+    code, report, _ = scan(tmp_path, f"{MODELS}:nested", "--no-enable")
+    assert code == 1
+    (finding,) = report["findings"]
+    assert (finding["op_type"], finding["kind"], finding["source"]) == (
+        "ResizeNearestNeighborGrad",
+        "layer",
+        "nested_resize",
+    )
+    assert finding["gradient"] and report["functions"] >= 1
+    code, report, _ = scan(tmp_path, f"{MODELS}:nested")
+    assert code == 0 and report["findings"] == []
+
+
+def test_crop_and_resize_and_sparse_matmul_backprops_are_found_and_patched(
+    tmp_path: Path,
+) -> None:
+    code, report, _ = scan(tmp_path, f"{MODELS}:extras", "--no-enable")
+    assert code == 1
+    found = {(f["op_type"], f["source"], f["gradient"]) for f in report["findings"]}
+    assert found == {
+        ("CropAndResizeGradImage", "roi_crop", True),
+        ("CropAndResizeGradBoxes", "roi_crop", True),
+        ("SparseTensorDenseMatMul", "graph_conv", False),
+        ("SparseTensorDenseMatMul", "graph_conv", True),
+    }
+    code, report, _ = scan(tmp_path, f"{MODELS}:extras")
+    assert code == 0 and report["findings"] == []
+    assert len(report["covered"]) == 4
+
+
+def test_builtin_cnn_is_clean_and_the_report_says_what_was_checked(
+    tmp_path: Path,
+) -> None:
+    code, report, stdout = scan(tmp_path, "builtin:cnn")
+    assert code == 0
+    assert report["findings"] == []
+    assert report["ops_checked"] > 100
+    # Forward, backward, optimizer and metric ops were all walked.
+    assert {
+        "Conv2D",
+        "Conv2DBackpropFilter",
+        "MaxPoolGrad",
+        "MatMul",
+        "AssignSubVariableOp",
+    } <= set(report["op_types"])
+    assert "MaxPoolGrad" in report["deterministic_ops"]
+    assert (
+        f"checked {report['ops_checked']} ops of {len(report['op_types'])} types"
+        in stdout
+    )
+    assert "op types checked: " in stdout and "Conv2DBackpropFilter" in stdout
+
+
+@pytest.mark.parametrize(
+    "target", ["no_such_module_xyz:build", "builtin:nope", "missing.py:f"]
+)
+def test_bad_target_exits_2(target: str) -> None:
+    result = run_tfdet("scan", target, "--no-enable")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "TARGET" in result.stderr or "target" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("target", "env", "patches"),
+    [
+        (
+            "keras3",
+            None,
+            {"bincount", "resize_nearest_grad", "confusion_matrix_scatter"},
+        ),
+        (
+            "tf_keras",
+            LEGACY,
+            {
+                "adjust_contrast",
+                "bincount",
+                "confusion_matrix_scatter",
+                "fused_batch_norm_frozen",
+                "resize_nearest_grad",
+                "sparse_optimizer_update",
+            },
+        ),
+    ],
+)
+def test_patched_models_train_bit_identically_in_check(
+    tmp_path: Path, target, env, patches
+) -> None:
+    report_path = tmp_path / "check.json"
+    result = run_tfdet(
+        "check",
+        f"{MODELS}:{target}",
+        "--steps",
+        "3",
+        "--json",
+        str(report_path),
+        env=env,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    report = json.loads(report_path.read_text())
+    runs = report["devices"]["cpu"]["runs"]
+    assert len(runs) >= 2 and all(run["ok"] for run in runs)
+    for run in runs:
+        assert patches <= set(run["profile"]["patches"])
