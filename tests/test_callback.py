@@ -56,6 +56,9 @@ first = open(sys.argv[2]).read()
 # Reused for a second fit (training continues): state starts afresh.
 fit(callback, built)
 second = open(sys.argv[2]).read()
+# every=2, variables_every=2: steps 0 and 2, per-variable fingerprints on step 0.
+sparse = sys.argv[2] + ".sparse"
+fit(tfdet.DeterminismCallback(trace=sparse, every=2, variables_every=2), built)
 overridden = sorted(
     name for name in dir(keras.callbacks.Callback)
     if name.startswith("on_")
@@ -137,6 +140,10 @@ def test_records_a_trace_and_is_reusable_across_fits(tmp_path):
     ]
     assert len(facts["errors"]) == 3 and "every=0" in facts["errors"][0]
     assert facts["flip_changes"]
+    sparse = _trace.read(path + ".sparse")
+    assert [r["step"] for r in sparse.steps] == [0, 2]
+    assert ["variables" in r for r in sparse.steps] == [True, False]
+    assert sparse.header["every"] == 2
 
 
 def test_against_a_reference_with_another_thread_count(tmp_path):

@@ -59,7 +59,12 @@ def test_cli_diff_exit_codes_and_json(tmp_path):
     a = write_trace(tmp_path / "a.jsonl", steps=3)
     same = write_trace(tmp_path / "same.jsonl", steps=3)
     other_profile = dict(PROFILE, intra_op_threads=2)
-    b = write_trace(tmp_path / "b.jsonl", steps=3, profile=other_profile)
+    b = write_trace(
+        tmp_path / "b.jsonl",
+        steps=3,
+        profile=other_profile,
+        environment={"cpu_count": 2, "env": {"TF_NUM_INTRAOP_THREADS": "2"}},
+    )
     # B: same first step, loss 3 ulps off at step 1.
     lines = Path(b).read_text(encoding="utf-8").splitlines()
     record = json.loads(lines[2])
@@ -71,6 +76,9 @@ def test_cli_diff_exit_codes_and_json(tmp_path):
     assert main(["tfdet", "diff", a, b, "--json", str(report)]) == 1
     facts = json.loads(report.read_text())
     assert facts["profile_differences"] == {"intra_op_threads": [1, 2]}
+    assert facts["fingerprint_differences"] == {
+        "env.TF_NUM_INTRAOP_THREADS": [None, "2"]
+    }
     assert facts["divergence"]["step"] == 1
     assert facts["divergence"]["quantity"] == "loss"
     assert facts["divergence"]["ulps"] == 3

@@ -156,3 +156,14 @@ def test_bad_input_exits_2(tmp_path):
     assert run_tfdet("locate", f"{TARGETS}:no_such_function").returncode == 2
     assert run_tfdet("locate", "--steps", "0").returncode == 2
     assert run_tfdet("locate", "--perturb", "cosmic_rays").returncode == 2
+    # Found out in the child (tf.compat.v1 graph mode): still bad input, not a crash.
+    graph = run_tfdet(
+        "locate",
+        "builtin:keras_issue_tf_keras_graph",
+        "--perturb",
+        "none",
+        "--steps",
+        "1",
+    )
+    assert graph.returncode == 2, graph.stderr[-2000:]
+    assert "train eagerly" in graph.stderr

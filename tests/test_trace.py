@@ -44,9 +44,12 @@ def _step(step: int, loss_bits: str = "40135d8e") -> dict:
     }
 
 
-def write_trace(path, steps: int = 3, profile: dict | None = None, **header) -> str:
+def write_trace(
+    path, steps: int = 3, profile: dict | None = None, environment=None, **header
+) -> str:
+    environment = environment or {"cpu_count": 2}
     header = _trace.make_header(
-        profile or PROFILE, {"cpu_count": 2}, ["dense/kernel"], **header
+        profile or PROFILE, environment, ["dense/kernel"], **header
     )
     with _trace.TraceWriter(path, header) as writer:
         for step in range(steps):

@@ -19,6 +19,8 @@ from tfdet._errors import ProfileMismatchError
 _LOG = logging.getLogger("tfdet")
 
 _ACTIONS = ("stop", "raise", "warn")
+# tf_keras in tf.compat.v1 graph mode logs the batch index and size too.
+_BOOKKEEPING_LOGS = frozenset({"batch", "size"})
 
 if _versions.uses_legacy_keras():
     import tf_keras
@@ -164,19 +166,10 @@ class DeterminismCallback(_Callback):
         self._variables = list(self.model.weights)
         self._names = _variable_names(self._variables)
         profile = _enable.observed_profile()
-        self._writer = None
-        if self.trace is not None:
-            header = _trace.make_header(
-                profile,
-                _environment.fingerprint(),
-                self._names,
-                every=self.every,
-                variables_every=self.variables_every,
-            )
-            self._writer = _trace.TraceWriter(self.trace, header)
         self._expected: dict[int, dict[str, Any]] = {}
         self._reference_names: list[str] | None = None
         if self.reference is not None:
+            # Read before the trace is opened: it may be the same file.
             reference = _trace.load(self.reference)
             self._expected = reference.by_step()
             self._reference_names = reference.variables
@@ -195,6 +188,17 @@ class DeterminismCallback(_Callback):
                 )
                 _LOG.warning("tfdet: %s", error)
                 warnings.warn(str(error), stacklevel=2)
+
+        self._writer = None
+        if self.trace is not None:
+            header = _trace.make_header(
+                profile,
+                _environment.fingerprint(),
+                self._names,
+                every=self.every,
+                variables_every=self.variables_every,
+            )
+            self._writer = _trace.TraceWriter(self.trace, header)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
@@ -240,7 +244,11 @@ class DeterminismCallback(_Callback):
             self._writer = None
 
     def _record(self, step: int, batch: int, logs: dict[str, Any]) -> dict[str, Any]:
-        values = {name: _logged_bits(value) for name, value in sorted(logs.items())}
+        values = {
+            name: _logged_bits(value)
+            for name, value in sorted(logs.items())
+            if name not in _BOOKKEEPING_LOGS
+        }
         checksums = _weight_checksums(self._variables)
         record: dict[str, Any] = {
             "epoch": self._epoch,

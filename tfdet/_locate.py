@@ -12,6 +12,11 @@ backward, layers in reverse call order, each with its variables' gradients
 and the gradient it passes to its input, then the optimizer's update. The
 first difference on that walk names the layer where the bits part; the
 layers before it on the walk agree bit for bit.
+
+The step is tfdet's own `tf.GradientTape` replica of Keras's train step
+(`compute_loss`, gradients, `optimizer.apply_gradients`), so that layer
+outputs can be watched; metrics are not computed. Graph-mode
+(`tf.compat.v1`) targets are refused: use `tfdet check` for them.
 """
 
 from __future__ import annotations
@@ -22,8 +27,8 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from tfdet import _check, _perturb, _runs, _target
-from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError
+from tfdet import _check, _locate_worker, _perturb, _runs, _target
+from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError, TargetError
 
 DEFAULT_STEPS = 3
 WORKER_MODULE = "tfdet._locate_worker"
@@ -248,6 +253,11 @@ def locate(
     failed = [outcome for outcome in outcomes if not outcome.ok]
     if failed:
         outcome = failed[0]
+        for line in outcome.stderr_tail.splitlines():
+            if line.startswith(_locate_worker.TARGET_ERROR_PREFIX):
+                raise TargetError(
+                    line[len(_locate_worker.TARGET_ERROR_PREFIX) :].strip()
+                )
         state = "timed out" if outcome.timed_out else f"exited {outcome.returncode}"
         raise RunFailedError(
             f"locate run {outcome.setup.index} {state}; stderr tail:\n{outcome.stderr_tail}"

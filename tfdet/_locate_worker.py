@@ -173,6 +173,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     """
     import tfdet
     from tfdet import _bits, _enable, _environment, _target, _versions
+    from tfdet._errors import TargetError
 
     started = time.perf_counter()
     seed = spec["seed"]
@@ -183,6 +184,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     import tensorflow as tf
 
     built = _target.build(spec["target"], seed=seed)
+    if not tf.executing_eagerly():
+        raise TargetError(
+            f"Expected TARGET {spec['target']!r} to train eagerly (TensorFlow 2 "
+            "behaviour). Received: a model built after `disable_eager_execution()`; "
+            "`tfdet locate` records layers in a `tf.function` step. Use `tfdet "
+            "check` for tf.compat.v1 graph-mode targets."
+        )
     model = built.model
     first_x, first_y = built.batch(0)
     _build_model(model, first_x)
@@ -265,8 +273,18 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+TARGET_ERROR_PREFIX = "tfdet-target-error:"
+
+
 def main(argv: list[str]) -> int:
-    run(json.loads(argv[1]))
+    from tfdet._errors import EXIT_USAGE, TargetError
+
+    try:
+        run(json.loads(argv[1]))
+    except TargetError as error:
+        # Bad input, not a crash: the parent reports it as exit 2.
+        print(f"{TARGET_ERROR_PREFIX} {error}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
     return 0
 
 
