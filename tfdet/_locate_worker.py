@@ -18,29 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-PROGRESS_PREFIX = "tfdet-progress"
-
 # Plumbing ops that every layer has and that explain nothing about its numerics.
 _PLUMBING_OPS = frozenset(
     {"Placeholder", "Const", "NoOp", "Identity", "IdentityN", "ReadVariableOp"}
 )
-
-
-def _seed_without_tfdet(seed: int, legacy: bool) -> None:
-    """What a careful user does without tfdet: Keras's own seeding only."""
-    import keras
-
-    keras.utils.set_random_seed(seed)
-    if legacy:
-        import tf_keras
-
-        tf_keras.utils.set_random_seed(seed)
 
 
 def _sublayers(model: Any) -> list[Any]:
@@ -171,19 +157,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     Returns:
         The result dict (also written to `spec["result"]`).
     """
-    import tfdet
-    from tfdet import _bits, _enable, _environment, _target, _versions
+    from tfdet import _bits, _worker
     from tfdet._errors import TargetError
 
     started = time.perf_counter()
-    seed = spec["seed"]
-    if spec["enable"]:
-        tfdet.enable(seed, threads=spec["threads"], cpu_isa=spec.get("cpu_isa", "AVX2"))
-    else:
-        _seed_without_tfdet(seed, _versions.uses_legacy_keras())
+    built = _worker.start(spec)
     import tensorflow as tf
 
-    built = _target.build(spec["target"], seed=seed)
     if not tf.executing_eagerly():
         raise TargetError(
             f"Expected TARGET {spec['target']!r} to train eagerly (TensorFlow 2 "
@@ -233,7 +213,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 "weights": _hex(_bits.device_checksums(variables)),
             }
         )
-        print(f"{PROGRESS_PREFIX} {step + 1} {spec['steps']}", flush=True)
+        _worker.report_progress(step + 1, spec["steps"])
 
     graph = train_step.get_concrete_function(first_x, first_y).graph
     layers = []
@@ -252,24 +232,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         )
         position += call["outputs"]
     result = {
-        "profile": _enable.observed_profile(seed).to_dict(),
-        "environment": {
-            "affinity": _environment.affinity(),
-            "env": {
-                name: os.environ.get(name)
-                for name in _environment.DETERMINISM_VARIABLES
-            },
-        },
+        **_worker.run_facts(spec["seed"]),
         "layers": layers,
         "variables": _variable_names(variables),
         "variable_layers": [_owner(v, recorder.calls) for v in variables],
         "steps": steps,
         "seconds": time.perf_counter() - started,
     }
-    partial = spec["result"] + ".tmp"
-    with open(partial, "w", encoding="utf-8") as out:
-        json.dump(result, out)
-    os.replace(partial, spec["result"])
+    _worker.write_result(spec["result"], result)
     return result
 
 

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdet._perturb import RunSetup
+from tfdet._worker import PROGRESS_PREFIX
 
 STDERR_TAIL_LINES = 25
-PROGRESS_PREFIX = "tfdet-progress"
 
 
 @dataclasses.dataclass

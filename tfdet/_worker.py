@@ -61,6 +61,54 @@ def _weight_checksums(model: Any) -> list[str]:
     return [_bits.array_digest(np.asarray(w))[:16] for w in model.get_weights()]
 
 
+def report_progress(done: int, total: int) -> None:
+    """Tells the parent (`tfdet._runs`) how far this run is."""
+    print(f"{PROGRESS_PREFIX} {done} {total}", flush=True)
+
+
+def start(spec: dict[str, Any]) -> Any:
+    """Seeds (with or without tfdet, as the spec says) and builds the TARGET.
+
+    Shared by every worker, so that `check` and `locate` runs start the same way.
+
+    Returns:
+        The `tfdet._target.Built` target.
+    """
+    import tfdet
+    from tfdet import _target, _versions
+
+    seed = spec["seed"]
+    if spec["enable"]:
+        tfdet.enable(seed, threads=spec["threads"], cpu_isa=spec.get("cpu_isa", "AVX2"))
+    else:
+        _seed_without_tfdet(seed, _versions.uses_legacy_keras())
+    return _target.build(spec["target"], seed=seed)
+
+
+def run_facts(seed: int) -> dict[str, Any]:
+    """The profile and environment facts every worker result carries."""
+    from tfdet import _enable, _environment
+
+    return {
+        "profile": _enable.observed_profile(seed).to_dict(),
+        "environment": {
+            "affinity": _environment.affinity(),
+            "env": {
+                name: os.environ.get(name)
+                for name in _environment.DETERMINISM_VARIABLES
+            },
+        },
+    }
+
+
+def write_result(path: str, result: dict[str, Any]) -> None:
+    """Writes `result` atomically: a crashed run leaves no result file."""
+    partial = path + ".tmp"
+    with open(partial, "w", encoding="utf-8") as out:
+        json.dump(result, out)
+    os.replace(partial, path)
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Trains `spec["target"]` for `spec["steps"]` steps and records the bits.
 
@@ -72,16 +120,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     """
     import numpy as np
 
-    import tfdet
-    from tfdet import _bits, _enable, _environment, _target, _versions
+    from tfdet import _bits
 
     started = time.perf_counter()
-    seed = spec["seed"]
-    if spec["enable"]:
-        tfdet.enable(seed, threads=spec["threads"], cpu_isa=spec.get("cpu_isa", "AVX2"))
-    else:
-        _seed_without_tfdet(seed, _versions.uses_legacy_keras())
-    built = _target.build(spec["target"], seed=seed)
+    built = start(spec)
     model = built.model
     steps = []
     for step in range(spec["steps"]):
@@ -96,20 +138,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 "weights": _weight_checksums(model),
             }
         )
-        print(f"{PROGRESS_PREFIX} {step + 1} {spec['steps']}", flush=True)
+        report_progress(step + 1, spec["steps"])
     final = model.get_weights()
     names = _variable_names(model)
     weights_path = spec["result"] + ".npz"
     np.savez(weights_path, *final)
     result = {
-        "profile": _enable.observed_profile(seed).to_dict(),
-        "environment": {
-            "affinity": _environment.affinity(),
-            "env": {
-                name: os.environ.get(name)
-                for name in _environment.DETERMINISM_VARIABLES
-            },
-        },
+        **run_facts(spec["seed"]),
         "variables": names,
         "steps": steps,
         "final_weights": {
@@ -120,10 +155,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "synthesized_data": built.synthesized,
         "seconds": time.perf_counter() - started,
     }
-    partial = spec["result"] + ".tmp"
-    with open(partial, "w", encoding="utf-8") as out:
-        json.dump(result, out)
-    os.replace(partial, spec["result"])
+    write_result(spec["result"], result)
     return result
 
 
