@@ -2,7 +2,7 @@
 
 Usage:
     python benchmarks/cost_of_determinism.py [--rounds 2] [--blocks 6]
-        [--steps 8] [--batch-size 64] [--json FILE]
+        [--steps 8] [--batch-size 64] [--explain] [--json FILE]
 
 Three configurations train `builtin:cnn` (the keras-team/keras#12724 CNN:
 convolutions, max-pooling, Dropout, Dense 512, RMSprop) with `train_on_batch`
@@ -11,7 +11,10 @@ on batches of 64 (as in FACTS.md's timings):
 - plain TensorFlow defaults (seeds only: thread pools follow the cores,
   oneDNN uncapped, op determinism off);
 - `tfdet.enable(threads=1)`, the portable default;
-- `tfdet.enable(threads=N)`, N = the cores this process may use.
+- `tfdet.enable(threads=N)`, N = the cores this process may use;
+- with `--explain`, also op determinism alone and `enable(threads=N,
+  cpu_isa=None)`, which split the cost between op determinism, threads and
+  the AVX2 cap.
 
 Each configuration runs in its own fresh process. The three processes start
 together, warm up (tracing, first oneDNN primitives; not timed), then take
@@ -43,13 +46,18 @@ from tfdet._environment import DETERMINISM_VARIABLES  # noqa: E402
 _CHILD = """
 import json, sys, time, warnings
 warnings.simplefilter("ignore")
-threads, warmup, batch_size = {threads!r}, {warmup!r}, {batch_size!r}
-if threads is None:
+enable, warmup, batch_size = {enable!r}, {warmup!r}, {batch_size!r}
+if enable is None:
     import keras
     keras.utils.set_random_seed(0)
+elif enable == "op_determinism_only":
+    import keras
+    import tensorflow as tf
+    keras.utils.set_random_seed(0)
+    tf.config.experimental.enable_op_determinism()
 else:
     import tfdet
-    tfdet.enable(threads=threads)
+    tfdet.enable(**enable)
 import numpy as np
 from tfdet import _target
 
@@ -95,8 +103,8 @@ def _environment() -> dict[str, str]:
 class _Worker:
     """One configuration in its own fresh process, stepping on request."""
 
-    def __init__(self, threads: int | None, warmup: int, batch_size: int) -> None:
-        code = _CHILD.format(threads=threads, warmup=warmup, batch_size=batch_size)
+    def __init__(self, enable: dict | str | None, warmup: int, batch_size: int) -> None:
+        code = _CHILD.format(enable=enable, warmup=warmup, batch_size=batch_size)
         self._process = subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(code)],
             env=_environment(),
@@ -134,14 +142,35 @@ class _Worker:
                 self._process.kill()
 
 
-def measure(rounds: int, blocks: int, steps: int, warmup: int, batch_size: int) -> dict:
+def configurations(cores: int, explain: bool) -> dict[str, dict | str | None]:
+    """Name -> what the child does: None (seeds only) or `enable()` kwargs."""
+    configs: dict[str, dict | str | None] = {
+        "plain TensorFlow defaults": None,
+        "enable(threads=1)": {"threads": 1},
+        f"enable(threads={cores})": {"threads": cores},
+    }
+    if explain:
+        # Split the cost: op determinism alone, and the AVX2 cap (default) vs
+        # an uncapped oneDNN at the same thread count.
+        configs["op determinism only"] = "op_determinism_only"
+        configs[f"enable(threads={cores}, cpu_isa=None)"] = {
+            "threads": cores,
+            "cpu_isa": None,
+        }
+    return configs
+
+
+def measure(
+    rounds: int,
+    blocks: int,
+    steps: int,
+    warmup: int,
+    batch_size: int,
+    explain: bool = False,
+) -> dict:
     """Runs every configuration, interleaved block by block; returns the figures."""
     cores = _cores()
-    configs: dict[str, int | None] = {
-        "plain TensorFlow defaults": None,
-        "enable(threads=1)": 1,
-        f"enable(threads={cores})": cores,
-    }
+    configs = configurations(cores, explain)
     names = list(configs)
     per_block: list[dict[str, float]] = []
     for round_ in range(rounds):
@@ -202,11 +231,11 @@ def format_table(figures: dict) -> str:
         f"{figures['steps_per_block']} steps in {figures['rounds']} rounds of fresh "
         f"processes, after {figures['warmup_steps']} warm-up steps",
         "",
-        f"{'configuration':<28}{'ms/step':>9}{'ratio':>8}  middle half of block ratios",
+        f"{'configuration':<36}{'ms/step':>9}{'ratio':>8}  middle half of block ratios",
     ]
     for name, row in figures["table"].items():
         lines.append(
-            f"{name:<28}{row['ms_per_step']:>9.1f}{row['ratio']:>8.2f}  "
+            f"{name:<36}{row['ms_per_step']:>9.1f}{row['ratio']:>8.2f}  "
             f"{row['ratio_q1']:.2f}-{row['ratio_q3']:.2f}"
         )
     return "\n".join(lines)
@@ -226,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--batch-size", type=int, default=64, help="Samples per step.")
     parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="Also time op determinism alone and enable() without the AVX2 cap.",
+    )
+    parser.add_argument(
         "--json", metavar="FILE", help="Also write the figures as JSON."
     )
     args = parser.parse_args(argv)
@@ -235,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         parser.error("rounds, blocks, steps and batch size must be >= 1, warm-up >= 0")
     figures = measure(
-        args.rounds, args.blocks, args.steps, args.warmup, args.batch_size
+        args.rounds, args.blocks, args.steps, args.warmup, args.batch_size, args.explain
     )
     print()
     print(format_table(figures))

@@ -7,6 +7,10 @@ processes (`python -m tfdet run ...`).
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -14,7 +18,8 @@ import pytest
 
 from tests.conftest import clean_env, last_json_line, run_tfdet
 from tfdet import _isa
-from tfdet._cli import main
+from tfdet._cli import build_parser, main
+from tfdet._cli.run import _split_command
 from tfdet._errors import EXIT_USAGE
 
 # A user script that reports what it sees, calls tfdet.enable() itself with
@@ -50,7 +55,8 @@ sys.exit(int(os.environ.get("EXIT_WITH", "0")))
 
 @pytest.fixture
 def script(tmp_path: Path) -> Path:
-    path = tmp_path / "scripts" / "train.py"
+    # Named like an interpreter on purpose: `python_train.py` is a script.
+    path = tmp_path / "scripts" / "python_train.py"
     path.parent.mkdir()
     path.write_text(textwrap.dedent(_SCRIPT))
     return path
@@ -193,3 +199,68 @@ def test_lower_preset_isa_cap_survives_tfdet_run(script: Path, tmp_path: Path) -
     seen = last_json_line(result.stdout)
     assert seen["env"]["ONEDNN_MAX_CPU_ISA"] == seen["profile"]["cpu_isa"] == "SSE41"
     assert "keeping SSE41" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["a.py", "x"], ("script", "a.py", ["x"])),
+        (["--", "a.py", "-m", "x"], ("script", "a.py", ["-m", "x"])),
+        (["--", "python", "a.py", "x"], ("script", "a.py", ["x"])),
+        (["--", "/usr/bin/python3.11", "a.py"], ("script", "a.py", [])),
+        (
+            ["--", "python3", "-m", "pkg.mod", "--help"],
+            ("module", "pkg.mod", ["--help"]),
+        ),
+        (["python_tool.py", "x"], ("script", "python_tool.py", ["x"])),
+        (["-m", "pkg", "--seed", "1"], ("module", "pkg", ["--seed", "1"])),
+    ],
+)
+def test_command_forms(argv: list[str], expected: tuple) -> None:
+    args = build_parser().parse_args(["run", *argv])
+    assert _split_command(args) == expected
+
+
+def test_module_in_the_working_directory_is_found_and_none_lifts_the_isa_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # The `tfdet` console script does not put the working directory on
+    # sys.path, but the module will run as `python -m`, which does.
+    (tmp_path / "tfdet_cwd_module.py").write_text(
+        "import json, sys, tfdet\n"
+        "print(json.dumps({'cpu_isa': tfdet.profile().cpu_isa}))\n"
+        "sys.exit(3)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    argv = ["tfdet", "run", "--cpu-isa", "none", "-m", "tfdet_cwd_module"]
+    assert main(argv) == 3
+    expected = "ALL" if _isa.applies() else _isa.NOT_APPLICABLE
+    assert last_json_line(capfd.readouterr().out) == {"cpu_isa": expected}
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="needs POSIX process groups")
+def test_ctrl_c_is_the_scripts_to_handle_and_its_status_passes_through(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(120)\n")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tfdet", "run", str(script)],
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # Its own process group, like a terminal's job.
+    )
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        os.killpg(process.pid, signal.SIGINT)  # What Ctrl-C in a terminal does.
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    # The script died of SIGINT (128 + 2, as a shell reports it), with its own
+    # KeyboardInterrupt traceback only: tfdet's process just waited.
+    assert process.returncode == 128 + signal.SIGINT
+    assert err.count("Traceback") == 1 and "sleeper.py" in err

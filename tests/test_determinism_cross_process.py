@@ -9,8 +9,14 @@ perturbations must change the bits: that is what shows these tests can fail.
 Where a perturbation does not change the bits on this machine, the unpinned
 half is skipped with the reason, never passed.
 
-Every run is started once per module, two at a time (these machines have 2
-cores), and shared by the tests that compare it.
+On CPUs above AVX2 the default AVX2 cap alone can make 1 and 2 cores agree
+(measured on a 2-core Xeon with AVX-512: under the cap, TensorFlow's default
+thread pools on 1 and 2 cores give the same CNN bits), so thread pinning is
+also checked with oneDNN uncapped.
+
+Every run is started when the module's first test asks, two at a time (these
+machines have 2 cores; bits do not depend on load), and shared by the tests
+that compare it. Selecting one test still starts them all.
 """
 
 from __future__ import annotations
@@ -24,20 +30,21 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import clean_env, last_json_line, run_python
+from tests.conftest import REPO, clean_env, last_json_line, run_python
 from tfdet import _isa
 
 STEPS = 3
 HASH_SEED = "12345"
+EXAMPLE = REPO / "examples" / "train_reproducibly.py"
 
-# Trains TARGET for STEPS steps in a fresh process; MODE "enable" calls
-# tfdet.enable() first, "seeds" only keras.utils.set_random_seed(0).
+# Trains TARGET for STEPS steps in a fresh process; mode "enable" calls
+# tfdet.enable(**kwargs) first, "seeds" only keras.utils.set_random_seed(0).
 _TRAIN = """
 import json, os, sys
-mode, target, steps = {mode!r}, {target!r}, {steps!r}
+mode, target, steps, kwargs = {mode!r}, {target!r}, {steps!r}, {kwargs!r}
 if mode == "enable":
     import tfdet
-    profile = tfdet.enable().to_dict()
+    profile = tfdet.enable(**kwargs).to_dict()
 else:
     import keras
     keras.utils.set_random_seed(0)
@@ -69,12 +76,21 @@ print(json.dumps({{
 class Config:
     """One fresh training run: what it trains and how it is perturbed."""
 
-    mode: str  # "enable" or "seeds"
+    mode: str  # "enable", "seeds" or "example" (runs examples/train_reproducibly.py)
     target: str = "builtin:cnn"
     one_cpu: bool = False  # Affinity to 1 CPU instead of 2.
     isa_cap: str | None = None  # ONEDNN_MAX_CPU_ISA set before start.
     hash_seed: str | None = None  # PYTHONHASHSEED at start (None: random).
     repeat: int = 0  # Distinguishes an identical run used as a control.
+    threads: int = 1  # enable(threads=...).
+    uncapped: bool = False  # enable(cpu_isa=None): oneDNN keeps its best ISA.
+
+    @property
+    def enable_kwargs(self) -> dict:
+        kwargs: dict = {"threads": self.threads} if self.threads != 1 else {}
+        if self.uncapped:
+            kwargs["cpu_isa"] = None
+        return kwargs
 
     @property
     def legacy_keras(self) -> bool:
@@ -96,7 +112,29 @@ def _configs(has_two_cpus: bool, has_tf_keras: bool) -> list[Config]:
     # Control: seeds alone, same settings, another process. Shows that the
     # differences found without tfdet come from the perturbations.
     configs.append(Config("seeds", repeat=1))
+    # Thread pinning on its own, with oneDNN uncapped: on CPUs above AVX2 the
+    # AVX2 cap alone can already make 1 and 2 cores agree, hiding whether
+    # pinning the pools works.
+    if has_two_cpus:
+        configs.append(Config("enable", uncapped=True))
+        configs.append(Config("enable", uncapped=True, one_cpu=True))
+    configs.append(Config("enable", uncapped=True, threads=2))
+    # The copyable example, as a user runs it.
+    if has_two_cpus:
+        configs.append(Config("example"))
+        configs.append(Config("example", one_cpu=True))
     return configs
+
+
+def _example_result(stdout: str) -> list[str]:
+    """The example's final-loss and weights lines (the bits it promises)."""
+    lines = [
+        line
+        for line in stdout.splitlines()
+        if line.startswith(("final loss:", "weights sha256:"))
+    ]
+    assert len(lines) == 2, f"unexpected example output:\n{stdout}"
+    return lines
 
 
 class Runs:
@@ -115,13 +153,25 @@ class Runs:
             PYTHONHASHSEED=config.hash_seed,
             TF_USE_LEGACY_KERAS="1" if config.legacy_keras else None,
         )
-        code = _TRAIN.format(mode=config.mode, target=config.target, steps=STEPS)
+        if config.mode == "example":
+            code = (
+                f"import runpy; runpy.run_path({str(EXAMPLE)!r}, run_name='__main__')"
+            )
+        else:
+            code = _TRAIN.format(
+                mode=config.mode,
+                target=config.target,
+                steps=STEPS,
+                kwargs=config.enable_kwargs,
+            )
         cpus = self._cpus[:1] if config.one_cpu else self._cpus[:2]
         result = run_python(code, env=env, cpus=cpus or None, timeout=240)
         if result.returncode != 0:
             raise AssertionError(
                 f"run {config} failed (exit {result.returncode}):\n{result.stderr[-3000:]}"
             )
+        if config.mode == "example":
+            return {"output": _example_result(result.stdout)}
         return last_json_line(result.stdout)
 
     def get(self, config: Config) -> dict:
@@ -166,7 +216,7 @@ def _assert_differs_or_skip(base: dict, other: dict, what: str) -> None:
         )
 
 
-def _require_two_cpus(runs: Runs) -> None:
+def _require_two_cpus() -> None:
     try:
         if len(os.sched_getaffinity(0)) < 2:
             pytest.skip("the affinity perturbation needs at least 2 CPUs")
@@ -199,7 +249,7 @@ def test_enabled_weights_identical_on_one_and_two_cores(
 ) -> None:
     if "tf_keras" in target:
         _require_tf_keras()
-    _require_two_cpus(runs)
+    _require_two_cpus()
     two = runs.get(Config("enable", target))
     one = runs.get(Config("enable", target, one_cpu=True))
     assert (len(one["affinity"]), len(two["affinity"])) == (1, 2)
@@ -214,7 +264,7 @@ def test_seeded_only_weights_differ_on_one_and_two_cores(
 ) -> None:
     if "tf_keras" in target:
         _require_tf_keras()
-    _require_two_cpus(runs)
+    _require_two_cpus()
     two = runs.get(Config("seeds", target))
     one = runs.get(Config("seeds", target, one_cpu=True))
     assert (len(one["affinity"]), len(two["affinity"])) == (1, 2)
@@ -285,3 +335,31 @@ def test_seeded_only_weights_identical_without_perturbation(runs: Runs) -> None:
     first = runs.get(Config("seeds"))
     second = runs.get(Config("seeds", repeat=1))
     _assert_identical(first, second, "seeds only, same settings")
+
+
+@pytest.mark.slow
+def test_pinned_threads_alone_make_one_and_two_cores_agree(runs: Runs) -> None:
+    _require_two_cpus()
+    two = runs.get(Config("enable", uncapped=True))
+    one = runs.get(Config("enable", uncapped=True, one_cpu=True))
+    assert two["isa_cap"] is None and one["isa_cap"] is None
+    _assert_identical(two, one, "enable(cpu_isa=None), 1 core vs 2 cores")
+
+
+@pytest.mark.slow
+def test_thread_pool_size_decides_the_bits(runs: Runs) -> None:
+    # Why `threads` is part of the profile: a different pool size is a
+    # different experiment, even on the same machine.
+    one_thread = runs.get(Config("enable", uncapped=True))
+    two_threads = runs.get(Config("enable", uncapped=True, threads=2))
+    assert two_threads["intra_op_threads"] == 2
+    if one_thread["digest"] == two_threads["digest"]:
+        pytest.skip("threads=1 and threads=2 gave the same bits on this machine")
+
+
+@pytest.mark.slow
+def test_example_prints_the_same_bits_on_one_and_two_cores(runs: Runs) -> None:
+    _require_two_cpus()
+    two = runs.get(Config("example"))["output"]
+    one = runs.get(Config("example", one_cpu=True))["output"]
+    assert one == two

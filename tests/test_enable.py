@@ -14,7 +14,7 @@ import pytest
 
 import tfdet
 from tests.conftest import clean_env, last_json_line, run_python
-from tfdet import _isa
+from tfdet import _isa, _versions
 
 # Collects warnings and results of enable() calls in a child; prints one JSON
 # line. Prepended to each child script.
@@ -64,13 +64,14 @@ def _matching(warnings: list[str], text: str) -> list[str]:
 @pytest.fixture
 def untouched_environment():
     """Fails the test if `enable()` changed the environment or activated."""
+
     def snapshot() -> dict[str, str]:
         return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
 
-    before = snapshot()
+    before, was_enabled = snapshot(), tfdet.is_enabled()
     yield
     assert snapshot() == before
-    assert not tfdet.is_enabled()
+    assert tfdet.is_enabled() == was_enabled
 
 
 @pytest.mark.parametrize(
@@ -118,6 +119,16 @@ def test_isa_the_cpu_lacks_is_a_value_error_naming_the_best_level(
     monkeypatch.setattr(_isa, "cpu_flags", lambda: frozenset({"sse4_1", "avx", "avx2"}))
     with pytest.raises(ValueError, match=r"up to AVX2.*cpu_isa='AVX512_CORE'"):
         tfdet.enable(cpu_isa="AVX512_CORE")
+
+
+@pytest.mark.parametrize(
+    "patches", [["no_such_patch"], "bincount"], ids=["unknown", "str"]
+)
+def test_bad_patches_is_a_value_error_listing_known_ones(
+    patches, untouched_environment
+) -> None:
+    with pytest.raises(ValueError, match=r"Expected `patches`.*bincount"):
+        tfdet.enable(patches=patches)
 
 
 def test_bad_onednn_is_a_value_error(untouched_environment) -> None:
@@ -302,3 +313,26 @@ out["repeat_is_same"] = tfdet.enable(strict=False) is profile and tfdet.enable()
     assert "strict=False" in threads_warning
     (hash_warning,) = _matching(out["warnings"], "PYTHONHASHSEED")
     assert "'7'" in hash_warning and "tfdet run" in hash_warning
+
+
+@pytest.mark.parametrize(
+    ("value", "flavor"),
+    [
+        ("1", "tf_keras"),
+        ("true", "tf_keras"),
+        ("True", "tf_keras"),
+        ("TRUE", "keras3"),
+        ("yes", "keras3"),
+        ("0", "keras3"),
+        (None, "keras3"),
+    ],
+)
+def test_keras_flavor_follows_tensorflows_reading_of_tf_use_legacy_keras(
+    value: str | None, flavor: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The profile must name the Keras that TensorFlow will actually use.
+    if value is None:
+        monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
+    else:
+        monkeypatch.setenv("TF_USE_LEGACY_KERAS", value)
+    assert _versions.keras_flavor() == flavor

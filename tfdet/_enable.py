@@ -153,11 +153,12 @@ def _runtime_started() -> bool:
     return context.context()._initialized  # pylint: disable=protected-access
 
 
-def _refuse(strict: bool, setting: str, detail: str) -> None:
+def _refuse(strict: bool, setting: str, detail: str, stacklevel: int = 4) -> None:
+    # stacklevel 4: _refuse <- helper <- enable() <- the caller, blamed.
     error = TooLateError(setting, detail)
     if strict:
         raise error
-    warnings.warn(f"{error} (strict=False: continuing.)", stacklevel=4)
+    warnings.warn(f"{error} (strict=False: continuing.)", stacklevel=stacklevel)
 
 
 def _resolve_isa(requested: str | None, strict: bool, started: bool) -> str:
@@ -275,12 +276,16 @@ def enable(
     1
 
     Args:
-        seed: Seed for every generator, in [0, 2**32 - 1].
+        seed: Seed for every generator, in [0, 2**32 - 1]; any integer type
+            (e.g. `numpy.int64`) is accepted, bool is not.
         threads: Size of TensorFlow's intra- and inter-op thread pools. 1 (the
             default) is portable to any machine; any fixed N gives the same
             bits on machines with any core count and is faster on N cores.
         cpu_isa: Cap on oneDNN's instruction set on x86-64 (e.g. "AVX2",
-            "AVX512_CORE"; None leaves it uncapped). Ignored elsewhere.
+            "AVX512_CORE"; None leaves it uncapped). Ignored elsewhere. The
+            AVX2 default costs speed on CPUs with AVX-512 (measured ~1.4x per
+            step on a 2-core Xeon; see benchmarks/cost_of_determinism.py
+            --explain): pass a higher level when every machine has it.
         onednn: Require oneDNN custom ops on (True) or off (False); None keeps
             TensorFlow's default. Only possible before `import tensorflow`.
         patches: "auto" (the patches these versions need), None (none), or a
@@ -288,6 +293,8 @@ def enable(
         strict: When False, settings that cannot be pinned any more are
             warnings instead of `TooLateError`, and the profile records what
             is actually in force, so `tfdet diff` still shows the difference.
+            It is not part of the profile: a repeat call that differs only in
+            `strict` is the same no-op as any other repeat call.
 
     Returns:
         The active `tfdet.Profile`.
@@ -341,6 +348,7 @@ def enable(
                     "onednn",
                     "TF_ENABLE_ONEDNN_OPTS is read at `import tensorflow`, which "
                     "already ran.",
+                    stacklevel=3,  # Called from enable() itself.
                 )
         else:
             os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if onednn else "0"
@@ -393,9 +401,12 @@ def enable(
 
 
 def _normalize_patch_request(patches: Any) -> Any:
-    if patches is None or patches is False or isinstance(patches, str):
+    if patches is None or patches is False or patches == "auto" or patches is True:
         return patches
-    return tuple(sorted(patches))
+    # Named patches (or a bad string) are checked now, before enable() changes
+    # anything: an unknown name is a ValueError with the known ones.
+    _patching.resolve(patches)
+    return tuple(sorted(set(patches)))
 
 
 def profile() -> Profile | None:

@@ -48,11 +48,9 @@ def tensorflow_distribution() -> tuple[str, str] | None:
 
 def uses_legacy_keras() -> bool:
     """Whether `tf.keras` resolves to tf_keras (Keras 2) in this process."""
-    return os.environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in (
-        "1",
-        "true",
-        "yes",
-    )
+    # Exactly TensorFlow's own test (tensorflow/__init__.py, lazy_loader.py):
+    # "yes" or "TRUE" leave TensorFlow on Keras 3, so they must here too.
+    return os.environ.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1")
 
 
 def keras_flavor() -> str:

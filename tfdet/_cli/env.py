@@ -31,7 +31,9 @@ def format_fingerprint(facts: dict) -> str:
                 for name, val in value.items()
             )
         elif key == "profile":
-            lines.append(f"profile: {'(tfdet not enabled)' if value is None else ''}")
+            lines.append(
+                "profile: (tfdet not enabled)" if value is None else "profile:"
+            )
             if value:
                 lines.extend(f"  {name}: {val}" for name, val in value.items())
         elif isinstance(value, list):

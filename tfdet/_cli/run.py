@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import importlib.util
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import threading
 
 from absl import app
 
@@ -32,8 +36,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--cpu-isa",
         default="AVX2",
-        help=f"oneDNN ISA cap on x86-64, one of {', '.join(_isa.NAMES)} "
-        "(default AVX2).",
+        help=f"oneDNN ISA cap on x86-64, one of {', '.join(_isa.NAMES)}, or "
+        "none for no cap (default AVX2).",
     )
     onednn = parser.add_mutually_exclusive_group()
     onednn.add_argument(
@@ -61,6 +65,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=execute)
 
 
+# `python`, `python3`, `python3.11`, `python.exe`; not `python_utils.py`.
+_INTERPRETER = re.compile(r"python(\d+(\.\d+)?)?(\.exe)?", re.IGNORECASE)
+
+
+def _is_interpreter(word: str) -> bool:
+    return bool(_INTERPRETER.fullmatch(os.path.basename(word)))
+
+
 def _split_command(args: argparse.Namespace) -> tuple[str, str, list[str]]:
     """Returns (kind, target, arguments) from the flags and the remainder."""
     if args.module is not None:
@@ -72,9 +84,11 @@ def _split_command(args: argparse.Namespace) -> tuple[str, str, list[str]]:
     rest = list(args.command)
     if rest and rest[0] == "--":
         rest = rest[1:]
-    if rest and os.path.basename(rest[0]).startswith("python"):
+    if rest and _is_interpreter(rest[0]):
         rest = rest[1:]  # `tfdet run -- python train.py`: we pick the interpreter.
-        if rest[:1] == ["-m"] and len(rest) > 1:
+        if rest[:1] == ["-m"]:
+            if len(rest) < 2:
+                raise app.UsageError("Expected a module after -m: `python -m module`.")
             return "module", rest[1], rest[2:]
     if not rest:
         raise app.UsageError(
@@ -84,14 +98,47 @@ def _split_command(args: argparse.Namespace) -> tuple[str, str, list[str]]:
     return "script", rest[0], rest[1:]
 
 
+def _module_exists(name: str) -> bool:
+    """Whether `python -m name` would find the module's top-level package.
+
+    The child runs as `python -m`, which puts the working directory first on
+    sys.path; the `tfdet` console script does not, so look there too.
+    """
+    top = name.split(".")[0]
+    if importlib.machinery.PathFinder.find_spec(top, [os.getcwd()]) is not None:
+        return True
+    return importlib.util.find_spec(top) is not None
+
+
+def _run_child(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Runs the child; Ctrl-C is the child's to handle, not this process's.
+
+    The terminal sends SIGINT to both processes. The child's script decides
+    what it means (and its exit status is passed through); this process only
+    waits for it, instead of dying with a traceback of its own. A no-op
+    handler rather than SIG_IGN: ignored signals would stay ignored in the
+    child across exec, handlers are reset.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return subprocess.run(command, env=env, check=False)
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+    try:
+        return subprocess.run(command, env=env, check=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def execute(args: argparse.Namespace) -> int:
     kind, target, arguments = _split_command(args)
     if kind == "script" and not os.path.isfile(target):
         raise app.UsageError(f"Expected a Python script. No such file: {target!r}")
-    if kind == "module" and importlib.util.find_spec(target.split(".")[0]) is None:
+    if kind == "module" and not _module_exists(target):
         raise app.UsageError(f"Expected an importable module. Not found: {target!r}")
+    requested_isa = args.cpu_isa.strip()
     try:  # Validate here, so that bad flags fail before anything starts.
-        cpu_isa = _enable.check_isa_supported(args.cpu_isa or None)
+        cpu_isa = _enable.check_isa_supported(
+            None if requested_isa.lower() in ("", "none") else requested_isa
+        )
         _enable._check_int("seed", args.seed, 0, _enable.MAX_SEED)
         _enable._check_int("threads", args.threads, 1, None)
     except ValueError as error:
@@ -119,7 +166,7 @@ def execute(args: argparse.Namespace) -> int:
         kind,
         target,
     ]
-    completed = subprocess.run([*command, *arguments], env=env, check=False)
+    completed = _run_child([*command, *arguments], env)
     # A child killed by signal N reports -N; shells report 128 + N.
     return (
         completed.returncode
