@@ -425,6 +425,16 @@ def _op_determinism_enabled() -> bool:
     return bool(config.is_op_determinism_enabled())
 
 
+def _threads_in_force(configured: int, variable: str) -> int:
+    """The pool size: the API's setting, else the environment's (read by TF)."""
+    if configured:
+        return configured
+    try:
+        return max(0, int(os.environ.get(variable, "0")))
+    except ValueError:
+        return 0
+
+
 def observed_profile(seed: int | None = None) -> Profile:
     """Describes the settings in force now, without changing anything.
 
@@ -439,8 +449,12 @@ def observed_profile(seed: int | None = None) -> Profile:
     threading = tf.config.threading
     return Profile(
         seed=-1 if seed is None else seed,
-        intra_op_threads=threading.get_intra_op_parallelism_threads(),
-        inter_op_threads=threading.get_inter_op_parallelism_threads(),
+        intra_op_threads=_threads_in_force(
+            threading.get_intra_op_parallelism_threads(), "TF_NUM_INTRAOP_THREADS"
+        ),
+        inter_op_threads=_threads_in_force(
+            threading.get_inter_op_parallelism_threads(), "TF_NUM_INTEROP_THREADS"
+        ),
         onednn_opts=_onednn_in_force(),
         cpu_isa=(_isa.current_cap() or "ALL")
         if _isa.applies()
