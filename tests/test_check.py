@@ -45,6 +45,8 @@ def test_without_tfdet_the_same_check_diverges_and_names_the_cause(tmp_path):
     divergence = cpu["divergence"]
     assert divergence["step"] == 0
     assert divergence["quantity"].startswith(("loss", "metric:", "weights:"))
+    if "isa" in applied:  # The unpinned ISA shows in the profiles, reported first.
+        assert "cpu_isa" in divergence["profile_differences"]
     attribution = divergence["attribution"]
     assert attribution["alone"]["none (a re-run of the baseline)"] == "same bits"
     assert set(attribution["responsible"]) <= applied & {"affinity", "isa"}

@@ -23,6 +23,7 @@ from tfdet._errors import (
     EXIT_RUN_FAILED,
     DeviceUnavailableError,
 )
+from tfdet._profile import Profile
 
 DEFAULT_STEPS = 3
 DEFAULT_RUNS = 2
@@ -204,6 +205,13 @@ def _check_device(
             "runs": [baseline.setup.index, other.setup.index],
             **divergence.to_dict(),
             "description": _compare.describe(divergence),
+            # Reported first: a setting that differs usually explains the bits.
+            "profile_differences": {
+                name: list(values)
+                for name, values in Profile.from_dict(baseline.result["profile"])
+                .differences(Profile.from_dict(other.result["profile"]))
+                .items()
+            },
         }
         if options.attribute:
             if progress is not None:

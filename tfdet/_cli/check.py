@@ -110,6 +110,12 @@ def format_report(report: dict[str, Any]) -> str:
         divergence = result.get("divergence")
         if divergence:
             a, b = divergence["runs"]
+            for name, (left, right) in divergence.get(
+                "profile_differences", {}
+            ).items():
+                lines.append(
+                    f"  profile differs (run {a} vs run {b}): {name}: {left} vs {right}"
+                )
             lines.append(
                 f"  first divergence (run {a} vs run {b}): {divergence['description']}"
             )
