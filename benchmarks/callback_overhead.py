@@ -77,6 +77,25 @@ def _time_fit(model: Any, x: Any, y: Any, batch: int, callbacks: list[Any]) -> f
     return time.perf_counter() - started
 
 
+def _time_hook(callback: Any) -> list[float]:
+    """Accumulates the seconds spent inside the callback's batch-end hook.
+
+    Its own cost per step, immune to the swings of the fit step itself (on
+    these shared machines a plain fit jumps between two speeds from one call
+    to the next).
+    """
+    spent = [0.0]
+    hook = callback.on_train_batch_end
+
+    def timed(batch: int, logs: Any = None) -> None:
+        started = time.perf_counter()
+        hook(batch, logs)
+        spent[0] += time.perf_counter() - started
+
+    callback.on_train_batch_end = timed
+    return spent
+
+
 def measure(name: str, model: Any, steps: int, repeats: int, batch: int = 32) -> dict:
     """Median ms/step of `fit` without and with the callback, and the ratio."""
     import tfdet
@@ -88,17 +107,21 @@ def measure(name: str, model: Any, steps: int, repeats: int, batch: int = 32) ->
         # Warm-up: trace the train function and the checksum function once.
         _time_fit(model, x[: 2 * batch], y[: 2 * batch], batch, [callback])
         sync = _sync_only()
-        plain, synced, traced = [], [], []
+        spent = _time_hook(callback)
+        plain, synced, traced, hook = [], [], [], []
         for _ in range(repeats):
             plain.append(_time_fit(model, x, y, batch, []) / steps)
             synced.append(_time_fit(model, x, y, batch, [sync]) / steps)
+            spent[0] = 0.0
             traced.append(_time_fit(model, x, y, batch, [callback]) / steps)
+            hook.append(spent[0] / steps)
         with open(trace, encoding="utf-8") as written:
             lines = sum(1 for _ in written) - 1
     assert lines == steps, f"expected {steps} trace lines, found {lines}"
     without = statistics.median(plain) * 1e3
     with_cb = statistics.median(traced) * 1e3
     sync_only = statistics.median(synced) * 1e3
+    own = statistics.median(hook) * 1e3
     return {
         "model": name,
         "parameters": int(model.count_params()),
@@ -107,6 +130,9 @@ def measure(name: str, model: Any, steps: int, repeats: int, batch: int = 32) ->
         "ms_per_step_empty_hook": round(sync_only, 2),
         "ms_per_step_with": round(with_cb, 2),
         "ratio": round(with_cb / without, 3),
+        "callback_ms_per_step": round(own, 2),
+        # The callback's own time added to the plain step: the steadiest figure.
+        "ratio_own": round((without + own) / without, 3),
         # Best-of ratio: least disturbed by other processes on a shared machine.
         "ratio_best": round(min(traced) / min(plain), 3),
     }
@@ -134,13 +160,14 @@ def main() -> None:
     )
     print(
         f"{'model':<12} {'params':>10} {'without':>10} {'empty hook':>11} "
-        f"{'with tfdet':>11} {'ratio':>7} {'best-of':>8}"
+        f"{'with tfdet':>11} {'ratio':>7} {'best-of':>8} {'hook':>9} {'own ratio':>9}"
     )
     for row in rows:
         print(
             f"{row['model']:<12} {row['parameters']:>10,} {row['ms_per_step_without']:>8.2f}ms"
             f" {row['ms_per_step_empty_hook']:>9.2f}ms {row['ms_per_step_with']:>9.2f}ms"
             f" {row['ratio']:>7.3f} {row['ratio_best']:>8.3f}"
+            f" {row['callback_ms_per_step']:>7.2f}ms {row['ratio_own']:>9.3f}"
         )
     print(json.dumps({"threads": args.threads, "steps": args.steps, "rows": rows}))
 

@@ -39,15 +39,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    plain, check = [], []
+    plain, check, unperturbed = [], [], []
     for _ in range(args.rounds):
         plain.append(_timed([sys.executable, "-c", PLAIN]))
         check.append(_timed([sys.executable, "-m", "tfdet", "check"]))
-    p, c = statistics.median(plain), statistics.median(check)
+        unperturbed.append(
+            _timed([sys.executable, "-m", "tfdet", "check", "--perturb", "none"])
+        )
+    p, c, u = (statistics.median(t) for t in (plain, check, unperturbed))
     print(f"cores available: {len(os.sched_getaffinity(0))}, rounds: {args.rounds}")
-    print(f"one plain process (3 steps of builtin:cnn): median {p:.2f} s")
-    print(f"tfdet check (2 runs, all perturbations):   median {c:.2f} s")
-    print(f"ratio check / plain: {c / p:.2f}x")
+    print(f"one plain process (3 steps of builtin:cnn):  median {p:.2f} s")
+    print(f"tfdet check (2 runs, all perturbations):    median {c:.2f} s")
+    print(f"tfdet check --perturb none (2 runs):        median {u:.2f} s")
+    print(f"ratio check / plain: {c / p:.2f}x (--perturb none: {u / p:.2f}x)")
 
 
 if __name__ == "__main__":
