@@ -77,7 +77,8 @@ def preflight(target: str | None) -> _target.TargetSpec:
     return spec
 
 
-def _base_env(spec: _target.TargetSpec, device: str) -> dict[str, str]:
+def run_environment(spec: _target.TargetSpec, device: str) -> dict[str, str]:
+    """The environment the runs of TARGET on `device` start from."""
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if spec.legacy_keras:
@@ -86,6 +87,24 @@ def _base_env(spec: _target.TargetSpec, device: str) -> dict[str, str]:
         # Hide GPUs so that CPU runs are really on the CPU.
         env["CUDA_VISIBLE_DEVICES"] = "-1"
     return env
+
+
+def make_worker_spec(spec: _target.TargetSpec, options: Any) -> dict[str, Any]:
+    """The JSON spec a worker gets (see `tfdet._worker.start`).
+
+    Args:
+        spec: The parsed TARGET.
+        options: Anything with seed, steps, enable, threads and cpu_isa
+            (`CheckOptions`, `tfdet._locate.LocateOptions`).
+    """
+    return {
+        "target": spec.text,
+        "seed": options.seed,
+        "steps": options.steps,
+        "enable": options.enable,
+        "threads": options.threads,
+        "cpu_isa": options.cpu_isa,
+    }
 
 
 def _run_report(outcome: _runs.RunOutcome) -> dict[str, Any]:
@@ -161,15 +180,8 @@ def _check_device(
 ) -> dict[str, Any]:
     names = [name for name in options.perturb]
     setups = _perturb.plan(options.runs, names, options.cpu_isa)
-    env = _base_env(spec, device)
-    worker_spec = {
-        "target": spec.text,
-        "seed": options.seed,
-        "steps": options.steps,
-        "enable": options.enable,
-        "threads": options.threads,
-        "cpu_isa": options.cpu_isa,
-    }
+    env = run_environment(spec, device)
+    worker_spec = make_worker_spec(spec, options)
 
     def on_step(index: int, done: int, total: int) -> None:
         if progress is not None:

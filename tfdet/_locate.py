@@ -22,12 +22,11 @@ outputs can be watched; metrics are not computed. Graph-mode
 from __future__ import annotations
 
 import dataclasses
-import os
 import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from tfdet import _check, _locate_worker, _perturb, _runs, _target
+from tfdet import _check, _locate_worker, _perturb, _runs
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError, TargetError
 
 DEFAULT_STEPS = 3
@@ -188,16 +187,6 @@ def locate_results(a: dict[str, Any], b: dict[str, Any]) -> Location | None:
 ProgressFn = Callable[[str], None]
 
 
-def _base_env(spec: _target.TargetSpec) -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if spec.legacy_keras:
-        env["TF_USE_LEGACY_KERAS"] = "1"
-    # Layer fingerprints are taken on the CPU: hide GPUs.
-    env["CUDA_VISIBLE_DEVICES"] = "-1"
-    return env
-
-
 def validate(options: LocateOptions) -> None:
     """Raises ValueError for options out of range."""
     if options.steps < 1:
@@ -227,14 +216,7 @@ def locate(
     spec = _check.preflight(options.target)
     names = list(options.perturb)
     setups = _perturb.plan(2, names, options.cpu_isa)
-    worker_spec = {
-        "target": spec.text,
-        "seed": options.seed,
-        "steps": options.steps,
-        "enable": options.enable,
-        "threads": options.threads,
-        "cpu_isa": options.cpu_isa,
-    }
+    worker_spec = _check.make_worker_spec(spec, options)
 
     def on_step(index: int, done: int, total: int) -> None:
         if progress is not None:
@@ -246,7 +228,8 @@ def locate(
             worker_spec,
             workdir,
             module=WORKER_MODULE,
-            base_env=_base_env(spec),
+            # Layer fingerprints are taken on the CPU: GPUs are hidden.
+            base_env=_check.run_environment(spec, "cpu"),
             timeout=options.timeout,
             progress=on_step,
         )
