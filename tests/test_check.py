@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -116,7 +121,16 @@ def test_bad_target_exits_2_before_any_run(tmp_path, target, message):
 
 @pytest.mark.parametrize(
     "flags",
-    [["--runs", "1"], ["--perturb", "gravity"], ["--device", "tpu"], ["--steps", "0"]],
+    [
+        ["--runs", "1"],
+        ["--perturb", "gravity"],
+        ["--device", "tpu"],
+        ["--steps", "0"],
+        ["--seed", "-1"],
+        ["--seed", str(2**32)],
+        ["--threads", "0"],
+        ["--timeout", "0"],
+    ],
 )
 def test_bad_flags_exit_2(tmp_path, flags):
     code, _, output = _check(*flags, tmp_path=tmp_path)
@@ -168,3 +182,102 @@ def test_user_data_is_used(tmp_path):
     )
     assert code == 0, output
     assert report["devices"]["cpu"]["runs"][0]["steps_recorded"] == 2
+
+
+def test_one_crashed_run_is_a_failure_not_a_smaller_comparison(tmp_path, two_cpus):
+    code, report, output = _check(
+        f"{MODELS}:crash_on_one_cpu",
+        "--perturb",
+        "affinity",
+        "--steps",
+        "1",
+        tmp_path=tmp_path,
+    )
+    assert code == 3, output
+    runs = report["devices"]["cpu"]["runs"]
+    assert len(runs) == 2
+    assert [run["ok"] for run in runs] == [True, False]
+    assert runs[1]["returncode"] == 17
+    assert "IDENTICAL" not in output
+
+
+def test_unwritable_json_exits_2_before_any_run(tmp_path):
+    proc = run_tfdet("check", "--json", str(tmp_path / "no" / "such" / "dir.json"))
+    assert proc.returncode == 2, proc.stderr
+    assert "--json" in proc.stderr and "run 0" not in proc.stderr
+
+
+def test_interrupt_leaves_no_process_behind(tmp_path):
+    marker = tmp_path / "interrupt_marker_model.py"
+    marker.write_text(
+        "from tests.targets.check_models import _dense_model\n"
+        "def build():\n    return _dense_model()\n"
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tfdet",
+            "check",
+            f"{marker}:build",
+            "--steps",
+            "100000",
+        ],
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # Wait until both runs train (and the neighbour burns), then interrupt.
+    seen = set()
+    for line in proc.stderr:
+        if "step" in line:
+            seen.add(line.split(":")[0])
+        if len(seen) == 2:
+            break
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    time.sleep(1)
+    survivors = [
+        cmdline
+        for cmdline in _cmdlines()
+        if str(marker) in cmdline or "while True" in cmdline
+    ]
+    assert survivors == []
+
+
+def _cmdlines() -> list[str]:
+    lines = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    lines.append(
+                        handle.read().replace(b"\0", b" ").decode(errors="replace")
+                    )
+            except OSError:
+                pass
+    return lines
+
+
+def test_module_target_from_the_working_directory_with_the_console_script(tmp_path):
+    script = os.path.join(os.path.dirname(sys.executable), "tfdet")
+    if not os.path.exists(script):
+        pytest.skip("the tfdet console script is not installed next to this Python")
+    (tmp_path / "my_cwd_target.py").write_text(
+        "import keras\n"
+        "def build():\n"
+        "    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])\n"
+        "    model.compile(optimizer='sgd', loss='mse')\n"
+        "    return model\n"
+    )
+    proc = subprocess.run(
+        [script, "check", "my_cwd_target:build", "--perturb", "none", "--steps", "1"],
+        env=clean_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from tfdet import _compare, _devices, _perturb, _runs, _target
+from tfdet import _compare, _devices, _enable, _perturb, _runs, _target
 from tfdet._errors import (
     EXIT_DIVERGED,
     EXIT_OK,
@@ -62,6 +62,19 @@ def _validate(options: CheckOptions) -> None:
         )
     if options.timeout <= 0:
         raise ValueError(f"Expected --timeout > 0. Received: timeout={options.timeout}")
+    validate_run_settings(options)
+
+
+def validate_run_settings(options: Any) -> None:
+    """Checks seed and threads in the parent, as `tfdet.enable()` would.
+
+    Otherwise a bad value would only surface inside every run (exit 3).
+
+    Raises:
+        ValueError: naming the flag and the accepted values.
+    """
+    _enable._check_int("seed", options.seed, 0, _enable.MAX_SEED)
+    _enable._check_int("threads", options.threads, 1, None)
 
 
 def preflight(target: str | None) -> _target.TargetSpec:
@@ -73,6 +86,7 @@ def preflight(target: str | None) -> _target.TargetSpec:
     """
     spec = _target.parse(target)
     if not spec.text.startswith("builtin:"):
+        _devices.hide_gpus()  # The parent only inspects; the GPU is for the runs.
         _target.build(spec.text)
     return spec
 
@@ -86,6 +100,9 @@ def run_environment(spec: _target.TargetSpec, device: str) -> dict[str, str]:
     if device == "cpu":
         # Hide GPUs so that CPU runs are really on the CPU.
         env["CUDA_VISIBLE_DEVICES"] = "-1"
+    else:
+        # Concurrent runs share the GPU: none may take all its memory.
+        env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
     return env
 
 

@@ -6,6 +6,7 @@ with GPUs hidden by `CUDA_VISIBLE_DEVICES`, the answer is known without it.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 
@@ -45,3 +46,18 @@ def why_no_gpu() -> str:
     if not build.get("is_cuda_build", False):
         return "this TensorFlow build has no CUDA support (e.g. tensorflow-cpu)"
     return "TensorFlow lists no GPU"
+
+
+def hide_gpus() -> None:
+    """Makes TensorFlow in this process ignore GPUs (before its first op).
+
+    Used where tfdet only inspects a model on the host (the check parent's
+    preflight, scan): TensorFlow would otherwise claim the GPU's memory.
+    """
+    if not _device_nodes():
+        return
+    import tensorflow as tf
+
+    # RuntimeError: the runtime already started; nothing can be done now.
+    with contextlib.suppress(RuntimeError):
+        tf.config.set_visible_devices([], "GPU")

@@ -11,7 +11,6 @@ must not change them at all.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 from tfdet import _isa
 from tfdet._environment import affinity
@@ -172,9 +171,3 @@ def skipped(names: list[str], pinned_isa: str | None = "AVX2") -> dict[str, str]
     """`{name: reason}` for requested perturbations that do not apply here."""
     reasons = applicable(pinned_isa)
     return {name: reasons[name] for name in names if reasons[name] is not None}
-
-
-def cpu_count() -> int:
-    """CPUs this process may use."""
-    cpus = affinity()
-    return len(cpus) if cpus else (os.cpu_count() or 1)

@@ -9,13 +9,16 @@ the timeout is a failure: it is never compared, let alone counted as equal.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -63,9 +66,43 @@ def child_environment(
     return env
 
 
-def _burn() -> subprocess.Popen:
+class _ProcessGroup:
+    """Every process a `run_all` call starts, so that all can be killed.
+
+    Each child starts in its own session (process group), so killing the
+    group also kills anything the TARGET spawned; an interrupt or an error in
+    the parent kills them all, CPU-burning neighbours included.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._processes: list[subprocess.Popen] = []
+        self.stopped = threading.Event()
+
+    def start(self, command: list[str], **kwargs: Any) -> subprocess.Popen:
+        with self._lock:
+            if self.stopped.is_set():
+                raise RuntimeError("tfdet: runs were stopped before this one started")
+            process = subprocess.Popen(command, start_new_session=True, **kwargs)
+            self._processes.append(process)
+            return process
+
+    def stop_all(self) -> None:
+        with self._lock:
+            self.stopped.set()
+            for process in self._processes:
+                kill_tree(process)
+
+
+def kill_tree(process: subprocess.Popen) -> None:
+    """Kills a child started with `start_new_session=True` and its descendants."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def _burn(group: _ProcessGroup) -> subprocess.Popen:
     """A process that keeps one core busy until killed."""
-    return subprocess.Popen(
+    return group.start(
         [sys.executable, "-c", "while True:\n    pass"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -80,6 +117,19 @@ def _tail(path: str, lines: int = STDERR_TAIL_LINES) -> str:
         return ""
 
 
+def _forward_progress(
+    raw: bytes, index: int, progress: Callable[[int, int, int], None] | None
+) -> None:
+    """Parses a `tfdet-progress DONE TOTAL` line; anything else is ignored."""
+    if progress is None:
+        return
+    parts = raw.decode("utf-8", errors="replace").split()
+    if len(parts) == 3 and parts[0] == PROGRESS_PREFIX:
+        numbers = [part for part in parts[1:] if part.isdigit()]
+        if len(numbers) == 2:
+            progress(index, int(numbers[0]), int(numbers[1]))
+
+
 def _run_one(
     setup: RunSetup,
     module: str,
@@ -88,52 +138,50 @@ def _run_one(
     workdir: str,
     timeout: float,
     progress: Callable[[int, int, int], None] | None,
+    group: _ProcessGroup,
 ) -> RunOutcome:
-    time.sleep(setup.delay)
     spec = dict(spec, result=os.path.join(workdir, f"run{setup.index}.json"))
     stderr_path = os.path.join(workdir, f"run{setup.index}.stderr")
     env = child_environment(base_env, setup.env)
     cpus = set(setup.cpus) if setup.cpus else None
 
     def pin_affinity() -> None:  # Runs in the child before exec.
-        if cpus:
-            os.sched_setaffinity(0, cpus)
+        os.sched_setaffinity(0, cpus)
 
-    neighbour = _burn() if setup.neighbour else None
+    if group.stopped.wait(setup.delay):
+        raise RuntimeError("tfdet: runs were stopped before this one started")
+    neighbour = _burn(group) if setup.neighbour else None
     started = time.perf_counter()
-    timed_out = False
+    killed = threading.Event()
     try:
-        with open(stderr_path, "w", encoding="utf-8") as stderr:
-            process = subprocess.Popen(
+        with open(stderr_path, "wb") as stderr:
+            process = group.start(
                 [sys.executable, "-m", module, json.dumps(spec)],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
-                text=True,
                 preexec_fn=pin_affinity if cpus else None,
             )
-            killed = threading.Event()
 
             def kill() -> None:
                 killed.set()
-                process.kill()
+                kill_tree(process)
 
             timer = threading.Timer(timeout, kill)
             timer.start()
             try:
-                for line in process.stdout:
-                    if line.startswith(PROGRESS_PREFIX) and progress is not None:
-                        _, done, total = line.split()
-                        progress(setup.index, int(done), int(total))
+                for raw in process.stdout:
+                    _forward_progress(raw, setup.index, progress)
                 process.wait()
             finally:
                 timer.cancel()
-                timed_out = killed.is_set()
+                process.stdout.close()
     finally:
         if neighbour is not None:
-            neighbour.kill()
+            kill_tree(neighbour)
             neighbour.wait()
     seconds = time.perf_counter() - started
+    timed_out = killed.is_set()
     result = None
     if process.returncode == 0 and not timed_out and os.path.exists(spec["result"]):
         with open(spec["result"], encoding="utf-8") as handle:
@@ -146,6 +194,12 @@ def _run_one(
         timed_out=timed_out,
         seconds=seconds,
     )
+
+
+def _failed(setup: RunSetup, error: BaseException) -> RunOutcome:
+    """The outcome of a run that tfdet itself could not start or follow."""
+    text = "".join(traceback.format_exception(error))
+    return RunOutcome(setup, None, None, text[-4000:], timed_out=False, seconds=0.0)
 
 
 def run_all(
@@ -170,22 +224,34 @@ def run_all(
         progress: Called as `progress(run_index, steps_done, steps_total)`.
 
     Returns:
-        One `RunOutcome` per setup, in order.
+        Exactly one `RunOutcome` per setup, in order. Anything that goes wrong
+        while starting or following a run makes that run a failure, never a
+        missing entry (a missing run could otherwise pass as "equal").
     """
     base_env = dict(os.environ if base_env is None else base_env)
-    outcomes: list[RunOutcome | None] = [None] * len(setups)
+    group = _ProcessGroup()
+    outcomes: list[RunOutcome] = [
+        _failed(s, RuntimeError("did not run")) for s in setups
+    ]
 
     def target(slot: int, setup: RunSetup) -> None:
-        outcomes[slot] = _run_one(
-            setup, module, spec, base_env, workdir, timeout, progress
-        )
+        try:
+            outcomes[slot] = _run_one(
+                setup, module, spec, base_env, workdir, timeout, progress, group
+            )
+        except Exception as error:  # noqa: BLE001 - reported as a failed run
+            outcomes[slot] = _failed(setup, error)
 
     threads = [
         threading.Thread(target=target, args=(slot, setup), daemon=True)
         for slot, setup in enumerate(setups)
     ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return [outcome for outcome in outcomes if outcome is not None]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        # On an interrupt (or any error here), no child may outlive us.
+        group.stop_all()
+    return outcomes

@@ -10,6 +10,7 @@ with a seeded NumPy generator.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -67,6 +68,11 @@ def parse(text: str | None) -> TargetSpec:
     return TargetSpec(text)
 
 
+def _prepend_to_path(directory: str) -> None:
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+
+
 def load_function(spec: TargetSpec) -> Callable[[], Any]:
     """Imports the TARGET's function.
 
@@ -82,22 +88,29 @@ def load_function(spec: TargetSpec) -> Callable[[], Any]:
             raise TargetError(
                 f"Expected TARGET's file to exist. No such file: {module_name!r}"
             )
-        unique = f"tfdet_target_{abs(hash(path))}"
+        # A name that is the same in every run (hash() is salted by
+        # PYTHONHASHSEED, one of the perturbations).
+        unique = "tfdet_target_" + hashlib.sha256(path.encode()).hexdigest()[:16]
         module_spec = importlib.util.spec_from_file_location(unique, path)
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[unique] = module
-        sys.path.insert(0, os.path.dirname(path))
+        # As `python file.py` does: the file's siblings are importable, also
+        # lazily from inside the function.
+        _prepend_to_path(os.path.dirname(path))
         try:
             module_spec.loader.exec_module(module)
         except Exception as error:
             raise TargetError(f"Importing {module_name!r} failed: {error!r}") from error
     else:
+        # As `python -m` does: modules in the working directory are importable,
+        # also from the `tfdet` console script.
+        _prepend_to_path(os.getcwd())
         try:
             module = importlib.import_module(module_name)
-        except ImportError as error:
+        except Exception as error:  # An import can fail in any way.
             raise TargetError(
                 f"Expected TARGET's module to be importable. Received: "
-                f"{module_name!r} ({error})"
+                f"{module_name!r} ({error!r})"
             ) from error
     function = getattr(module, function_name, None)
     if not callable(function):

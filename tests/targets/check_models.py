@@ -72,3 +72,16 @@ def with_data() -> tuple:
         rng.random((64, 8), dtype=np.float32),
         rng.random((64, 1), dtype=np.float32),
     )
+
+
+def crash_on_one_cpu() -> keras.Model:
+    """Dies with garbage on stdout when a check worker runs on a single CPU.
+
+    Only one of two affinity-perturbed runs fails: the other must not be
+    reported as "identical" to nothing.
+    """
+    if sys.argv[0].endswith("_worker.py") and len(os.sched_getaffinity(0)) == 1:
+        sys.stdout.buffer.write(b"\xff\xfe not utf-8 \xff\n")
+        sys.stdout.flush()
+        os._exit(17)
+    return _dense_model()

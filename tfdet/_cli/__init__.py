@@ -9,24 +9,29 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
+import json
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
+from typing import Any
 
 from absl import app
 from absl.flags import argparse_flags
 
-from tfdet._errors import EXIT_USAGE, Error
+from tfdet._errors import EXIT_RUN_FAILED, EXIT_USAGE, Error
 
 # Subcommand modules, in the order `tfdet --help` lists them.
 SUBCOMMANDS = ("check", "run", "env", "diff", "locate", "scan")
 
 
 def _available_subcommands() -> list[str]:
-    here = os.path.dirname(__file__)
     return [
-        name for name in SUBCOMMANDS if os.path.exists(os.path.join(here, f"{name}.py"))
+        name
+        for name in SUBCOMMANDS
+        if importlib.util.find_spec(f"tfdet._cli.{name}") is not None
     ]
 
 
@@ -54,9 +59,38 @@ def _report_error(error: BaseException) -> None:
     print(f"tfdet: error: {error}", file=sys.stderr)
 
 
-def execute(args: argparse.Namespace) -> int:
-    """Runs a parsed command and maps tfdet exceptions to exit codes."""
+def _check_json_destination(path: str | None) -> None:
+    """Fails before any work when `--json FILE` cannot be written."""
+    if not path:
+        return
+    existed = os.path.exists(path)
     try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+        if not existed:  # Leave no empty report behind if the command fails.
+            os.remove(path)
+    except OSError as error:
+        raise app.UsageError(
+            f"Expected --json to name a writable file. Received: {path!r} ({error})"
+        ) from error
+
+
+def write_json(path: str | None, data: Any) -> None:
+    """Writes a subcommand's `--json` report (nothing when `path` is None)."""
+    if path:
+        with open(path, "w", encoding="utf-8") as out:
+            json.dump(data, out, indent=2, sort_keys=True)
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Runs a parsed command and maps exceptions to exit codes.
+
+    tfdet errors carry their own code; usage errors are 2; an interrupt is
+    130; any other exception is a bug in tfdet or beneath it, reported with
+    its traceback as exit 3, never as 0 ("equal") or 1 ("diverged").
+    """
+    try:
+        _check_json_destination(getattr(args, "json", None))
         return int(args.func(args))
     except Error as error:
         _report_error(error)
@@ -64,6 +98,17 @@ def execute(args: argparse.Namespace) -> int:
     except app.UsageError as error:
         _report_error(error)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("tfdet: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - the last line of defence
+        traceback.print_exc()
+        print(
+            f"tfdet: internal error: {error!r}. No verdict was reached (exit "
+            f"{EXIT_RUN_FAILED}); please report this with the traceback above.",
+            file=sys.stderr,
+        )
+        return EXIT_RUN_FAILED
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from absl import app
 
 from tfdet import _builtins, _check, _perturb
+from tfdet._cli import write_json
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -152,7 +152,5 @@ def execute(args: argparse.Namespace) -> int:
         raise app.UsageError(str(error)) from error
     report = _check.check(options, progress=_progress)
     print(format_report(report))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(report, out, indent=2)
+    write_json(args.json, report)
     return report["exit_code"]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import warnings
 from typing import Any
 
 from tfdet import _diff, _trace
+from tfdet._cli import write_json
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK
 
 
@@ -74,8 +74,5 @@ def execute(args: argparse.Namespace) -> int:
         b = _trace.read(args.b)
     comparison = _diff.compare(a, b)
     print(format_comparison(comparison))
-    if args.json:
-        report = {"a": args.a, "b": args.b, **comparison.to_dict()}
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(report, out, indent=2, sort_keys=True)
+    write_json(args.json, {"a": args.a, "b": args.b, **comparison.to_dict()})
     return EXIT_OK if comparison.identical else EXIT_DIVERGED

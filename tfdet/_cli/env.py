@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from tfdet import _environment
+from tfdet._cli import write_json
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -46,7 +46,5 @@ def format_fingerprint(facts: dict) -> str:
 def execute(args: argparse.Namespace) -> int:
     facts = _environment.fingerprint()
     print(format_fingerprint(facts))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(facts, out, indent=2, sort_keys=True)
+    write_json(args.json, facts)
     return 0

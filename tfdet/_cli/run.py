@@ -95,6 +95,14 @@ def _split_command(args: argparse.Namespace) -> tuple[str, str, list[str]]:
             "Expected a script to run: `tfdet run script.py [args]` or "
             "`tfdet run -m module [args]`."
         )
+    if rest[0].startswith("-"):
+        # `python -c code`, `python -u ...`: interpreter options are not ours
+        # to pass; tfdet picks the interpreter and its settings.
+        raise app.UsageError(
+            "Expected a script or `-m module` after the interpreter. Received "
+            f"the interpreter option {rest[0]!r}: put the code in a script, or "
+            "set it in PYTHON* environment variables."
+        )
     return "script", rest[0], rest[1:]
 
 
