@@ -130,6 +130,7 @@ def test_bad_target_exits_2_before_any_run(tmp_path, target, message):
         ["--seed", str(2**32)],
         ["--threads", "0"],
         ["--timeout", "0"],
+        ["--no-enable", "--threads", "2"],
     ],
 )
 def test_bad_flags_exit_2(tmp_path, flags):

@@ -56,7 +56,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--threads", type=int, default=1, help="tfdet.enable(threads=N)."
+        "--threads",
+        type=int,
+        default=None,
+        help="tfdet.enable(threads=N) (default 1); not with --no-enable.",
     )
     parser.add_argument("--json", metavar="FILE", help="Write the full report as JSON.")
     parser.add_argument(
@@ -132,6 +135,15 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _threads(args: argparse.Namespace) -> int:
+    if args.threads is not None and not args.enable:
+        raise ValueError(
+            "Expected --threads only with tfdet enabled: --no-enable runs plain "
+            "TensorFlow, whose thread pools follow the cores. Drop one of them."
+        )
+    return 1 if args.threads is None else args.threads
+
+
 def execute(args: argparse.Namespace) -> int:
     try:
         perturb = tuple(_perturb.parse(args.perturb))
@@ -143,7 +155,7 @@ def execute(args: argparse.Namespace) -> int:
             perturb=perturb,
             enable=args.enable,
             seed=args.seed,
-            threads=args.threads,
+            threads=_threads(args),
             timeout=args.timeout,
             attribute=args.attribute,
         )
