@@ -11,15 +11,24 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from tfdet._environment import DETERMINISM_VARIABLES
 
 REPO = Path(__file__).resolve().parents[1]
+
+# No example database, and Hypothesis's other caches (e.g. `constants/`) in
+# the temp directory: tests leave no `.hypothesis/` directory in the repo.
+settings.register_profile("tfdet", database=None)
+settings.load_profile("tfdet")
+set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "tfdet-hypothesis")
 
 
 def clean_env(**overrides: str | None) -> dict[str, str]:

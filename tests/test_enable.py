@@ -8,6 +8,7 @@ several assertions share one interpreter where that saves a TensorFlow start.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -269,50 +270,155 @@ out["env"] = os.environ.get("ONEDNN_MAX_CPU_ISA")
 # --- Too late: after TensorFlow started. ---
 
 
-def test_too_late_after_a_model_is_built_then_strict_false_records_what_is_in_force() -> (
-    None
-):
+def test_too_late_threads_and_onednn_are_refused_even_with_strict_false() -> None:
+    # Both always change the bits: strict=False does not soften them.
     out = _child(
         """
 import tensorflow as tf
 attempt("onednn_after_import", onednn=False)
+attempt("onednn_after_import_lenient", onednn=False, strict=False)
 from tfdet import _target
 _target.build("builtin:cnn")  # Creates weights: TF's runtime has started.
 attempt("threads_default")
 attempt("threads_only", cpu_isa=None)
-out["enabled_after_refusals"] = tfdet.is_enabled()
+attempt("threads_lenient", strict=False)
+attempt("threads_lenient_no_isa", cpu_isa=None, strict=False)
 out["isa_env_after_refusals"] = os.environ.get("ONEDNN_MAX_CPU_ISA")
-profile = tfdet.enable(strict=False)
-out["profile"] = profile.to_dict()
-out["repeat_is_same"] = tfdet.enable(strict=False) is profile and tfdet.enable() is profile
+out["threads_env_after_refusals"] = os.environ.get("TF_NUM_INTRAOP_THREADS")
 """,
         PYTHONHASHSEED="7",
     )
-    onednn = out["onednn_after_import"]
-    assert onednn["type"] == "TooLateError" and onednn["setting"] == "onednn"
-    assert "TF_ENABLE_ONEDNN_OPTS" in onednn["message"]
-    for name in ("threads_default", "threads_only"):
+    for name in ("onednn_after_import", "onednn_after_import_lenient"):
+        error = out[name]
+        assert error["type"] == "TooLateError" and error["setting"] == "onednn", error
+        assert "TF_ENABLE_ONEDNN_OPTS" in error["message"]
+    for name in (
+        "threads_default",
+        "threads_only",
+        "threads_lenient",
+        "threads_lenient_no_isa",
+    ):
         error = out[name]
         assert error["type"] == "TooLateError", error
         assert error["setting"] == "threads"
         assert "tfdet run" in error["message"]
         assert "tfdet.enable()" in error["message"]
-    assert out["enabled_after_refusals"] is False
-    assert out["isa_env_after_refusals"] is None  # A refused call left no trace.
+    assert out["enabled"] is False
+    # A refused call leaves no trace.
+    assert out["isa_env_after_refusals"] is None
+    assert out["threads_env_after_refusals"] is None
+    assert not _matching(out["warnings"], "Too late")
 
-    # strict=False: warnings, and the profile says what is really in force.
-    profile = out["profile"]
-    assert out["enabled"] and out["repeat_is_same"]
-    assert profile["intra_op_threads"] == profile["inter_op_threads"] == 0
-    if _isa.applies():
-        assert profile["cpu_isa"] == "ALL"
-        assert _matching(out["warnings"], "Too late to pin `cpu_isa`")
-    assert profile["op_determinism"] is True
-    assert profile["python_hash_seed"] == "7"
-    (threads_warning,) = _matching(out["warnings"], "Too late to pin `threads`")
-    assert "strict=False" in threads_warning
-    (hash_warning,) = _matching(out["warnings"], "PYTHONHASHSEED")
-    assert "'7'" in hash_warning and "tfdet run" in hash_warning
+
+@pytest.mark.skipif(not _isa.applies(), reason="oneDNN ISA caps are x86-64 only")
+def test_late_isa_cap_is_refused_when_strict_and_written_with_a_warning_when_not() -> (
+    None
+):
+    # The runtime has started (a variable exists, threads were pinned by the
+    # script itself) but no oneDNN primitive ran: with strict=False the cap
+    # is still written, and oneDNN's own report shows it took effect.
+    code = (
+        _PRELUDE
+        + """
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+weights = tf.Variable(tf.ones([64, 64]))
+from tfdet import _enable
+out["started"] = _enable._runtime_started()
+attempt("strict", cpu_isa="AVX2")
+out["env_after_refusal"] = os.environ.get("ONEDNN_MAX_CPU_ISA")
+profile = tfdet.enable(cpu_isa="AVX2", strict=False)
+out["profile"] = profile.to_dict()
+out["env"] = os.environ.get("ONEDNN_MAX_CPU_ISA")
+tf.matmul(weights, weights)  # The first oneDNN primitive.
+finish()
+"""
+    )
+    result = run_python(
+        code, env=clean_env(ONEDNN_VERBOSE="1", PYTHONHASHSEED="0"), timeout=240
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = last_json_line(result.stdout)
+    assert out["started"] is True
+    assert out["strict"]["type"] == "TooLateError"
+    assert out["strict"]["setting"] == "cpu_isa"
+    assert out["env_after_refusal"] is None
+    assert out["enabled"] and out["profile"]["cpu_isa"] == out["env"] == "AVX2"
+    assert out["profile"]["intra_op_threads"] == 1
+    (warning,) = _matching(out["warnings"], "Too late to pin `cpu_isa`")
+    assert "strict=False" in warning
+    assert "only if no oneDNN primitive" in warning
+    isa_lines = [
+        line
+        for line in (result.stdout + result.stderr).splitlines()
+        if line.startswith("onednn_verbose") and ",isa:" in line
+    ]
+    if not isa_lines:
+        pytest.skip("this oneDNN build does not report its ISA (ONEDNN_VERBOSE)")
+    assert "AVX2" in isa_lines[0] and "512" not in isa_lines[0], isa_lines
+
+
+def test_repeat_call_with_other_arguments_warns_with_strict_false() -> None:
+    out = _child(
+        """
+profile = tfdet.enable()
+attempt("strict", threads=2)
+out["lenient_is_active"] = tfdet.enable(threads=2, seed=5, strict=False) is profile
+out["still_active"] = tfdet.profile() is profile
+import tensorflow as tf
+out["tf_threads"] = tf.config.threading.get_intra_op_parallelism_threads()
+""",
+        PYTHONHASHSEED="0",
+    )
+    assert out["strict"]["type"] == "ProfileMismatchError"
+    assert out["strict"]["differences"] == {"threads": [1, 2]}
+    assert out["lenient_is_active"] and out["still_active"]
+    assert out["tf_threads"] == 1  # The first profile stays in force.
+    (warning,) = _matching(out["warnings"], "already called with other arguments")
+    assert "strict=False" in warning and "stays in force" in warning
+    assert "threads=1 vs 2" in warning and "seed=0 vs 5" in warning
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tf_keras") is None, reason="tf_keras is not installed"
+)
+def test_patches_do_not_depend_on_whether_tf_keras_is_imported_first() -> None:
+    # README: call enable() first. A script that imports tf_keras after it
+    # must get the same profile, and the same patched optimizers, as one that
+    # imports it before.
+    script = """
+import json, sys
+import tfdet
+if {before}:
+    import tf_keras
+profile = tfdet.enable()
+imported_by_enable = "tf_keras" in sys.modules
+import tf_keras
+from tf_keras.src.optimizers import optimizer
+from tf_keras.src.optimizers.legacy import optimizer_v2
+print(json.dumps({{
+    "patches": list(profile.patches),
+    "imported_by_enable": imported_by_enable,
+    "wrapped": [
+        getattr(vars(cls).get("apply_gradients"), "__tfdet_patch__", None)
+        for cls in (optimizer.Optimizer, optimizer_v2.OptimizerV2)
+    ],
+}}))
+"""
+    results = {}
+    for before in (True, False):
+        result = run_python(
+            script.format(before=before), env=clean_env(PYTHONHASHSEED="0")
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        results[before] = last_json_line(result.stdout)
+    assert results[True]["patches"] == results[False]["patches"]
+    assert "sparse_optimizer_update" in results[False]["patches"]
+    for out in results.values():
+        assert out["wrapped"] == ["sparse_optimizer_update"] * 2
+    # enable() does not import tf_keras to patch it: the install waits for it.
+    assert results[False]["imported_by_enable"] is False
 
 
 @pytest.mark.parametrize(

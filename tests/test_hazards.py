@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 from packaging.specifiers import SpecifierSet
 
@@ -140,18 +143,27 @@ def test_patch_needed_follows_versions(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not _hazards.patch_needed("bincount")
 
 
-def test_tf_keras_patch_needs_tf_keras_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tf_keras_patch_needs_tf_keras_installed_not_imported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Whether tf_keras is imported yet, or TF_USE_LEGACY_KERAS set, must not
+    # matter: the profile would then depend on import order.
     monkeypatch.setattr(
         _versions, "tensorflow_distribution", lambda: ("tensorflow", "2.21.0")
     )
     monkeypatch.setattr(
         _versions, "distribution_version", lambda name: {"tf_keras": "2.21.0"}.get(name)
     )
-    monkeypatch.delitem(__import__("sys").modules, "tf_keras", raising=False)
-    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "0")
-    assert not _hazards.patch_needed("sparse_optimizer_update")
-    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    monkeypatch.setattr(_hazards, "_tf_keras_importable", lambda: True)
+    monkeypatch.delitem(sys.modules, "tf_keras", raising=False)
+    for legacy in ("0", "1"):
+        monkeypatch.setenv("TF_USE_LEGACY_KERAS", legacy)
+        assert _hazards.patch_needed("sparse_optimizer_update")
+    monkeypatch.setitem(sys.modules, "tf_keras", types.ModuleType("tf_keras"))
     assert _hazards.patch_needed("sparse_optimizer_update")
+    monkeypatch.setattr(_hazards, "_tf_keras_importable", lambda: False)
+    assert not _hazards.patch_needed("sparse_optimizer_update")
+    monkeypatch.setattr(_hazards, "_tf_keras_importable", lambda: True)
     monkeypatch.setattr(_versions, "distribution_version", lambda name: None)
     assert not _hazards.patch_needed("sparse_optimizer_update")
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 
 import pytest
 
 import tfdet
-from tests.conftest import clean_env, last_json_line, run_python
+from tests.conftest import REPO, clean_env, last_json_line, run_python
 from tfdet._cli import main
 
 LAZY = {"DeterminismCallback"}  # Subclasses a Keras class: loaded on first use.
@@ -23,10 +22,43 @@ def test_every_public_name_resolves() -> None:
         assert getattr(tfdet, name) is not None, name
 
 
-def test_lazy_callback_resolves_when_its_module_exists() -> None:
-    if importlib.util.find_spec("tfdet._callback") is None:
-        pytest.skip("tfdet._callback is not written yet")
-    assert tfdet.DeterminismCallback.__name__ == "DeterminismCallback"
+def test_callback_is_loaded_on_first_use_only() -> None:
+    # The callback subclasses a Keras class, so importing it imports
+    # TensorFlow: `import tfdet` must not, the first attribute access must.
+    result = run_python(
+        """
+        import json, sys
+        import tfdet
+        before = "tfdet._callback" in sys.modules or "keras" in sys.modules
+        callback = tfdet.DeterminismCallback
+        print(json.dumps({
+            "loaded_by_import": before,
+            "name": callback.__name__,
+            "module": callback.__module__,
+            "is_the_module_class": callback is sys.modules["tfdet._callback"].DeterminismCallback,
+            "is_a_class": isinstance(callback, type),
+        }))
+        """,
+        env=clean_env(),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert last_json_line(result.stdout) == {
+        "loaded_by_import": False,
+        "name": "DeterminismCallback",
+        "module": "tfdet._callback",
+        "is_the_module_class": True,
+        "is_a_class": True,
+    }
+
+
+def test_hypothesis_writes_nothing_into_the_repository() -> None:
+    # conftest: property tests must leave no `.hypothesis/` behind.
+    from hypothesis import settings
+    from hypothesis.configuration import storage_directory
+
+    assert settings().database is None
+    cache = storage_directory("constants", intent_to_write=False).path.resolve()
+    assert REPO.resolve() not in cache.parents
 
 
 def test_unknown_attribute_is_an_attribute_error() -> None:

@@ -15,7 +15,9 @@ installed (the `patched` context manager), so the tests share one process.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
+import sys
 from collections.abc import Iterator
 
 import numpy as np
@@ -31,6 +33,7 @@ from tensorflow.python.ops import gen_image_ops, gen_math_ops, gen_sparse_ops  #
 from tests.conftest import clean_env, run_python  # noqa: E402
 from tfdet import _scan  # noqa: E402
 from tfdet.patches import (  # noqa: E402
+    _import_hook,  # noqa: E402
     adjust_contrast,
     bincount,
     confusion_matrix_scatter,
@@ -138,6 +141,88 @@ def test_sparse_optimizer_patch_restores_methods() -> None:
     assert [vars(cls).get("apply_gradients") for cls in classes] == before
 
 
+def test_import_hook_fires_once_after_the_import_and_not_on_find_spec(
+    tmp_path, monkeypatch
+) -> None:
+    (tmp_path / "tfdet_hook_probe.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+
+    def callback() -> None:
+        seen.append(sys.modules["tfdet_hook_probe"].VALUE)
+
+    hook = _import_hook.when_imported("tfdet_hook_probe", callback)
+    try:
+        assert hook in sys.meta_path and seen == []
+        assert importlib.util.find_spec("tfdet_hook_probe") is not None
+        assert seen == []  # Looking the module up is not importing it.
+        module = importlib.import_module("tfdet_hook_probe")
+        assert seen == [1]  # Ran after the module's code.
+        assert hook not in sys.meta_path
+        assert type(module.__loader__).__name__ == "SourceFileLoader"
+        importlib.reload(module)
+        assert seen == [1]
+        # Already imported: the callback runs at once, nothing is left pending.
+        assert _import_hook.when_imported("tfdet_hook_probe", callback) is None
+        assert seen == [1, 1]
+    finally:
+        hook.remove()
+        sys.modules.pop("tfdet_hook_probe", None)
+
+
+def test_removed_import_hook_never_fires(tmp_path, monkeypatch) -> None:
+    (tmp_path / "tfdet_hook_probe2.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    hook = _import_hook.when_imported("tfdet_hook_probe2", lambda: seen.append(1))
+    hook.remove()
+    hook.remove()
+    try:
+        importlib.import_module("tfdet_hook_probe2")
+        assert seen == [] and hook not in sys.meta_path
+    finally:
+        sys.modules.pop("tfdet_hook_probe2", None)
+
+
+def test_sparse_optimizer_patch_waits_for_tf_keras_and_restore_cancels() -> None:
+    pytest.importorskip("tf_keras")
+    result = run_python(
+        """
+        import json, sys
+        from tfdet.patches import sparse_optimizer_update as patch
+
+        def wrapped():
+            from tf_keras.src.optimizers.legacy import optimizer_v2
+            method = vars(optimizer_v2.OptimizerV2)["apply_gradients"]
+            return getattr(method, "__tfdet_patch__", None) is not None
+
+        out = {}
+        patch.install()
+        patch.install()
+        out["pending"] = patch.pending()
+        out["imported"] = "tf_keras" in sys.modules
+        patch.restore()
+        out["pending_after_restore"] = patch.pending()
+        import tf_keras
+        out["wrapped_after_cancel"] = wrapped()
+        patch.install()
+        out["wrapped_now"] = wrapped() and not patch.pending()
+        patch.restore()
+        out["wrapped_after_restore"] = wrapped()
+        print(json.dumps(out))
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+        "pending": True,
+        "imported": False,
+        "pending_after_restore": False,
+        "wrapped_after_cancel": False,
+        "wrapped_now": True,
+        "wrapped_after_restore": False,
+    }
+
+
 KERAS3_PATCHES = [
     "adjust_contrast",
     "bincount",
@@ -147,13 +232,20 @@ KERAS3_PATCHES = [
     "resize_nearest_grad",
     "sparse_dense_matmul",
 ]
+# The tf_keras patch is installed whenever tf_keras is installed, whichever
+# Keras the script uses and whether it imported tf_keras yet (it waits for
+# the import): the profile must not depend on import order.
+AUTO_PATCHES = sorted(
+    KERAS3_PATCHES
+    + (["sparse_optimizer_update"] if importlib.util.find_spec("tf_keras") else [])
+)
 
 
 @pytest.mark.parametrize(
     ("legacy", "selection", "expected"),
     [
-        ("0", "'auto'", KERAS3_PATCHES),
-        ("1", "'auto'", sorted([*KERAS3_PATCHES, "sparse_optimizer_update"])),
+        ("0", "'auto'", AUTO_PATCHES),
+        ("1", "'auto'", AUTO_PATCHES),
         ("0", "['bincount']", ["bincount"]),
         ("0", "None", []),
     ],

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, clean_env, run_tfdet
+from tests.conftest import REPO, clean_env, last_json_line, run_python, run_tfdet
 
 MODELS = str(REPO / "tests" / "targets" / "hazard_models.py")
 LEGACY = clean_env(TF_USE_LEGACY_KERAS="1")
@@ -162,6 +162,58 @@ def test_bad_target_exits_2(target: str) -> None:
     result = run_tfdet("scan", target, "--no-enable")
     assert result.returncode == 2, result.stderr[-2000:]
     assert "TARGET" in result.stderr or "target" in result.stderr
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**32)])
+@pytest.mark.parametrize("enable", [True, False], ids=["enable", "no-enable"])
+def test_seed_out_of_range_is_a_usage_error(seed: str, enable: bool) -> None:
+    flags = [] if enable else ["--no-enable"]
+    result = run_tfdet("scan", "builtin:cnn", *flags, "--seed", seed)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert f"Received: --seed={seed}" in result.stderr
+
+
+def test_scan_hides_gpus_before_tensorflow_starts() -> None:
+    # No GPU here: a spy shows the scan asks TensorFlow for no visible GPU
+    # before the runtime starts, which is what keeps its warm-up step (real
+    # ops under determinism) on the CPU on a GPU machine.
+    result = run_python(
+        """
+        import json
+        import tensorflow as tf
+        from tensorflow.python.eager import context
+
+        calls = []
+        original = tf.config.set_visible_devices
+
+        def spy(devices, device_type=None):
+            calls.append([list(devices), device_type, context.context()._initialized])
+            return original(devices, device_type)
+
+        tf.config.set_visible_devices = spy
+        from tfdet._cli import main
+
+        code = main(["tfdet", "scan", "builtin:cnn", "--no-enable"])
+        print(json.dumps({
+            "code": code,
+            "calls": calls,
+            "visible_gpus": [d.name for d in tf.config.get_visible_devices("GPU")],
+        }))
+        """,
+        env=clean_env(PYTHONHASHSEED="0"),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = last_json_line(result.stdout)
+    assert out["code"] == 0
+    assert out["calls"] == [[[], "GPU", False]]  # Before the runtime started.
+    assert out["visible_gpus"] == []
+
+
+def test_scan_help_says_it_runs_on_the_cpu() -> None:
+    result = run_tfdet("scan", "--help")
+    assert result.returncode == 0
+    assert "GPU is hidden" in " ".join(result.stdout.split())
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ import warnings
 from typing import Any
 
 from tfdet import _isa, _patching, _versions
+from tfdet._environment import op_determinism_enabled
 from tfdet._errors import ProfileMismatchError, TooLateError
 from tfdet._profile import Profile
 
@@ -153,14 +154,6 @@ def _runtime_started() -> bool:
     return context.context()._initialized  # pylint: disable=protected-access
 
 
-def _refuse(strict: bool, setting: str, detail: str, stacklevel: int = 4) -> None:
-    # stacklevel 4: _refuse <- helper <- enable() <- the caller, blamed.
-    error = TooLateError(setting, detail)
-    if strict:
-        raise error
-    warnings.warn(f"{error} (strict=False: continuing.)", stacklevel=stacklevel)
-
-
 def _resolve_isa(requested: str | None, strict: bool, started: bool) -> str:
     """Decides the oneDNN cap, writes it to the environment, returns it."""
     if not _isa.applies():
@@ -178,13 +171,23 @@ def _resolve_isa(requested: str | None, strict: bool, started: bool) -> str:
         )
         return existing
     if existing != wanted and started:
-        _refuse(
-            strict,
+        error = TooLateError(
             "cpu_isa",
             f"oneDNN reads {_isa.ENV_VAR} at its first primitive, and "
             "TensorFlow has already run ops in this process.",
         )
-        return existing or "ALL"
+        if strict:
+            raise error
+        # A model's weights can exist before any oneDNN primitive (conv,
+        # matmul) ran; then the cap written now is still read (FACTS.md).
+        warnings.warn(
+            f"{error} (strict=False: wrote {_isa.ENV_VAR}={wanted} anyway; it "
+            "takes effect only if no oneDNN primitive, such as a convolution "
+            "or matmul, has run in this process yet. If one has, the bits "
+            f"follow the cap it saw ({existing or 'uncapped'}), not the "
+            "profile's.)",
+            stacklevel=3,
+        )
     os.environ[_isa.ENV_VAR] = wanted
     return wanted
 
@@ -230,7 +233,7 @@ def _seed_everything(seed: int) -> None:
         tf_keras.utils.set_random_seed(seed)
 
 
-def _pin_threads(threads: int, strict: bool, started: bool) -> tuple[int, int]:
+def _pin_threads(threads: int, started: bool) -> tuple[int, int]:
     import tensorflow as tf
 
     threading = tf.config.threading
@@ -239,14 +242,13 @@ def _pin_threads(threads: int, strict: bool, started: bool) -> tuple[int, int]:
         threading.get_inter_op_parallelism_threads(),
     )
     if started and current != (threads, threads):
-        _refuse(
-            strict,
+        # Always an error, also with strict=False: the pools decide the bits.
+        raise TooLateError(
             "threads",
             f"TensorFlow's thread pools were created with intra={current[0]}, "
             f"inter={current[1]} (0 means one per core) when the first op ran, "
             f"and cannot become {threads}.",
         )
-        return current
     threading.set_intra_op_parallelism_threads(threads)
     threading.set_inter_op_parallelism_threads(threads)
     return threads, threads
@@ -290,20 +292,35 @@ def enable(
             TensorFlow's default. Only possible before `import tensorflow`.
         patches: "auto" (the patches these versions need), None (none), or a
             list of names from `tfdet.patches`.
-        strict: When False, settings that cannot be pinned any more are
-            warnings instead of `TooLateError`, and the profile records what
-            is actually in force, so `tfdet diff` still shows the difference.
-            It is not part of the profile: a repeat call that differs only in
-            `strict` is the same no-op as any other repeat call.
+        strict: When False, two refusals whose outcome may leave the bits
+            as the profile says become warnings; everything else is refused
+            as with True. Exactly:
+            - `cpu_isa` too late (TensorFlow's runtime started and the cap
+              is not yet the requested one): `ONEDNN_MAX_CPU_ISA` is still
+              written and the profile records it, with a warning that it
+              takes effect only if no oneDNN primitive (convolution, matmul)
+              has run yet: oneDNN reads it at its first primitive, and a
+              model's weights can exist before one ran. True: `TooLateError`.
+            - A repeat call with different arguments: a warning, and the
+              active profile is returned unchanged (the first call's settings
+              stay in force, so the bits do not change). True:
+              `ProfileMismatchError`.
+            `threads` and `onednn` too late are `TooLateError` either way:
+            the thread pools and TF_ENABLE_ONEDNN_OPTS are fixed once the
+            runtime started or TensorFlow was imported, and they decide the
+            bits. `strict` is not part of the profile: a repeat call that
+            differs only in `strict` is the same no-op as any other repeat
+            call.
 
     Returns:
         The active `tfdet.Profile`.
 
     Raises:
         ValueError: an argument is out of range, or the CPU lacks `cpu_isa`.
-        TooLateError: TensorFlow already started and a setting cannot change.
+        TooLateError: TensorFlow already started and a setting cannot change
+            (`threads`, `onednn`; `cpu_isa` unless strict=False).
         ProfileMismatchError: `enable()` was already called with other
-            arguments.
+            arguments (a warning instead with strict=False).
     """
     global _active
     request = {
@@ -320,8 +337,8 @@ def enable(
         )
     if _active is not None:
         previous, profile = _active
-        # `strict` only decides how refusals are reported, and nothing is
-        # refused on a repeat call: a script under `tfdet run` may pass its own.
+        # `strict` only decides how refusals are reported, so it is not
+        # compared: a script under `tfdet run` may pass its own.
         changed = {
             key: (previous[key], request[key])
             for key in request
@@ -329,7 +346,7 @@ def enable(
         }
         if not changed:
             return profile
-        raise ProfileMismatchError(
+        error = ProfileMismatchError(
             "tfdet.enable() was already called with other arguments; a process "
             "has one profile. Differences (active, requested): "
             + ", ".join(
@@ -338,17 +355,23 @@ def enable(
             + ". Call enable() once, or start a new process.",
             changed,
         )
+        if request["strict"]:
+            raise error
+        warnings.warn(
+            f"{error} (strict=False: the active profile stays in force.)",
+            stacklevel=2,
+        )
+        return profile
 
     _versions.tensorflow_version()  # Clear ImportError when TF is missing/old.
     if onednn is not None:
         if _versions.tensorflow_imported():
             if _onednn_in_force() != onednn:
-                _refuse(
-                    strict,
+                # Always an error, also with strict=False: it decides the bits.
+                raise TooLateError(
                     "onednn",
                     "TF_ENABLE_ONEDNN_OPTS is read at `import tensorflow`, which "
                     "already ran.",
-                    stacklevel=3,  # Called from enable() itself.
                 )
         else:
             os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if onednn else "0"
@@ -357,7 +380,7 @@ def enable(
     started = _runtime_started()
     # Threads first: once the runtime started they always change the bits, so
     # they are the setting a TooLateError should name.
-    threads_in_force = _pin_threads(threads, strict, started)
+    threads_in_force = _pin_threads(threads, started)
     isa_cap = _resolve_isa(request["cpu_isa"], strict, started)
 
     import tensorflow as tf
@@ -372,8 +395,6 @@ def enable(
             "iteration orders are pinned too.",
             stacklevel=2,
         )
-    if threads_in_force != (threads, threads):
-        del env["TF_NUM_INTRAOP_THREADS"], env["TF_NUM_INTEROP_THREADS"]
     os.environ.update(env)
 
     _seed_everything(seed)
@@ -419,12 +440,6 @@ def is_enabled() -> bool:
     return _active is not None
 
 
-def _op_determinism_enabled() -> bool:
-    from tensorflow.python.framework import config
-
-    return bool(config.is_op_determinism_enabled())
-
-
 def _threads_in_force(configured: int, variable: str) -> int:
     """The pool size: the API's setting, else the environment's (read by TF)."""
     if configured:
@@ -459,7 +474,7 @@ def observed_profile(seed: int | None = None) -> Profile:
         cpu_isa=(_isa.current_cap() or "ALL")
         if _isa.applies()
         else _isa.NOT_APPLICABLE,
-        op_determinism=_op_determinism_enabled(),
+        op_determinism=op_determinism_enabled(),
         xla_determinism=_xla_determinism_in_force(),
         python_hash_seed=_STARTUP_HASH_SEED,
         patches=_patching.installed(),

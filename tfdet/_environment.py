@@ -37,7 +37,8 @@ def affinity() -> list[int] | None:
         return None
 
 
-def _op_determinism_enabled() -> bool:
+def op_determinism_enabled() -> bool:
+    """Whether `tf.config.experimental.enable_op_determinism()` is in force."""
     from tensorflow.python.framework import config
 
     return bool(config.is_op_determinism_enabled())
@@ -55,7 +56,7 @@ def _tensorflow_facts() -> dict[str, Any]:
         "cuda_version": build.get("cuda_version"),
         "cudnn_version": build.get("cudnn_version"),
         "gpus": gpus,
-        "op_determinism": _op_determinism_enabled(),
+        "op_determinism": op_determinism_enabled(),
     }
 
 

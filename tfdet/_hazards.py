@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import json
-import sys
 from collections.abc import Mapping
 from importlib import resources
 from typing import Any
@@ -167,11 +167,18 @@ def lookup(
     return None
 
 
+def _tf_keras_importable() -> bool:
+    return importlib.util.find_spec("tf_keras") is not None
+
+
 def _keras_in_use(flavor: str) -> bool:
     if flavor == "tf_keras":
-        # TF_USE_LEGACY_KERAS makes tf.keras resolve to tf_keras; a script may
-        # also import tf_keras directly.
-        return _versions.uses_legacy_keras() or "tf_keras" in sys.modules
+        # Whether tf_keras *can* be used in this process, not whether it was
+        # imported yet: deciding by `sys.modules` made the patches that
+        # `enable()` installs depend on import order. tf_keras patches defer
+        # their install until tf_keras is imported, so this costs nothing
+        # when it never is.
+        return _tf_keras_importable()
     return not _versions.uses_legacy_keras()
 
 
@@ -181,7 +188,10 @@ def patch_needed(name: str) -> bool:
     A patch is needed when every requirement in the table's `patches` entry
     holds: `tensorflow` / `keras` / `tf_keras` are version specifiers of the
     installed distributions, and `keras_in_use` names the Keras that must be
-    in use ("tf_keras" or "keras3").
+    usable: "tf_keras" holds when tf_keras is installed (importable), whether
+    or not it was imported yet or `TF_USE_LEGACY_KERAS` is set, so the result
+    does not depend on import order; "keras3" holds unless
+    `TF_USE_LEGACY_KERAS` routes `tf.keras` to tf_keras.
 
     Raises:
         KeyError: the table has no entry for `name`.
@@ -200,12 +210,3 @@ def patch_needed(name: str) -> bool:
         if version is None or not version_matches(version, wanted):
             return False
     return True
-
-
-def patches_for(op_type: str) -> tuple[str, ...]:
-    """Names of the patches that replace `op_type` (any table row)."""
-    return tuple(
-        sorted(
-            {row.patch for row in table().rows_for(op_type) if row.patch is not None}
-        )
-    )

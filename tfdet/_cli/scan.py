@@ -31,7 +31,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "lists each GPU determinism hazard with the Keras layer, metric or "
         "optimizer it comes from and whether a tfdet patch covers it. By "
         "default the trace runs under tfdet.enable(), so it shows what remains "
-        "with tfdet's patches. Exit 1 if a hazard remains, 0 otherwise.",
+        "with tfdet's patches. The scan runs on the CPU only: any GPU is "
+        "hidden from TensorFlow in the scan process before it starts, so a "
+        "refused op is listed rather than raised. Exit 1 if a hazard remains, "
+        "0 otherwise, 2 for bad input, 3 if the training step itself fails.",
     )
     parser.add_argument(
         "target",
@@ -47,7 +50,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="Trace with plain TensorFlow (op determinism on, no tfdet patches).",
     )
     parser.add_argument(
-        "--seed", type=int, default=0, help="Seed for enable() and data."
+        "--seed",
+        type=int,
+        default=0,
+        help="Seed for enable() and data, in [0, 2**32 - 1] (default 0).",
     )
     parser.add_argument("--json", metavar="FILE", help="Also write the report as JSON.")
     parser.set_defaults(func=execute)
@@ -70,7 +76,7 @@ def _patch_note(finding, enabled: bool) -> str:
         return (
             f"tfdet patch {finding.patch} exists but tfdet.enable() did not install it: "
             "the hazard table says these versions do not need it (tf_keras patches need "
-            "TF_USE_LEGACY_KERAS=1, or tf_keras imported, before enable())"
+            "tf_keras installed)"
         )
     return f"covered by tfdet patch {finding.patch} (tfdet.enable() installs it)"
 
@@ -116,12 +122,30 @@ def format_report(report) -> str:
     return "\n".join(lines)
 
 
+def _check_seed(seed: int) -> None:
+    from tfdet._enable import MAX_SEED
+
+    if not 0 <= seed <= MAX_SEED:
+        raise app.UsageError(
+            f"Expected `--seed` in [0, {MAX_SEED}]. Received: --seed={seed}"
+        )
+
+
 def execute(args: argparse.Namespace) -> int:
+    _check_seed(args.seed)  # Before TF starts, with or without --no-enable.
     spec = _target.parse(args.target)  # TargetError (exit 2) before TF starts.
     if spec.legacy_keras:
         # The CLI process is fresh: tf.keras must resolve to tf_keras before
         # TensorFlow is imported.
         os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    from tfdet import _scan
+
+    # CPU-side analysis: with a GPU visible, the warm-up step would raise at
+    # the first refused op under determinism instead of listing it.
+    try:
+        _scan.hide_gpus()
+    except RuntimeError as error:
+        raise RunFailedError(str(error)) from error
     if not args.no_enable:
         import tfdet
 
@@ -142,7 +166,6 @@ def execute(args: argparse.Namespace) -> int:
         # it on themselves.
         tf.config.experimental.enable_op_determinism()
         tf.random.set_seed(args.seed)
-    from tfdet import _scan
 
     built = _target.build(spec.text, seed=args.seed)
     try:

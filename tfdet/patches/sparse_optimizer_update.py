@@ -11,6 +11,12 @@ the tf_keras optimizer base classes (`tf_keras.optimizers.Optimizer` and
 into a dense tensor with `UnsortedSegmentSum` (sort-based and deterministic
 on GPU), so the update runs the optimizer's dense path on the device.
 
+When tf_keras is installed but not imported yet (a Keras 3 script, or one
+that imports tf_keras after `tfdet.enable()`), `install()` defers the wrap
+until tf_keras is imported (`_import_hook.when_imported`), so the patch is in
+force whatever the import order, and a script that never imports tf_keras
+does not pay for importing it (~0.2-0.4 s and ~500 modules, measured).
+
 Tolerance: the dense update is the same arithmetic, but duplicate indices are
 summed before the update instead of scattered one after the other, and the
 optimizer's dense formula rounds differently from its sparse one; weights
@@ -24,12 +30,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from tfdet import _hazards, _patching
+from tfdet.patches import _import_hook
 from tfdet.patches._swap import Swap
 
 NAME = "sparse_optimizer_update"
 UPSTREAM = "https://github.com/tensorflow/tensorflow/pull/52270"
 
 _swap = Swap()
+_pending: _import_hook.Hook | None = None
 
 
 def densify(gradient: Any, variable: Any) -> Any:
@@ -76,8 +84,9 @@ def _optimizer_classes() -> list[Any]:
     return [optimizer._BaseOptimizer, optimizer.Optimizer, optimizer_v2.OptimizerV2]
 
 
-def install() -> None:
-    """Wraps `apply_gradients` of the tf_keras optimizer base classes."""
+def _wrap_optimizers() -> None:
+    global _pending
+    _pending = None
     if _swap.active:
         return
     for cls in _optimizer_classes():
@@ -87,8 +96,28 @@ def install() -> None:
             _swap.attribute(cls, "apply_gradients", _wrap(vars(cls)["apply_gradients"]))
 
 
+def install() -> None:
+    """Wraps `apply_gradients` of the tf_keras optimizer base classes.
+
+    Now if tf_keras is imported, else as soon as it is.
+    """
+    global _pending
+    if _swap.active or _pending is not None:
+        return
+    _pending = _import_hook.when_imported("tf_keras", _wrap_optimizers)
+
+
+def pending() -> bool:
+    """Whether `install()` is waiting for tf_keras to be imported."""
+    return _pending is not None
+
+
 def restore() -> None:
-    """Puts the original `apply_gradients` methods back."""
+    """Puts the original `apply_gradients` methods back (or cancels the wait)."""
+    global _pending
+    if _pending is not None:
+        _pending.remove()
+        _pending = None
     _swap.restore()
 
 
