@@ -6,7 +6,6 @@ with GPUs hidden by `CUDA_VISIBLE_DEVICES`, the answer is known without it.
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import os
 
@@ -49,15 +48,25 @@ def why_no_gpu() -> str:
 
 
 def hide_gpus() -> None:
-    """Makes TensorFlow in this process ignore GPUs (before its first op).
+    """Makes TensorFlow in this process CPU-only; call before its first op.
 
-    Used where tfdet only inspects a model on the host (the check parent's
-    preflight, scan): TensorFlow would otherwise claim the GPU's memory.
+    Used where tfdet only inspects a model on the host: the check parent's
+    preflight (TensorFlow would otherwise claim the GPU's memory while the
+    GPU runs start) and `tfdet scan` (whose warm-up step would raise at the
+    first op refused on GPU instead of letting the scan list it).
+
+    Raises:
+        RuntimeError: GPUs are visible and TensorFlow's runtime already
+            started, so they can no longer be hidden.
     """
-    if not _device_nodes():
-        return
     import tensorflow as tf
 
-    # RuntimeError: the runtime already started; nothing can be done now.
-    with contextlib.suppress(RuntimeError):
+    try:
         tf.config.set_visible_devices([], "GPU")
+    except RuntimeError as error:  # The runtime started before us.
+        if tf.config.get_visible_devices("GPU"):
+            raise RuntimeError(
+                "tfdet inspects models on the CPU, but TensorFlow's runtime already "
+                "started with a GPU visible. Run it in a fresh process, or with "
+                "CUDA_VISIBLE_DEVICES=-1."
+            ) from error

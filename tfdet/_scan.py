@@ -6,7 +6,7 @@ including those of nested and gradient functions in the function library,
 matches each op against the hazard table (`tfdet._hazards`) and attributes it
 to the Keras layer, metric or optimizer whose name scope it was built in.
 Tracing needs no GPU: op types and attributes are decided at trace time.
-`tfdet scan` hides any GPU (`hide_gpus`) before TensorFlow starts, so the
+`tfdet scan` hides any GPU (`tfdet._devices.hide_gpus`) before TensorFlow starts, so the
 warm-up step runs on the CPU even on a GPU machine.
 """
 
@@ -434,32 +434,6 @@ def find(
 
 def _keras_of(model: Any) -> str:
     return "tf_keras" if type(model).__module__.startswith("tf_keras") else "keras3"
-
-
-def hide_gpus() -> None:
-    """Makes this process CPU-only; call before TensorFlow creates devices.
-
-    A scan is a CPU-side analysis: op types and attributes are decided at
-    trace time, and `_warm_up` runs one real step with op determinism on,
-    which on a visible GPU would raise `UnimplementedError` at the first
-    refused op instead of letting the scan list it. Hiding the GPUs before
-    the runtime starts keeps every op on the CPU.
-
-    Raises:
-        RuntimeError: GPUs are visible and TensorFlow's runtime already
-            started, so they can no longer be hidden.
-    """
-    import tensorflow as tf
-
-    try:
-        tf.config.set_visible_devices([], "GPU")
-    except RuntimeError as error:  # The runtime started before the scan.
-        if tf.config.get_visible_devices("GPU"):
-            raise RuntimeError(
-                "tfdet scan runs on the CPU, but TensorFlow's runtime already "
-                "started with a GPU visible. Run the scan in a fresh process, or "
-                "with CUDA_VISIBLE_DEVICES=-1."
-            ) from error
 
 
 def _warm_up(built: Any) -> None:

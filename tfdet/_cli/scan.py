@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import warnings
 
 from absl import app
 
 from tfdet import _target
+from tfdet._cli import write_json
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError
 
 _BEHAVIOUR = {
@@ -138,12 +138,12 @@ def execute(args: argparse.Namespace) -> int:
         # The CLI process is fresh: tf.keras must resolve to tf_keras before
         # TensorFlow is imported.
         os.environ["TF_USE_LEGACY_KERAS"] = "1"
-    from tfdet import _scan
+    from tfdet import _devices, _scan
 
     # CPU-side analysis: with a GPU visible, the warm-up step would raise at
     # the first refused op under determinism instead of listing it.
     try:
-        _scan.hide_gpus()
+        _devices.hide_gpus()
     except RuntimeError as error:
         raise RunFailedError(str(error)) from error
     if not args.no_enable:
@@ -175,7 +175,5 @@ def execute(args: argparse.Namespace) -> int:
             f"Tracing the training step of TARGET {spec.text!r} failed: {error!r}"
         ) from error
     print(format_report(report))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(report.to_dict(), out, indent=2, sort_keys=True)
+    write_json(args.json, report.to_dict())
     return EXIT_DIVERGED if report.findings else EXIT_OK
