@@ -48,33 +48,103 @@ def test_ulp_distance_is_none_across_dtypes():
     )
 
 
-@settings(max_examples=30, deadline=None)
-@given(
-    st.integers(0, 10_000),
-    st.integers(0, 31),
-    st.sampled_from([np.float32, np.float16, np.float64, np.int32]),
-)
-def test_device_checksum_sees_any_single_flipped_bit(seed, bit, dtype):
+_DTYPES = [np.float32, np.float16, np.float64, np.int32, np.int64, np.int8]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from(_DTYPES), st.data())
+def test_device_checksum_sees_any_single_flipped_bit(seed, dtype, data):
     rng = np.random.default_rng(seed)
     value = (rng.standard_normal((7, 5)) * 100).astype(dtype)
     width = value.dtype.itemsize * 8
+    # Every bit of the element, including the sign and exponent bits of the
+    # upper 32-bit word of float64 and int64.
+    bit = data.draw(st.integers(0, width - 1), label="bit")
     flipped = value.copy()
     index = seed % value.size
-    flipped.view(f"u{value.dtype.itemsize}").ravel()[index] ^= np.array(
-        1 << (bit % width)
-    ).astype(f"u{value.dtype.itemsize}")
+    unsigned = f"u{value.dtype.itemsize}"
+    flipped.view(unsigned).ravel()[index] ^= np.array(1 << bit).astype(unsigned)
     a = _bits.device_checksums([tf.constant(value)])
     b = _bits.device_checksums([tf.constant(flipped)])
-    assert not np.array_equal(a, b)
+    # A single changed element changes both words.
+    assert (a != b).all()
 
 
-def test_device_checksum_sees_swapped_elements():
+def _checksum(value: np.ndarray) -> np.ndarray:
+    return _bits.device_checksums([tf.constant(value)])[0]
+
+
+def test_device_checksum_sees_changes_that_cancel_in_linear_sums():
+    weights = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    # +1, -2, +1 ulp at elements 10, 20, 30: the plain and the position-
+    # weighted sums of the words both stay the same.
+    ulps = weights.copy()
+    ulps.view(np.uint32)[[10, 20, 30]] += np.array([1, -2, 1], np.int32).view(np.uint32)
+    # Two sign flips: +2**31 twice is 0 mod 2**32.
+    signs = weights.copy()
+    signs[[0, 1]] = -signs[[0, 1]]
+    reference = _checksum(weights)
+    for changed in (ulps, signs):
+        assert (_checksum(changed) != reference).all()
+
+
+def test_device_checksum_sees_swapped_elements_and_halves_of_wide_words():
     value = np.arange(12, dtype=np.float32)
     swapped = value.copy()
     swapped[[2, 9]] = swapped[[9, 2]]
-    a = _bits.device_checksums([tf.constant(value)])
-    b = _bits.device_checksums([tf.constant(swapped)])
-    assert a[0, 0] == b[0, 0] and a[0, 1] != b[0, 1]
+    assert (_checksum(value) != _checksum(swapped)).all()
+    # The two 32-bit halves of an 8-byte element hash at distinct positions:
+    # swapping them is seen.
+    low, high = np.uint64(0x3FF00000), np.uint64(0x12345678)
+    wide = np.array([low | (high << np.uint64(32))], np.uint64)
+    halves_swapped = np.array([high | (low << np.uint64(32))], np.uint64)
+    assert (_checksum(wide) != _checksum(halves_swapped)).all()
+
+
+def test_device_checksum_of_every_dtype_and_of_nothing():
+    values = [
+        tf.constant([True, False]),
+        tf.constant(np.arange(6, dtype=np.uint8)),
+        tf.constant(np.ones(3, np.complex128)),
+        tf.Variable(np.zeros((2, 3), np.float32)),
+    ]
+    sums = _bits.device_checksums(values)
+    assert sums.shape == (4, 2) and sums.dtype == np.uint32
+    assert _bits.device_checksums([]).shape == (0, 2)
+    assert [len(text) for text in _bits.checksum_hex(sums)] == [16] * 4
+    assert _bits.checksum_hex(np.array([[1, 0xABCDEF12]], np.uint32)) == [
+        "00000001abcdef12"
+    ]
+
+
+def test_device_checksum_is_the_same_with_and_without_xla():
+    rng = np.random.default_rng(1)
+    values = [
+        tf.constant(rng.standard_normal((33, 7)).astype(np.float32)),
+        tf.constant(rng.standard_normal(5)),
+        tf.constant(rng.integers(0, 9, 4, dtype=np.int8)),
+    ]
+    np.testing.assert_array_equal(
+        _bits.device_checksums(values), _bits.device_checksums(values, xla=False)
+    )
+
+
+def test_weight_checksums_are_the_device_checksums_when_eager():
+    variables = [tf.Variable(np.arange(4, dtype=np.float32)), tf.Variable([1, 2])]
+    np.testing.assert_array_equal(
+        _bits.weight_checksums(variables), _bits.device_checksums(variables)
+    )
+    host = _bits.host_checksums([np.arange(4, dtype=np.float32)])
+    assert host.shape == (1, 2) and host.dtype == np.uint32
+
+
+def test_variable_names_are_indexed_and_unique():
+    class Named:
+        def __init__(self, name, path=None):
+            self.name, self.path = name, path
+
+    variables = [Named("kernel", "dense/kernel"), Named("kernel"), Named("kernel")]
+    assert _bits.variable_names(variables) == ["0:dense/kernel", "1:kernel", "2:kernel"]
 
 
 def test_array_digest_depends_on_shape_and_dtype():

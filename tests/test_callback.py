@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import clean_env, last_json_line, run_python
-
+from tests.conftest import clean_env, last_json_line, run_python
 from tfdet import _trace
 
 # Records a reference: builtin CNN, 2 epochs x 2 batches, thread count argv[1],
@@ -71,13 +70,13 @@ for kwargs in ({"every": 0}, {"on_divergence": "explode"}, {"variables_every": -
     except ValueError as error:
         errors.append(str(error))
 # Flip one bit of one weight: the fingerprint taken on the device changes.
-from tfdet import _callback, _trace
+from tfdet import _bits, _trace
 weights = built.model.weights
-before = _trace.weights_fingerprint(_callback._weight_checksums(weights))
+before = _trace.weights_fingerprint(_bits.weight_checksums(weights))
 bits = tf.bitcast(weights[4].value, tf.uint32).numpy()
 bits.flat[123] ^= 1 << 7
 weights[4].assign(tf.bitcast(tf.constant(bits), tf.float32))
-after = _trace.weights_fingerprint(_callback._weight_checksums(weights))
+after = _trace.weights_fingerprint(_bits.weight_checksums(weights))
 print(json.dumps({
     "steps": callback.steps_recorded, "same_file": first == second,
     "overridden": overridden, "errors": errors, "flip_changes": before != after,
@@ -106,6 +105,15 @@ for action in ("stop", "raise", "warn"):
         "profile_differences": {k: list(v) for k, v in callback.profile_differences.items()},
         "warnings": [str(w.message) for w in caught],
     }
+# every=2 records steps 0 and 2 only: fewer than the reference's 0, 1, 2.
+sparse = tfdet.DeterminismCallback(reference=sys.argv[2], every=2)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    fit(sparse)
+results["sparse"] = {
+    "divergence": sparse.divergence is not None,
+    "warnings": [str(w.message) for w in caught],
+}
 print(json.dumps(results))
 """
 
@@ -157,13 +165,22 @@ def test_against_a_reference_with_another_thread_count(tmp_path):
         assert same[action]["divergence"] is None and same[action]["error"] is None
         assert same[action]["steps"] == 4
         assert same[action]["profile_differences"] == {}
+        assert same[action]["warnings"] == []
     assert "diverged" not in same["stderr"]
+    # Steps of the reference left unchecked are a warning, not "all match".
+    sparse = same["sparse"]
+    assert not sparse["divergence"] and len(sparse["warnings"]) == 1, sparse
+    assert "compared only 2 steps" in sparse["warnings"][0]
+    assert "has 3 steps up to step 2" in sparse["warnings"][0]
 
     other = _run(_COMPARE, 2, reference, prefix)
     stop, raised, warn = other["stop"], other["raise"], other["warn"]
     # The profile difference is reported first, as a warning.
     assert stop["profile_differences"] == {"intra_op_threads": [1, 2]}
     assert "intra_op_threads=1 vs 2" in stop["warnings"][0]
+    # Once per callback: as a warning only, not logged a second time.
+    assert sum("another tfdet profile" in w for w in stop["warnings"]) == 1
+    assert "another tfdet profile" not in other["stderr"]
     # "stop": the first diverging step, quantity and both values, logged;
     # training stopped right after it.
     divergence = stop["divergence"]
@@ -195,6 +212,51 @@ def test_against_a_reference_with_another_thread_count(tmp_path):
     assert json.loads(json.dumps(divergence))["ulps"] is None
 
 
+_TF_KERAS_FIT = """
+import json, sys
+import numpy as np
+import tf_keras
+import tfdet
+import keras
+
+def fit(callback, model=None):
+    tf_keras.utils.set_random_seed(3)
+    x = np.random.default_rng(3).standard_normal((48, 6)).astype("float32")
+    model = tf_keras.Sequential(
+        [tf_keras.layers.Dense(8, activation="relu", input_shape=(6,)),
+         tf_keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(x, x[:, :2], batch_size=16, epochs=2, verbose=0, shuffle=False,
+              callbacks=[callback])
+
+recorder = tfdet.DeterminismCallback(trace=sys.argv[1])
+fit(recorder)
+checker = tfdet.DeterminismCallback(reference=sys.argv[1])
+fit(checker)
+print(json.dumps({
+    "classes": [isinstance(recorder, base) for base in (
+        tfdet.DeterminismCallback, tf_keras.callbacks.Callback,
+        keras.callbacks.Callback)],
+    "steps": checker.steps_recorded,
+    "divergence": checker.divergence is not None,
+}))
+"""
+
+
+def test_tf_keras_imported_directly(tmp_path):
+    # `import tf_keras` without TF_USE_LEGACY_KERAS: tf_keras's fit checks its
+    # own Callback API, which a Keras 3 callback lacks.
+    path = str(tmp_path / "direct.jsonl")
+    result = run_python(
+        f"import sys; sys.argv[1:] = [{path!r}]\n" + _TF_KERAS_FIT,
+        env=clean_env(TF_USE_LEGACY_KERAS=None),
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    facts = last_json_line(result.stdout)
+    assert facts == {"classes": [True, True, True], "steps": 6, "divergence": False}
+    assert len(_trace.read(path).steps) == 6
+
+
 def test_tf_keras_fit(tmp_path):
     path = str(tmp_path / "tf_keras.jsonl")
     code = """
@@ -214,7 +276,8 @@ fit(recorder)
 checker = tfdet.DeterminismCallback(reference=sys.argv[1])
 fit(checker)
 print(json.dumps({
-    "base": type(recorder).__mro__[1].__module__,
+    "classes": [isinstance(recorder, base) for base in (
+        tfdet.DeterminismCallback, tf_keras.callbacks.Callback)],
     "steps": checker.steps_recorded,
     "divergence": checker.divergence is not None,
 }))
@@ -225,7 +288,7 @@ print(json.dumps({
     )
     assert result.returncode == 0, result.stderr[-4000:]
     facts = last_json_line(result.stdout)
-    assert facts["base"].startswith("tf_keras")
+    assert facts["classes"] == [True, True]
     assert facts["steps"] == 4 and not facts["divergence"]
     trace = _trace.read(path)
     assert len(trace.steps) == 4 and trace.profile.keras == "tf_keras"

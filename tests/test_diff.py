@@ -8,9 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from conftest import clean_env, run_tfdet
-from test_trace import PROFILE, write_trace
-
+from tests.conftest import clean_env, run_tfdet
+from tests.test_trace import PROFILE, write_trace
 from tfdet import _diff, _trace
 from tfdet._cli import main
 
@@ -83,6 +82,37 @@ def test_cli_diff_exit_codes_and_json(tmp_path):
     assert facts["divergence"]["quantity"] == "loss"
     assert facts["divergence"]["ulps"] == 3
     assert main(["tfdet", "diff", a, str(tmp_path / "missing.jsonl")]) == 2
+
+
+def _write_steps(path, steps: list[int], loss_at: dict[int, str] | None = None):
+    header = _trace.make_header(PROFILE, {"cpu_count": 2}, ["0:dense/kernel"])
+    with _trace.TraceWriter(path, header) as writer:
+        for step in steps:
+            record = _record(step, variables=["1" * 16])
+            record["loss"]["bits"] = (loss_at or {}).get(step, "40135d8e")
+            writer.write_step(record)
+    return str(path)
+
+
+def test_traces_with_different_steps_are_not_identical(tmp_path, capsys):
+    a = _write_steps(tmp_path / "a.jsonl", [0, 1, 2])
+    b = _write_steps(tmp_path / "b.jsonl", [0, 1, 7])
+    comparison = _diff.compare(_trace.read(a), _trace.read(b))
+    assert not comparison.identical and comparison.steps_compared == 2
+    found = comparison.divergence
+    assert (found.step, found.quantity) == (2, "steps")
+    assert found.expected == "recorded"
+    assert found.received == "not recorded (last recorded step: 7)"
+    report = tmp_path / "report.json"
+    assert main(["tfdet", "diff", a, b, "--json", str(report)]) == 1
+    assert "bit-identical" not in capsys.readouterr().out
+    assert json.loads(report.read_text())["divergence"]["quantity"] == "steps"
+    # Reversed, step 2 is the extra one; a bit difference before it comes first.
+    found = _diff.compare(_trace.read(b), _trace.read(a)).divergence
+    assert (found.step, found.expected) == (2, "not recorded (last recorded step: 7)")
+    c = _write_steps(tmp_path / "c.jsonl", [0, 1, 7], loss_at={1: "40135d8f"})
+    found = _diff.compare(_trace.read(a), _trace.read(c)).divergence
+    assert (found.step, found.quantity) == (1, "loss")
 
 
 _RECORD = """

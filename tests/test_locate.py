@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import REPO, run_tfdet
 
+from tests.conftest import REPO, run_tfdet
 from tfdet import _locate
 from tfdet._errors import RunFailedError
 
@@ -18,11 +18,14 @@ def _result(steps: list[dict]) -> dict:
     return {
         "layers": [
             {"name": "dense_a", "class": "Dense", "scope": "m/dense_a", "tensors": [0, 1],
-             "ops": ["MatMul"], "gradient_ops": ["MatMul"]},
+             "ops": ["MatMul"], "gradient_ops": ["MatMul"],
+             "consumers": [1], "model_output": False},
             {"name": "noise", "class": "Noise", "scope": "m/noise", "tensors": [1, 2],
-             "ops": ["AddV2"], "gradient_ops": []},
+             "ops": ["AddV2"], "gradient_ops": [],
+             "consumers": [2], "model_output": False},
             {"name": "head", "class": "Dense", "scope": "m/head", "tensors": [2, 3],
-             "ops": ["MatMul"], "gradient_ops": ["MatMul", "BiasAddGrad"]},
+             "ops": ["MatMul"], "gradient_ops": ["MatMul", "BiasAddGrad"],
+             "consumers": [], "model_output": True},
         ],
         "variables": ["dense_a/kernel", "head/kernel"],
         "variable_layers": [0, 2],
@@ -62,6 +65,97 @@ def test_walk_follows_execution_order(changes, expected):
     assert location.step == 1
     assert (location.phase, location.layer, location.quantity) == expected
     assert _locate.locate_results(a, _result([_step(0), _step(1)])) is None
+
+
+def _residual(steps: list[dict]) -> dict:
+    """dense_a -> (dense_b, add), dense_b -> add -> head: a residual block."""
+    result = _result(steps)
+    dense_a, noise, head = result["layers"]
+    result["layers"] = [
+        dict(dense_a, consumers=[1, 2]),
+        dict(noise, name="dense_b", consumers=[2]),
+        dict(noise, name="add", tensors=[2, 3], consumers=[3]),
+        dict(head, tensors=[3, 4]),
+    ]
+    result["variable_layers"] = [0, 3]
+    return result
+
+
+@pytest.mark.parametrize(
+    ("out_grads", "layer", "quantity"),
+    [
+        # add's output gradient: computed by head alone.
+        ("wxYz", "head", "input gradient"),
+        # dense_b's: computed by add alone (not by the next layer in call order).
+        ("wYyz", "add", "input gradient"),
+        # dense_a's: the sum of dense_b's and add's input gradients.
+        (
+            "Wxyz",
+            None,
+            "gradient flowing into the output of 'dense_a', summed from its "
+            "consumers 'dense_b', 'add'",
+        ),
+    ],
+)
+def test_walk_blames_the_consumers_of_a_branched_output(out_grads, layer, quantity):
+    a = _residual([_step(0, outputs="abcd", out_grads="wxyz")])
+    b = _residual([_step(0, outputs="abcd", out_grads=out_grads)])
+    location = _locate.locate_results(a, b)
+    assert (location.phase, location.layer, location.quantity) == (
+        "backward",
+        layer,
+        quantity,
+    )
+
+
+def test_walk_does_not_guess_without_consumers():
+    a = _result([_step(0)])
+    for layer in a["layers"]:
+        del layer["consumers"], layer["model_output"]
+    b = _result([_step(0, out_grads="xYz")])
+    b["layers"] = a["layers"]
+    location = _locate.locate_results(a, b)
+    assert location.layer is None
+    assert location.quantity == (
+        "gradient flowing into the output of 'noise' (computed by the layers that "
+        "consume it)"
+    )
+
+
+def test_recorder_maps_each_output_to_its_consumers():
+    tf = pytest.importorskip("tensorflow")
+    from tests.targets import locate_models
+    from tfdet import _locate_worker
+
+    def consumers(model) -> dict[str, list[str]]:
+        recorder = _locate_worker._Recorder(model)
+
+        @tf.function
+        def forward(x):
+            recorder.reset()
+            y = model(x, training=True)
+            recorder.model_outputs = tf.nest.flatten(y)
+            return y
+
+        forward(tf.zeros((2, locate_models.FEATURES)))
+        names = [call["name"] for call in recorder.calls]
+        outputs = recorder.feeds_model_output()
+        return {
+            names[i]: [names[c] for c in found] + ["(model output)"] * outputs[i]
+            for i, found in enumerate(recorder.consumers())
+        }
+
+    assert consumers(locate_models.clean_residual()) == {
+        "dense_a": ["dense_b", "add"],
+        "dense_b": ["add"],
+        "add": ["head"],
+        "head": ["(model output)"],
+    }
+    # Nested block: the layer inside it consumes dense_a's output, not the block.
+    nested = consumers(locate_models.urandom_functional())
+    assert nested["dense_a"] == ["inner_dense"]
+    assert nested["inner_noise"] == ["inner_after"]
+    assert nested["block"] == ["head"]
 
 
 def test_different_structures_are_a_failed_run():

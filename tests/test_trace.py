@@ -7,12 +7,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_tfdet
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfdet import _trace
+from tests.conftest import run_tfdet
+from tfdet import _bits, _trace
+from tfdet._cli import main
 from tfdet._errors import TraceFormatError
+
+# Imported before hypothesis runs: TensorFlow raises the recursion limit on
+# import, which hypothesis warns about when it happens inside a test.
+tf = pytest.importorskip("tensorflow")
 
 PROFILE = {
     "seed": 0,
@@ -129,33 +134,107 @@ def test_cut_header_and_corrupt_middle_line_are_format_errors(tmp_path):
         _trace.read(tmp_path / "missing.jsonl")
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    shape=st.tuples(st.integers(1, 3), st.integers(1, 40)),
-    variable=st.integers(0, 2),
-    bit=st.integers(0, 31),
-    data=st.data(),
+_CORRUPT_STEPS = {
+    "step not an int": {"step": "x"},
+    "step a bool": {"step": True},
+    "negative step": {"step": -1},
+    "loss not bits": {"loss": "abc"},
+    "loss without bits": {"loss": {"dtype": "float32"}},
+    "loss bits not hex": {"loss": {"dtype": "float32", "bits": "zz"}},
+    "loss dtype unknown": {"loss": {"dtype": "float99", "bits": "00"}},
+    "metrics not an object": {"metrics": [1, 2]},
+    "metric not bits": {"metrics": {"accuracy": 0.5}},
+    "weights not a string": {"weights": 7},
+    "weights missing": {"weights": None},
+    "variables not strings": {"variables": [1]},
+    "epoch not an int": {"epoch": "0"},
+}
+
+
+def _with_step_line(tmp_path, position: int, line: str, newline: bool) -> Path:
+    path = Path(write_trace(tmp_path / "run.jsonl", steps=3))
+    lines = path.read_text(encoding="utf-8").splitlines()
+    lines[position] = line
+    path.write_text("\n".join(lines) + ("\n" if newline else ""), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    "change", list(_CORRUPT_STEPS.values()), ids=list(_CORRUPT_STEPS)
 )
-def test_weights_fingerprint_catches_any_single_flipped_bit(shape, variable, bit, data):
-    # Host model of `_bits.device_checksums` (wrap-around plain and
-    # odd-weighted sums of the uint32 words), which the callback feeds in.
+def test_a_corrupt_step_record_is_a_format_error(tmp_path, change):
+    line = json.dumps({**_step(1), **change})
+    # In the middle: an error naming the line.
+    path = _with_step_line(tmp_path, 2, line, newline=True)
+    with pytest.raises(TraceFormatError, match="line 3"):
+        _trace.read(path)
+    # As the last, whole line: still an error (a killed run cuts, not corrupts).
+    path = _with_step_line(tmp_path, 3, line, newline=True)
+    with pytest.raises(TraceFormatError, match="line 4"):
+        _trace.read(path)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"profile": "zz"},
+        {"environment": [1]},
+        {"version": True},
+        {"version": 0},
+        {"version": 1},
+        {"version": "1"},
+        {"variables": "dense/kernel"},
+    ],
+    ids=str,
+)
+def test_a_corrupt_header_is_a_format_error(tmp_path, change):
+    path = Path(write_trace(tmp_path / "run.jsonl", steps=2))
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[0] = json.dumps({**json.loads(lines[0]), **change}) + "\n"
+    path.write_text("".join(lines), encoding="utf-8")
+    with pytest.raises(TraceFormatError, match="Expected"):
+        _trace.read(path)
+
+
+def test_cli_diff_exits_2_on_corrupt_records(tmp_path, capsys):
+    good = write_trace(tmp_path / "good.jsonl", steps=3)
+    for name in ("step not an int", "loss not bits"):
+        line = json.dumps({**_step(1), **_CORRUPT_STEPS[name]})
+        bad = _with_step_line(tmp_path / name.replace(" ", "_"), 2, line, True)
+        assert main(["tfdet", "diff", good, str(bad)]) == 2
+    header = Path(write_trace(tmp_path / "header.jsonl", steps=3))
+    lines = header.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[0] = json.dumps({**json.loads(lines[0]), "profile": "zz"}) + "\n"
+    header.write_text("".join(lines), encoding="utf-8")
+    assert main(["tfdet", "diff", good, str(header)]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    variable=st.integers(0, 2),
+    position=st.floats(0, 1, exclude_max=True),
+    bit=st.integers(0, 63),
+)
+def test_weights_fingerprint_catches_any_single_flipped_bit(variable, position, bit):
+    # The real device checksums of three variables (float32, float64, int32),
+    # as the callback takes them, through the trace's fingerprints.
     rng = np.random.default_rng(0)
-    words = [
-        rng.integers(0, 2**32, size=shape[0] * shape[1], dtype=np.uint64)
-        for _ in range(3)
+    arrays = [
+        rng.standard_normal((3, 40)).astype(np.float32),
+        rng.standard_normal(17),
+        rng.integers(-1000, 1000, size=(2, 5), dtype=np.int32),
     ]
-    index = data.draw(st.integers(0, words[variable].size - 1))
-
-    def checksums(arrays):
-        rows = []
-        for array in arrays:
-            odd = np.arange(array.size, dtype=np.uint64) * 2 + 1
-            rows.append([int(array.sum() % 2**32), int((array * odd).sum() % 2**32)])
-        return np.array(rows, dtype=np.uint32)
-
-    flipped = [w.copy() for w in words]
-    flipped[variable][index] ^= np.uint64(1 << bit)
-    before, after = checksums(words), checksums(flipped)
+    flipped = [array.copy() for array in arrays]
+    target = flipped[variable]
+    index = int(position * target.size)
+    width = target.dtype.itemsize * 8
+    unsigned = f"u{target.dtype.itemsize}"
+    target.view(unsigned).ravel()[index] ^= np.array(1 << (bit % width)).astype(
+        unsigned
+    )
+    before = _bits.device_checksums([tf.Variable(a) for a in arrays])
+    after = _bits.device_checksums([tf.Variable(a) for a in flipped])
     assert _trace.weights_fingerprint(before) != _trace.weights_fingerprint(after)
     changed = [
         i
@@ -183,9 +262,12 @@ def test_cli_diff_exits_2_on_a_non_trace_and_reads_a_cut_trace(tmp_path):
     cut.write_bytes(data[: len(data) - 10])
     report = tmp_path / "report.json"
     result = run_tfdet("diff", good, str(cut), "--json", str(report))
-    # The cut trace has 2 of the 3 steps: equal where both exist, but shorter.
+    # The cut trace has 2 of the 3 steps: equal where both exist, but step 2
+    # is missing from it.
     assert result.returncode == 1, result.stderr
     assert "cut line" in result.stdout
     facts = json.loads(report.read_text())
     assert facts["steps"] == [3, 2] and facts["truncated"] == [False, True]
-    assert facts["divergence"] is None
+    assert facts["identical"] is False
+    assert facts["divergence"]["step"] == 2
+    assert facts["divergence"]["quantity"] == "steps"

@@ -77,11 +77,24 @@ def array_digest(array: Any) -> str:
     return digest.hexdigest()
 
 
+def variable_names(variables: Sequence[Any]) -> list[str]:
+    """One unambiguous name per variable: `"{index}:{path or name}"`.
+
+    The index keeps names unique when a framework repeats them (tf_keras
+    names are not unique across layers) and says where each fingerprint sits
+    in the weights list. Every trace and worker result uses these names.
+    """
+    return [
+        f"{index}:{getattr(v, 'path', None) or getattr(v, 'name', None)}"
+        for index, v in enumerate(variables)
+    ]
+
+
 def weights_digests(variables: Sequence[Any]) -> dict[str, str]:
-    """`{variable path: array_digest}` for every variable (copies to host)."""
+    """`{variable_names(...) name: array_digest}` for every variable (host copy)."""
     return {
-        _variable_name(v, i): array_digest(np.asarray(v))
-        for i, v in enumerate(variables)
+        name: array_digest(np.asarray(v))
+        for name, v in zip(variable_names(variables), variables, strict=True)
     }
 
 
@@ -93,58 +106,166 @@ def combined_digest(digests: Iterable[str]) -> str:
     return digest.hexdigest()
 
 
-def _variable_name(variable: Any, index: int) -> str:
-    name = getattr(variable, "path", None) or getattr(variable, "name", None)
-    return f"{index}:{name}"
+def checksum_hex(checksums: Any) -> list[str]:
+    """`device_checksums` rows as 16 hex digits each (the two words in order)."""
+    return [f"{int(a):08x}{int(b):08x}" for a, b in np.asarray(checksums, np.uint32)]
 
 
-_checksum_fn = None
+def host_checksums(arrays: Sequence[Any]) -> np.ndarray:
+    """`(n, 2)` uint32 checksums from host arrays: the first 8 bytes of SHA-256.
+
+    For tf.compat.v1 graph mode, which has no eager `tf.function` to run
+    `device_checksums`: same layout, different values.
+    """
+    rows = []
+    for array in arrays:
+        digest = array_digest(array)
+        rows.append([int(digest[:8], 16), int(digest[8:16], 16)])
+    return np.array(rows, dtype=np.uint32).reshape(len(rows), 2)
 
 
-def device_checksums(variables: Sequence[Any]) -> np.ndarray:
+def weight_checksums(variables: Sequence[Any]) -> np.ndarray:
+    """`(n, 2)` uint32 checksums of `variables`, on device when eager.
+
+    Eager TensorFlow 2 (Keras 3, tf_keras): `device_checksums`. tf.compat.v1
+    graph mode (tf_keras only; Keras 3 has no graph mode): the values are
+    read through tf_keras's session and digested on the host
+    (`host_checksums`).
+    """
+    import tensorflow as tf
+
+    variables = list(variables)
+    if tf.executing_eagerly():
+        return device_checksums(variables)
+    import tf_keras
+
+    return host_checksums(tf_keras.backend.batch_get_value(variables))
+
+
+# Murmur3's 32-bit finalizer (fmix32) constants, and the two odd multipliers
+# that give each element position its own key, one per checksum word.
+_FMIX_MULTIPLIERS = (0x85EBCA6B, 0xC2B2AE35)
+_POSITION_KEYS = (0x9E3779B9, 0x7FEB352D)
+
+_checksum_fns: list[Any] = []
+_xla_usable = True
+
+
+def _fmix32(h: Any) -> Any:
+    """Murmur3 fmix32 on uint32 tensors: a bijection with full avalanche."""
+    import tensorflow as tf
+
+    xor, shift = tf.bitwise.bitwise_xor, tf.bitwise.right_shift
+    h = xor(h, shift(h, tf.constant(16, tf.uint32)))
+    h = h * tf.constant(_FMIX_MULTIPLIERS[0], tf.uint32)
+    h = xor(h, shift(h, tf.constant(13, tf.uint32)))
+    h = h * tf.constant(_FMIX_MULTIPLIERS[1], tf.uint32)
+    return xor(h, shift(h, tf.constant(16, tf.uint32)))
+
+
+def _words(value: Any) -> Any:
+    """A tensor's bit pattern as a flat uint32 vector.
+
+    4-byte elements are one word each, 8-byte elements two (each half with
+    its own position), narrower ones are zero-extended, bool is 0 or 1.
+    """
+    import tensorflow as tf
+
+    flat = tf.reshape(value, [-1])
+    width = flat.dtype.size
+    if flat.dtype.is_bool:
+        return tf.cast(flat, tf.uint32)
+    if width == 4:
+        return tf.bitcast(flat, tf.uint32)
+    if width % 4 == 0:
+        return tf.reshape(tf.bitcast(flat, tf.uint32), [-1])
+    if width == 2:
+        return tf.cast(tf.bitcast(flat, tf.uint16), tf.uint32)
+    return tf.reshape(tf.cast(tf.bitcast(flat, tf.uint8), tf.uint32), [-1])
+
+
+def _checksum_pair(value: Any) -> Any:
+    """`[sum(fmix32(w ^ i * K0)), sum(fmix32(w ^ i * K1))]` mod 2**32, uint32."""
+    import tensorflow as tf
+
+    words = _words(value)
+    size = tf.size(words, out_type=tf.int32)
+    # Positions count from 1, so that no element gets the key 0.
+    positions = tf.bitcast(tf.range(1, size + 1, dtype=tf.int32), tf.uint32)
+    sums = []
+    for key in _POSITION_KEYS:
+        keys = positions * tf.constant(key, tf.uint32)
+        sums.append(tf.reduce_sum(_fmix32(tf.bitwise.bitwise_xor(words, keys))))
+    return tf.stack(sums)
+
+
+def _checksum_functions() -> list[Any]:
+    """The checksum `tf.function`s: XLA-compiled first, plain as a fallback.
+
+    XLA fuses the hash into one pass over the weights (half the time of one
+    kernel per operation on CPU). Integer arithmetic is exact, so both give
+    the same bits; the plain one serves where XLA cannot compile.
+    """
+    import tensorflow as tf
+
+    if not _checksum_fns:
+
+        @tf.autograph.experimental.do_not_convert
+        def checksums(values: list[Any]) -> Any:
+            return tf.stack([_checksum_pair(value) for value in values])
+
+        _checksum_fns.extend(
+            tf.function(checksums, reduce_retracing=True, jit_compile=jit)
+            for jit in (True, False)
+        )
+    return _checksum_fns
+
+
+def device_checksums(variables: Sequence[Any], *, xla: bool = True) -> np.ndarray:
     """Two 32-bit checksums per variable, computed where the variable lives.
 
-    Each variable's bit pattern is reinterpreted as unsigned integers and
-    reduced twice with wrap-around addition: a plain sum (any single flipped
-    bit changes it by +-2**k, never 0 mod 2**32) and a sum weighted by odd
-    position factors (catches swapped elements). Integer addition is
-    associative, so the reduction order, and thus the thread count, cannot
-    change the result. Only 8 bytes per variable leave the device.
+    Each variable's bit pattern is split into uint32 words; word `w` at
+    position `i` (from 1) is hashed as `fmix32(w ^ (i * K))`, murmur3's
+    finalizer, once with each of two odd keys `K`, and each checksum is the
+    wrap-around sum of one of the two hashes. fmix32 is a bijection, so a
+    change to any bits of one word always changes both sums; changes to
+    several words cancel only if their pseudo-random hash differences happen
+    to (about 2**-32 per word), unlike sums of the raw words, which miss
+    e.g. +1, -2, +1 ulp at three positions or two sign flips. Integer
+    addition is associative, so the reduction order, and thus the thread
+    count, cannot change the result. Only 8 bytes per variable leave the
+    device.
+
+    Args:
+        variables: Variables or tensors, of any numeric or bool dtype.
+        xla: Compile with XLA (the default; falls back to plain TensorFlow
+            if XLA fails). The result is the same either way.
 
     Returns:
         A uint32 array of shape (len(variables), 2).
     """
-    global _checksum_fn
     import tensorflow as tf
 
-    if _checksum_fn is None:
-
-        def one(value: tf.Tensor) -> tf.Tensor:
-            flat = tf.reshape(value, [-1])
-            width = flat.dtype.size
-            if flat.dtype.is_bool:
-                words = tf.cast(flat, tf.uint32)
-            elif width == 8:
-                words = tf.reshape(tf.bitcast(flat, tf.uint32), [-1])
-            elif width == 4:
-                words = tf.bitcast(flat, tf.uint32)
-            elif width == 2:
-                words = tf.cast(tf.bitcast(flat, tf.uint16), tf.uint32)
-            else:
-                words = tf.cast(tf.bitcast(flat, tf.uint8), tf.uint32)
-            positions = tf.range(tf.size(words, out_type=tf.int32), dtype=tf.int32)
-            odd = tf.cast(positions, tf.uint32) * 2 + 1
-            return tf.stack([tf.reduce_sum(words), tf.reduce_sum(words * odd)])
-
-        @tf.autograph.experimental.do_not_convert
-        def checksums(values):
-            return tf.stack([one(value) for value in values])
-
-        _checksum_fn = tf.function(checksums, reduce_retracing=True)
     if not variables:
         return np.zeros((0, 2), dtype=np.uint32)
     values = [
-        v.value if hasattr(v, "value") and not callable(v.value) else v
+        tf.convert_to_tensor(
+            v.value if hasattr(v, "value") and not callable(v.value) else v
+        )
         for v in variables
     ]
-    return np.asarray(_checksum_fn([tf.convert_to_tensor(v) for v in values]))
+    jit, plain = _checksum_functions()
+    if xla and _xla_usable:
+        try:
+            return np.asarray(jit(values))
+        except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
+            result = np.asarray(plain(values))  # Raises if the input is bad.
+            # The input is fine and XLA failed: no XLA here, from now on.
+            _disable_xla()
+            return result
+    return np.asarray(plain(values))
+
+
+def _disable_xla() -> None:
+    global _xla_usable
+    _xla_usable = False

@@ -1,16 +1,23 @@
 """`tfdet.DeterminismCallback`: record a step trace, compare it live.
 
-The Keras base class is chosen when this module is imported: tf_keras's when
-`TF_USE_LEGACY_KERAS=1` (as `tf.keras` then is tf_keras), Keras 3's otherwise.
+Keras 3 and tf_keras each check the callbacks passed to `fit` against their
+own `Callback` API (tf_keras calls `_implements_train_batch_hooks`, which
+Keras 3's base class lacks). `tfdet.DeterminismCallback(...)` therefore
+builds an instance of a subclass of both base classes whenever tf_keras is
+in use (`TF_USE_LEGACY_KERAS=1`, or `tf_keras` imported), and of the Keras 3
+class otherwise; either is an instance of `tfdet.DeterminismCallback`.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
+import sys
 import warnings
 from typing import Any
 
+import keras
 import numpy as np
 
 from tfdet import _bits, _diff, _trace, _versions
@@ -21,30 +28,6 @@ _LOG = logging.getLogger("tfdet")
 _ACTIONS = ("stop", "raise", "warn")
 # tf_keras in tf.compat.v1 graph mode logs the batch index and size too.
 _BOOKKEEPING_LOGS = frozenset({"batch", "size"})
-
-if _versions.uses_legacy_keras():
-    import tf_keras
-
-    _Callback = tf_keras.callbacks.Callback
-else:
-    import keras
-
-    _Callback = keras.callbacks.Callback
-
-
-def _weight_checksums(variables: list[Any]) -> np.ndarray:
-    import tensorflow as tf
-
-    if tf.executing_eagerly():
-        return _bits.device_checksums(variables)
-    # tf.compat.v1 graph mode has no eager tf.function: read on the host and
-    # fold each variable's SHA-256 into the same (n, 2) uint32 layout.
-    backend = tf.compat.v1.keras.backend
-    values = backend.batch_get_value(variables)
-    digests = [_bits.array_digest(value) for value in values]
-    return np.array(
-        [[int(d[:8], 16), int(d[8:16], 16)] for d in digests], dtype=np.uint32
-    )
 
 
 def _logged_bits(value: Any) -> dict[str, str]:
@@ -60,15 +43,7 @@ def _logged_bits(value: Any) -> dict[str, str]:
         }
 
 
-def _variable_names(variables: list[Any]) -> list[str]:
-    names = [getattr(v, "path", None) or v.name for v in variables]
-    # Keras 3 paths are unique; tf_keras names may repeat across layers.
-    if len(set(names)) != len(names):
-        names = [f"{index}:{name}" for index, name in enumerate(names)]
-    return names
-
-
-class DeterminismCallback(_Callback):
+class _DeterminismHooks:
     """Records every training step's bits and compares them with a reference.
 
     Each recorded step holds the loss and metrics as exact bits and a
@@ -85,7 +60,14 @@ class DeterminismCallback(_Callback):
     `profile_differences`.
 
     Each `fit` call starts afresh: the trace file is rewritten and step 0 is
-    the first step of that `fit`.
+    the first step of that `fit`. At the end of a `fit` without divergence,
+    the callback logs that the compared steps match, or warns when the
+    reference holds steps (up to this run's last) that were not compared,
+    e.g. because of another `every`.
+
+    Works with Keras 3 and tf_keras `fit`: when tf_keras is in use
+    (`TF_USE_LEGACY_KERAS=1`, or `tf_keras` imported before the callback is
+    made), the instance also subclasses `tf_keras.callbacks.Callback`.
 
     Example:
 
@@ -127,6 +109,11 @@ class DeterminismCallback(_Callback):
         variables_every: int = 1,
     ) -> None:
         super().__init__()
+        # tf_keras's CallbackList reads these; its own __init__ is not called
+        # (it would assign `model`, a read-only property in Keras 3).
+        self.validation_data = None
+        self._chief_worker_only = None
+        self._supports_tf_logs = False
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(
                 f"Expected `every` to be an int >= 1. Received: every={every!r}"
@@ -160,11 +147,13 @@ class DeterminismCallback(_Callback):
         self.divergence = None
         self.profile_differences = {}
         self.steps_recorded = 0
+        self._steps_compared = 0
+        self._last_step = -1
         self._epoch = 0
         self._epoch_start = 0
         self._last_batch = -1
         self._variables = list(self.model.weights)
-        self._names = _variable_names(self._variables)
+        self._names = _bits.variable_names(self._variables)
         profile = _enable.observed_profile()
         self._expected: dict[int, dict[str, Any]] = {}
         self._reference_names: list[str] | None = None
@@ -186,7 +175,7 @@ class DeterminismCallback(_Callback):
                     + ". Bits are compared anyway; expect them to differ.",
                     self.profile_differences,
                 )
-                _LOG.warning("tfdet: %s", error)
+                # Reported once, as a warning (absl and logging show it too).
                 warnings.warn(str(error), stacklevel=2)
 
         self._writer = None
@@ -214,10 +203,13 @@ class DeterminismCallback(_Callback):
         step = self._epoch_start + batch
         if step % self.every:
             return
+        self._last_step = step
         record = self._record(step, batch, logs or {})
         if self._writer is not None:
             self._writer.write_step(record)
         self.steps_recorded += 1
+        if step in self._expected:
+            self._steps_compared += 1
         if self.divergence is None and step in self._expected:
             # Fingerprints are matched by position; names may differ only by
             # Keras's auto-numbering (a second model in one process).
@@ -232,11 +224,27 @@ class DeterminismCallback(_Callback):
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self._close()
-        if self.reference is not None and self.divergence is None:
-            _LOG.info(
-                "tfdet: %d recorded steps match the reference bit for bit.",
-                self.steps_recorded,
+        if self.reference is None or self.divergence is not None:
+            return
+        expected = sum(1 for step in self._expected if step <= self._last_step)
+        if self._steps_compared < expected or self._steps_compared < (
+            self.steps_recorded
+        ):
+            message = (
+                f"tfdet: compared only {self._steps_compared} steps with the "
+                f"reference, which has {expected} steps up to step "
+                f"{self._last_step}; this run recorded {self.steps_recorded}. "
+                "The traces record different steps (another `every`, or another "
+                "number of batches per epoch?): the steps not compared are "
+                "unchecked."
             )
+            _LOG.warning("%s", message)
+            warnings.warn(message, stacklevel=2)
+            return
+        _LOG.info(
+            "tfdet: %d recorded steps match the reference bit for bit.",
+            self._steps_compared,
+        )
 
     def _close(self) -> None:
         if self._writer is not None:
@@ -249,7 +257,7 @@ class DeterminismCallback(_Callback):
             for name, value in sorted(logs.items())
             if name not in _BOOKKEEPING_LOGS
         }
-        checksums = _weight_checksums(self._variables)
+        checksums = _bits.weight_checksums(self._variables)
         record: dict[str, Any] = {
             "epoch": self._epoch,
             "step": step,
@@ -275,3 +283,44 @@ class DeterminismCallback(_Callback):
             return
         _LOG.warning("%s Stopping training.", message)
         self.model.stop_training = True
+
+
+class DeterminismCallback(_DeterminismHooks, keras.callbacks.Callback):
+    __doc__ = _DeterminismHooks.__doc__
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> DeterminismCallback:
+        if cls is DeterminismCallback and _tf_keras_in_use():
+            cls = _tf_keras_class()
+        return super().__new__(cls)
+
+
+# `__new__` takes anything; show `__init__`'s arguments in help() and IDEs.
+_INIT = inspect.signature(_DeterminismHooks.__init__)
+DeterminismCallback.__signature__ = _INIT.replace(  # type: ignore[attr-defined]
+    parameters=list(_INIT.parameters.values())[1:]
+)
+
+
+def _tf_keras_in_use() -> bool:
+    return _versions.uses_legacy_keras() or "tf_keras" in sys.modules
+
+
+_TfKerasDeterminismCallback: type[DeterminismCallback] | None = None
+
+
+def _tf_keras_class() -> type[DeterminismCallback]:
+    """`DeterminismCallback` that is also a tf_keras `Callback` (made once).
+
+    tf_keras is imported only when it is in use: importing tfdet must not
+    import it.
+    """
+    global _TfKerasDeterminismCallback
+    if _TfKerasDeterminismCallback is None:
+        import tf_keras
+
+        _TfKerasDeterminismCallback = type(
+            "_TfKerasDeterminismCallback",
+            (DeterminismCallback, tf_keras.callbacks.Callback),
+            {"__module__": __name__, "__doc__": DeterminismCallback.__doc__},
+        )
+    return _TfKerasDeterminismCallback

@@ -26,9 +26,10 @@ class Divergence:
     Attributes:
         step: Global step (0-based).
         epoch: Epoch of the step, when recorded.
-        quantity: `"loss"`, `"metric:NAME"`, `"weights"` or
+        quantity: `"loss"`, `"metric:NAME"`, `"weights"`,
             `"weights:VARIABLE"` (the first differing variable, when
-            per-variable fingerprints exist at that step).
+            per-variable fingerprints exist at that step), or `"steps"` (the
+            step is recorded in only one of the traces).
         expected: The reference's value, formatted with its bits.
         received: This run's (or trace B's) value, formatted with its bits.
         ulps: Units in the last place between the two, for floats.
@@ -196,8 +197,12 @@ class TraceComparison:
 
     @property
     def identical(self) -> bool:
-        """Whether every step's bits agree and both traces have the same steps."""
-        return self.divergence is None and self.steps[0] == self.steps[1]
+        """Whether both traces hold the same steps, with the same bits.
+
+        A step recorded in only one trace is a divergence (quantity
+        `"steps"`), so no divergence means identical.
+        """
+        return self.divergence is None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -217,11 +222,27 @@ class TraceComparison:
         }
 
 
+def _missing_step(step: int, a: Mapping[int, Any], b: Mapping[int, Any]) -> Divergence:
+    """The divergence of a step recorded in only one of two traces."""
+    present = a.get(step) or b.get(step)
+    epoch = present.get("epoch") if present else None
+
+    def state(steps: Mapping[int, Any]) -> str:
+        if step in steps:
+            return "recorded"
+        last = max(steps, default=None)
+        return f"not recorded (last recorded step: {last})"
+
+    return Divergence(step, epoch, "steps", state(a), state(b))
+
+
 def compare(a: Trace, b: Trace) -> TraceComparison:
     """Compares trace A (the expected one) with trace B, step by step.
 
-    Only steps recorded in both are compared; a trace that stops earlier is
-    not identical (see `TraceComparison.steps`).
+    Traces agree only when they hold the same set of steps with the same
+    bits. The divergence is the earliest step where they part: a step whose
+    bits differ, or a step recorded in only one of them (quantity
+    `"steps"`; e.g. a run killed early, or another `every`).
     """
     steps_a, steps_b = a.by_step(), b.by_step()
     common = sorted(set(steps_a) & set(steps_b))
@@ -232,6 +253,9 @@ def compare(a: Trace, b: Trace) -> TraceComparison:
         divergence = compare_steps(steps_a[step], steps_b[step], variables)
         if divergence is not None:
             break
+    unmatched = set(steps_a) ^ set(steps_b)
+    if unmatched and (divergence is None or min(unmatched) < divergence.step):
+        divergence = _missing_step(min(unmatched), steps_a, steps_b)
     return TraceComparison(
         profile_differences=profile_differences(a, b),
         fingerprint_differences=fingerprint_differences(a, b),

@@ -63,10 +63,11 @@ class Location:
         layer: Name of the layer, or None for the loss.
         layer_class: Its Python class name.
         scope: Its TensorFlow name scope in the traced step.
-        quantity: What differs: `"output"`, `"output gradient"` (the gradient
-            arriving at the layer's output is computed by the layers after
-            it), `"input gradient"`, `"gradient of VARIABLE"`, `"update of
-            VARIABLE"` or `"loss"`.
+        quantity: What differs: `"output"`, `"input gradient"` (the gradient
+            this layer's backward pass sends to its input, the only consumer
+            of that input), `"gradient of VARIABLE"`, `"update of VARIABLE"`,
+            `"loss"`, `"loss gradient"`, or, with `layer` None, the gradient
+            flowing into a layer's output when several layers consume it.
         ops: TensorFlow op types of the layer's forward computation.
         gradient_ops: Op types of its gradient computation.
         agreeing: Layers before it, on the walk, whose bits agree.
@@ -141,12 +142,7 @@ def _walk(
         if _slice(step_a["output_gradients"], span) != _slice(
             step_b["output_gradients"], span
         ):
-            # The gradient arriving here was computed by the layer consuming
-            # this output, which comes next in forward order.
-            consumer = index + 1 if index + 1 < len(layers) else None
-            if consumer is None:
-                return at(None, BACKWARD, "loss gradient")
-            return at(consumer, BACKWARD, "input gradient")
+            return _output_gradient(layers, index, at)
         mine = [v for v, owner in enumerate(owners) if owner == index]
         for v in mine:
             if step_a["gradients"][v] != step_b["gradients"][v]:
@@ -161,6 +157,42 @@ def _walk(
         if a != b:
             return at(owners[v], UPDATE, f"update of {names[v]}")
     return None
+
+
+def _output_gradient(
+    layers: list[dict[str, Any]],
+    index: int,
+    at: Callable[[int | None, str, str], Location],
+) -> Location:
+    """Blame for a differing gradient arriving at layer `index`'s output.
+
+    That gradient is computed by the backward pass of the layers consuming
+    the output (the worker records them: `consumers`), or by the loss when
+    the output is the model's. Their own outputs' gradients agree (the walk
+    checked them first), so one of them is where the bits part. With several
+    consumers (a residual or branched model) the sum cannot be split: the
+    location names them all, without picking one.
+    """
+    name = layers[index]["name"]
+    consumers = layers[index].get("consumers")
+    if consumers is not None and len(consumers) == 1:
+        return at(consumers[0], BACKWARD, "input gradient")
+    if consumers == [] and layers[index].get("model_output"):
+        return at(None, BACKWARD, "loss gradient")
+    if consumers:
+        names = ", ".join(repr(layers[c]["name"]) for c in consumers)
+        return at(
+            None,
+            BACKWARD,
+            f"gradient flowing into the output of {name!r}, summed from its "
+            f"consumers {names}",
+        )
+    return at(
+        None,
+        BACKWARD,
+        f"gradient flowing into the output of {name!r} (computed by the "
+        "layers that consume it)",
+    )
 
 
 def locate_results(a: dict[str, Any], b: dict[str, Any]) -> Location | None:

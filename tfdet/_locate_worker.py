@@ -50,6 +50,7 @@ class _Recorder:
     def __init__(self, model: Any) -> None:
         self.calls: list[dict[str, Any]] = []
         self.tensors: list[Any] = []
+        self.model_outputs: list[Any] = []
         for layer in _sublayers(model):
             self._wrap(layer)
 
@@ -61,6 +62,7 @@ class _Recorder:
         def call(*args: Any, **kwargs: Any) -> Any:
             outputs = original(*args, **kwargs)
             flat = [t for t in tf.nest.flatten(outputs) if tf.is_tensor(t)]
+            inputs = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
             self.calls.append(
                 {
                     "name": layer.name,
@@ -69,6 +71,8 @@ class _Recorder:
                     # graph's op names start with it.
                     "scope": tf.get_current_name_scope(),
                     "outputs": len(flat),
+                    "output_tensors": flat,
+                    "input_tensors": inputs,
                     "layer": layer,
                 }
             )
@@ -82,13 +86,50 @@ class _Recorder:
     def reset(self) -> None:
         self.calls.clear()
         self.tensors.clear()
+        self.model_outputs = []
+
+    def consumers(self) -> list[list[int]]:
+        """Per call, the calls that take one of its outputs as an input.
+
+        A container (a nested model or block) and the layer inside it that
+        does the work may both take the same tensor: only the innermost
+        consumers are kept, the ones whose backward pass computes the
+        gradient.
+        """
+        result = []
+        for producer in self.calls:
+            found = [
+                index
+                for index, call in enumerate(self.calls)
+                if call is not producer
+                and any(
+                    t is o
+                    for t in call["input_tensors"]
+                    for o in producer["output_tensors"]
+                )
+            ]
+            inner = {
+                index
+                for index in found
+                for other in found
+                if other != index
+                and _contains(self.calls[index]["layer"], self.calls[other]["layer"])
+            }
+            result.append([index for index in found if index not in inner])
+        return result
+
+    def feeds_model_output(self) -> list[bool]:
+        """Per call, whether one of its outputs is an output of the model."""
+        return [
+            any(t is o for t in call["output_tensors"] for o in self.model_outputs)
+            for call in self.calls
+        ]
 
 
-def _variable_names(variables: list[Any]) -> list[str]:
-    names = [getattr(v, "path", None) or v.name for v in variables]
-    if len(set(names)) != len(names):
-        names = [f"{index}:{name}" for index, name in enumerate(names)]
-    return names
+def _contains(container: Any, layer: Any) -> bool:
+    return container is not layer and any(
+        inner is layer for inner in _sublayers(container)
+    )
 
 
 def _owner(variable: Any, calls: list[dict[str, Any]]) -> int | None:
@@ -118,17 +159,15 @@ def _ops_by_scope(graph: Any, scope: str) -> tuple[list[str], list[str]]:
     return forward, backward
 
 
-def _hex(checksums: Any) -> list[str]:
-    return [f"{int(a):08x}{int(b):08x}" for a, b in checksums]
-
-
 def _fingerprints(tensors: list[Any]) -> list[str]:
     """One fingerprint per tensor; "none" for a missing gradient."""
     from tfdet import _bits
 
     present = [index for index, t in enumerate(tensors) if t is not None]
     sums = (
-        _hex(_bits.device_checksums([tensors[i] for i in present])) if present else []
+        _bits.checksum_hex(_bits.device_checksums([tensors[i] for i in present]))
+        if present
+        else []
     )
     result = ["none"] * len(tensors)
     for index, value in zip(present, sums, strict=True):
@@ -182,6 +221,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         recorder.reset()
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
+            recorder.model_outputs = tf.nest.flatten(y_pred)
             loss = model.compute_loss(x=x, y=y, y_pred=y_pred)
         outputs = list(recorder.tensors)
         gradients = tape.gradient(loss, variables + outputs)
@@ -210,7 +250,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 "loss": _bits.value_bits(loss.numpy()),
                 "output_gradients": _fingerprints(output_grads),
                 "gradients": _fingerprints(variable_grads),
-                "weights": _hex(_bits.device_checksums(variables)),
+                "weights": _bits.checksum_hex(_bits.device_checksums(variables)),
             }
         )
         _worker.report_progress(step + 1, spec["steps"])
@@ -218,7 +258,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     graph = train_step.get_concrete_function(first_x, first_y).graph
     layers = []
     position = 0
-    for call in recorder.calls:
+    consumers = recorder.consumers()
+    feeds_output = recorder.feeds_model_output()
+    for index, call in enumerate(recorder.calls):
         forward, backward = _ops_by_scope(graph, call["scope"])
         layers.append(
             {
@@ -228,13 +270,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 "tensors": [position, position + call["outputs"]],
                 "ops": forward,
                 "gradient_ops": backward,
+                # Who computes the gradient arriving at this layer's output.
+                "consumers": consumers[index],
+                "model_output": feeds_output[index],
             }
         )
         position += call["outputs"]
     result = {
         **_worker.run_facts(spec["seed"]),
         "layers": layers,
-        "variables": _variable_names(variables),
+        "variables": _bits.variable_names(variables),
         "variable_layers": [_owner(v, recorder.calls) for v in variables],
         "steps": steps,
         "seconds": time.perf_counter() - started,

@@ -1,6 +1,6 @@
 """Step traces: the JSON Lines file a `DeterminismCallback` writes.
 
-Line 1 is a header: `{"format": "tfdet-trace", "version": 1, "profile": ...,
+Line 1 is a header: `{"format": "tfdet-trace", "version": 2, "profile": ...,
 "environment": ..., "variables": [names], ...}` with the `tfdet.Profile` and
 the environment fingerprint of `tfdet env`. Every further line is one
 training step:
@@ -31,11 +31,15 @@ from typing import Any
 
 import numpy as np
 
+from tfdet import _bits
 from tfdet._errors import TraceFormatError
 from tfdet._profile import Profile
 
 FORMAT = "tfdet-trace"
-VERSION = 1
+# 2: weight fingerprints are sums of hashed words (`_bits.device_checksums`);
+# version 1's linear sums cannot be compared with them.
+VERSION = 2
+OLDEST_VERSION = 2
 
 
 def weights_fingerprint(checksums: np.ndarray) -> str:
@@ -53,9 +57,7 @@ def weights_fingerprint(checksums: np.ndarray) -> str:
 
 def variable_fingerprints(checksums: np.ndarray) -> list[str]:
     """One 16-hex-digit fingerprint per variable (its two 32-bit checksums)."""
-    return [
-        f"{int(a):08x}{int(b):08x}" for a, b in np.asarray(checksums, dtype=np.uint32)
-    ]
+    return _bits.checksum_hex(checksums)
 
 
 def make_header(
@@ -208,8 +210,7 @@ def read(path: str | os.PathLike[str]) -> Trace:
         is_last = number == len(lines)
         try:
             record = json.loads(line)
-            if not isinstance(record, dict) or "step" not in record:
-                raise ValueError("not a step record")
+            _check_step(record)
         except ValueError as error:
             if is_last and not complete_end:
                 truncated = True
@@ -245,12 +246,85 @@ def _parse_header(line: str, path: str, cut: bool) -> dict[str, Any]:
             "`tfdet.DeterminismCallback(trace=...)`."
         )
     version = header.get("version")
-    if not isinstance(version, int) or version > VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise TraceFormatError(
+            f"Expected a tfdet trace whose header has an integer format version. "
+            f"Received: version {version!r} in {path!r}."
+        )
+    if version > VERSION:
         raise TraceFormatError(
             f"Expected a tfdet trace of format version <= {VERSION}. Received: "
             f"version {version!r} in {path!r}. Upgrade tfdet to read it."
         )
+    if version < OLDEST_VERSION:
+        raise TraceFormatError(
+            f"Expected a tfdet trace of format version >= {OLDEST_VERSION}. "
+            f"Received: version {version!r} in {path!r}, whose weight fingerprints "
+            "this tfdet computes differently. Record the trace again."
+        )
+    for key in ("profile", "environment"):
+        if not isinstance(header.get(key), dict | None):
+            raise TraceFormatError(
+                f"Expected the header's {key!r} to be an object or null. Received: "
+                f"{header.get(key)!r:.60} in {path!r}."
+            )
+    variables = header.get("variables")
+    if variables is not None and not _is_str_list(variables):
+        raise TraceFormatError(
+            f"Expected the header's 'variables' to be a list of names. Received: "
+            f"{variables!r:.60} in {path!r}."
+        )
     return header
+
+
+def _is_str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_bits(name: str, value: Any) -> None:
+    """A `_bits.value_bits` dict: a NumPy dtype name and a hex bit pattern."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} is not a bits object: {value!r:.40}")
+    dtype, bits = value.get("dtype"), value.get("bits")
+    try:
+        if not isinstance(dtype, str) or not isinstance(bits, str):
+            raise TypeError
+        np.dtype(dtype)
+        int(bits, 16)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{name} needs a dtype name and hex bits, got {value!r:.60}"
+        ) from None
+
+
+def _check_step(record: Any) -> None:
+    """Raises ValueError unless `record` is a well-formed step record."""
+    if not isinstance(record, dict) or "step" not in record:
+        raise ValueError("not a step record")
+    if not _is_int(record["step"]) or record["step"] < 0:
+        raise ValueError(f"step is not an integer >= 0: {record['step']!r:.40}")
+    for key in ("epoch", "batch"):
+        if record.get(key) is not None and not _is_int(record[key]):
+            raise ValueError(f"{key} is not an integer: {record[key]!r:.40}")
+    if record.get("loss") is not None:
+        _check_bits("loss", record["loss"])
+    metrics = record.get("metrics")
+    if metrics is not None:
+        if not isinstance(metrics, dict):
+            raise ValueError(f"metrics is not an object: {metrics!r:.40}")
+        for name, value in metrics.items():
+            _check_bits(f"metric {name!r}", value)
+    if not isinstance(record.get("weights"), str):
+        raise ValueError(
+            f"weights is not a fingerprint string: {record.get('weights')!r:.40}"
+        )
+    variables = record.get("variables")
+    if variables is not None and not _is_str_list(variables):
+        raise ValueError(f"variables is not a list of strings: {variables!r:.40}")
 
 
 def load(trace: str | os.PathLike[str] | Trace) -> Trace:

@@ -41,24 +41,16 @@ def _train_step(model: Any, x: Any, y: Any) -> dict[str, Any]:
 
 
 def _variable_names(model: Any) -> list[str]:
-    return [
-        f"{index}:{getattr(v, 'path', None) or v.name}"
-        for index, v in enumerate(model.weights)
-    ]
+    from tfdet import _bits
+
+    return _bits.variable_names(model.weights)
 
 
 def _weight_checksums(model: Any) -> list[str]:
     """Per-variable checksum strings, on device when running eagerly."""
-    import numpy as np
-    import tensorflow as tf
-
     from tfdet import _bits
 
-    if tf.executing_eagerly():
-        sums = _bits.device_checksums(model.weights)
-        return [f"{int(a):08x}{int(b):08x}" for a, b in sums]
-    # tf.compat.v1 graph mode: no eager tf.function; copy to the host instead.
-    return [_bits.array_digest(np.asarray(w))[:16] for w in model.get_weights()]
+    return _bits.checksum_hex(_bits.weight_checksums(model.weights))
 
 
 def report_progress(done: int, total: int) -> None:

@@ -91,6 +91,16 @@ def urandom_functional() -> Any:
     return _compile(keras.Model(inputs, outputs, name="functional_nested"))
 
 
+def clean_residual() -> Any:
+    """Functional residual block: dense_a feeds both dense_b and the add."""
+    inputs = keras.Input((FEATURES,))
+    a = keras.layers.Dense(32, activation="relu", name="dense_a")(inputs)
+    b = keras.layers.Dense(32, activation="tanh", name="dense_b")(a)
+    added = keras.layers.Add(name="add")([a, b])
+    outputs = keras.layers.Dense(4, name="head")(added)
+    return _compile(keras.Model(inputs, outputs, name="residual"))
+
+
 class _Subclassed(keras.Model):
     def __init__(self, noisy: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
