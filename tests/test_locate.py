@@ -249,6 +249,8 @@ def test_thread_count_without_tfdet_names_a_thread_dependent_layer(tmp_path, two
 def test_bad_input_exits_2(tmp_path):
     assert run_tfdet("locate", f"{TARGETS}:no_such_function").returncode == 2
     assert run_tfdet("locate", "--steps", "0").returncode == 2
+    assert run_tfdet("locate", "--seed", "-1").returncode == 2
+    assert run_tfdet("locate", "--threads", "0").returncode == 2
     assert run_tfdet("locate", "--perturb", "cosmic_rays").returncode == 2
     # Found out in the child (tf.compat.v1 graph mode): still bad input, not a crash.
     graph = run_tfdet(

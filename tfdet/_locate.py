@@ -225,10 +225,7 @@ def validate(options: LocateOptions) -> None:
         raise ValueError(f"Expected --steps >= 1. Received: steps={options.steps}")
     if options.timeout <= 0:
         raise ValueError(f"Expected --timeout > 0. Received: timeout={options.timeout}")
-    if options.threads < 1:
-        raise ValueError(
-            f"Expected --threads >= 1. Received: threads={options.threads}"
-        )
+    _check.validate_run_settings(options)  # seed and threads, as enable() does
 
 
 def locate(

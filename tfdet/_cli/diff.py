@@ -55,11 +55,6 @@ def format_comparison(comparison: _diff.TraceComparison) -> str:
         lines.append(f"  B: {divergence.received}")
         if divergence.ulps is not None:
             lines.append(f"  distance: {divergence.ulps} ulps")
-    elif comparison.steps[0] != comparison.steps[1]:
-        lines.append(
-            f"steps: A has {comparison.steps[0]}, B has {comparison.steps[1]}; the "
-            f"{comparison.steps_compared} steps in both are bit-identical."
-        )
     else:
         lines.append(f"bit-identical: all {comparison.steps_compared} steps.")
     return "\n".join(lines)
