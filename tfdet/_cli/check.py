@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from absl import app
 
-from tfdet import _builtins, _check, _perturb
-from tfdet._cli import write_json
+from tfdet import _check, _perturb
+from tfdet._cli import _training_flags, write_json
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -20,51 +19,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Trains TARGET with train_on_batch in N fresh processes, "
         "started together, each perturbed to look like another machine, and "
         "compares every step's loss and metric bits and every weight bit. "
-        "TARGET is package.module:function, path/to/file.py:function or "
-        "builtin:NAME; the function returns a compiled Keras model or "
-        "(model, x, y). Without data, seeded batches are synthesized.",
-        epilog="Built-in targets:\n"
-        + _builtins.describe()
-        + "\n\nPerturbations:\n"
-        + "\n".join(f"{n}: {d}" for n, d in _perturb.DESCRIPTIONS.items())
-        + "\n\nExit codes: 0 bit-identical, 1 diverged, 2 bad input, 3 a run "
-        "failed or timed out, 4 device not available.",
+        + _training_flags.TARGET_HELP,
+        epilog=_training_flags.epilog(
+            "0 bit-identical, 1 diverged, 2 bad input, 3 a run failed or timed "
+            "out, 4 device not available."
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("target", nargs="?", default=None, help="Default: builtin:cnn.")
+    _training_flags.add(
+        parser,
+        default_steps=_check.DEFAULT_STEPS,
+        default_timeout=_check.DEFAULT_TIMEOUT,
+    )
     parser.add_argument(
         "--runs", type=int, default=_check.DEFAULT_RUNS, help="Processes (default 2)."
     )
-    parser.add_argument(
-        "--steps",
-        type=int,
-        default=_check.DEFAULT_STEPS,
-        help="train_on_batch steps per run.",
-    )
     parser.add_argument("--device", default="all", choices=("cpu", "gpu", "all"))
-    parser.add_argument(
-        "--perturb",
-        default="all",
-        help=f"Comma-separated from {', '.join(_perturb.ALL)}; 'all' (default: those "
-        "that apply on this machine) or 'none'.",
-    )
-    parser.add_argument(
-        "--no-enable",
-        dest="enable",
-        action="store_false",
-        help="Plain TensorFlow with only Keras seeds: what you get without tfdet.",
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="tfdet.enable(threads=N) (default 1); not with --no-enable.",
-    )
-    parser.add_argument("--json", metavar="FILE", help="Write the full report as JSON.")
-    parser.add_argument(
-        "--timeout", type=float, default=_check.DEFAULT_TIMEOUT, help="Seconds per run."
-    )
     parser.add_argument(
         "--no-attribute",
         dest="attribute",
@@ -72,10 +42,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="On divergence, skip the re-runs that find the perturbation responsible.",
     )
     parser.set_defaults(func=execute)
-
-
-def _progress(message: str) -> None:
-    print(f"  {message}", file=sys.stderr, flush=True)
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -135,15 +101,6 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _threads(args: argparse.Namespace) -> int:
-    if args.threads is not None and not args.enable:
-        raise ValueError(
-            "Expected --threads only with tfdet enabled: --no-enable runs plain "
-            "TensorFlow, whose thread pools follow the cores. Drop one of them."
-        )
-    return 1 if args.threads is None else args.threads
-
-
 def execute(args: argparse.Namespace) -> int:
     try:
         perturb = tuple(_perturb.parse(args.perturb))
@@ -155,14 +112,14 @@ def execute(args: argparse.Namespace) -> int:
             perturb=perturb,
             enable=args.enable,
             seed=args.seed,
-            threads=_threads(args),
+            threads=_training_flags.threads(args),
             timeout=args.timeout,
             attribute=args.attribute,
         )
         _check._validate(options)
     except ValueError as error:
         raise app.UsageError(str(error)) from error
-    report = _check.check(options, progress=_progress)
+    report = _check.check(options, progress=_training_flags.progress)
     print(format_report(report))
     write_json(args.json, report)
     return report["exit_code"]

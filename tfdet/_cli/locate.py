@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from absl import app
 
-from tfdet import _builtins, _locate, _perturb
-from tfdet._cli import write_json
+from tfdet import _locate, _perturb
+from tfdet._cli import _training_flags, write_json
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -22,46 +21,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "the loss, the gradient reaching each layer and each variable's "
         "gradient. Reports the first layer, in execution order, whose bits "
         "differ at the first diverging step, with the TensorFlow op types "
-        "inside it. TARGET is package.module:function, path/to/file.py:function "
-        "or builtin:NAME.",
-        epilog="Built-in targets:\n"
-        + _builtins.describe()
-        + "\n\nPerturbations:\n"
-        + "\n".join(f"{n}: {d}" for n, d in _perturb.DESCRIPTIONS.items())
-        + "\n\nExit codes: 0 no layer differs, 1 a layer differs, 2 bad input, "
-        "3 a run failed or timed out.",
+        "inside it. " + _training_flags.TARGET_HELP,
+        epilog=_training_flags.epilog(
+            "0 no layer differs, 1 a layer differs, 2 bad input, 3 a run failed "
+            "or timed out."
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("target", nargs="?", default=None, help="Default: builtin:cnn.")
-    parser.add_argument(
-        "--steps",
-        type=int,
-        default=_locate.DEFAULT_STEPS,
-        help=f"Training steps per run (default {_locate.DEFAULT_STEPS}).",
+    _training_flags.add(
+        parser, default_steps=_locate.DEFAULT_STEPS, default_timeout=600.0
     )
-    parser.add_argument(
-        "--perturb",
-        default="all",
-        help=f"Comma-separated from {', '.join(_perturb.ALL)}; 'all' (default: those "
-        "that apply on this machine) or 'none' (two identical processes).",
-    )
-    parser.add_argument(
-        "--no-enable",
-        dest="enable",
-        action="store_false",
-        help="Plain TensorFlow with only Keras seeds: what you get without tfdet.",
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--threads", type=int, default=1, help="tfdet.enable(threads=N)."
-    )
-    parser.add_argument("--json", metavar="FILE", help="Write the full report as JSON.")
-    parser.add_argument("--timeout", type=float, default=600.0, help="Seconds per run.")
     parser.set_defaults(func=execute)
-
-
-def _progress(message: str) -> None:
-    print(f"  {message}", file=sys.stderr, flush=True)
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -110,13 +80,13 @@ def execute(args: argparse.Namespace) -> int:
             perturb=tuple(_perturb.parse(args.perturb)),
             enable=args.enable,
             seed=args.seed,
-            threads=args.threads,
+            threads=_training_flags.threads(args),
             timeout=args.timeout,
         )
         _locate.validate(options)
     except ValueError as error:
         raise app.UsageError(str(error)) from error
-    report = _locate.locate(options, progress=_progress)
+    report = _locate.locate(options, progress=_training_flags.progress)
     print(format_report(report))
     write_json(args.json, report)
     return report["exit_code"]
