@@ -161,7 +161,11 @@ class _DeterminismHooks:
             # Read before the trace is opened: it may be the same file.
             reference = _trace.load(self.reference)
             self._expected = reference.by_step()
-            self._reference_names = reference.variables
+            # Fingerprints are matched by position; names may differ only by
+            # Keras's auto-numbering (a second model in one process). Names
+            # are only used when the variable counts agree.
+            if len(reference.variables or []) == len(self._names):
+                self._reference_names = reference.variables
             if reference.profile is not None:
                 self.profile_differences = reference.profile.differences(profile)
             if self.profile_differences:
@@ -208,16 +212,13 @@ class _DeterminismHooks:
         if self._writer is not None:
             self._writer.write_step(record)
         self.steps_recorded += 1
-        if step in self._expected:
-            self._steps_compared += 1
-        if self.divergence is None and step in self._expected:
-            # Fingerprints are matched by position; names may differ only by
-            # Keras's auto-numbering (a second model in one process).
-            reference_names = self._reference_names or []
-            names = (
-                reference_names if len(reference_names) == len(self._names) else None
+        if step not in self._expected:
+            return
+        self._steps_compared += 1
+        if self.divergence is None:
+            divergence = _diff.compare_steps(
+                self._expected[step], record, self._reference_names
             )
-            divergence = _diff.compare_steps(self._expected[step], record, names)
             if divergence is not None:
                 self.divergence = divergence
                 self._act(divergence)

@@ -195,7 +195,7 @@ def _check_device(
     progress: ProgressFn | None,
     workdir: str,
 ) -> dict[str, Any]:
-    names = [name for name in options.perturb]
+    names = list(options.perturb)
     setups = _perturb.plan(options.runs, names, options.cpu_isa)
     env = run_environment(spec, device)
     worker_spec = make_worker_spec(spec, options)
@@ -267,7 +267,7 @@ def check(options: CheckOptions, progress: ProgressFn | None = None) -> dict[str
         DeviceUnavailableError: `device="gpu"` without a visible GPU.
     """
     _validate(options)
-    _perturb.parse(",".join(options.perturb) or "none")
+    _perturb.parse(",".join(options.perturb))  # Unknown names: ValueError.
     spec = preflight(options.target)
     devices: dict[str, Any] = {}
     gpu = _devices.gpu_visible() if options.device in ("gpu", "all") else False
