@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tests.conftest import REPO, clean_env, run_tfdet
+from tfdet._runs import NEIGHBOUR_CODE
 
 MODELS = f"{REPO / 'tests' / 'targets' / 'check_models.py'}"
 
@@ -236,29 +237,43 @@ def test_interrupt_leaves_no_process_behind(tmp_path):
             seen.add(line.split(":")[0])
         if len(seen) == 2:
             break
+    # The matcher must see this check's processes while they live, or the
+    # "no survivors" assertion below could never fail.
+    alive = _children_of_this_check(marker, proc.pid)
+    assert sum(NEIGHBOUR_CODE not in argv for argv in alive) == 2, alive
+    assert sum(NEIGHBOUR_CODE in argv for argv in alive) == 1, alive
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
     time.sleep(1)
-    survivors = [
-        cmdline
-        for cmdline in _cmdlines()
-        if str(marker) in cmdline or "while True" in cmdline
+    assert _children_of_this_check(marker, proc.pid) == []
+
+
+def _children_of_this_check(marker, check_pid: int) -> list[list[str]]:
+    """Argument vectors of the check's runs (they name the marker file in their
+    spec argument) and of its neighbour (tfdet's NEIGHBOUR_CODE). Matching whole
+    arguments of our own interpreter, not substrings of any command line, keeps
+    unrelated processes on the machine (a CI harness's script) out."""
+    return [
+        argv
+        for pid, argv in _argvs().items()
+        if pid != check_pid
+        and argv[:1] == [sys.executable]
+        and (any(str(marker) in arg for arg in argv) or NEIGHBOUR_CODE in argv)
     ]
-    assert survivors == []
 
 
-def _cmdlines() -> list[str]:
-    lines = []
+def _argvs() -> dict[int, list[str]]:
+    """The argument vector of every process on the machine, by pid, from /proc."""
+    argvs = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                    lines.append(
-                        handle.read().replace(b"\0", b" ").decode(errors="replace")
-                    )
+                    raw = handle.read()
             except OSError:
-                pass
-    return lines
+                continue
+            argvs[int(entry)] = raw.decode(errors="replace").split("\0")[:-1]
+    return argvs
 
 
 def test_module_target_from_the_working_directory_with_the_console_script(tmp_path):
