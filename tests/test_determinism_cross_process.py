@@ -40,7 +40,7 @@ EXAMPLE = REPO / "examples" / "train_reproducibly.py"
 # Trains TARGET for STEPS steps in a fresh process; mode "enable" calls
 # tfdet.enable(**kwargs) first, "seeds" only keras.utils.set_random_seed(0).
 _TRAIN = """
-import json, os, sys
+import hashlib, json, os, sys
 mode, target, steps, kwargs = {mode!r}, {target!r}, {steps!r}, {kwargs!r}
 if mode == "enable":
     import tfdet
@@ -60,7 +60,7 @@ for step in range(steps):
     losses.append(_bits.value_bits(out[0] if isinstance(out, list) else out)["bits"])
 digests = _bits.weights_digests(built.model.weights)
 print(json.dumps({{
-    "digest": _bits.combined_digest(digests.values()),
+    "digest": hashlib.sha256("".join(digests.values()).encode()).hexdigest(),
     "weights": digests,
     "losses": losses,
     "profile": profile,

@@ -7,7 +7,7 @@ NaN != NaN) and never with a tolerance.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -96,14 +96,6 @@ def weights_digests(variables: Sequence[Any]) -> dict[str, str]:
         name: array_digest(np.asarray(v))
         for name, v in zip(variable_names(variables), variables, strict=True)
     }
-
-
-def combined_digest(digests: Iterable[str]) -> str:
-    """One SHA-256 over many digests, in order."""
-    digest = hashlib.sha256()
-    for item in digests:
-        digest.update(item.encode())
-    return digest.hexdigest()
 
 
 def checksum_hex(checksums: Any) -> list[str]:

@@ -23,25 +23,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tfdet import _layers
+
 # Plumbing ops that every layer has and that explain nothing about its numerics.
 _PLUMBING_OPS = frozenset(
     {"Placeholder", "Const", "NoOp", "Identity", "IdentityN", "ReadVariableOp"}
 )
-
-
-def _sublayers(model: Any) -> list[Any]:
-    """Every layer inside `model`, nested ones included, each once."""
-    flatten = getattr(model, "_flatten_layers", None)
-    if flatten is not None:
-        return list(flatten(include_self=False, recursive=True))
-    found: list[Any] = []
-    stack = list(getattr(model, "layers", []))
-    while stack:
-        layer = stack.pop(0)
-        if all(layer is not seen for seen in found):
-            found.append(layer)
-            stack.extend(getattr(layer, "layers", []))
-    return found
 
 
 class _Recorder:
@@ -51,7 +38,7 @@ class _Recorder:
         self.calls: list[dict[str, Any]] = []
         self.tensors: list[Any] = []
         self.model_outputs: list[Any] = []
-        for layer in _sublayers(model):
+        for layer in _layers.descendants(model):
             self._wrap(layer)
 
     def _wrap(self, layer: Any) -> None:
@@ -128,7 +115,7 @@ class _Recorder:
 
 def _contains(container: Any, layer: Any) -> bool:
     return container is not layer and any(
-        inner is layer for inner in _sublayers(container)
+        inner is layer for inner in _layers.descendants(container)
     )
 
 

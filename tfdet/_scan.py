@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from tfdet import _hazards, _patching
+from tfdet import _hazards, _layers, _patching
 
 _LOG = logging.getLogger("tfdet")
 
@@ -201,16 +201,6 @@ def walk(graph_def: Any, *, xla: bool = False) -> Iterator[Node]:
             yield Node(node.op, scope + node.name, name, attrs, function_xla)
 
 
-def _sublayers(layer: Any) -> list[Any]:
-    flatten = getattr(layer, "_flatten_layers", None)
-    if flatten is not None:
-        try:
-            return list(flatten(include_self=False, recursive=False))
-        except TypeError:  # pragma: no cover - unusual Layer subclasses
-            pass
-    return list(getattr(layer, "layers", []) or [])
-
-
 def _match(component: str, names: dict[str, Any]) -> Any:
     """The object named `component`, allowing TF's `_N` scope suffix."""
     if component in names:
@@ -277,7 +267,9 @@ class Attributor:
             index = 1
         current, found = model, None
         for part in parts[index:]:
-            child = _match(part, {layer.name: layer for layer in _sublayers(current)})
+            child = _match(
+                part, {layer.name: layer for layer in _layers.children(current)}
+            )
             if child is None:
                 break
             current = found = child

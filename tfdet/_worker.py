@@ -40,12 +40,6 @@ def _train_step(model: Any, x: Any, y: Any) -> dict[str, Any]:
     return dict(logs)
 
 
-def _variable_names(model: Any) -> list[str]:
-    from tfdet import _bits
-
-    return _bits.variable_names(model.weights)
-
-
 def _weight_checksums(model: Any) -> list[str]:
     """Per-variable checksum strings, on device when running eagerly."""
     from tfdet import _bits
@@ -131,18 +125,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             }
         )
         report_progress(step + 1, spec["steps"])
-    final = model.get_weights()
-    names = _variable_names(model)
+    final_weights = _bits.weights_digests(model.weights)
     weights_path = spec["result"] + ".npz"
-    np.savez(weights_path, *final)
+    np.savez(weights_path, *model.get_weights())
     result = {
         **run_facts(spec["seed"]),
-        "variables": names,
+        "variables": list(final_weights),
         "steps": steps,
-        "final_weights": {
-            name: _bits.array_digest(value)
-            for name, value in zip(names, final, strict=True)
-        },
+        "final_weights": final_weights,
         "weights_file": weights_path,
         "synthesized_data": built.synthesized,
         "seconds": time.perf_counter() - started,
