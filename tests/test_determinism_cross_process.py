@@ -58,7 +58,7 @@ for step in range(steps):
     x, y = built.batch(step)
     out = built.model.train_on_batch(x, y)
     losses.append(_bits.value_bits(out[0] if isinstance(out, list) else out)["bits"])
-digests = _bits.weights_digests(built.model.weights)
+digests = _bits.weights_digests(built.model.weights, built.model.get_weights())
 print(json.dumps({{
     "digest": hashlib.sha256("".join(digests.values()).encode()).hexdigest(),
     "weights": digests,

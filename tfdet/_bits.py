@@ -90,11 +90,18 @@ def variable_names(variables: Sequence[Any]) -> list[str]:
     ]
 
 
-def weights_digests(variables: Sequence[Any]) -> dict[str, str]:
-    """`{variable_names(...) name: array_digest}` for every variable (host copy)."""
+def weights_digests(variables: Sequence[Any], values: Sequence[Any]) -> dict[str, str]:
+    """`{variable_names(...) name: array_digest}` for every variable.
+
+    Args:
+        variables: The variables, for their names (e.g. `model.weights`).
+        values: Their host copies in the same order. `model.get_weights()`
+            gives them in eager and in `tf.compat.v1` graph mode alike, where
+            reading a variable with NumPy is not possible.
+    """
     return {
-        name: array_digest(np.asarray(v))
-        for name, v in zip(variable_names(variables), variables, strict=True)
+        name: array_digest(np.asarray(value))
+        for name, value in zip(variable_names(variables), values, strict=True)
     }
 
 

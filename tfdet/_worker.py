@@ -125,9 +125,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             }
         )
         report_progress(step + 1, spec["steps"])
-    final_weights = _bits.weights_digests(model.weights)
+    final = model.get_weights()
+    final_weights = _bits.weights_digests(model.weights, final)
     weights_path = spec["result"] + ".npz"
-    np.savez(weights_path, *model.get_weights())
+    np.savez(weights_path, *final)
     result = {
         **run_facts(spec["seed"]),
         "variables": list(final_weights),
