@@ -38,6 +38,7 @@ from tfdet.patches import (  # noqa: E402
     bincount,
     confusion_matrix_scatter,
     crop_and_resize_grad,
+    cudnn_rnn,
     fused_batch_norm_frozen,
     resize_nearest_grad,
     sparse_dense_matmul,
@@ -100,6 +101,7 @@ def _snapshot():
         "cm_array_ops": confusion_matrix.array_ops,
         "crop_grad": _registry_entry("CropAndResize"),
         "sparse_matmul": gen_sparse_ops.sparse_tensor_dense_mat_mul,
+        "keras3_cudnn_ok": cudnn_rnn.keras3_rnn_module().cudnn_ok,
     }
 
 
@@ -108,6 +110,7 @@ MODULES = [
     bincount,
     confusion_matrix_scatter,
     crop_and_resize_grad,
+    cudnn_rnn,
     fused_batch_norm_frozen,
     resize_nearest_grad,
     sparse_dense_matmul,
@@ -228,6 +231,7 @@ KERAS3_PATCHES = [
     "bincount",
     "confusion_matrix_scatter",
     "crop_and_resize_grad",
+    "cudnn_rnn",
     "fused_batch_norm_frozen",
     "resize_nearest_grad",
     "sparse_dense_matmul",
@@ -923,3 +927,85 @@ def test_sparse_dense_matmul_gradients_use_the_patch() -> None:
     # another order: float32 rounding only.
     for got, want in zip(received[1:], expected[1:], strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------ cuDNN LSTM/GRU
+
+_RECURRENT_CHILD = """
+import hashlib, json, sys
+import numpy as np
+import tensorflow as tf
+from tfdet import _scan
+from tfdet.patches import cudnn_rnn
+
+out = {}
+if LEGACY:
+    # Installed before tf_keras is imported: the patch waits for the import.
+    cudnn_rnn.install()
+    out["waited"] = "tf_keras" not in sys.modules
+    import tf_keras as keras
+    from tf_keras.src.layers.rnn import lstm
+    out["patched_on_import"] = hasattr(lstm.lstm_with_backend_selection, "__tfdet_patch__")
+    cudnn_rnn.restore()
+    out["restored"] = not hasattr(lstm.lstm_with_backend_selection, "__tfdet_patch__")
+else:
+    import keras
+
+tf.random.set_seed(0)
+model = keras.Sequential([
+    keras.Input((7, 3)),
+    keras.layers.LSTM(6, return_sequences=True, go_backwards=True),
+    keras.layers.GRU(5),
+])
+sequence = tf.constant(np.random.default_rng(0).standard_normal((4, 7, 3)), tf.float32)
+
+def step(x):
+    with tf.GradientTape() as tape:
+        y = model(x, training=True)
+        loss = tf.reduce_sum(y * y)
+    return [y, *tape.gradient(loss, model.trainable_variables)]
+
+def bits():
+    # Forward output and every weight gradient, eagerly and in a tf.function.
+    tensors = step(sequence) + tf.function(step)(sequence)
+    return [hashlib.sha256(np.asarray(t).tobytes()).hexdigest() for t in tensors]
+
+def gpu_ops():
+    # The cuDNN ops a GPU would run, as `tfdet scan` sees them on this CPU.
+    with _scan._as_if_on_gpu(model):
+        graph = tf.function(step).get_concrete_function(sequence).graph
+    return sorted({n.op_type for n in _scan.walk(graph.as_graph_def())
+                   if n.op_type.startswith("Cudnn")})
+
+out["before"], out["gpu_ops_before"] = bits(), gpu_ops()
+cudnn_rnn.install()
+out["after"], out["gpu_ops_after"] = bits(), gpu_ops()
+cudnn_rnn.restore()
+out["gpu_ops_restored"] = gpu_ops()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
+def test_cudnn_rnn_patch_keeps_the_cpu_bits_and_takes_gpus_off_cudnn(legacy) -> None:
+    if legacy:
+        pytest.importorskip("tf_keras")
+    result = run_python(
+        f"LEGACY = {legacy}\n" + _RECURRENT_CHILD,
+        # The child imports tf_keras itself; with TF_USE_LEGACY_KERAS=1,
+        # `import tensorflow` would import it first and nothing would wait.
+        env=clean_env(TF_USE_LEGACY_KERAS="0"),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    cudnn = ["CudnnRNNBackpropV3", "CudnnRNNV3"]
+    assert out["gpu_ops_before"] == cudnn and out["gpu_ops_restored"] == cudnn
+    assert out["gpu_ops_after"] == []
+    # The replacement is the implementation a CPU runs anyway: output and
+    # gradients are bit-identical with and without the patch (eager and
+    # graph), so a CPU's bits do not depend on whether the patch is in force.
+    # (On a GPU it replaces cuDNN: equal up to rounding, not measurable here.)
+    assert out["after"] == out["before"]
+    assert len(set(out["before"])) > 1  # Not all one value: the hashes are real.
+    if legacy:
+        assert out["waited"] and out["patched_on_import"] and out["restored"]

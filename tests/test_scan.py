@@ -132,6 +132,41 @@ def test_crop_and_resize_and_sparse_matmul_backprops_are_found_and_patched(
     assert len(report["covered"]) == 4
 
 
+RECURRENT_HAZARDS = {
+    (op_type, "layer", source, gradient)
+    for source in ("lstm", "gru")
+    for op_type, gradient in (("CudnnRNNV3", False), ("CudnnRNNBackpropV3", True))
+}
+
+
+@pytest.mark.parametrize(
+    ("target", "env"),
+    [("recurrent_keras3", None), ("recurrent_tf_keras", LEGACY)],
+    ids=["keras3", "tf_keras"],
+)
+def test_cudnn_lstm_and_gru_are_found_on_a_cpu_and_patched(
+    tmp_path: Path, target: str, env
+) -> None:
+    # No GPU here: Keras 3 must be traced as a GPU would run it, and tf_keras'
+    # cuDNN twins (registered, never called) attributed to their layers.
+    code, report, stdout = scan(tmp_path, f"{MODELS}:{target}", "--no-enable", env=env)
+    assert code == 1, stdout
+    found = {
+        (f["op_type"], f["kind"], f["source"], f["gradient"])
+        for f in report["findings"]
+    }
+    assert found == RECURRENT_HAZARDS
+    assert {f["behaviour"] for f in report["findings"]} == {"nondeterministic"}
+    assert "layer lstm (LSTM)" in stdout and "layer gru (GRU)" in stdout
+    code, report, stdout = scan(tmp_path, f"{MODELS}:{target}", env=env)
+    assert code == 0, stdout
+    assert report["findings"] == [] and "cudnn_rnn" in report["patches"]
+    covered = {
+        (f["op_type"], f["kind"], f["source"], f["gradient"]) for f in report["covered"]
+    }
+    assert covered == RECURRENT_HAZARDS
+
+
 def test_builtin_cnn_is_clean_and_the_report_says_what_was_checked(
     tmp_path: Path,
 ) -> None:
@@ -225,6 +260,8 @@ def test_scan_help_says_it_runs_on_the_cpu() -> None:
             None,
             {"bincount", "resize_nearest_grad", "confusion_matrix_scatter"},
         ),
+        ("recurrent_keras3", None, {"cudnn_rnn"}),
+        ("recurrent_tf_keras", LEGACY, {"cudnn_rnn"}),
         (
             "tf_keras",
             LEGACY,

@@ -177,6 +177,21 @@ def walk(graph_def: Any, *, xla: bool = False) -> Iterator[Node]:
             if forward.search(other):
                 callers[name] = (f"{_GRADIENT_SCOPES[0]}/{caller[0]}", caller[1])
                 break
+    # tf_keras registers a cuDNN twin of each LSTM/GRU function (and of its
+    # gradient) for Grappler to swap in on a GPU: same `api_implements`.
+    # Nothing calls a twin in the graph, so it is attributed where the
+    # function it stands for is called, forward to forward, backward to
+    # backward (after the step above has placed the backward ones).
+    twins: dict[tuple[bytes, bool], list[str]] = collections.defaultdict(list)
+    for name, function in functions.items():
+        implements = function.attr.get("api_implements")
+        if implements is not None:
+            twins[implements.s, bool(_BACKWARD.search(name))].append(name)
+    for names in twins.values():
+        called = [name for name in names if name in callers]
+        for name in names:
+            if called and name not in callers:
+                callers[name] = callers[called[0]]
     prefixes: dict[str, str] = {"": ""}
 
     def prefix(function_name: str, seen: frozenset[str] = frozenset()) -> str:
@@ -327,6 +342,27 @@ def _metric_scopes(model: Any) -> Iterator[None]:
                 object.__setattr__(metric, "update_state", own)
 
 
+@contextlib.contextmanager
+def _as_if_on_gpu(model: Any) -> Iterator[None]:
+    """Makes Keras 3 trace the layers it would run on a GPU.
+
+    Keras 3 decides at trace time, by asking whether a GPU is visible,
+    whether LSTM and GRU layers use cuDNN; on a CPU machine the scan would
+    otherwise never see the ops a GPU runs. Nothing executes in the trace, so
+    no GPU is needed. (tf_keras puts both implementations in the graph.)
+    """
+    from tfdet.patches import _swap, cudnn_rnn
+
+    rnn = cudnn_rnn.keras3_rnn_module() if _keras_of(model) == "keras3" else None
+    swap = _swap.Swap()
+    if rnn is not None:
+        swap.attribute(rnn, "_is_gpu_available", lambda: True)
+    try:
+        yield
+    finally:
+        swap.restore()
+
+
 def _to_tensors(data: Any) -> Any:
     import tensorflow as tf
 
@@ -359,7 +395,7 @@ def trace_train_step(model: Any, x: Any, y: Any) -> tuple[Any, bool]:
 
         return backend.get_graph().as_graph_def(), xla
     data = (_to_tensors(x), _to_tensors(y))
-    with _metric_scopes(model):
+    with _metric_scopes(model), _as_if_on_gpu(model):
         step = tf.function(model.train_step, jit_compile=xla or None)
         concrete = step.get_concrete_function(data)
     return concrete.graph.as_graph_def(), xla

@@ -5,8 +5,10 @@
 resizes only in tf_keras), CategoryEncoding in count mode, RandomContrast, a
 frozen BatchNormalization, an IoU metric and an Embedding trained with Adam:
 the entry points FACTS.md lists. `nested` hides a nearest resize inside a
-nested `tf.function` (its gradient is a separate library function), and
-`extras` reaches the crop-and-resize and sparse-matmul backprops.
+nested `tf.function` (its gradient is a separate library function);
+`extras` reaches the crop-and-resize and sparse-matmul backprops;
+`recurrent_keras3` and `recurrent_tf_keras` reach the cuDNN LSTM and GRU
+kernels that a GPU would run.
 """
 
 from __future__ import annotations
@@ -167,3 +169,35 @@ def extras() -> tuple[Any, list[np.ndarray], np.ndarray]:
         rng.random((8, nodes, features), dtype=np.float32),
     ]
     return model, data, rng.random((8, 1), dtype=np.float32)
+
+
+def _recurrent(keras: Any) -> tuple[Any, np.ndarray, np.ndarray]:
+    # Default LSTM/GRU settings are the ones cuDNN accepts, so on a GPU both
+    # layers would run CudnnRNNV3 (Keras 3 decides when tracing, tf_keras
+    # leaves the choice to Grappler).
+    sequence = keras.Input((7, 3), name="sequence")
+    x = keras.layers.LSTM(6, return_sequences=True, name="lstm")(sequence)
+    x = keras.layers.GRU(5, name="gru")(x)
+    output = keras.layers.Dense(1, name="head")(x)
+    model = keras.Model(sequence, output, name="recurrent")
+    model.compile(optimizer="adam", loss="mse")
+    rng = np.random.default_rng(0)
+    return (
+        model,
+        rng.standard_normal((8, 7, 3)).astype(np.float32),
+        rng.standard_normal((8, 1)).astype(np.float32),
+    )
+
+
+def recurrent_keras3() -> tuple[Any, np.ndarray, np.ndarray]:
+    """Keras 3 LSTM + GRU: the cuDNN path a GPU would take."""
+    import keras
+
+    return _recurrent(keras)
+
+
+def recurrent_tf_keras() -> tuple[Any, np.ndarray, np.ndarray]:
+    """tf_keras LSTM + GRU: the cuDNN twins Grappler would pick on a GPU."""
+    import tf_keras
+
+    return _recurrent(tf_keras)

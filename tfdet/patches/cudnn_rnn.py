@@ -1,0 +1,137 @@
+"""Keeps Keras LSTM and GRU layers off the cuDNN kernels.
+
+On a GPU both Keras generations run LSTM and GRU through `CudnnRNNV3` and
+its backprop whenever the layer's configuration allows it. Op determinism
+does not refuse these ops, but they are reported to give different results
+from run to run (tensorflow/tensorflow#59281, acknowledged by TensorFlow's
+determinism maintainers, not fixed). This patch makes both Keras generations
+take the implementation they already use where cuDNN is unavailable:
+
+- Keras 3: its TensorFlow backend asks `rnn.cudnn_ok(...)` before trying
+  cuDNN; the patch answers no, so the layer falls back to its generic loop
+  (`keras.src.backend.tensorflow.rnn`, the same code path a CPU takes).
+- tf_keras: eagerly it picks cuDNN when a GPU is visible and
+  `gru_lstm_utils.is_cudnn_supported_inputs(...)` holds (the patch answers
+  no); inside a `tf.function` it registers a cuDNN function for Grappler's
+  implementation selector to swap in on GPU (`lstm_with_backend_selection`,
+  `gru_with_backend_selection`), which the patch replaces with a direct call
+  of the standard implementation that the selector would keep on a CPU.
+
+The replacement is Keras' own generic implementation, built from MatMul,
+BiasAdd, element-wise ops and a While loop, all deterministic on GPU. On a
+CPU nothing changes: Keras already takes these paths there, and the tests
+check that outputs and gradients are bit-identical with and without the
+patch. On a GPU the results differ from cuDNN's by rounding (a few float32
+ulps per step; cuDNN fuses the gate matrix products differently), and the
+layer is slower: the generic loop is typically several times slower than
+cuDNN. Reproducibility is the point of `tfdet.enable()`; `patches=` can leave
+this one out where speed matters more. A layer built with `use_cudnn=True`
+(Keras 3) then raises Keras' own error, as it does on a CPU.
+
+When tf_keras is installed but not imported yet, its half waits for the
+import (`_import_hook.when_imported`), as `sparse_optimizer_update` does.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+from collections.abc import Callable
+from typing import Any
+
+from tfdet import _hazards, _patching
+from tfdet.patches import _import_hook
+from tfdet.patches._swap import Swap
+
+NAME = "cudnn_rnn"
+UPSTREAM = "https://github.com/tensorflow/tensorflow/issues/59281"
+
+_swap = Swap()
+_tf_keras_swap = Swap()
+_pending: _import_hook.Hook | None = None
+
+
+def keras3_rnn_module() -> Any:
+    """`keras.src.backend.tensorflow.rnn`, or None without Keras 3 on TF.
+
+    Imported by name: the package `keras.src.backend.tensorflow` exports a
+    function called `rnn` that hides the module of the same name.
+    """
+    try:
+        import keras
+    except ImportError:
+        return None
+    if keras.config.backend() != "tensorflow":
+        return None
+    return importlib.import_module("keras.src.backend.tensorflow.rnn")
+
+
+def _no_cudnn(*args: Any, **kwargs: Any) -> bool:
+    """Answers "cuDNN cannot run this" whatever the layer's configuration."""
+    del args, kwargs
+    return False
+
+
+_no_cudnn.__tfdet_patch__ = NAME  # type: ignore[attr-defined]
+
+
+def _standard_only(standard: Callable[..., Any]) -> Callable[..., Any]:
+    """A `*_with_backend_selection` that only ever runs `standard`."""
+
+    @functools.wraps(standard)
+    def without_cudnn(*args: Any, **kwargs: Any) -> Any:
+        return standard(*args, **kwargs)
+
+    without_cudnn.__tfdet_patch__ = NAME  # type: ignore[attr-defined]
+    return without_cudnn
+
+
+def _patch_tf_keras() -> None:
+    global _pending
+    _pending = None
+    if _tf_keras_swap.active:
+        return
+    from tf_keras.src.layers.rnn import gru, gru_lstm_utils, lstm
+
+    _tf_keras_swap.attribute(gru_lstm_utils, "is_cudnn_supported_inputs", _no_cudnn)
+    _tf_keras_swap.attribute(
+        lstm, "lstm_with_backend_selection", _standard_only(lstm.standard_lstm)
+    )
+    _tf_keras_swap.attribute(
+        gru, "gru_with_backend_selection", _standard_only(gru.standard_gru)
+    )
+
+
+def install() -> None:
+    """Keeps Keras 3 (now) and tf_keras (now or when imported) off cuDNN."""
+    global _pending
+    if _swap.active or _tf_keras_swap.active or _pending is not None:
+        return
+    rnn = keras3_rnn_module()
+    if rnn is not None:
+        _swap.attribute(rnn, "cudnn_ok", _no_cudnn)
+    if importlib.util.find_spec("tf_keras") is not None:
+        _pending = _import_hook.when_imported("tf_keras", _patch_tf_keras)
+
+
+def restore() -> None:
+    """Puts Keras' own cuDNN selection back (or cancels the wait for tf_keras)."""
+    global _pending
+    if _pending is not None:
+        _pending.remove()
+        _pending = None
+    _tf_keras_swap.restore()
+    _swap.restore()
+
+
+PATCH = _patching.register(
+    _patching.Patch(
+        name=NAME,
+        summary="Keras LSTM/GRU cuDNN kernels (CudnnRNNV3) -> Keras' generic implementation",
+        upstream=UPSTREAM,
+        needed=lambda: _hazards.patch_needed(NAME),
+        install=install,
+        restore=restore,
+    )
+)
