@@ -21,11 +21,11 @@ The replacement is Keras' own generic implementation, built from MatMul,
 BiasAdd, element-wise ops and a While loop, all deterministic on GPU. On a
 CPU nothing changes: Keras already takes these paths there, and the tests
 check that outputs and gradients are bit-identical with and without the
-patch. On a GPU the results differ from cuDNN's by rounding (a few float32
-ulps per step; cuDNN fuses the gate matrix products differently), and the
-layer is slower: the generic loop is typically several times slower than
-cuDNN. Reproducibility is the point of `tfdet.enable()`; `patches=` can leave
-this one out where speed matters more. A layer built with `use_cudnn=True`
+patch. On a GPU the results differ from cuDNN's by rounding (cuDNN fuses
+the gate matrix products differently) and the layer is slower than with
+cuDNN; neither is measured here, for want of a GPU. Reproducibility is the
+point of `tfdet.enable()`; `patches=` can leave this one out where speed
+matters more. A layer built with `use_cudnn=True`
 (Keras 3) then raises Keras' own error, as it does on a CPU.
 
 When tf_keras is installed but not imported yet, its half waits for the
