@@ -10,30 +10,34 @@ from __future__ import annotations
 from typing import Any
 
 
+def _flattened(layer: Any, *, recursive: bool) -> list[Any] | None:
+    """Keras' own walk below `layer`, or None where it has none."""
+    flatten = getattr(layer, "_flatten_layers", None)
+    if flatten is None:
+        return None
+    try:
+        return list(flatten(include_self=False, recursive=recursive))
+    except TypeError:  # pragma: no cover - unusual Layer subclasses
+        return None
+
+
 def children(layer: Any) -> list[Any]:
     """The layers directly inside `layer`, in the order Keras tracks them."""
-    flatten = getattr(layer, "_flatten_layers", None)
-    if flatten is not None:
-        try:
-            return list(flatten(include_self=False, recursive=False))
-        except TypeError:  # pragma: no cover - unusual Layer subclasses
-            pass
-    return list(getattr(layer, "layers", []) or [])
+    found = _flattened(layer, recursive=False)
+    return found if found is not None else list(getattr(layer, "layers", []) or [])
 
 
 def descendants(model: Any) -> list[Any]:
     """Every layer inside `model`, nested ones included, each once."""
-    flatten = getattr(model, "_flatten_layers", None)
-    if flatten is not None:
-        try:
-            return list(flatten(include_self=False, recursive=True))
-        except TypeError:  # pragma: no cover - unusual Layer subclasses
-            pass
-    found: list[Any] = []
+    found = _flattened(model, recursive=True)
+    if found is not None:
+        return found
+    found, seen = [], set()
     pending = children(model)
     while pending:
         layer = pending.pop(0)
-        if all(layer is not seen for seen in found):
+        if id(layer) not in seen:
+            seen.add(id(layer))
             found.append(layer)
             pending.extend(children(layer))
     return found

@@ -189,9 +189,9 @@ def walk(graph_def: Any, *, xla: bool = False) -> Iterator[Node]:
             twins[implements.s, bool(_BACKWARD.search(name))].append(name)
     for names in twins.values():
         called = [name for name in names if name in callers]
-        for name in names:
-            if called and name not in callers:
-                callers[name] = callers[called[0]]
+        if called:
+            for name in names:
+                callers.setdefault(name, callers[called[0]])
     prefixes: dict[str, str] = {"": ""}
 
     def prefix(function_name: str, seen: frozenset[str] = frozenset()) -> str:
