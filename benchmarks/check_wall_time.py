@@ -20,7 +20,7 @@ import time
 # steps, Keras seeds only (what a user would run without tfdet).
 PLAIN = """
 import keras
-from tfdet import _target
+from tfdet._runs import _target
 keras.utils.set_random_seed(0)
 built = _target.build("builtin:cnn")
 for step in range(3):

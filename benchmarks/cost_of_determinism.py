@@ -40,8 +40,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tfdet import _isa  # noqa: E402
-from tfdet._environment import DETERMINISM_VARIABLES  # noqa: E402
+from tfdet._pin import _isa  # noqa: E402
+from tfdet._pin._environment import DETERMINISM_VARIABLES  # noqa: E402
 
 _CHILD = """
 import json, sys, time, warnings
@@ -59,8 +59,7 @@ else:
     import tfdet
     tfdet.enable(**enable)
 import numpy as np
-from tfdet import _target
-
+from tfdet._runs import _target
 built = _target.build("builtin:cnn")
 # The synthesized samples, repeated to the batch size.
 x = np.resize(built.x, (batch_size, *built.x.shape[1:]))

@@ -212,7 +212,7 @@ def _time(step: Callable[[], Any], iterations: int) -> float:
 
 def measure(case: Case, rounds: int, iterations: int) -> dict[str, Any]:
     """Times the original and the patched entry point, taking turns."""
-    from tfdet import _patching
+    from tfdet._graph import _patching
 
     patch = _patching.available()[case.patch]
     patch.restore()

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import settings
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from tfdet._environment import DETERMINISM_VARIABLES
+from tfdet._pin._environment import DETERMINISM_VARIABLES
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,9 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfdet import _bits
+from tfdet._record import _bits
 
-# Imported before hypothesis runs: TensorFlow raises the recursion limit on
 # import, which hypothesis warns about when it happens inside a test.
 tf = pytest.importorskip("tensorflow")
 

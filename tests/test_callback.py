@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 from tests.conftest import clean_env, last_json_line, run_python
-from tfdet import _trace
+from tfdet._record import _trace
 
-# Records a reference: builtin CNN, 2 epochs x 2 batches, thread count argv[1],
 # without tfdet's pinning (seeds only), ISA uncapped.
 _FIT = """
 import json, logging, sys, warnings
@@ -15,8 +14,7 @@ import tensorflow as tf
 import keras
 tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
 import tfdet
-from tfdet import _target
-
+from tfdet._runs import _target
 logging.basicConfig(level=logging.WARNING, format="LOG %(message)s")
 
 
@@ -70,7 +68,7 @@ for kwargs in ({"every": 0}, {"on_divergence": "explode"}, {"variables_every": -
     except ValueError as error:
         errors.append(str(error))
 # Flip one bit of one weight: the fingerprint taken on the device changes.
-from tfdet import _bits, _trace
+from tfdet._record import _bits, _trace
 weights = built.model.weights
 before = _trace.weights_fingerprint(_bits.weight_checksums(weights))
 bits = tf.bitcast(weights[4].value, tf.uint32).numpy()
@@ -263,8 +261,7 @@ def test_tf_keras_fit(tmp_path):
 import json, sys
 import tf_keras
 import tfdet
-from tfdet import _target
-
+from tfdet._runs import _target
 def fit(callback):
     tf_keras.utils.set_random_seed(3)
     built = _target.build("builtin:cnn_tf_keras", seed=3)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.conftest import REPO, clean_env, run_tfdet
-from tfdet._runs import NEIGHBOUR_CODE
+from tfdet._runs._spawn import NEIGHBOUR_CODE
 
 MODELS = f"{REPO / 'tests' / 'targets' / 'check_models.py'}"
 

@@ -11,10 +11,10 @@ import pytest
 
 import tfdet
 from tests.conftest import clean_env, run_tfdet
-from tfdet import _environment
 from tfdet._cli import main
-from tfdet._environment import DETERMINISM_VARIABLES
 from tfdet._errors import EXIT_USAGE
+from tfdet._pin import _environment
+from tfdet._pin._environment import DETERMINISM_VARIABLES
 
 
 def test_env_prints_the_fingerprint_and_writes_parseable_json(tmp_path: Path) -> None:

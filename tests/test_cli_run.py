@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import clean_env, last_json_line, run_tfdet
-from tfdet import _isa
 from tfdet._cli import build_parser, main
 from tfdet._cli.run import _split_command
 from tfdet._errors import EXIT_USAGE
+from tfdet._pin import _isa
 
 # A user script that reports what it sees, calls tfdet.enable() itself with
 # the settings `tfdet run` was given, and exits with a chosen status.

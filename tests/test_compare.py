@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfdet import _bits, _compare
+from tfdet._record import _bits, _compare
 
 
 def _result(tmp_path, name, losses, checksums, final):

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import REPO, clean_env, last_json_line, run_python
-from tfdet import _isa
+from tfdet._pin import _isa
 
 STEPS = 3
 HASH_SEED = "12345"
@@ -50,8 +50,8 @@ else:
     keras.utils.set_random_seed(0)
     profile = None
 import tensorflow as tf
-from tfdet import _bits, _target
-
+from tfdet._record import _bits
+from tfdet._runs import _target
 built = _target.build(target)
 losses = []
 for step in range(steps):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from tests.conftest import clean_env, run_tfdet
 from tests.test_trace import PROFILE, write_trace
-from tfdet import _diff, _trace
 from tfdet._cli import main
+from tfdet._record import _diff, _trace
 
 
 def _record(step: int, loss: str = "40135d8e", weights: str = "a" * 32, variables=None):
@@ -122,7 +122,7 @@ import keras
 tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
 keras.utils.set_random_seed(1)
 import tfdet
-from tfdet import _target
+from tfdet._runs import _target
 built = _target.build("builtin:cnn", seed=1)
 built.model.fit(built.x, built.y, batch_size=32, epochs=2, verbose=0, shuffle=False,
                 callbacks=[tfdet.DeterminismCallback(trace=sys.argv[2])])

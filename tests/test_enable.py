@@ -15,9 +15,8 @@ import pytest
 
 import tfdet
 from tests.conftest import clean_env, last_json_line, run_python
-from tfdet import _isa, _versions
+from tfdet._pin import _isa, _versions
 
-# Collects warnings and results of enable() calls in a child; prints one JSON
 # line. Prepended to each child script.
 _PRELUDE = """
 import json, os, sys, warnings
@@ -277,7 +276,7 @@ def test_too_late_threads_and_onednn_are_refused_even_with_strict_false() -> Non
 import tensorflow as tf
 attempt("onednn_after_import", onednn=False)
 attempt("onednn_after_import_lenient", onednn=False, strict=False)
-from tfdet import _target
+from tfdet._runs import _target
 _target.build("builtin:cnn")  # Creates weights: TF's runtime has started.
 attempt("threads_default")
 attempt("threads_only", cpu_isa=None)
@@ -324,7 +323,7 @@ import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 weights = tf.Variable(tf.ones([64, 64]))
-from tfdet import _enable
+from tfdet._pin import _enable
 out["started"] = _enable._runtime_started()
 attempt("strict", cpu_isa="AVX2")
 out["env_after_refusal"] = os.environ.get("ONEDNN_MAX_CPU_ISA")

@@ -9,9 +9,9 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 from tests.conftest import run_python
-from tfdet import _hazards, _patching, _versions
+from tfdet._graph import _hazards, _patching
+from tfdet._pin import _versions
 
-# The GPU table of FACTS.md (TF 2.21), op by op, with its behaviour.
 FACTS_GPU_TABLE = {
     "Bincount": "raises",
     "DenseBincount": "raises",
@@ -172,7 +172,7 @@ def test_importing_the_patches_does_not_import_tensorflow() -> None:
     result = run_python(
         """
         import sys
-        from tfdet import _patching, _hazards
+        from tfdet._graph import _patching, _hazards
         names = sorted(_patching.available())
         _hazards.table()
         print(names, "tensorflow" in sys.modules)

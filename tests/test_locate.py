@@ -7,8 +7,8 @@ import json
 import pytest
 
 from tests.conftest import REPO, run_tfdet
-from tfdet import _locate
 from tfdet._errors import RunFailedError
+from tfdet._runs import _locate
 
 TARGETS = str(REPO / "tests" / "targets" / "locate_models.py")
 
@@ -125,7 +125,7 @@ def test_walk_does_not_guess_without_consumers():
 def test_recorder_maps_each_output_to_its_consumers():
     tf = pytest.importorskip("tensorflow")
     from tests.targets import locate_models
-    from tfdet import _locate_worker
+    from tfdet._runs import _locate_worker
 
     def consumers(model) -> dict[str, list[str]]:
         recorder = _locate_worker._Recorder(model)

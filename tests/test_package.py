@@ -29,13 +29,13 @@ def test_callback_is_loaded_on_first_use_only() -> None:
         """
         import json, sys
         import tfdet
-        before = "tfdet._callback" in sys.modules or "keras" in sys.modules
+        before = "tfdet._record._callback" in sys.modules or "keras" in sys.modules
         callback = tfdet.DeterminismCallback
         print(json.dumps({
             "loaded_by_import": before,
             "name": callback.__name__,
             "module": callback.__module__,
-            "is_the_module_class": callback is sys.modules["tfdet._callback"].DeterminismCallback,
+            "is_the_module_class": callback is sys.modules["tfdet._record._callback"].DeterminismCallback,
             "is_a_class": isinstance(callback, type),
         }))
         """,
@@ -45,7 +45,7 @@ def test_callback_is_loaded_on_first_use_only() -> None:
     assert last_json_line(result.stdout) == {
         "loaded_by_import": False,
         "name": "DeterminismCallback",
-        "module": "tfdet._callback",
+        "module": "tfdet._record._callback",
         "is_the_module_class": True,
         "is_a_class": True,
     }
@@ -78,7 +78,7 @@ def test_import_does_not_import_tensorflow_or_change_the_environment() -> None:
         import json, os, sys
         before = dict(os.environ)
         import tfdet
-        import tfdet._cli.run, tfdet._cli.env, tfdet._launch
+        import tfdet._cli.run, tfdet._cli.env, tfdet._pin._launch
         print(json.dumps({
             "tensorflow": "tensorflow" in sys.modules,
             "keras": "keras" in sys.modules or "tf_keras" in sys.modules,

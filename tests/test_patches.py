@@ -31,7 +31,7 @@ from tensorflow.python.framework import ops as tf_ops  # noqa: E402
 from tensorflow.python.ops import gen_image_ops, gen_math_ops, gen_sparse_ops  # noqa: E402
 
 from tests.conftest import clean_env, run_python  # noqa: E402
-from tfdet import _scan  # noqa: E402
+from tfdet._graph import _scan  # noqa: E402
 from tfdet.patches import (  # noqa: E402
     _import_hook,  # noqa: E402
     adjust_contrast,
@@ -935,7 +935,7 @@ _RECURRENT_CHILD = """
 import hashlib, json, sys
 import numpy as np
 import tensorflow as tf
-from tfdet import _scan
+from tfdet._graph import _scan
 from tfdet.patches import cudnn_rnn
 
 out = {}

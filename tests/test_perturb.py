@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfdet import _perturb
+from tfdet._runs import _perturb
 
 
 def test_parse_accepts_all_none_and_lists():
@@ -26,7 +26,7 @@ def test_every_run_after_the_baseline_differs_in_each_applied_perturbation():
 
 
 def test_isa_preset_is_never_below_the_pinned_cap():
-    from tfdet import _isa
+    from tfdet._pin import _isa
 
     for setup in _perturb.plan(4, ["isa"]):
         cap = setup.env.get(_isa.ENV_VAR)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO
-from tfdet import _target
 from tfdet._errors import TargetError
+from tfdet._runs import _target
 
 MODELS = str(REPO / "tests" / "targets" / "check_models.py")
 

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import run_tfdet
-from tfdet import _bits, _trace
 from tfdet._cli import main
 from tfdet._errors import TraceFormatError
+from tfdet._record import _bits, _trace
 
 # Imported before hypothesis runs: TensorFlow raises the recursion limit on
 # import, which hypothesis warns about when it happens inside a test.

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet._enable import enable, is_enabled, profile
 from tfdet._errors import DivergenceError, Error, ProfileMismatchError, TooLateError
-from tfdet._profile import Profile
+from tfdet._pin._enable import enable, is_enabled, profile
+from tfdet._pin._profile import Profile
 
 __version__ = "0.1.0"
 
@@ -32,7 +32,7 @@ def __getattr__(name: str) -> Any:
     # The callback subclasses a Keras class; importing Keras imports
     # TensorFlow, so it is loaded on first use only.
     if name == "DeterminismCallback":
-        from tfdet._callback import DeterminismCallback
+        from tfdet._record._callback import DeterminismCallback
 
         return DeterminismCallback
     raise AttributeError(f"module 'tfdet' has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """Flags shared by the subcommands that train TARGET in fresh processes.
 
-`tfdet check` and `tfdet locate` start runs the same way (`tfdet._runs`,
-`tfdet._perturb`), so they take the same TARGET and run flags.
+`tfdet check` and `tfdet locate` start runs the same way (`tfdet._runs._spawn`,
+`tfdet._runs._perturb`), so they take the same TARGET and run flags.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tfdet import _builtins, _perturb
+from tfdet._runs import _builtins, _perturb
 
 TARGET_HELP = (
     "TARGET is package.module:function, path/to/file.py:function or "

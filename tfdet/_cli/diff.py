@@ -6,9 +6,9 @@ import argparse
 import warnings
 from typing import Any
 
-from tfdet import _diff, _trace
 from tfdet._cli import write_json
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK
+from tfdet._record import _diff, _trace
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from tfdet import _environment
 from tfdet._cli import write_json
+from tfdet._pin import _environment
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 from absl import app
 
-from tfdet import _locate, _perturb
 from tfdet._cli import _training_flags, write_json
+from tfdet._runs import _locate, _perturb
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

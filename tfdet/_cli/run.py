@@ -15,7 +15,7 @@ import threading
 
 from absl import app
 
-from tfdet import _enable, _isa
+from tfdet._pin import _enable, _isa
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -169,7 +169,7 @@ def execute(args: argparse.Namespace) -> int:
     command = [
         sys.executable,
         "-m",
-        "tfdet._launch",
+        "tfdet._pin._launch",
         json.dumps(settings),
         kind,
         target,

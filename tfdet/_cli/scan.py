@@ -8,9 +8,9 @@ import warnings
 
 from absl import app
 
-from tfdet import _target
 from tfdet._cli import write_json
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError
+from tfdet._runs import _target
 
 _BEHAVIOUR = {
     "raises": "raises on GPU",
@@ -123,7 +123,7 @@ def format_report(report) -> str:
 
 
 def _check_seed(seed: int) -> None:
-    from tfdet._enable import MAX_SEED
+    from tfdet._pin._enable import MAX_SEED
 
     if not 0 <= seed <= MAX_SEED:
         raise app.UsageError(
@@ -138,9 +138,9 @@ def execute(args: argparse.Namespace) -> int:
         # The CLI process is fresh: tf.keras must resolve to tf_keras before
         # TensorFlow is imported.
         os.environ["TF_USE_LEGACY_KERAS"] = "1"
-    from tfdet import _devices, _scan
+    from tfdet._graph import _scan
+    from tfdet._pin import _devices
 
-    # CPU-side analysis: with a GPU visible, the warm-up step would raise at
     # the first refused op under determinism instead of listing it.
     try:
         _devices.hide_gpus()

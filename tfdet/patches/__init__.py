@@ -1,8 +1,8 @@
 """Deterministic replacements, one module per patched op.
 
-Importing this package registers every patch with `tfdet._patching`; it
+Importing this package registers every patch with `tfdet._graph._patching`; it
 installs nothing. `tfdet.enable()` installs the ones the running versions need
-(see `tfdet/hazards.json`, `patches`). Each module cites the upstream issue it
+(see `tfdet/_graph/hazards.json`, `patches`). Each module cites the upstream issue it
 answers and builds its replacement only from ops that are deterministic on
 GPU and stay on the device.
 """

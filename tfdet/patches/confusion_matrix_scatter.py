@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tfdet import _hazards, _patching
+from tfdet._graph import _hazards, _patching
 from tfdet.patches._swap import Swap
 
 NAME = "confusion_matrix_scatter"

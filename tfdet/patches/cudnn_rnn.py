@@ -40,7 +40,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from tfdet import _hazards, _patching
+from tfdet._graph import _hazards, _patching
 from tfdet.patches import _import_hook
 from tfdet.patches._swap import Swap
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet import _hazards, _patching
+from tfdet._graph import _hazards, _patching
 from tfdet.patches._swap import Swap
 
 NAME = "resize_nearest_grad"

@@ -29,7 +29,7 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tfdet import _hazards, _patching
+from tfdet._graph import _hazards, _patching
 from tfdet.patches import _import_hook
 from tfdet.patches._swap import Swap
 

@@ -1,7 +1,7 @@
 """TARGET: what `check`, `locate` and `scan` train.
 
 A TARGET is `package.module:function`, `path/to/file.py:function`, or
-`builtin:NAME` (see `tfdet._builtins`); None means `builtin:cnn`. The function
+`builtin:NAME` (see `tfdet._runs._builtins`); None means `builtin:cnn`. The function
 takes no arguments and returns a compiled Keras model or `(model, x, y)`.
 Without data, batches are synthesized from the model's input and output specs
 with a seeded NumPy generator.
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from tfdet import _builtins
 from tfdet._errors import TargetError
+from tfdet._runs import _builtins
 
 DEFAULT_TARGET = "builtin:cnn"
 DEFAULT_BATCH_SIZE = 32

@@ -22,8 +22,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from tfdet._perturb import RunSetup
-from tfdet._worker import PROGRESS_PREFIX
+from tfdet._runs._perturb import RunSetup
+from tfdet._runs._worker import PROGRESS_PREFIX
 
 STDERR_TAIL_LINES = 25
 
@@ -212,7 +212,7 @@ def run_all(
     spec: dict[str, Any],
     workdir: str,
     *,
-    module: str = "tfdet._worker",
+    module: str = "tfdet._runs._worker",
     base_env: dict[str, str] | None = None,
     timeout: float = 600.0,
     progress: Callable[[int, int, int], None] | None = None,

@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from tfdet import _bits
 from tfdet._errors import TraceFormatError
-from tfdet._profile import Profile
+from tfdet._pin._profile import Profile
+from tfdet._record import _bits
 
 FORMAT = "tfdet-trace"
 # 2: weight fingerprints are sums of hashed words (`_bits.device_checksums`);

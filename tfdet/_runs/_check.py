@@ -16,14 +16,16 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from tfdet import _compare, _devices, _enable, _perturb, _runs, _target
 from tfdet._errors import (
     EXIT_DIVERGED,
     EXIT_OK,
     EXIT_RUN_FAILED,
     DeviceUnavailableError,
 )
-from tfdet._profile import Profile
+from tfdet._pin import _devices, _enable
+from tfdet._pin._profile import Profile
+from tfdet._record import _compare
+from tfdet._runs import _perturb, _spawn, _target
 
 DEFAULT_STEPS = 3
 DEFAULT_RUNS = 2
@@ -107,12 +109,12 @@ def run_environment(spec: _target.TargetSpec, device: str) -> dict[str, str]:
 
 
 def make_worker_spec(spec: _target.TargetSpec, options: Any) -> dict[str, Any]:
-    """The JSON spec a worker gets (see `tfdet._worker.start`).
+    """The JSON spec a worker gets (see `tfdet._runs._worker.start`).
 
     Args:
         spec: The parsed TARGET.
         options: Anything with seed, steps, enable, threads and cpu_isa
-            (`CheckOptions`, `tfdet._locate.LocateOptions`).
+            (`CheckOptions`, `tfdet._runs._locate.LocateOptions`).
     """
     return {
         "target": spec.text,
@@ -124,7 +126,7 @@ def make_worker_spec(spec: _target.TargetSpec, options: Any) -> dict[str, Any]:
     }
 
 
-def _run_report(outcome: _runs.RunOutcome) -> dict[str, Any]:
+def _run_report(outcome: _spawn.RunOutcome) -> dict[str, Any]:
     report: dict[str, Any] = {
         "index": outcome.setup.index,
         "perturbations": outcome.setup.labels,
@@ -145,8 +147,8 @@ def _run_report(outcome: _runs.RunOutcome) -> dict[str, Any]:
 
 
 def _attribute(
-    baseline: _runs.RunOutcome,
-    other: _runs.RunOutcome,
+    baseline: _spawn.RunOutcome,
+    other: _spawn.RunOutcome,
     spec: dict[str, Any],
     env: dict[str, str],
     timeout: float,
@@ -165,7 +167,7 @@ def _attribute(
         )
         for k, name in enumerate(candidates)
     ]
-    outcomes = _runs.run_all(setups, spec, workdir, base_env=env, timeout=timeout)
+    outcomes = _spawn.run_all(setups, spec, workdir, base_env=env, timeout=timeout)
     alone: dict[str, str] = {}
     for name, outcome in zip(candidates, outcomes, strict=True):
         key = RERUN if name is None else name
@@ -204,7 +206,7 @@ def _check_device(
         if progress is not None:
             progress(f"[{device}] run {index}: step {done}/{total}")
 
-    outcomes = _runs.run_all(
+    outcomes = _spawn.run_all(
         setups,
         worker_spec,
         workdir,

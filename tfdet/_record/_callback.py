@@ -20,8 +20,9 @@ from typing import Any
 import keras
 import numpy as np
 
-from tfdet import _bits, _diff, _trace, _versions
 from tfdet._errors import ProfileMismatchError
+from tfdet._pin import _versions
+from tfdet._record import _bits, _diff, _trace
 
 _LOG = logging.getLogger("tfdet")
 
@@ -142,7 +143,7 @@ class _DeterminismHooks:
         self.steps_recorded = 0
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        from tfdet import _enable, _environment
+        from tfdet._pin import _enable, _environment
 
         self.divergence = None
         self.profile_differences = {}

@@ -6,9 +6,8 @@ import os
 import platform
 from typing import Any
 
-from tfdet import _isa, _versions
+from tfdet._pin import _isa, _versions
 
-# Every variable that changes the bits or what TensorFlow does about them.
 DETERMINISM_VARIABLES = (
     "PYTHONHASHSEED",
     "TF_ENABLE_ONEDNN_OPTS",
@@ -37,15 +36,10 @@ def affinity() -> list[int] | None:
         return None
 
 
-def op_determinism_enabled() -> bool:
-    """Whether `tf.config.experimental.enable_op_determinism()` is in force."""
-    from tensorflow.python.framework import config
-
-    return bool(config.is_op_determinism_enabled())
-
-
 def _tensorflow_facts() -> dict[str, Any]:
     import tensorflow as tf
+
+    from tfdet._pin import _enable
 
     build = dict(tf.sysconfig.get_build_info())
     gpus = [device.name for device in tf.config.list_physical_devices("GPU")]
@@ -56,7 +50,7 @@ def _tensorflow_facts() -> dict[str, Any]:
         "cuda_version": build.get("cuda_version"),
         "cudnn_version": build.get("cudnn_version"),
         "gpus": gpus,
-        "op_determinism": op_determinism_enabled(),
+        "op_determinism": _enable.op_determinism_enabled(),
     }
 
 
@@ -70,7 +64,7 @@ def fingerprint(include_tensorflow: bool = True) -> dict[str, Any]:
         A JSON-ready dict.
     """
     from tfdet import __version__
-    from tfdet._enable import profile
+    from tfdet._pin._enable import profile
 
     facts: dict[str, Any] = {
         "tfdet": __version__,

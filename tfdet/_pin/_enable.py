@@ -24,10 +24,10 @@ import sys
 import warnings
 from typing import Any
 
-from tfdet import _isa, _patching, _versions
-from tfdet._environment import op_determinism_enabled
 from tfdet._errors import ProfileMismatchError, TooLateError
-from tfdet._profile import Profile
+from tfdet._graph import _patching
+from tfdet._pin import _isa, _versions
+from tfdet._pin._profile import Profile
 
 _LOG = logging.getLogger("tfdet")
 
@@ -448,6 +448,13 @@ def _threads_in_force(configured: int, variable: str) -> int:
         return max(0, int(os.environ.get(variable, "0")))
     except ValueError:
         return 0
+
+
+def op_determinism_enabled() -> bool:
+    """Whether `tf.config.experimental.enable_op_determinism()` is in force."""
+    from tensorflow.python.framework import config
+
+    return bool(config.is_op_determinism_enabled())
 
 
 def observed_profile(seed: int | None = None) -> Profile:

@@ -1,6 +1,6 @@
 """Child side of `tfdet check`: train a TARGET and record every bit.
 
-Started as `python -m tfdet._worker SPEC_JSON` in a fresh process whose
+Started as `python -m tfdet._runs._worker SPEC_JSON` in a fresh process whose
 environment the parent has already perturbed. It prints one progress line per
 step on stdout (`tfdet-progress STEP TOTAL`) and writes a JSON result file
 (atomically: a crashed run leaves no result, and is never counted as equal).
@@ -42,13 +42,13 @@ def _train_step(model: Any, x: Any, y: Any) -> dict[str, Any]:
 
 def _weight_checksums(model: Any) -> list[str]:
     """Per-variable checksum strings, on device when running eagerly."""
-    from tfdet import _bits
+    from tfdet._record import _bits
 
     return _bits.checksum_hex(_bits.weight_checksums(model.weights))
 
 
 def report_progress(done: int, total: int) -> None:
-    """Tells the parent (`tfdet._runs`) how far this run is."""
+    """Tells the parent (`tfdet._runs._spawn`) how far this run is."""
     print(f"{PROGRESS_PREFIX} {done} {total}", flush=True)
 
 
@@ -58,10 +58,11 @@ def start(spec: dict[str, Any]) -> Any:
     Shared by every worker, so that `check` and `locate` runs start the same way.
 
     Returns:
-        The `tfdet._target.Built` target.
+        The `tfdet._runs._target.Built` target.
     """
     import tfdet
-    from tfdet import _target, _versions
+    from tfdet._pin import _versions
+    from tfdet._runs import _target
 
     seed = spec["seed"]
     if spec["enable"]:
@@ -73,7 +74,7 @@ def start(spec: dict[str, Any]) -> Any:
 
 def run_facts(seed: int) -> dict[str, Any]:
     """The profile and environment facts every worker result carries."""
-    from tfdet import _enable, _environment
+    from tfdet._pin import _enable, _environment
 
     return {
         "profile": _enable.observed_profile(seed).to_dict(),
@@ -106,7 +107,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     """
     import numpy as np
 
-    from tfdet import _bits
+    from tfdet._record import _bits
 
     started = time.perf_counter()
     built = start(spec)

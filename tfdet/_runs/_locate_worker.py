@@ -1,7 +1,7 @@
 """Child side of `tfdet locate`: train a TARGET, fingerprint every layer.
 
-Started as `python -m tfdet._locate_worker SPEC_JSON` by `tfdet._runs` in a
-fresh, perturbed process (the spec of `tfdet._worker` plus nothing new). Each
+Started as `python -m tfdet._runs._locate_worker SPEC_JSON` by `tfdet._runs._spawn` in a
+fresh, perturbed process (the spec of `tfdet._runs._worker` plus nothing new). Each
 step is one `tf.function` with a `tf.GradientTape`; every layer's `call` is
 wrapped so that, while the step is traced, its outputs are collected in
 execution order. The step returns those outputs, the gradient of the loss
@@ -23,9 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tfdet import _layers
+from tfdet._graph import _layers
 
-# Plumbing ops that every layer has and that explain nothing about its numerics.
 _PLUMBING_OPS = frozenset(
     {"Placeholder", "Const", "NoOp", "Identity", "IdentityN", "ReadVariableOp"}
 )
@@ -148,7 +147,7 @@ def _ops_by_scope(graph: Any, scope: str) -> tuple[list[str], list[str]]:
 
 def _fingerprints(tensors: list[Any]) -> list[str]:
     """One fingerprint per tensor; "none" for a missing gradient."""
-    from tfdet import _bits
+    from tfdet._record import _bits
 
     present = [index for index, t in enumerate(tensors) if t is not None]
     sums = (
@@ -183,8 +182,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     Returns:
         The result dict (also written to `spec["result"]`).
     """
-    from tfdet import _bits, _worker
     from tfdet._errors import TargetError
+    from tfdet._record import _bits
+    from tfdet._runs import _worker
 
     started = time.perf_counter()
     built = _worker.start(spec)

@@ -3,10 +3,10 @@
 `scan(built)` traces the model's real training step (forward, loss,
 gradients, optimizer update, metric updates) into a graph, walks every node,
 including those of nested and gradient functions in the function library,
-matches each op against the hazard table (`tfdet._hazards`) and attributes it
+matches each op against the hazard table (`tfdet._graph._hazards`) and attributes it
 to the Keras layer, metric or optimizer whose name scope it was built in.
 Tracing needs no GPU: op types and attributes are decided at trace time.
-`tfdet scan` hides any GPU (`tfdet._devices.hide_gpus`) before TensorFlow starts, so the
+`tfdet scan` hides any GPU (`tfdet._pin._devices.hide_gpus`) before TensorFlow starts, so the
 warm-up step runs on the CPU even on a GPU machine.
 """
 
@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from tfdet import _hazards, _layers, _patching
+from tfdet._graph import _hazards, _layers, _patching
 
 _LOG = logging.getLogger("tfdet")
 
@@ -474,7 +474,7 @@ def scan(built: Any, target: str, *, compare_unpatched: bool = True) -> ScanRepo
     """Scans a built TARGET's training step.
 
     Args:
-        built: A `tfdet._target.Built`.
+        built: A `tfdet._runs._target.Built`.
         target: The TARGET text, for the report.
         compare_unpatched: When patches are installed, also trace without them
             (restoring them afterwards) to report which hazards they cover.
@@ -484,7 +484,7 @@ def scan(built: Any, target: str, *, compare_unpatched: bool = True) -> ScanRepo
     """
     import tensorflow as tf
 
-    from tfdet import _enable
+    from tfdet._pin import _enable
 
     version = tf.__version__
     model = built.model

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tfdet import _bits
+from tfdet._record import _bits
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from tfdet import _versions
+from tfdet._pin import _versions
 
 RAISES = "raises"
 HOST_FALLBACK = "host_fallback"
@@ -135,7 +135,11 @@ def _parse_row(raw: Mapping[str, Any]) -> Hazard:
 @functools.lru_cache(maxsize=1)
 def table() -> Table:
     """The hazard table shipped with tfdet (parsed once)."""
-    text = resources.files("tfdet").joinpath("hazards.json").read_text(encoding="utf-8")
+    text = (
+        resources.files("tfdet._graph")
+        .joinpath("hazards.json")
+        .read_text(encoding="utf-8")
+    )
     raw = json.loads(text)
     return Table(
         hazards=tuple(_parse_row(row) for row in raw["hazards"]),

@@ -1,8 +1,8 @@
 """`tfdet locate`: the first layer whose bits differ between two processes.
 
 Two fresh processes train TARGET under the perturbations of `tfdet check`
-(`tfdet._perturb`, spawned by `tfdet._runs`), each running
-`tfdet._locate_worker`, which fingerprints every layer's forward output, the
+(`tfdet._runs._perturb`, spawned by `tfdet._runs._spawn`), each running
+`tfdet._runs._locate_worker`, which fingerprints every layer's forward output, the
 loss, the gradient flowing into every layer's output and every variable's
 gradient, and the weights after the update, at every step.
 
@@ -26,11 +26,11 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from tfdet import _check, _locate_worker, _perturb, _runs
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError, TargetError
+from tfdet._runs import _check, _locate_worker, _perturb, _spawn
 
 DEFAULT_STEPS = 3
-WORKER_MODULE = "tfdet._locate_worker"
+WORKER_MODULE = "tfdet._runs._locate_worker"
 
 # Phases of a training step, in the order they run.
 FORWARD = "forward"
@@ -252,7 +252,7 @@ def locate(
             progress(f"run {index}: step {done}/{total}")
 
     with tempfile.TemporaryDirectory(prefix="tfdet-locate-") as workdir:
-        outcomes = _runs.run_all(
+        outcomes = _spawn.run_all(
             setups,
             worker_spec,
             workdir,

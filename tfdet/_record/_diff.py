@@ -11,9 +11,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from tfdet import _bits
 from tfdet._errors import DivergenceError
-from tfdet._trace import Trace
+from tfdet._record import _bits
+from tfdet._record._trace import Trace
 
 # Fingerprint keys that differ between any two runs and explain nothing.
 _VOLATILE_FINGERPRINT_KEYS = ("profile",)

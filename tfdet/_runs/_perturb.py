@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from tfdet import _isa
-from tfdet._environment import affinity
+from tfdet._pin import _isa
+from tfdet._pin._environment import affinity
 
 AFFINITY = "affinity"
 ISA = "isa"

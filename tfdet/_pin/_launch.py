@@ -1,6 +1,6 @@
 """Child side of `tfdet run`: enable tfdet, then run the user's code.
 
-Started by `tfdet run` as `python -m tfdet._launch SETTINGS_JSON KIND TARGET
+Started by `tfdet run` as `python -m tfdet._pin._launch SETTINGS_JSON KIND TARGET
 [ARGS...]` in an environment that already pins what must exist before the
 interpreter starts. KIND is "script" or "module".
 """
@@ -25,7 +25,7 @@ def main(argv: list[str]) -> None:
         runpy.run_module(target, run_name="__main__", alter_sys=True)
     else:
         # As `python script.py`: sys.path[0] is the script's directory, not
-        # the working directory that `python -m tfdet._launch` put there.
+        # the working directory that `python -m tfdet._pin._launch` put there.
         sys.path[0] = os.path.dirname(os.path.abspath(target))
         runpy.run_path(target, run_name="__main__")
 
