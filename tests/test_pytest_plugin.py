@@ -65,11 +65,20 @@ def test_flag_enables_before_conftest_and_reseeds_each_test(pytester: pytest.Pyt
     pytester.makeini("[pytest]\ntfdet_seed = 7\n")
     pytester.makepyfile(
         """
+        import os
+
+        import keras
         import numpy as np
         import tensorflow as tf
         import tfdet
 
         DRAWS = []
+
+
+        def build():
+            model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+            return model
 
         def test_enabled():
             assert tfdet.profile().seed == 7
@@ -82,16 +91,21 @@ def test_flag_enables_before_conftest_and_reseeds_each_test(pytester: pytest.Pyt
             DRAWS.append((np.random.random(), float(tf.random.uniform([]))))
             # Reseeded before each test: the same draws, whatever ran before.
             assert DRAWS[0] == DRAWS[1]
+
+        def test_fixture_takes_session_settings(tfdet_reproducible):
+            assert os.environ["PYTHONHASHSEED"] == "7"  # Written by enable().
+            report = tfdet_reproducible(build, steps=1, perturb="none")
+            assert (report["seed"], report["threads"]) == (7, 2)
         """
     )
     result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--tfdet", "--tfdet-threads", "2"
     )
     result.stdout.fnmatch_lines(["tfdet: enabled, seed=7 threads=2 cpu_isa=*"])
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
     # The same draws in two tests are the plugin's doing: without it they differ.
-    plain = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    plain.assert_outcomes(passed=1, failed=2)
+    plain = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "not fixture")
+    plain.assert_outcomes(passed=1, failed=2, deselected=1)
 
 
 @pytest.mark.slow
@@ -213,3 +227,16 @@ def test_target_must_be_module_level():
     assert _pytest_plugin._target_of(test_entry_point_registered).endswith(
         "test_pytest_plugin.py:test_entry_point_registered"
     )
+
+
+def test_settings_from_options_and_ini(pytester: pytest.Pytester):
+    # In-process and without --tfdet: only the parsing, nothing enabled.
+    pytester.makeini("[pytest]\ntfdet_seed = 5\ntfdet_threads = 3\n")
+    config = pytester.parseconfig("--tfdet-threads", "4", "--tfdet-cpu-isa", "none")
+    assert _pytest_plugin._settings(config, config.option) == {
+        "seed": 5,
+        "threads": 4,  # The command line over the ini file.
+        "cpu_isa": None,
+    }
+    config = pytester.parseconfig()
+    assert _pytest_plugin._settings(config, config.option)["cpu_isa"] == "AVX2"

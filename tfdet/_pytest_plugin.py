@@ -63,6 +63,9 @@ class _State:
     """What `--tfdet` did in this session."""
 
     settings: dict[str, Any]
+    # The determinism variables before enable() wrote them: what the
+    # fixture's `tfdet check` starts from, as it would from the shell.
+    environ_before: dict[str, str | None]
     profile: Any = None  # tfdet.Profile
     warnings: list[str] = dataclasses.field(default_factory=list)
 
@@ -133,8 +136,9 @@ def pytest_load_initial_conftests(
         return
     settings = _settings(early_config, namespace)
     import tfdet  # Only now: importing it is cheap, TensorFlow comes with enable().
+    from tfdet._pin._environment import DETERMINISM_VARIABLES
 
-    state = _State(settings)
+    state = _State(settings, {k: os.environ.get(k) for k in DETERMINISM_VARIABLES})
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -290,6 +294,7 @@ def run_check(
     attribute: bool = False,
     timeout: float = 600.0,
     extra_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Runs `tfdet check` on `build` in fresh processes; fails the test unless equal.
 
@@ -309,6 +314,7 @@ def run_check(
             (more processes; off by default, `tfdet check TARGET` does it).
         timeout: Seconds per run (`--timeout`).
         extra_args: More `tfdet check` flags, passed as given.
+        env: The check's environment (default: this process's).
 
     Returns:
         The check's JSON report, when every bit is identical.
@@ -349,7 +355,7 @@ def run_check(
             command.append("--no-attribute")
         command += list(extra_args)
         completed = subprocess.run(
-            command, capture_output=True, text=True, check=False, cwd=workdir
+            command, capture_output=True, text=True, check=False, cwd=workdir, env=env
         )
         report = None
         with (
@@ -396,6 +402,18 @@ def tfdet_reproducible(request: pytest.FixtureRequest) -> Callable[..., dict[str
         text = _setting(config, config.option, name)
         if text is not None:
             defaults[name] = _int_setting(name, text)
+
+    state = config.stash.get(_STATE_KEY, None)
+    if state is not None:
+        # Under --tfdet, enable() wrote PYTHONHASHSEED, thread counts, the ISA
+        # cap... into os.environ; the check sets up its runs itself.
+        env = dict(os.environ)
+        for key, value in state.environ_before.items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
+        defaults["env"] = env
 
     def check(build: Callable[..., Any] | str, **kwargs: Any) -> dict[str, Any]:
         return run_check(build, **{**defaults, **kwargs})
