@@ -8,6 +8,7 @@ The plugin is found through its `pytest11` entry point, as for a user.
 from __future__ import annotations
 
 import importlib.metadata
+import shutil
 
 import pytest
 
@@ -240,3 +241,14 @@ def test_settings_from_options_and_ini(pytester: pytest.Pytester):
     }
     config = pytester.parseconfig()
     assert _pytest_plugin._settings(config, config.option)["cpu_isa"] == "AVX2"
+
+
+@pytest.mark.slow
+def test_check_without_verdict_fails_or_skips(tmp_path):
+    # Exit 2 (no such TARGET file): a failure with tfdet's message.
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)exited 2.*No such file"):
+        _pytest_plugin.run_check(f"{tmp_path}/missing.py:build")
+    if shutil.which("nvidia-smi") is None:
+        # Exit 4 (no GPU for device="gpu"): skipped, with the reason.
+        with pytest.raises(pytest.skip.Exception, match="Expected a GPU"):
+            _pytest_plugin.run_check("builtin:cnn", device="gpu")

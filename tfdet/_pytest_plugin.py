@@ -151,7 +151,11 @@ def pytest_load_initial_conftests(
             "process that called pytest.main(). Move that TensorFlow work into "
             "a fixture or a test."
         ) from None
-    except ValueError as error:  # A bad seed, threads or cpu_isa.
+    except (
+        tfdet.Error,  # ProfileMismatchError: enable() ran before with other settings.
+        ValueError,  # A bad seed, threads or cpu_isa.
+        ImportError,  # No TensorFlow, or one too old: says what to install.
+    ) as error:
         raise pytest.UsageError(f"pytest --tfdet: {error}") from None
     # Warnings are shown in the header, not as stray lines before pytest's
     # output starts; PYTHONHASHSEED's with the pytest way to set it.
@@ -354,6 +358,9 @@ def run_check(
         if not attribute:
             command.append("--no-attribute")
         command += list(extra_args)
+        env = dict(os.environ if env is None else env)
+        # TensorFlow's start-up log lines would bury tfdet's own message.
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         completed = subprocess.run(
             command, capture_output=True, text=True, check=False, cwd=workdir, env=env
         )
