@@ -115,3 +115,11 @@ def test_without_matplotlib(tmp_path, monkeypatch):
     with pytest.raises(ImportError, match=r"pip install tfdet\[plot\]"):
         _plot.plot_comparison(a, a, tmp_path / "never.png")
     assert not (tmp_path / "never.png").exists()
+
+
+def test_no_steps(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    with _trace.TraceWriter(path, _trace.make_header(None, None, VARIABLES)):
+        pass
+    with pytest.raises(ValueError, match="at least one recorded step"):
+        _plot.plot_comparison(path, path, tmp_path / "never.png")

@@ -148,6 +148,11 @@ def plot_comparison(
     comparison = _diff.compare(a, b)
     steps_a, steps_b = a.by_step(), b.by_step()
     steps = sorted(set(steps_a) | set(steps_b))
+    if not steps:
+        raise ValueError(
+            "Expected at least one recorded step to draw. Received: no step "
+            f"records in {a.path!r} or {b.path!r}."
+        )
     # Fingerprints are matched by position, as `tfdet diff` does; A names them.
     variables = a.variables or [
         str(i)
@@ -157,10 +162,12 @@ def plot_comparison(
     grid = _weights_map(steps, steps_a, steps_b, len(variables))
     rows = ["all weights", *variables]
 
-    height_map = min(max(1.2, 0.16 * len(rows)), 14.0)
+    height_map = min(max(1.2, 0.16 * len(rows)), 7.0)
     figure = Figure(figsize=(10, 3.2 + height_map + 0.8), layout="constrained")
     FigureCanvasAgg(figure)
-    top, bottom = figure.subplots(2, 1, sharex=True, height_ratios=[3.2, height_map])
+    top, bottom = figure.subplots(
+        2, 1, sharex=True, gridspec_kw={"height_ratios": [3.2, height_map]}
+    )
 
     name_a = os.path.basename(a.path) if a.path else "A"
     name_b = os.path.basename(b.path) if b.path else "B"
@@ -217,7 +224,8 @@ def plot_comparison(
         cmap=colours,
         vmin=0,
         vmax=1,
-        edgecolors="white",
+        # Cell borders help to count a few cells and would blot out many.
+        edgecolors="white" if grid.size <= 5000 else "none",
         linewidth=0.5,
     )
     bottom.axhline(0.5, color="black", linewidth=0.8)  # "all weights" apart.
