@@ -65,7 +65,7 @@ def test_flag_enables_before_conftest_and_reseeds_each_test(pytester: pytest.Pyt
     )
     pytester.makeini("[pytest]\ntfdet_seed = 7\n")
     pytester.makepyfile(
-        """
+        test_suite="""
         import os
 
         import keras
@@ -95,7 +95,8 @@ def test_flag_enables_before_conftest_and_reseeds_each_test(pytester: pytest.Pyt
 
         def test_fixture_takes_session_settings(tfdet_reproducible):
             assert os.environ["PYTHONHASHSEED"] == "7"  # Written by enable().
-            report = tfdet_reproducible(build, steps=1, perturb="none")
+            # A TARGET string resolves from the current directory, as in a shell.
+            report = tfdet_reproducible("test_suite:build", steps=1, perturb="none")
             assert (report["seed"], report["threads"]) == (7, 2)
         """
     )

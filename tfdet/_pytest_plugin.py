@@ -305,7 +305,10 @@ def run_check(
     Args:
         build: A module-level function returning a compiled Keras model or
             `(model, x, y)`, or a TARGET string (`path/to/file.py:function`,
-            `package.module:function`, `builtin:NAME`).
+            `package.module:function`, `builtin:NAME`; relative to the current
+            directory). A function is passed as its file's path, which the
+            runs import as a script: a test module that uses relative imports
+            needs the `package.module:function` form.
         steps: Training steps per run (`--steps`).
         runs: Processes (`--runs`, at least 2).
         device: `--device`: "cpu" (the default here, so that a test means
@@ -362,7 +365,13 @@ def run_check(
         # TensorFlow's start-up log lines would bury tfdet's own message.
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         completed = subprocess.run(
-            command, capture_output=True, text=True, check=False, cwd=workdir, env=env
+            # In this process's directory: TARGETs relative to it resolve as
+            # they would from the shell.
+            command,
+            capture_output=True,
+            text=True,
+            check=False,
+            env=env,
         )
         report = None
         with (
