@@ -1,0 +1,437 @@
+"""pytest plugin: `pytest --tfdet` and the `tfdet_reproducible` fixture.
+
+Registered through the `pytest11` entry point `tfdet`, so it is loaded in
+every pytest session of an environment where tfdet is installed. Without
+`--tfdet` it changes nothing and imports neither tfdet's runtime nor
+TensorFlow: this module imports only pytest and the standard library.
+
+`--tfdet` calls `tfdet.enable()` in `pytest_load_initial_conftests`, the hook
+pytest calls for installed plugins before it imports the first `conftest.py`.
+A conftest that builds a model at import is then already covered. Something
+that ran TensorFlow ops before that point (a `-p` plugin, another installed
+plugin, the process that called `pytest.main()`) makes `enable()` too late:
+the session stops with tfdet's `TooLateError` message, as a pytest usage error
+(exit 4), before any test runs. Each test then starts from the same seeds
+(Python, NumPy, TensorFlow, Keras), so its random numbers do not depend on
+which tests ran before it.
+
+The `tfdet_reproducible` fixture runs `tfdet check` in a subprocess and reads
+its `--json` report, the stable interface of the check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+# Options and their ini keys ([tool.pytest.ini_options] in pyproject.toml).
+_SETTINGS = {
+    "seed": ("--tfdet-seed", "tfdet_seed", "Seed of every generator (default 0)."),
+    "threads": (
+        "--tfdet-threads",
+        "tfdet_threads",
+        "TensorFlow's intra- and inter-op thread pools (default 1).",
+    ),
+    "cpu_isa": (
+        "--tfdet-cpu-isa",
+        "tfdet_cpu_isa",
+        "Cap on oneDNN's instruction set (default AVX2; 'none' leaves it uncapped).",
+    ),
+}
+# The defaults of `tfdet.enable()`, stated once here for the plugin.
+_DEFAULTS = {"seed": 0, "threads": 1, "cpu_isa": "AVX2"}
+# A key on the config's stash: the state of --tfdet for this session.
+_STATE_KEY = pytest.StashKey["_State"]()
+
+# Where the check's stderr is cut when a run or the CLI fails.
+_STDERR_TAIL_CHARS = 4000
+
+
+@dataclasses.dataclass
+class _State:
+    """What `--tfdet` did in this session."""
+
+    settings: dict[str, Any]
+    # The determinism variables before enable() wrote them: what the
+    # fixture's `tfdet check` starts from, as it would from the shell.
+    environ_before: dict[str, str | None]
+    profile: Any = None  # tfdet.Profile
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("tfdet", "tfdet: bit-for-bit reproducible TensorFlow")
+    group.addoption(
+        "--tfdet",
+        action="store_true",
+        default=False,
+        help="Call tfdet.enable() before conftest.py files are imported, and "
+        "reseed before every test.",
+    )
+    for name, (flag, ini, help_text) in _SETTINGS.items():
+        group.addoption(
+            flag,
+            dest=f"tfdet_{name}",
+            default=None,
+            help=f"{help_text} Ini key: {ini}.",
+        )
+        parser.addini(ini, f"tfdet.enable({name}=...) under --tfdet. {help_text}")
+
+
+def _setting(config: pytest.Config, namespace: Any, name: str) -> str | None:
+    """An option's value: the command line first, then the ini file."""
+    value = getattr(namespace, f"tfdet_{name}", None)
+    if value is None:
+        value = config.getini(_SETTINGS[name][1]) or None
+    return value
+
+
+def _int_setting(name: str, text: str | None) -> int:
+    if text is None:
+        return _DEFAULTS[name]
+    flag, ini, _ = _SETTINGS[name]
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        raise pytest.UsageError(
+            f"Expected an integer for {flag} (ini key {ini}). Received: {text!r}"
+        ) from None
+
+
+def _settings(config: pytest.Config, namespace: Any) -> dict[str, Any]:
+    """`enable()`'s keyword arguments from options and ini keys.
+
+    Raises:
+        pytest.UsageError: a value that is not an integer where one is needed.
+    """
+    cpu_isa = _setting(config, namespace, "cpu_isa")
+    if cpu_isa is None:
+        cpu_isa = _DEFAULTS["cpu_isa"]
+    elif cpu_isa.strip().lower() == "none":
+        cpu_isa = None
+    return {
+        "seed": _int_setting("seed", _setting(config, namespace, "seed")),
+        "threads": _int_setting("threads", _setting(config, namespace, "threads")),
+        "cpu_isa": cpu_isa,
+    }
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(
+    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
+) -> None:
+    namespace = early_config.known_args_namespace
+    if not namespace.tfdet or namespace.help or namespace.version:
+        return
+    settings = _settings(early_config, namespace)
+    import tfdet  # Only now: importing it is cheap, TensorFlow comes with enable().
+    from tfdet._pin._environment import DETERMINISM_VARIABLES
+
+    state = _State(settings, {k: os.environ.get(k) for k in DETERMINISM_VARIABLES})
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            state.profile = tfdet.enable(**settings)
+    except tfdet.TooLateError as error:
+        raise pytest.UsageError(
+            f"pytest --tfdet: {error} Under pytest, tfdet.enable() runs before "
+            "the first conftest.py is imported; TensorFlow ran ops before that, "
+            "in a plugin loaded with -p or from an installed package, or in the "
+            "process that called pytest.main(). Move that TensorFlow work into "
+            "a fixture or a test."
+        ) from None
+    except (
+        tfdet.Error,  # ProfileMismatchError: enable() ran before with other settings.
+        ValueError,  # A bad seed, threads or cpu_isa.
+        ImportError,  # No TensorFlow, or one too old: says what to install.
+    ) as error:
+        raise pytest.UsageError(f"pytest --tfdet: {error}") from None
+    # Warnings are shown in the header, not as stray lines before pytest's
+    # output starts; PYTHONHASHSEED's with the pytest way to set it.
+    for caught_warning in caught:
+        message = str(caught_warning.message)
+        if message.startswith("PYTHONHASHSEED"):
+            message = (
+                f"PYTHONHASHSEED is not {settings['seed']} in this process (it is "
+                "only read at interpreter start), so set and dict iteration "
+                "orders are not pinned; run `PYTHONHASHSEED="
+                f"{settings['seed']} pytest --tfdet` to pin them too."
+            )
+        state.warnings.append(message)
+    early_config.stash[_STATE_KEY] = state
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _STATE_KEY in config.stash:
+        config.pluginmanager.register(
+            _Reseeder(config.stash[_STATE_KEY]), "tfdet-reseed"
+        )
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    state = config.stash.get(_STATE_KEY, None)
+    if state is None:
+        return []
+    p = state.profile
+    lines = [
+        f"tfdet: enabled, seed={p.seed} threads={p.intra_op_threads} "
+        f"cpu_isa={p.cpu_isa} onednn_opts={p.onednn_opts} keras={p.keras} "
+        f"tensorflow={p.tensorflow_version} "
+        f"patches={','.join(p.patches) or 'none'}"
+    ]
+    lines.extend(f"tfdet: warning: {message}" for message in state.warnings)
+    return lines
+
+
+class _Reseeder:
+    """Registered under --tfdet only: reseeds before each test."""
+
+    def __init__(self, state: _State) -> None:
+        self.seed = state.settings["seed"]
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        # Tests see the same generators whatever ran before them, so a test
+        # selected with -k gets the bits it gets in the whole suite.
+        from tfdet._pin import _enable
+
+        _enable._seed_everything(self.seed)
+
+
+# --- The tfdet_reproducible fixture ------------------------------------------
+
+
+def _target_of(build: Callable[..., Any] | str) -> str:
+    """The TARGET string for `tfdet check`.
+
+    Raises:
+        TypeError: `build` is neither a TARGET string nor a module-level function.
+    """
+    if isinstance(build, str):
+        return build
+    name = getattr(build, "__name__", None)
+    module = sys.modules.get(getattr(build, "__module__", None) or "")
+    if (
+        not inspect.isfunction(build)
+        or module is None
+        or getattr(module, name, None) is not build
+    ):
+        raise TypeError(
+            "Expected a function defined at module level (tfdet check imports it "
+            "by name in fresh processes) or a TARGET string like "
+            f"'path/to/test_file.py:build'. Received: {build!r}"
+        )
+    path = inspect.getsourcefile(build)
+    if path is None:
+        raise TypeError(f"Expected a function defined in a file. Received: {build!r}")
+    return f"{os.path.abspath(path)}:{name}"
+
+
+def _tail(text: str) -> str:
+    text = text.strip()
+    return (
+        text if len(text) <= _STDERR_TAIL_CHARS else "..." + text[-_STDERR_TAIL_CHARS:]
+    )
+
+
+def _failed_runs(report: dict[str, Any]) -> str:
+    """Each failed run's state; the first one's stderr tail (usually all alike)."""
+    lines, tail = [], None
+    for device, result in report.get("devices", {}).items():
+        for run in result.get("runs", []):
+            if run.get("ok"):
+                continue
+            state = (
+                "timed out" if run.get("timed_out") else f"exit {run.get('returncode')}"
+            )
+            lines.append(f"[{device}] run {run.get('index')} failed ({state})")
+            if tail is None:
+                tail = _tail(run.get("stderr_tail") or "(empty)")
+                lines[-1] += "; its stderr tail:\n" + tail
+    return "\n".join(lines)
+
+
+def _divergences(report: dict[str, Any]) -> str:
+    lines = []
+    for device, result in report.get("devices", {}).items():
+        divergence = result.get("divergence")
+        if not divergence:
+            continue
+        a, b = divergence.get("runs", ("?", "?"))
+        lines.append(
+            f"[{device}] first divergence (run {a} vs run {b}): "
+            f"{divergence.get('description')}"
+        )
+        for name, values in (divergence.get("profile_differences") or {}).items():
+            lines.append(f"  profile differs: {name}: {values[0]} vs {values[1]}")
+        attribution = divergence.get("attribution")
+        if attribution:
+            lines.append(f"  cause: {attribution.get('verdict')}")
+        else:
+            lines.append(
+                f"  `tfdet check {report.get('target')} --device {device}` re-runs "
+                "to find the perturbation that separates the runs."
+            )
+    return "\n".join(lines)
+
+
+def run_check(
+    build: Callable[..., Any] | str,
+    *,
+    steps: int = 3,
+    runs: int = 2,
+    device: str = "cpu",
+    perturb: str = "all",
+    seed: int | None = None,
+    threads: int | None = None,
+    attribute: bool = False,
+    timeout: float = 600.0,
+    extra_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Runs `tfdet check` on `build` in fresh processes; fails the test unless equal.
+
+    Args:
+        build: A module-level function returning a compiled Keras model or
+            `(model, x, y)`, or a TARGET string (`path/to/file.py:function`,
+            `package.module:function`, `builtin:NAME`; relative to the current
+            directory). A function is passed as its file's path, which the
+            runs import as a script: a test module that uses relative imports
+            needs the `package.module:function` form.
+        steps: Training steps per run (`--steps`).
+        runs: Processes (`--runs`, at least 2).
+        device: `--device`: "cpu" (the default here, so that a test means
+            the same on every machine), "gpu" or "all".
+        perturb: `--perturb`: "all", "none" or a comma-separated list.
+        seed: `--seed`; None: the session's `--tfdet-seed` / `tfdet_seed`,
+            else the check's default (0).
+        threads: `--threads`; None: the session's `--tfdet-threads`, else 1.
+        attribute: On divergence, re-run to name the perturbation responsible
+            (more processes; off by default, `tfdet check TARGET` does it).
+        timeout: Seconds per run (`--timeout`).
+        extra_args: More `tfdet check` flags, passed as given.
+        env: The check's environment (default: this process's).
+
+    Returns:
+        The check's JSON report, when every bit is identical.
+
+    Raises:
+        pytest.fail.Exception: the bits differ (the message names the first
+            diverging step and quantity with both values), a run failed or
+            timed out (with its stderr tail), or the check could not start.
+        pytest.skip.Exception: `device="gpu"` on a machine without a GPU.
+    """
+    target = _target_of(build)
+    with tempfile.TemporaryDirectory(prefix="tfdet-pytest-") as workdir:
+        report_path = os.path.join(workdir, "check.json")
+        command = [
+            sys.executable,
+            "-m",
+            "tfdet",
+            "check",
+            target,
+            "--runs",
+            str(runs),
+            "--steps",
+            str(steps),
+            "--device",
+            device,
+            "--perturb",
+            perturb,
+            "--timeout",
+            str(timeout),
+            "--json",
+            report_path,
+        ]
+        if seed is not None:
+            command += ["--seed", str(seed)]
+        if threads is not None:
+            command += ["--threads", str(threads)]
+        if not attribute:
+            command.append("--no-attribute")
+        command += list(extra_args)
+        env = dict(os.environ if env is None else env)
+        # TensorFlow's start-up log lines would bury tfdet's own message.
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        completed = subprocess.run(
+            # In this process's directory: TARGETs relative to it resolve as
+            # they would from the shell.
+            command,
+            capture_output=True,
+            text=True,
+            check=False,
+            env=env,
+        )
+        report = None
+        with (
+            contextlib.suppress(OSError, ValueError),
+            open(report_path, encoding="utf-8") as file,
+        ):
+            report = json.load(file)
+    heading = f"tfdet check {target} ({runs} runs x {steps} steps)"
+    if completed.returncode == 4:
+        pytest.skip(f"{heading}: {_tail(completed.stderr)}")
+    if report is None or report.get("exit_code") != completed.returncode:
+        # Usage errors (2), tfdet failing, an interrupt: no report to trust.
+        pytest.fail(
+            f"{heading} exited {completed.returncode} without a consistent "
+            f"report:\n{_tail(completed.stderr)}",
+            pytrace=False,
+        )
+    if completed.returncode == 0 and report.get("verdict") == "identical":
+        return report
+    if report.get("verdict") == "diverged":
+        pytest.fail(f"{heading}: bits diverged.\n{_divergences(report)}", pytrace=False)
+    pytest.fail(
+        f"{heading}: verdict {report.get('verdict')!r} (exit "
+        f"{completed.returncode}); no comparison of bits passed.\n"
+        f"{_failed_runs(report) or _tail(completed.stderr)}",
+        pytrace=False,
+    )
+
+
+@pytest.fixture
+def tfdet_reproducible(request: pytest.FixtureRequest) -> Callable[..., dict[str, Any]]:
+    """`tfdet_reproducible(build, steps=3, runs=2, ...)`: `tfdet check` as an assertion.
+
+    Trains `build` (a module-level function, or a TARGET string) in fresh
+    processes that look like different machines and fails the test with the
+    first diverging step, quantity and both values when any bit differs, or
+    with the failing run's stderr when a run fails. Seed and threads default
+    to the session's `--tfdet-seed` / `--tfdet-threads` (or ini keys) when
+    given. See `run_check` for every argument.
+    """
+    config = request.config
+    defaults: dict[str, Any] = {}
+    for name in ("seed", "threads"):
+        text = _setting(config, config.option, name)
+        if text is not None:
+            defaults[name] = _int_setting(name, text)
+
+    state = config.stash.get(_STATE_KEY, None)
+    if state is not None:
+        # Under --tfdet, enable() wrote PYTHONHASHSEED, thread counts, the ISA
+        # cap... into os.environ; the check sets up its runs itself.
+        env = dict(os.environ)
+        for key, value in state.environ_before.items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
+        defaults["env"] = env
+
+    def check(build: Callable[..., Any] | str, **kwargs: Any) -> dict[str, Any]:
+        return run_check(build, **{**defaults, **kwargs})
+
+    return check
