@@ -38,9 +38,11 @@ def _check_trace_path(path: str) -> None:
         # TraceWriter creates missing directories; their nearest existing
         # ancestor must then be writable.
         existing = directory
-        while not os.path.isdir(existing):
+        while not os.path.exists(existing):
             existing = os.path.dirname(existing)
-        if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        if not os.path.isdir(existing):
+            problem = f"{existing!r} is a file, not a directory"
+        elif not os.access(existing, os.W_OK | os.X_OK):
             problem = f"its directory cannot be created under {existing!r}"
     elif not os.access(directory, os.W_OK | os.X_OK):
         problem = f"its directory {directory!r} is not writable"
