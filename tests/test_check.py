@@ -196,6 +196,7 @@ def test_bad_target_exits_2_before_any_run(tmp_path, target, message):
         ["--timeout", "nan"],
         ["--timeout", "inf"],
         ["--threads", "10000"],
+        ["--traces", "/dev/null"],
         ["--no-enable", "--threads", "2"],
     ],
 )
