@@ -150,3 +150,28 @@ def test_array_digest_depends_on_shape_and_dtype():
     x = np.zeros(4, np.float32)
     assert _bits.array_digest(x) != _bits.array_digest(x.reshape(2, 2))
     assert _bits.array_digest(x) != _bits.array_digest(x.view(np.int32))
+
+
+def test_logged_arrays_are_recorded_by_digest_not_refused():
+    # The worker and the callback share this: a metric logging per-class
+    # values must not crash a `tfdet check` run.
+    bits = _bits.logged_value_bits(np.array([0.5, 0.25], np.float32))
+    assert bits["value"] == "array" and bits["shape"] == [2]
+    assert bits["bits"] == _bits.array_digest(np.array([0.5, 0.25], np.float32))
+    other = _bits.logged_value_bits(np.array([0.5, 0.5], np.float32))
+    assert other["bits"] != bits["bits"]
+    assert _bits.ulp_distance(bits, other) is None
+    assert _bits.show(bits).startswith("array(2,) [float32 sha256 ")
+
+
+def test_show_is_value_dtype_and_hex_bits():
+    assert _bits.show(_bits.value_bits(np.float32(1))) == "1.0 [float32 0x3f800000]"
+    assert _bits.show(None) == "(absent)"
+
+
+def test_is_finite_names_nan_and_inf_only_for_floats():
+    assert _bits.is_finite(_bits.logged_value_bits(float("nan"))) is False
+    assert _bits.is_finite(_bits.value_bits(np.float32("-inf"))) is False
+    assert _bits.is_finite(_bits.value_bits(np.float64(2.5))) is True
+    assert _bits.is_finite(_bits.value_bits(np.int32(3))) is None
+    assert _bits.is_finite(_bits.logged_value_bits([1.0, 2.0])) is None

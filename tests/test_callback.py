@@ -289,3 +289,32 @@ print(json.dumps({
     assert facts["steps"] == 4 and not facts["divergence"]
     trace = _trace.read(path)
     assert len(trace.steps) == 4 and trace.profile.keras == "tf_keras"
+
+
+def test_bad_trace_and_reference_paths_fail_at_construction(tmp_path):
+    import os
+
+    import pytest
+
+    import tfdet
+    from tfdet._errors import TraceFormatError
+
+    with pytest.raises(TraceFormatError, match="missing.jsonl"):
+        tfdet.DeterminismCallback(reference=tmp_path / "missing.jsonl")
+    (tmp_path / "not_a_trace.jsonl").write_text("hello\n")
+    with pytest.raises(TraceFormatError):
+        tfdet.DeterminismCallback(reference=tmp_path / "not_a_trace.jsonl")
+    with pytest.raises(ValueError, match="is a directory"):
+        tfdet.DeterminismCallback(trace=tmp_path)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match="Expected `trace`"):
+        tfdet.DeterminismCallback(trace=blocker / "sub" / "run.jsonl")
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(ValueError, match="not writable"):
+            tfdet.DeterminismCallback(trace=locked / "run.jsonl")
+    # A directory that does not exist yet is fine: the writer creates it.
+    callback = tfdet.DeterminismCallback(trace=tmp_path / "new" / "run.jsonl")
+    assert callback.trace.endswith("run.jsonl")

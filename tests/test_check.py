@@ -24,8 +24,74 @@ def _check(*args: str, tmp_path, env=None) -> tuple[int, dict, str]:
     return proc.returncode, report, proc.stdout + proc.stderr
 
 
-def test_builtin_cnn_is_bit_identical_under_every_perturbation(tmp_path):
-    code, report, output = _check(tmp_path=tmp_path)
+@pytest.fixture(scope="module")
+def cnn_check(tmp_path_factory):
+    """One default check of the built-in CNN that keeps its traces."""
+    tmp_path = tmp_path_factory.mktemp("cnn")
+    traces = tmp_path / "traces"
+    return (*_check("--traces", str(traces), tmp_path=tmp_path), traces)
+
+
+@pytest.fixture(scope="module")
+def urandom_check(tmp_path_factory):
+    """One check of a target with os.urandom noise that keeps its traces."""
+    tmp_path = tmp_path_factory.mktemp("urandom")
+    traces = tmp_path / "traces"
+    return (
+        *_check(
+            f"{MODELS}:urandom_model",
+            "--perturb",
+            "none",
+            "--steps",
+            "2",
+            "--traces",
+            str(traces),
+            tmp_path=tmp_path,
+        ),
+        traces,
+    )
+
+
+def _diff(traces, tmp_path) -> tuple[int, dict]:
+    report_path = tmp_path / "diff.json"
+    proc = run_tfdet(
+        "diff",
+        str(traces / "cpu" / "run0.jsonl"),
+        str(traces / "cpu" / "run1.jsonl"),
+        "--json",
+        str(report_path),
+    )
+    return proc.returncode, json.loads(report_path.read_text())
+
+
+def test_traces_of_an_identical_check_are_identical_for_tfdet_diff(cnn_check, tmp_path):
+    code, report, output, traces = cnn_check
+    assert code == 0, output
+    assert sorted(os.listdir(traces / "cpu")) == ["run0.jsonl", "run1.jsonl"]
+    runs = report["devices"]["cpu"]["runs"]
+    assert [run["trace"] for run in runs] == [
+        str(traces / "cpu" / "run0.jsonl"),
+        str(traces / "cpu" / "run1.jsonl"),
+    ]
+    diff_code, diff = _diff(traces, tmp_path)
+    assert diff_code == 0 and diff["identical"] and diff["steps_compared"] == 3
+    assert report["exit_code"] == diff_code
+
+
+def test_traces_of_a_noisy_check_differ_for_tfdet_diff_where_check_says(
+    urandom_check, tmp_path
+):
+    code, report, output, traces = urandom_check
+    assert code == 1, output
+    diff_code, diff = _diff(traces, tmp_path)
+    assert diff_code == 1 and not diff["identical"]
+    divergence = report["devices"]["cpu"]["divergence"]
+    for key in ("step", "quantity", "expected", "received", "ulps"):
+        assert diff["divergence"][key] == divergence[key], key
+
+
+def test_builtin_cnn_is_bit_identical_under_every_perturbation(cnn_check):
+    code, report, output, _ = cnn_check
     assert code == 0, output
     cpu = report["devices"]["cpu"]
     assert report["verdict"] == cpu["verdict"] == "identical"
@@ -39,6 +105,9 @@ def test_builtin_cnn_is_bit_identical_under_every_perturbation(tmp_path):
         assert first[name] != second[name]
     assert report["devices"]["gpu"] == {"status": "skipped", "reason": "no GPU visible"}
     assert "GPU: skipped, no GPU visible" in output
+    # The summary shows each run's final loss, the same bits in both.
+    losses = {run["final_loss"] for run in cpu["runs"]}
+    assert len(losses) == 1 and f"final loss {losses.pop()}" in output
 
 
 def test_without_tfdet_the_same_check_diverges_and_names_the_cause(tmp_path):
@@ -62,15 +131,8 @@ def test_without_tfdet_the_same_check_diverges_and_names_the_cause(tmp_path):
     assert "first divergence" in output and "separated by" in output
 
 
-def test_urandom_noise_diverges_even_with_tfdet(tmp_path):
-    code, report, output = _check(
-        f"{MODELS}:urandom_model",
-        "--perturb",
-        "none",
-        "--steps",
-        "2",
-        tmp_path=tmp_path,
-    )
+def test_urandom_noise_diverges_even_with_tfdet(urandom_check):
+    code, report, output, _ = urandom_check
     assert code == 1, output
     divergence = report["devices"]["cpu"]["divergence"]
     assert divergence["step"] == 0 and divergence["quantity"] == "loss"
@@ -131,12 +193,17 @@ def test_bad_target_exits_2_before_any_run(tmp_path, target, message):
         ["--seed", str(2**32)],
         ["--threads", "0"],
         ["--timeout", "0"],
+        ["--timeout", "nan"],
+        ["--timeout", "inf"],
+        ["--threads", "10000"],
+        ["--traces", "/dev/null"],
         ["--no-enable", "--threads", "2"],
     ],
 )
 def test_bad_flags_exit_2(tmp_path, flags):
     code, _, output = _check(*flags, tmp_path=tmp_path)
     assert code == 2, output
+    assert "Traceback" not in output and "run 0" not in output
 
 
 def test_crashing_run_exits_3_with_its_stderr(tmp_path):
@@ -149,6 +216,7 @@ def test_crashing_run_exits_3_with_its_stderr(tmp_path):
     assert all(not run["ok"] for run in cpu["runs"])
     assert "boom: this layer refuses to train" in cpu["runs"][0]["stderr_tail"]
     assert "boom" in output
+    assert cpu["runs"][0]["reason"] == "exited 1" and "failed (exited 1)" in output
 
 
 def test_run_over_timeout_exits_3(tmp_path):
@@ -297,3 +365,92 @@ def test_module_target_from_the_working_directory_with_the_console_script(tmp_pa
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _fake_report(losses=("0.5", "0.5"), nonfinite=()) -> dict:
+    runs = [
+        {
+            "index": index,
+            "perturbations": {},
+            "ok": True,
+            "reason": None,
+            "seconds": 1.0,
+            "final_loss": loss,
+            "nonfinite": list(nonfinite),
+        }
+        for index, loss in enumerate(losses)
+    ]
+    return {
+        "target": "builtin:cnn",
+        "enable": True,
+        "runs": 2,
+        "steps": 3,
+        "traces": None,
+        "devices": {"cpu": {"status": "ran", "runs": runs, "verdict": "identical"}},
+        "verdict": "identical",
+        "exit_code": 0,
+    }
+
+
+def test_identical_nan_losses_are_not_reported_without_a_word():
+    from tfdet._cli import check as cli_check
+
+    text = cli_check.format_report(
+        _fake_report(("nan", "nan"), nonfinite=["loss nan from step 1"])
+    )
+    assert "final loss nan" in text
+    assert "not finite: loss nan from step 1" in text
+    assert "NaN or Inf" in text
+    assert "NaN" not in cli_check.format_report(_fake_report())
+
+
+def test_json_is_written_before_the_report_and_a_closed_stdout_is_harmless(
+    tmp_path, monkeypatch
+):
+    import argparse
+
+    from tfdet._cli import check as cli_check
+    from tfdet._runs import _check as runs_check
+
+    report = _fake_report()
+    monkeypatch.setattr(runs_check, "check", lambda options, progress=None: report)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # Nobody reads: printing raises BrokenPipeError.
+    stdout = os.fdopen(os.dup(write_end), "w")
+    os.close(write_end)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    path = tmp_path / "report.json"
+    args = argparse.Namespace(
+        target=None,
+        steps=3,
+        perturb="none",
+        enable=True,
+        seed=0,
+        threads=1,
+        timeout=600.0,
+        runs=2,
+        device="cpu",
+        attribute=True,
+        traces=None,
+        json=str(path),
+    )
+    assert cli_check.execute(args) == 0
+    assert json.loads(path.read_text())["verdict"] == "identical"
+    stdout.close()
+
+
+def test_progress_never_raises(monkeypatch):
+    from tfdet._cli import _training_flags
+
+    class Closed:
+        def write(self, text):
+            raise BrokenPipeError("closed")
+
+        def flush(self):
+            raise BrokenPipeError("closed")
+
+        def fileno(self):
+            raise OSError("no descriptor")
+
+    monkeypatch.setattr(sys, "stderr", Closed())
+    _training_flags.progress("run 0: step 1/3")  # no exception

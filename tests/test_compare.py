@@ -1,77 +1,115 @@
-"""First-divergence search over worker results (no TensorFlow needed)."""
+"""`tfdet check`'s comparison of two runs: `tfdet diff`'s trace comparison,
+then the exact final digests, with element detail (no TensorFlow needed)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tfdet._record import _bits, _compare
+from tfdet._record import _bits, _trace
+from tfdet._runs import _check, _perturb, _spawn
+
+NAMES = ["0:dense/kernel", "1:dense/bias"]
 
 
-def _result(tmp_path, name, losses, checksums, final):
+def _run(tmp_path, name, losses, checksums, final) -> _check._Run:
+    """A finished run as `_check` sees it: its result and its trace read back."""
     weights_file = tmp_path / f"{name}.npz"
     np.savez(weights_file, *final)
-    return {
-        "variables": ["0:dense/kernel", "1:dense/bias"],
-        "steps": [
-            {
-                "step": i,
-                "values": {"loss": _bits.value_bits(np.float32(loss))},
-                "weights": sums,
-            }
-            for i, (loss, sums) in enumerate(zip(losses, checksums, strict=True))
-        ],
-        "final_weights": {
-            f"{i}:{n}": _bits.array_digest(w)
-            for i, (n, w) in enumerate(
-                zip(["dense/kernel", "dense/bias"], final, strict=True)
+    trace_path = tmp_path / f"{name}.jsonl"
+    with _trace.TraceWriter(trace_path, _trace.make_header(None, {}, NAMES)) as writer:
+        for step, (loss, sums) in enumerate(zip(losses, checksums, strict=True)):
+            writer.write_step(
+                _trace.step_record(step, {"loss": loss}, np.array(sums, np.uint32))
             )
+    result = {
+        "profile": {},
+        "variables": NAMES,
+        "trace": str(trace_path),
+        "final_weights": {
+            n: _bits.array_digest(w) for n, w in zip(NAMES, final, strict=True)
         },
         "weights_file": str(weights_file),
     }
+    setup = _perturb.RunSetup(0, {}, None, 0.0, False, {})
+    outcome = _spawn.RunOutcome(setup, 0, result, "", False, 1.0)
+    return _check._Run(outcome, _trace.read(trace_path))
 
 
-def test_identical_results_have_no_divergence(tmp_path):
-    final = [np.ones((2, 2), np.float32), np.zeros(2, np.float32)]
-    a = _result(tmp_path, "a", [1.0, 0.5], [["x", "y"], ["z", "w"]], final)
-    b = _result(tmp_path, "b", [1.0, 0.5], [["x", "y"], ["z", "w"]], final)
-    assert _compare.first_divergence(a, b) is None
+FINAL = [np.ones((2, 2), np.float32), np.zeros(2, np.float32)]
+SUMS = [[[1, 2], [3, 4]], [[5, 6], [7, 8]]]
+
+
+def test_identical_runs_have_no_divergence(tmp_path):
+    a = _run(tmp_path, "a", [1.0, 0.5], SUMS, FINAL)
+    b = _run(tmp_path, "b", [1.0, 0.5], SUMS, FINAL)
+    assert _check.compare_runs(a, b) is None
 
 
 def test_loss_divergence_reports_step_bits_and_ulps(tmp_path):
-    final = [np.ones((2, 2), np.float32), np.zeros(2, np.float32)]
     nudged = float(np.nextafter(np.float32(0.5), np.float32(1)))
-    a = _result(tmp_path, "a", [1.0, 0.5], [["x", "y"], ["z", "w"]], final)
-    b = _result(tmp_path, "b", [1.0, nudged], [["x", "y"], ["z", "w"]], final)
-    divergence = _compare.first_divergence(a, b)
+    a = _run(tmp_path, "a", [1.0, 0.5], SUMS, FINAL)
+    b = _run(tmp_path, "b", [1.0, nudged], SUMS, FINAL)
+    divergence = _check.compare_runs(a, b)
     assert (divergence.step, divergence.quantity, divergence.ulps) == (1, "loss", 1)
-    assert "0x3f000000" in _compare.describe(divergence)
+    assert "0.5 [float32 0x3f000000]" in divergence.describe()
 
 
 def test_weight_divergence_names_variable_and_first_element(tmp_path):
-    final_a = [np.ones((2, 2), np.float32), np.zeros(2, np.float32)]
-    final_b = [final_a[0].copy(), final_a[1].copy()]
+    final_b = [FINAL[0].copy(), FINAL[1].copy()]
     final_b[0][1, 0] = np.nextafter(np.float32(1), np.float32(2))
-    a = _result(tmp_path, "a", [1.0, 0.5], [["x", "y"], ["z", "w"]], final_a)
-    b = _result(tmp_path, "b", [1.0, 0.5], [["x", "y"], ["q", "w"]], final_b)
-    divergence = _compare.first_divergence(a, b)
+    a = _run(tmp_path, "a", [1.0, 0.5], SUMS, FINAL)
+    b = _run(tmp_path, "b", [1.0, 0.5], [SUMS[0], [[9, 9], [7, 8]]], final_b)
+    divergence = _check.compare_runs(a, b)
     assert divergence.step == 1 and divergence.quantity == "weights:0:dense/kernel"
     assert divergence.detail["index"] == [1, 0]
-    assert (
-        divergence.detail["differing_elements"] == 1 and divergence.detail["ulps"] == 1
+    assert divergence.detail["variable"] == "0:dense/kernel"
+    assert (divergence.detail["differing_elements"], divergence.detail["ulps"]) == (
+        1,
+        1,
     )
 
 
 def test_final_digest_difference_is_caught_even_with_equal_checksums(tmp_path):
-    final_a = [np.ones((2, 2), np.float32), np.zeros(2, np.float32)]
-    final_b = [final_a[0], np.array([0.0, -0.0], np.float32)]
-    a = _result(tmp_path, "a", [1.0], [["x", "y"]], final_a)
-    b = _result(tmp_path, "b", [1.0], [["x", "y"]], final_b)
-    divergence = _compare.first_divergence(a, b)
-    assert divergence.step is None and divergence.quantity == "weights:1:dense/bias"
+    final_b = [FINAL[0], np.array([0.0, -0.0], np.float32)]
+    a = _run(tmp_path, "a", [1.0], SUMS[:1], FINAL)
+    b = _run(tmp_path, "b", [1.0], SUMS[:1], final_b)
+    divergence = _check.compare_runs(a, b)
+    assert divergence.step == 0
+    assert divergence.quantity == "final weights:1:dense/bias"
+    assert divergence.detail["index"] == [1]
 
 
 def test_missing_steps_are_a_divergence(tmp_path):
-    final = [np.ones((2, 2), np.float32), np.zeros(2, np.float32)]
-    a = _result(tmp_path, "a", [1.0, 0.5], [["x", "y"], ["z", "w"]], final)
-    b = _result(tmp_path, "b", [1.0], [["x", "y"]], final)
-    assert _compare.first_divergence(a, b).quantity == "steps"
+    a = _run(tmp_path, "a", [1.0, 0.5], SUMS, FINAL)
+    b = _run(tmp_path, "b", [1.0], SUMS[:1], FINAL)
+    assert _check.compare_runs(a, b).quantity == "steps"
+
+
+def test_a_run_whose_trace_is_unreadable_is_a_failure_with_a_reason(tmp_path):
+    a = _run(tmp_path, "a", [1.0], SUMS[:1], FINAL)
+    (tmp_path / "a.jsonl").write_text("not a trace\n")
+    (run,) = _check._read_runs([a.outcome])
+    assert not run.outcome.ok and "trace is unreadable" in run.outcome.reason
+
+
+def test_nonfinite_losses_are_named_with_their_first_step(tmp_path):
+    a = _run(tmp_path, "a", [1.0, float("nan")], SUMS, FINAL)
+    assert _check._nonfinite(a.trace) == ["loss nan from step 1"]
+    report = _check._run_report(a)
+    assert report["nonfinite"] == ["loss nan from step 1"]
+    assert report["final_loss"] == "nan" and report["steps_recorded"] == 2
+
+
+def test_verdict_and_exit_code_come_from_one_mapping():
+    assert _check.combined_exit_code([0, 1]) == 1
+    assert _check.combined_exit_code([1, 3, 0]) == 3
+    assert _check.combined_exit_code([]) == 0
+    assert {code: _check._verdict(code)["verdict"] for code in (0, 1, 3)} == {
+        0: "identical",
+        1: "diverged",
+        3: "failed",
+    }
+    # A run that exits 0 without a result says so.
+    setup = _perturb.RunSetup(0, {}, None, 0.0, False, {})
+    outcome = _spawn.RunOutcome(setup, 0, None, "", False, 1.0)
+    assert outcome.reason == "exited 0 without writing its result"

@@ -169,3 +169,49 @@ def test_diff_of_runs_differing_only_in_thread_count(tmp_path):
         "first diverging"
     )
     assert _trace.read(one).steps == _trace.read(one_again).steps
+
+
+def test_header_only_traces_are_not_identical_and_exit_2(tmp_path, capsys):
+    a = write_trace(tmp_path / "a.jsonl", steps=0)
+    b = write_trace(tmp_path / "b.jsonl", steps=0)
+    comparison = _diff.compare(_trace.read(a), _trace.read(b))
+    assert comparison.empty and not comparison.identical
+    report = tmp_path / "report.json"
+    assert main(["tfdet", "diff", a, b, "--json", str(report)]) == 2
+    out = capsys.readouterr().out
+    assert "nothing compared" in out and "bit-identical" not in out
+    facts = json.loads(report.read_text())
+    assert facts["empty"] and not facts["identical"]
+    # One header-only trace against one with steps is a divergence (exit 1).
+    full = write_trace(tmp_path / "full.jsonl", steps=2)
+    assert main(["tfdet", "diff", a, full]) == 1
+
+
+def test_weights_detail_names_the_first_element_and_counts(tmp_path):
+    import numpy as np
+
+    a = np.ones((2, 3), np.float32)
+    b = a.copy()
+    b[1, 0] = np.nextafter(np.float32(1), np.float32(2))
+    b[1, 2] = np.float32(1.5)
+    np.savez(tmp_path / "a.npz", np.zeros(2, np.float32), a)
+    np.savez(tmp_path / "b.npz", np.zeros(2, np.float32), b)
+    detail = _diff.weights_detail(str(tmp_path / "a.npz"), str(tmp_path / "b.npz"), 1)
+    assert detail["index"] == [1, 0] and detail["ulps"] == 1
+    assert detail["differing_elements"] == 2 and detail["size"] == 6
+    assert detail["max_ulps"] == 2**22
+    assert _diff.weights_detail(
+        str(tmp_path / "a.npz"), str(tmp_path / "b.npz"), 0
+    ) == {"differing_elements": 0, "size": 2}
+    assert _diff.weights_detail(str(tmp_path / "a.npz"), "missing.npz", 0) is None
+    divergence = _diff.Divergence(3, 0, "weights:1:w", "x", "y", detail=detail)
+    text = divergence.describe()
+    assert "step 3" in text and "2 of 6 elements differ" in text
+    assert "1.0 [float32 0x3f800000]" in text and "(1, 0)" in text
+    error = divergence.to_error()
+    assert (error.step, error.quantity, error.expected, error.received) == (
+        3,
+        "weights:1:w",
+        "x",
+        "y",
+    )

@@ -91,7 +91,7 @@ def test_seed_range_error_says_the_accepted_range(untouched_environment) -> None
         tfdet.enable(seed=2**32)
 
 
-@pytest.mark.parametrize("threads", [0, -2, 2.0, "1", False], ids=str)
+@pytest.mark.parametrize("threads", [0, -2, 1025, 10000, 2.0, "1", False], ids=str)
 def test_bad_threads_is_a_value_error_naming_the_argument(
     threads, untouched_environment
 ) -> None:
@@ -129,6 +129,26 @@ def test_bad_patches_is_a_value_error_listing_known_ones(
 ) -> None:
     with pytest.raises(ValueError, match=r"Expected `patches`.*bincount"):
         tfdet.enable(patches=patches)
+
+
+def test_threads_range_error_says_the_accepted_range(untouched_environment) -> None:
+    # 10000 threads made TensorFlow abort in pthread_create after minutes.
+    with pytest.raises(ValueError, match=r"in \[1, 1024\]"):
+        tfdet.enable(threads=10000)
+
+
+@pytest.mark.parametrize("patches", [42, [1], 2.5], ids=str)
+def test_patches_of_the_wrong_type_is_a_value_error_naming_it(
+    patches, untouched_environment
+) -> None:
+    with pytest.raises(ValueError, match=r"Expected `patches`.*Received: patches="):
+        tfdet.enable(patches=patches)
+
+
+@pytest.mark.parametrize("strict", ["no", 0, None], ids=str)
+def test_strict_must_be_a_bool(strict, untouched_environment) -> None:
+    with pytest.raises(ValueError, match=r"Expected `strict`.*Received: strict="):
+        tfdet.enable(strict=strict)
 
 
 def test_bad_onednn_is_a_value_error(untouched_environment) -> None:

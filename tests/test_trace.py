@@ -196,6 +196,34 @@ def test_a_corrupt_header_is_a_format_error(tmp_path, change):
         _trace.read(path)
 
 
+def test_a_step_recorded_twice_is_a_format_error(tmp_path):
+    path = write_trace(tmp_path / "dup.jsonl", steps=3)
+    with open(path, "a", encoding="utf-8") as file:
+        file.write(json.dumps(_step(1)) + "\n")
+    with pytest.raises(TraceFormatError, match=r"step 1 again on line 5"):
+        _trace.read(path)
+    assert main(["tfdet", "diff", path, path]) == 2
+
+
+def test_step_record_is_the_format_read_back(tmp_path):
+    checksums = np.array([[1, 2], [3, 4]], np.uint32)
+    logs = {"loss": 0.5, "accuracy": np.float32(0.25), "size": 32, "per_class": [1, 2]}
+    record = _trace.step_record(4, logs, checksums, epoch=1, batch=2)
+    assert (record["epoch"], record["step"], record["batch"]) == (1, 4, 2)
+    assert record["loss"] == _bits.value_bits(np.float32(0.5))
+    assert set(record["metrics"]) == {"accuracy", "per_class"}  # no bookkeeping
+    assert record["metrics"]["per_class"]["shape"] == [2]
+    assert record["weights"] == _trace.weights_fingerprint(checksums)
+    assert record["variables"] == ["0000000100000002", "0000000300000004"]
+    assert "variables" not in _trace.step_record(
+        0, logs, checksums, with_variables=False
+    )
+    header = _trace.make_header(PROFILE, {}, ["a", "b"])
+    with _trace.TraceWriter(tmp_path / "t.jsonl", header) as writer:
+        writer.write_step(record)
+    assert _trace.read(tmp_path / "t.jsonl").steps == [json.loads(json.dumps(record))]
+
+
 def test_cli_diff_exits_2_on_corrupt_records(tmp_path, capsys):
     good = write_trace(tmp_path / "good.jsonl", steps=3)
     for name in ("step not an int", "loss not bits"):

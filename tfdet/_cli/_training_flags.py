@@ -1,15 +1,23 @@
 """Flags shared by the subcommands that train TARGET in fresh processes.
 
 `tfdet check` and `tfdet locate` start runs the same way (`tfdet._runs._spawn`,
-`tfdet._runs._perturb`), so they take the same TARGET and run flags.
+`tfdet._runs._perturb`) and take the same `tfdet._runs._options.RunOptions`,
+so they take the same TARGET and run flags. The flags only parse; the
+options object validates.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+from typing import IO, Any
 
-from tfdet._runs import _builtins, _perturb
+from absl import app
+
+from tfdet._pin import _settings
+from tfdet._runs import _builtins, _options, _perturb
 
 TARGET_HELP = (
     "TARGET is package.module:function, path/to/file.py:function or "
@@ -29,17 +37,15 @@ def epilog(exit_codes: str) -> str:
     )
 
 
-def add(
-    parser: argparse.ArgumentParser, *, default_steps: int, default_timeout: float
-) -> None:
+def add(parser: argparse.ArgumentParser) -> None:
     """Adds TARGET, --steps, --perturb, --no-enable, --seed, --threads,
-    --json and --timeout."""
+    --json and --timeout, with the defaults of `RunOptions`."""
     parser.add_argument("target", nargs="?", default=None, help="Default: builtin:cnn.")
     parser.add_argument(
         "--steps",
         type=int,
-        default=default_steps,
-        help=f"Training steps per run (default {default_steps}).",
+        default=_options.DEFAULT_STEPS,
+        help=f"Training steps per run (default {_options.DEFAULT_STEPS}).",
     )
     parser.add_argument(
         "--perturb",
@@ -53,33 +59,65 @@ def add(
         action="store_false",
         help="Plain TensorFlow with only Keras seeds: what you get without tfdet.",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=_settings.DEFAULT_SEED)
     parser.add_argument(
         "--threads",
         type=int,
-        default=None,
-        help="tfdet.enable(threads=N) (default 1); not with --no-enable.",
+        default=_settings.DEFAULT_THREADS,
+        help=f"tfdet.enable(threads=N), 1 to {_settings.MAX_THREADS} (default "
+        f"{_settings.DEFAULT_THREADS}); not with --no-enable.",
     )
     parser.add_argument("--json", metavar="FILE", help="Write the full report as JSON.")
     parser.add_argument(
-        "--timeout", type=float, default=default_timeout, help="Seconds per run."
+        "--timeout",
+        type=float,
+        default=_options.DEFAULT_TIMEOUT,
+        help=f"Seconds per run, finite and > 0 (default {_options.DEFAULT_TIMEOUT:g}).",
     )
 
 
-def threads(args: argparse.Namespace) -> int:
-    """The --threads value; with --no-enable there is nothing to pin.
+def options(args: argparse.Namespace, **extra: Any) -> _options.RunOptions:
+    """`RunOptions` from the shared flags plus `extra` fields.
 
     Raises:
-        ValueError: --threads together with --no-enable.
+        app.UsageError: a flag out of range (exit 2), with the options' message.
     """
-    if args.threads is not None and not args.enable:
-        raise ValueError(
-            "Expected --threads only with tfdet enabled: --no-enable runs plain "
-            "TensorFlow, whose thread pools follow the cores. Drop one of them."
+    try:
+        return _options.RunOptions(
+            target=args.target,
+            steps=args.steps,
+            perturb=tuple(_perturb.parse(args.perturb)),
+            enable=args.enable,
+            seed=args.seed,
+            threads=args.threads,
+            timeout=args.timeout,
+            **extra,
         )
-    return 1 if args.threads is None else args.threads
+    except ValueError as error:
+        # TargetError is a ValueError too, and has its own exit code: keep it.
+        if isinstance(error, app.UsageError) or hasattr(error, "exit_code"):
+            raise
+        raise app.UsageError(str(error)) from error
+
+
+def say(text: str, stream: IO[str] | None = None) -> None:
+    """Prints `text`; never raises, whoever reads (or closed) the stream.
+
+    The verdict must not depend on whether anyone reads the output: a closed
+    pipe (BrokenPipeError) or any other OSError is swallowed, and the stream
+    is pointed at the null device so that Python's flush at exit cannot fail
+    either.
+    """
+    stream = sys.stdout if stream is None else stream
+    try:
+        print(text, file=stream, flush=True)
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, stream.fileno())
+            os.close(null)
 
 
 def progress(message: str) -> None:
-    """Progress lines go to stderr while runs are going."""
-    print(f"  {message}", file=sys.stderr, flush=True)
+    """Progress lines go to stderr while runs are going (never raises)."""
+    say(f"  {message}", sys.stderr)

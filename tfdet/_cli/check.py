@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from absl import app
-
 from tfdet._cli import _training_flags, write_json
-from tfdet._runs import _check, _perturb
+from tfdet._runs import _check, _options
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -18,7 +16,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "compare every bit.",
         description="Trains TARGET with train_on_batch in N fresh processes, "
         "started together, each perturbed to look like another machine, and "
-        "compares every step's loss and metric bits and every weight bit. "
+        "compares every step's loss and metric bits and every weight bit. Each "
+        "run records a trace (the format of tfdet.DeterminismCallback) that is "
+        "compared as `tfdet diff` compares traces; --traces DIR keeps them. "
         + _training_flags.TARGET_HELP,
         epilog=_training_flags.epilog(
             "0 bit-identical, 1 diverged, 2 bad input, 3 a run failed or timed "
@@ -26,15 +26,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _training_flags.add(
-        parser,
-        default_steps=_check.DEFAULT_STEPS,
-        default_timeout=_check.DEFAULT_TIMEOUT,
+    _training_flags.add(parser)
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=_options.DEFAULT_RUNS,
+        help=f"Processes, >= 2 (default {_options.DEFAULT_RUNS}).",
     )
     parser.add_argument(
-        "--runs", type=int, default=_check.DEFAULT_RUNS, help="Processes (default 2)."
+        "--device", default=_options.DEFAULT_DEVICE, choices=_options.DEVICES
     )
-    parser.add_argument("--device", default="all", choices=("cpu", "gpu", "all"))
+    parser.add_argument(
+        "--traces",
+        metavar="DIR",
+        help="Keep each run's trace as DIR/DEVICE/runN.jsonl (run0 is the "
+        "baseline; e.g. DIR/cpu/run0.jsonl, DIR/cpu/run1.jsonl): `tfdet diff "
+        "DIR/cpu/run0.jsonl DIR/cpu/run1.jsonl` compares them as check did.",
+    )
     parser.add_argument(
         "--no-attribute",
         dest="attribute",
@@ -42,6 +50,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="On divergence, skip the re-runs that find the perturbation responsible.",
     )
     parser.set_defaults(func=execute)
+
+
+def _run_line(run: dict[str, Any]) -> str:
+    labels = "; ".join(run["perturbations"].values()) or "no perturbation"
+    if run["ok"]:
+        loss = run.get("final_loss")
+        state = "ok" if loss is None else f"ok, final loss {loss}"
+    else:
+        state = run.get("reason") or "failed"
+    return f"  run {run['index']} ({state}, {run['seconds']:.1f}s): {labels}"
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -56,22 +74,22 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"{device.upper()}: skipped, {result['reason']}")
             continue
         lines.append(f"{device.upper()}: {result['verdict'].upper()}")
+        nonfinite = False
         for run in result["runs"]:
-            labels = "; ".join(run["perturbations"].values()) or "no perturbation"
-            state = (
-                "ok"
-                if run["ok"]
-                else ("timed out" if run["timed_out"] else f"exit {run['returncode']}")
-            )
-            lines.append(
-                f"  run {run['index']} ({state}, {run['seconds']:.1f}s): {labels}"
-            )
+            lines.append(_run_line(run))
+            for what in run.get("nonfinite") or []:
+                nonfinite = True
+                lines.append(f"    not finite: {what}")
+            if run.get("trace") and report.get("traces"):
+                lines.append(f"    trace: {run['trace']}")
         for name, reason in result.get("perturbations_skipped", {}).items():
             lines.append(f"  perturbation {name} not applied: {reason}")
         if result["verdict"] == "failed":
             for run in result["runs"]:
                 if not run["ok"]:
-                    lines.append(f"  run {run['index']} failed; stderr tail:")
+                    lines.append(
+                        f"  run {run['index']} failed ({run.get('reason')}); stderr tail:"
+                    )
                     lines.extend(
                         f"    {line}"
                         for line in run.get("stderr_tail", "").splitlines()
@@ -97,29 +115,25 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(
                 f"  every loss, metric and weight bit identical across {len(result['runs'])} runs"
             )
+            if nonfinite:
+                lines.append(
+                    "  but the training produced NaN or Inf (above): identical bits "
+                    "of a broken training prove little; fix the model or data first"
+                )
     lines.append(f"verdict: {report['verdict']} (exit {report['exit_code']})")
     return "\n".join(lines)
 
 
 def execute(args: argparse.Namespace) -> int:
-    try:
-        perturb = tuple(_perturb.parse(args.perturb))
-        options = _check.CheckOptions(
-            target=args.target,
-            runs=args.runs,
-            steps=args.steps,
-            device=args.device,
-            perturb=perturb,
-            enable=args.enable,
-            seed=args.seed,
-            threads=_training_flags.threads(args),
-            timeout=args.timeout,
-            attribute=args.attribute,
-        )
-        _check._validate(options)
-    except ValueError as error:
-        raise app.UsageError(str(error)) from error
+    options = _training_flags.options(
+        args,
+        runs=args.runs,
+        device=args.device,
+        attribute=args.attribute,
+        traces=args.traces,
+    )
     report = _check.check(options, progress=_training_flags.progress)
-    print(format_report(report))
+    # The file first: a closed stdout must not lose the machine-readable report.
     write_json(args.json, report)
+    _training_flags.say(format_report(report))
     return report["exit_code"]

@@ -7,7 +7,7 @@ import warnings
 from typing import Any
 
 from tfdet._cli import write_json
-from tfdet._errors import EXIT_DIVERGED, EXIT_OK
+from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_USAGE
 from tfdet._record import _diff, _trace
 
 
@@ -19,7 +19,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "Prints the profile fields and environment facts that differ (they "
         "usually explain the bits), then the first step and quantity whose bits "
         "differ. Exit 0 when every step is bit-identical, 1 when the traces "
-        "differ, 2 when a file is not a readable trace.",
+        "differ, 2 when a file is not a readable trace or neither trace holds "
+        "a step (nothing compared is not equality).",
     )
     parser.add_argument("a", metavar="A", help="The expected trace (reference).")
     parser.add_argument("b", metavar="B", help="The trace to compare with A.")
@@ -55,6 +56,11 @@ def format_comparison(comparison: _diff.TraceComparison) -> str:
         lines.append(f"  B: {divergence.received}")
         if divergence.ulps is not None:
             lines.append(f"  distance: {divergence.ulps} ulps")
+    elif comparison.empty:
+        lines.append(
+            "nothing compared: neither trace holds a step (header only: the run "
+            "stopped before its first recorded step?)."
+        )
     else:
         lines.append(f"bit-identical: all {comparison.steps_compared} steps.")
     return "\n".join(lines)
@@ -68,6 +74,8 @@ def execute(args: argparse.Namespace) -> int:
         a = _trace.read(args.a)
         b = _trace.read(args.b)
     comparison = _diff.compare(a, b)
-    print(format_comparison(comparison))
     write_json(args.json, {"a": args.a, "b": args.b, **comparison.to_dict()})
+    print(format_comparison(comparison))
+    if comparison.empty:
+        return EXIT_USAGE
     return EXIT_OK if comparison.identical else EXIT_DIVERGED

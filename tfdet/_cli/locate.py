@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from absl import app
-
 from tfdet._cli import _training_flags, write_json
-from tfdet._runs import _locate, _perturb
+from tfdet._runs import _locate
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -28,9 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _training_flags.add(
-        parser, default_steps=_locate.DEFAULT_STEPS, default_timeout=600.0
-    )
+    _training_flags.add(parser)
     parser.set_defaults(func=execute)
 
 
@@ -73,20 +69,9 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def execute(args: argparse.Namespace) -> int:
-    try:
-        options = _locate.LocateOptions(
-            target=args.target,
-            steps=args.steps,
-            perturb=tuple(_perturb.parse(args.perturb)),
-            enable=args.enable,
-            seed=args.seed,
-            threads=_training_flags.threads(args),
-            timeout=args.timeout,
-        )
-        _locate.validate(options)
-    except ValueError as error:
-        raise app.UsageError(str(error)) from error
+    options = _training_flags.options(args)
     report = _locate.locate(options, progress=_training_flags.progress)
-    print(format_report(report))
+    # The file first: a closed stdout must not lose the machine-readable report.
     write_json(args.json, report)
+    _training_flags.say(format_report(report))
     return report["exit_code"]

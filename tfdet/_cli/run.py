@@ -15,7 +15,7 @@ import threading
 
 from absl import app
 
-from tfdet._pin import _enable, _isa
+from tfdet._pin import _enable, _isa, _settings
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -29,13 +29,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "[flags] -m module [args] | tfdet run [flags] -- python script.py [args]. "
         "The script's exit status is passed through.",
     )
-    parser.add_argument("--seed", type=int, default=0, help="Seed (default 0).")
     parser.add_argument(
-        "--threads", type=int, default=1, help="Intra/inter-op threads (default 1)."
+        "--seed", type=int, default=_settings.DEFAULT_SEED, help="Seed (default 0)."
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=_settings.DEFAULT_THREADS,
+        help=f"Intra/inter-op threads, at most {_settings.MAX_THREADS} (default 1).",
     )
     parser.add_argument(
         "--cpu-isa",
-        default="AVX2",
+        default=_settings.DEFAULT_CPU_ISA,
         help=f"oneDNN ISA cap on x86-64, one of {', '.join(_isa.NAMES)}, or "
         "none for no cap (default AVX2).",
     )
@@ -144,11 +149,11 @@ def execute(args: argparse.Namespace) -> int:
         raise app.UsageError(f"Expected an importable module. Not found: {target!r}")
     requested_isa = args.cpu_isa.strip()
     try:  # Validate here, so that bad flags fail before anything starts.
-        cpu_isa = _enable.check_isa_supported(
-            None if requested_isa.lower() in ("", "none") else requested_isa
+        _, _, cpu_isa = _settings.check_settings(
+            args.seed,
+            args.threads,
+            None if requested_isa.lower() in ("", "none") else requested_isa,
         )
-        _enable._check_int("seed", args.seed, 0, _enable.MAX_SEED)
-        _enable._check_int("threads", args.threads, 1, None)
     except ValueError as error:
         raise app.UsageError(str(error)) from error
     settings = {

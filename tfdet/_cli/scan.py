@@ -123,12 +123,12 @@ def format_report(report) -> str:
 
 
 def _check_seed(seed: int) -> None:
-    from tfdet._pin._enable import MAX_SEED
+    from tfdet._pin import _settings
 
-    if not 0 <= seed <= MAX_SEED:
-        raise app.UsageError(
-            f"Expected `--seed` in [0, {MAX_SEED}]. Received: --seed={seed}"
-        )
+    try:
+        _settings.check_int("--seed", seed, 0, _settings.MAX_SEED)
+    except ValueError as error:
+        raise app.UsageError(str(error)) from error
 
 
 def execute(args: argparse.Namespace) -> int:

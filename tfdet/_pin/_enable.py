@@ -17,7 +17,6 @@ Environment variables this module reads or writes (children inherit writes):
 from __future__ import annotations
 
 import logging
-import operator
 import os
 import random
 import sys
@@ -28,10 +27,18 @@ from tfdet._errors import ProfileMismatchError, TooLateError
 from tfdet._graph import _patching
 from tfdet._pin import _isa, _versions
 from tfdet._pin._profile import Profile
+from tfdet._pin._settings import (  # noqa: F401  (re-exported)
+    DEFAULT_CPU_ISA,
+    DEFAULT_SEED,
+    DEFAULT_THREADS,
+    MAX_SEED,
+    check_isa_supported,
+    check_seed,
+    check_threads,
+)
 
 _LOG = logging.getLogger("tfdet")
 
-MAX_SEED = 2**32 - 1
 XLA_DETERMINISM_FLAG = "--xla_gpu_deterministic_ops=true"
 
 
@@ -58,24 +65,6 @@ def _startup_hash_seed() -> str | None:
 _STARTUP_HASH_SEED = _startup_hash_seed()
 
 _active: tuple[dict[str, Any], Profile] | None = None
-
-
-def _check_int(name: str, value: Any, low: int, high: int | None) -> int:
-    # Any integer type (int, numpy.int64, ...) is accepted and returned as a
-    # Python int, so the profile stays JSON-ready; bool, float and str are not.
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        value = operator.index(value)
-    except TypeError:
-        raise ValueError(
-            f"Expected `{name}` to be an int. Received: {name}={value!r} "
-            f"(of type {type(value).__name__})"
-        ) from None
-    if value < low or (high is not None and value > high):
-        accepted = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"Expected `{name}` {accepted}. Received: {name}={value}")
-    return value
 
 
 def _parse_onednn(value: str | None) -> bool | None:
@@ -192,26 +181,6 @@ def _resolve_isa(requested: str | None, strict: bool, started: bool) -> str:
     return wanted
 
 
-def check_isa_supported(cpu_isa: str | None) -> str | None:
-    """Normalizes `cpu_isa` and checks this CPU has it (x86-64 only).
-
-    Raises:
-        ValueError: not a oneDNN ISA name, or the CPU lacks it; the message
-            names the best level this CPU supports.
-    """
-    if cpu_isa is None:
-        return None
-    wanted = _isa.normalize(cpu_isa)
-    if _isa.applies() and not _isa.supports(wanted):
-        best = _isa.best_supported()
-        raise ValueError(
-            f"Expected a `cpu_isa` this CPU supports (up to {best}). Received: "
-            f"cpu_isa={cpu_isa!r}. Pass cpu_isa={best!r} or lower; the bits "
-            "will then match machines pinned at that level."
-        )
-    return wanted
-
-
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     import numpy as np
@@ -255,10 +224,10 @@ def _pin_threads(threads: int, started: bool) -> tuple[int, int]:
 
 
 def enable(
-    seed: int = 0,
+    seed: int = DEFAULT_SEED,
     *,
-    threads: int = 1,
-    cpu_isa: str | None = "AVX2",
+    threads: int = DEFAULT_THREADS,
+    cpu_isa: str | None = DEFAULT_CPU_ISA,
     onednn: bool | None = None,
     patches: str | list[str] | tuple[str, ...] | None = "auto",
     strict: bool = True,
@@ -280,8 +249,8 @@ def enable(
     Args:
         seed: Seed for every generator, in [0, 2**32 - 1]; any integer type
             (e.g. `numpy.int64`) is accepted, bool is not.
-        threads: Size of TensorFlow's intra- and inter-op thread pools. 1 (the
-            default) is portable to any machine; any fixed N gives the same
+        threads: Size of TensorFlow's intra- and inter-op thread pools, in
+            [1, 1024]. 1 (the default) is portable to any machine; any fixed N gives the same
             bits on machines with any core count and is faster on N cores.
         cpu_isa: Cap on oneDNN's instruction set on x86-64 (e.g. "AVX2",
             "AVX512_CORE"; None leaves it uncapped). Ignored elsewhere. The
@@ -292,7 +261,7 @@ def enable(
             TensorFlow's default. Only possible before `import tensorflow`.
         patches: "auto" (the patches these versions need), None (none), or a
             list of names from `tfdet.patches`.
-        strict: When False, two refusals whose outcome may leave the bits
+        strict: True or False (nothing else). When False, two refusals whose outcome may leave the bits
             as the profile says become warnings; everything else is refused
             as with True. Exactly:
             - `cpu_isa` too late (TensorFlow's runtime started and the cap
@@ -324,13 +293,18 @@ def enable(
     """
     global _active
     request = {
-        "seed": _check_int("seed", seed, 0, MAX_SEED),
-        "threads": _check_int("threads", threads, 1, None),
+        "seed": check_seed(seed),
+        "threads": check_threads(threads),
         "cpu_isa": check_isa_supported(cpu_isa),
         "onednn": onednn,
         "patches": _normalize_patch_request(patches),
-        "strict": bool(strict),
+        "strict": strict,
     }
+    if not isinstance(strict, bool):
+        raise ValueError(
+            f"Expected `strict` to be True or False. Received: strict={strict!r} "
+            f"(of type {type(strict).__name__})"
+        )
     if onednn is not None and not isinstance(onednn, bool):
         raise ValueError(
             f"Expected `onednn` to be True, False or None. Received: onednn={onednn!r}"
@@ -422,8 +396,19 @@ def enable(
 
 
 def _normalize_patch_request(patches: Any) -> Any:
-    if patches is None or patches is False or patches == "auto" or patches is True:
+    if patches is None or patches is False or patches is True:
         return patches
+    if isinstance(patches, str):
+        # "auto", or a bad string: `resolve` says which names exist.
+        return patches if patches == "auto" else _patching.resolve(patches)
+    if not isinstance(patches, list | tuple | set | frozenset) or not all(
+        isinstance(name, str) for name in patches
+    ):
+        raise ValueError(
+            "Expected `patches` to be 'auto', None, or a list of patch names "
+            f"from `tfdet.patches`. Received: patches={patches!r} (of type "
+            f"{type(patches).__name__})"
+        )
     # Named patches (or a bad string) are checked now, before enable() changes
     # anything: an unknown name is a ValueError with the known ones.
     _patching.resolve(patches)

@@ -7,7 +7,7 @@ NaN != NaN) and never with a tolerance.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,13 +40,51 @@ def logged_value_bits(value: Any) -> dict[str, str]:
 
     Keras returns float32 losses and metrics as Python floats. Recording them
     as float32 (they convert back exactly) keeps ulp distances in the units
-    of the computation instead of float64's.
+    of the computation instead of float64's. A metric that logs an array
+    (e.g. per-class values) is recorded by its exact digest: `"bits"` is the
+    `array_digest`, `"value"` is `"array"` and `"shape"` its shape.
     """
     if isinstance(value, float):
         narrowed = np.float32(value)
         if float(narrowed) == value or value != value:  # exact, or NaN
             return value_bits(narrowed)
-    return value_bits(value)
+    array = np.asarray(value)
+    if array.size == 1 and array.dtype != object:
+        return value_bits(value)
+    return {
+        "dtype": array.dtype.name,
+        "bits": array_digest(array),
+        "value": "array",
+        "shape": list(array.shape),
+    }
+
+
+def show(bits: Mapping[str, Any] | None) -> str:
+    """A recorded value for people: `value [dtype 0xBITS]`, `(absent)` for None.
+
+    The one way tfdet shows a value's bits (reports, errors, `tfdet diff`).
+    An array metric shows its shape and digest.
+    """
+    if bits is None:
+        return "(absent)"
+    if "shape" in bits:
+        return f"array{tuple(bits['shape'])} [{bits.get('dtype')} sha256 {bits.get('bits')}]"
+    return f"{bits.get('value')} [{bits.get('dtype')} 0x{bits.get('bits')}]"
+
+
+def is_finite(bits: Mapping[str, Any]) -> bool | None:
+    """Whether a recorded scalar float is finite; None when not a float scalar."""
+    if "shape" in bits:
+        return None
+    try:
+        dtype = np.dtype(bits["dtype"])
+        if not np.issubdtype(dtype, np.floating):
+            return None
+        raw = bytes.fromhex(bits["bits"])
+        value = np.frombuffer(raw[::-1] if np.little_endian else raw, dtype)[0]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return bool(np.isfinite(value))
 
 
 def _ordered_int(bits_hex: str, width: int) -> int:
@@ -60,11 +98,13 @@ def _ordered_int(bits_hex: str, width: int) -> int:
 def ulp_distance(a: dict[str, str], b: dict[str, str]) -> int | None:
     """Units in the last place between two `value_bits` floats, or None.
 
-    None when the dtypes differ or are not floating point.
+    None when the dtypes differ or are not floating point, or for arrays.
     """
     if a["dtype"] != b["dtype"] or not np.issubdtype(np.dtype(a["dtype"]), np.floating):
         return None
     width = np.dtype(a["dtype"]).itemsize
+    if "shape" in a or "shape" in b or {len(a["bits"]), len(b["bits"])} != {2 * width}:
+        return None
     return abs(_ordered_int(a["bits"], width) - _ordered_int(b["bits"], width))
 
 

@@ -18,7 +18,6 @@ import warnings
 from typing import Any
 
 import keras
-import numpy as np
 
 from tfdet._errors import ProfileMismatchError
 from tfdet._pin import _versions
@@ -27,21 +26,33 @@ from tfdet._record import _bits, _diff, _trace
 _LOG = logging.getLogger("tfdet")
 
 _ACTIONS = ("stop", "raise", "warn")
-# tf_keras in tf.compat.v1 graph mode logs the batch index and size too.
-_BOOKKEEPING_LOGS = frozenset({"batch", "size"})
 
 
-def _logged_bits(value: Any) -> dict[str, str]:
-    try:
-        return _bits.logged_value_bits(value)
-    except ValueError:
-        # A metric that logs an array (e.g. per-class values): keep its digest.
-        array = np.asarray(value)
-        return {
-            "dtype": array.dtype.name,
-            "bits": _bits.array_digest(array),
-            "value": "array",
-        }
+def _check_trace_path(path: str) -> None:
+    """Fails now, not at `fit()`, when the trace file cannot be written."""
+    directory = os.path.dirname(os.path.abspath(path))
+    problem = None
+    if os.path.isdir(path):
+        problem = "it is a directory"
+    elif not os.path.isdir(directory):
+        # TraceWriter creates missing directories; their nearest existing
+        # ancestor must then be writable.
+        existing = directory
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):
+            problem = f"{existing!r} is a file, not a directory"
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            problem = f"its directory cannot be created under {existing!r}"
+    elif not os.access(directory, os.W_OK | os.X_OK):
+        problem = f"its directory {directory!r} is not writable"
+    elif os.path.exists(path) and not os.access(path, os.W_OK):
+        problem = "the file exists and is not writable"
+    if problem is not None:
+        raise ValueError(
+            f"Expected `trace` to be a path tfdet can write. Received: "
+            f"trace={path!r} ({problem}). Pass a path in a writable directory."
+        )
 
 
 class _DeterminismHooks:
@@ -97,7 +108,9 @@ class _DeterminismHooks:
         steps_recorded: Number of steps recorded in the last `fit`.
 
     Raises:
-        ValueError: an argument is out of range.
+        ValueError: an argument is out of range, or `trace` cannot be written.
+        TraceFormatError: `reference` is a path that is missing or is not a
+            readable tfdet trace (read when the callback is made).
     """
 
     def __init__(
@@ -134,6 +147,11 @@ class _DeterminismHooks:
                 f"variables_every={variables_every!r}"
             )
         self.trace = None if trace is None else os.fspath(trace)
+        if self.trace is not None:
+            _check_trace_path(self.trace)
+        # Read now: a missing or corrupt reference is an error here, not at
+        # `fit()`; and the trace may be the same file, rewritten by `fit()`.
+        self._reference = None if reference is None else _trace.load(reference)
         self.reference = reference
         self.every = every
         self.on_divergence = on_divergence
@@ -158,9 +176,8 @@ class _DeterminismHooks:
         profile = _enable.observed_profile()
         self._expected: dict[int, dict[str, Any]] = {}
         self._reference_names: list[str] | None = None
-        if self.reference is not None:
-            # Read before the trace is opened: it may be the same file.
-            reference = _trace.load(self.reference)
+        if self._reference is not None:
+            reference = self._reference
             self._expected = reference.by_step()
             # Fingerprints are matched by position; names may differ only by
             # Keras's auto-numbering (a second model in one process). Names
@@ -254,23 +271,15 @@ class _DeterminismHooks:
             self._writer = None
 
     def _record(self, step: int, batch: int, logs: dict[str, Any]) -> dict[str, Any]:
-        values = {
-            name: _logged_bits(value)
-            for name, value in sorted(logs.items())
-            if name not in _BOOKKEEPING_LOGS
-        }
-        checksums = _bits.weight_checksums(self._variables)
-        record: dict[str, Any] = {
-            "epoch": self._epoch,
-            "step": step,
-            "batch": batch,
-            "loss": values.pop("loss", None),
-            "metrics": values,
-            "weights": _trace.weights_fingerprint(checksums),
-        }
-        if self.variables_every and self.steps_recorded % self.variables_every == 0:
-            record["variables"] = _trace.variable_fingerprints(checksums)
-        return record
+        return _trace.step_record(
+            step,
+            logs,
+            _bits.weight_checksums(self._variables),
+            epoch=self._epoch,
+            batch=batch,
+            with_variables=bool(self.variables_every)
+            and self.steps_recorded % self.variables_every == 0,
+        )
 
     def _act(self, divergence: _diff.Divergence) -> None:
         message = f"tfdet: {divergence.describe()}"

@@ -1,15 +1,18 @@
 """Comparing traces: the first diverging step and what explains it.
 
-Used live by `DeterminismCallback` (one step against its reference) and by
-`tfdet diff` (two whole traces). Differences in the profile and the
-environment fingerprint are reported before bits: they usually explain them.
+Used live by `DeterminismCallback` (one step against its reference), by
+`tfdet diff` (two whole traces) and by `tfdet check` (the traces of its runs,
+plus their final weights). Differences in the profile and the environment
+fingerprint are reported before bits: they usually explain them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from tfdet._errors import DivergenceError
 from tfdet._record import _bits
@@ -30,9 +33,15 @@ class Divergence:
             `"weights:VARIABLE"` (the first differing variable, when
             per-variable fingerprints exist at that step), or `"steps"` (the
             step is recorded in only one of the traces).
-        expected: The reference's value, formatted with its bits.
+            `tfdet check` also reports `"final weights:VARIABLE"` (the
+            exact digest of a variable after the last step).
+        expected: The reference's value, formatted with its bits
+            (`_bits.show`).
         received: This run's (or trace B's) value, formatted with its bits.
         ulps: Units in the last place between the two, for floats.
+        detail: For weights, when both runs' final values are at hand: the
+            first differing element of the variable's final value, how many
+            elements differ and by how many ulps at most (`weights_detail`).
     """
 
     step: int
@@ -41,6 +50,7 @@ class Divergence:
     expected: str
     received: str
     ulps: int | None = None
+    detail: dict[str, Any] | None = None
 
     def to_error(self) -> DivergenceError:
         """The same facts as a `tfdet.DivergenceError`."""
@@ -54,18 +64,69 @@ class Divergence:
         )
 
     def describe(self) -> str:
-        """One line for logs: where, what, both values, the ulp distance."""
-        return str(self.to_error())
+        """One line for logs: where, what, both values, the ulp distance.
+
+        With `detail`, a second sentence on the variable's final value.
+        """
+        text = str(self.to_error())
+        d = self.detail
+        if d and "expected" in d:
+            text += (
+                f" In its final value {d['differing_elements']} of {d['size']} "
+                f"elements differ (max {d['max_ulps']} ulps), first at "
+                f"{tuple(d['index'])}: {_bits.show(d['expected'])} vs "
+                f"{_bits.show(d['received'])} ({d['ulps']} ulps)."
+            )
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def format_bits(bits: Mapping[str, str] | None) -> str:
-    """`value [dtype 0xBITS]` for a `value_bits` dict, `(absent)` for None."""
-    if bits is None:
-        return "(absent)"
-    return f"{bits.get('value')} [{bits.get('dtype')} 0x{bits.get('bits')}]"
+def weights_detail(file_a: str, file_b: str, index: int) -> dict[str, Any] | None:
+    """First differing element of variable `index`'s value in two `.npz` files.
+
+    The files hold the final weights of two runs (`np.savez(path, *weights)`),
+    so this describes the variable's value after the last step (it keeps
+    diverging once it has). None when the files cannot be read.
+    """
+    try:
+        with np.load(file_a) as wa, np.load(file_b) as wb:
+            xa, xb = wa[f"arr_{index}"], wb[f"arr_{index}"]
+    except (OSError, KeyError, ValueError):
+        return None
+    if xa.shape != xb.shape or xa.dtype != xb.dtype:
+        return {
+            "shape": [list(xa.shape), list(xb.shape)],
+            "dtype": [str(xa.dtype), str(xb.dtype)],
+        }
+    width = xa.dtype.itemsize
+    if width not in (2, 4, 8):
+        return None
+    ua = xa.view(f"u{width}").ravel()
+    ub = xb.view(f"u{width}").ravel()
+    differing = np.flatnonzero(ua != ub)
+    if differing.size == 0:
+        return {"differing_elements": 0, "size": int(ua.size)}
+    first = int(differing[0])
+    va = _bits.value_bits(xa.ravel()[first])
+    vb = _bits.value_bits(xb.ravel()[first])
+    all_ulps = None
+    if np.issubdtype(xa.dtype, np.floating) and width < 8:
+        sign = np.int64(1) << (8 * width - 1)
+        ia, ib = ua.astype(np.int64), ub.astype(np.int64)
+        ia = np.where(ia & sign, -(ia & (sign - 1)), ia)
+        ib = np.where(ib & sign, -(ib & (sign - 1)), ib)
+        all_ulps = int(np.max(np.abs(ia - ib)))
+    return {
+        "index": [int(i) for i in np.unravel_index(first, xa.shape)],
+        "expected": va,
+        "received": vb,
+        "ulps": _bits.ulp_distance(va, vb),
+        "differing_elements": int(differing.size),
+        "size": int(ua.size),
+        "max_ulps": all_ulps,
+    }
 
 
 def _compare_values(
@@ -83,7 +144,7 @@ def _compare_values(
         ulps = _bits.ulp_distance(dict(expected), dict(received))
     else:
         ulps = None
-    return quantity, format_bits(expected), format_bits(received), ulps
+    return quantity, _bits.show(expected), _bits.show(received), ulps
 
 
 def compare_steps(
@@ -183,7 +244,8 @@ class TraceComparison:
         profile_differences: `{field: (A, B)}` of the profiles.
         fingerprint_differences: `{key: (A, B)}` of the environment facts.
         divergence: The first differing step and quantity, or None.
-        steps_compared: Number of steps present in both traces.
+        steps_compared: Number of steps present in both traces (0 when
+            both hold no step: nothing was compared, which is not equality).
         steps: `(steps in A, steps in B)`.
         truncated: `(A was cut, B was cut)`.
     """
@@ -196,17 +258,24 @@ class TraceComparison:
     truncated: tuple[bool, bool]
 
     @property
+    def empty(self) -> bool:
+        """Whether neither trace holds a step: there were no bits to compare."""
+        return self.steps == (0, 0)
+
+    @property
     def identical(self) -> bool:
         """Whether both traces hold the same steps, with the same bits.
 
         A step recorded in only one trace is a divergence (quantity
-        `"steps"`), so no divergence means identical.
+        `"steps"`). Two traces without steps are not identical: nothing was
+        compared (`empty`).
         """
-        return self.divergence is None
+        return self.divergence is None and not self.empty
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "identical": self.identical,
+            "empty": self.empty,
             "profile_differences": {
                 k: list(v) for k, v in self.profile_differences.items()
             },
@@ -234,6 +303,12 @@ def _missing_step(step: int, a: Mapping[int, Any], b: Mapping[int, Any]) -> Dive
         return f"not recorded (last recorded step: {last})"
 
     return Divergence(step, epoch, "steps", state(a), state(b))
+
+
+def variable_index(quantity: str, names: Sequence[str]) -> int | None:
+    """The index of the variable a `"weights:NAME"` quantity names, or None."""
+    _, _, name = quantity.partition(":")
+    return names.index(name) if name in names else None
 
 
 def compare(a: Trace, b: Trace) -> TraceComparison:

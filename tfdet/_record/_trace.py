@@ -14,8 +14,11 @@ training step:
 `weights` fingerprints every weight of the model exactly (any single flipped
 bit changes it); `variables`, present every `variables_every` recorded steps,
 holds one fingerprint per variable, in the order of the header's
-`variables`. Each line is flushed as it is written, so a killed run leaves a
-file that reads back up to its last whole step.
+`variables`. A metric that logs an array is recorded by its digest, with a
+`"shape"` next to `dtype` and `bits` (`_bits.logged_value_bits`). Each line
+is flushed as it is written, so a killed run leaves a file that reads back up
+to its last whole step. `DeterminismCallback` and the runs of `tfdet check`
+write the same records (`step_record`).
 """
 
 from __future__ import annotations
@@ -58,6 +61,48 @@ def weights_fingerprint(checksums: np.ndarray) -> str:
 def variable_fingerprints(checksums: np.ndarray) -> list[str]:
     """One 16-hex-digit fingerprint per variable (its two 32-bit checksums)."""
     return _bits.checksum_hex(checksums)
+
+
+# Logs Keras adds that are bookkeeping, not results (tf_keras in
+# tf.compat.v1 graph mode logs the batch index and size).
+_BOOKKEEPING_LOGS = frozenset({"batch", "size"})
+
+
+def step_record(
+    step: int,
+    logs: Mapping[str, Any],
+    checksums: np.ndarray,
+    *,
+    epoch: int = 0,
+    batch: int | None = None,
+    with_variables: bool = True,
+) -> dict[str, Any]:
+    """One step line: the logged loss and metrics as bits, weight fingerprints.
+
+    Args:
+        step: Global step (0-based).
+        logs: What the training step logged (`{"loss": ..., "accuracy": ...}`).
+        checksums: `_bits.weight_checksums` of the weights after the step.
+        epoch: The step's epoch.
+        batch: Its batch index in the epoch (default: `step`).
+        with_variables: Also record one fingerprint per variable.
+    """
+    values = {
+        name: _bits.logged_value_bits(value)
+        for name, value in sorted(logs.items())
+        if name not in _BOOKKEEPING_LOGS
+    }
+    record: dict[str, Any] = {
+        "epoch": epoch,
+        "step": step,
+        "batch": step if batch is None else batch,
+        "loss": values.pop("loss", None),
+        "metrics": values,
+        "weights": weights_fingerprint(checksums),
+    }
+    if with_variables:
+        record["variables"] = variable_fingerprints(checksums)
+    return record
 
 
 def make_header(
@@ -171,10 +216,6 @@ class Trace:
         return {int(record["step"]): record for record in self.steps}
 
 
-def _describe(path: str) -> str:
-    return f"{path!r}"
-
-
 def read(path: str | os.PathLike[str]) -> Trace:
     """Reads a trace file.
 
@@ -183,7 +224,8 @@ def read(path: str | os.PathLike[str]) -> Trace:
 
     Raises:
         TraceFormatError: the file cannot be read, is not a tfdet trace, has a
-            newer format version, or has a corrupt line before the last one.
+            newer format version, has a corrupt line before the last one, or
+            records a step number twice.
     """
     path = os.fspath(path)
     try:
@@ -191,7 +233,7 @@ def read(path: str | os.PathLike[str]) -> Trace:
             text = file.read()
     except (OSError, UnicodeDecodeError) as error:
         raise TraceFormatError(
-            f"Expected a readable tfdet trace file. Received: {_describe(path)} ({error})"
+            f"Expected a readable tfdet trace file. Received: {path!r} ({error})"
         ) from error
     lines = text.split("\n")
     # A complete file ends with "\n", leaving one empty string at the end.
@@ -201,10 +243,11 @@ def read(path: str | os.PathLike[str]) -> Trace:
     if not lines:
         raise TraceFormatError(
             f"Expected a tfdet trace (JSON Lines, header first). Received: empty "
-            f"file {_describe(path)}"
+            f"file {path!r}"
         )
     header = _parse_header(lines[0], path, cut=len(lines) == 1 and not complete_end)
     steps = []
+    seen: dict[int, int] = {}
     truncated = False
     for number, line in enumerate(lines[1:], start=2):
         is_last = number == len(lines)
@@ -224,6 +267,15 @@ def read(path: str | os.PathLike[str]) -> Trace:
                 f"Expected a step record on line {number} of tfdet trace {path!r}. "
                 f"Received: {line[:80]!r} ({error})"
             ) from error
+        if record["step"] in seen:
+            # Two records of one step cannot both be compared: refuse the file
+            # rather than keep one silently.
+            raise TraceFormatError(
+                f"Expected each step once in tfdet trace {path!r}. Received: step "
+                f"{record['step']} again on line {number} (first on line "
+                f"{seen[record['step']]}). Was the file appended to by two runs?"
+            )
+        seen[record["step"]] = number
         steps.append(record)
     return Trace(header=header, steps=steps, path=path, truncated=truncated)
 

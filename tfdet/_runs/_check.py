@@ -1,19 +1,22 @@
 """`tfdet check`: train in fresh processes that look like different machines.
 
-The check passes only when every run finishes and every step's loss and
-metric bits and every weight bit equal the baseline run's. When they do not,
-the report names the first diverging step and quantity, and which
-perturbation separates the runs: the baseline is re-run with one perturbation
-at a time (and once with none, which exposes a target that is
-nondeterministic by itself).
+Every run records a trace (the format of `tfdet.DeterminismCallback`: every
+step's loss and metric bits and weight fingerprints) and its final weights.
+The check passes only when every run finishes and `tfdet diff`'s comparison
+(`tfdet._record._diff.compare`) of each run's trace with the baseline run's
+finds no difference, and every variable's final value has the same exact
+digest. When they differ, the report names the first diverging step and
+quantity, and which perturbation separates the runs: the baseline is re-run
+with one perturbation at a time (and once with none, which exposes a target
+that is nondeterministic by itself).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
 from typing import Any
 
 from tfdet._errors import (
@@ -21,134 +24,144 @@ from tfdet._errors import (
     EXIT_OK,
     EXIT_RUN_FAILED,
     DeviceUnavailableError,
+    Error,
+    TraceFormatError,
 )
-from tfdet._pin import _devices, _enable
-from tfdet._pin._profile import Profile
-from tfdet._record import _compare
-from tfdet._runs import _perturb, _spawn, _target
+from tfdet._pin import _devices
+from tfdet._record import _bits, _diff, _trace
+from tfdet._runs import _perturb, _spawn
+from tfdet._runs._options import RunOptions
+from tfdet._runs._spawn import ProgressFn
 
-DEFAULT_STEPS = 3
-DEFAULT_RUNS = 2
-DEFAULT_TIMEOUT = 600.0
+# The name `tfdet check`'s callers know; one options object serves every
+# command that spawns runs.
+CheckOptions = RunOptions
+
 RERUN = "none (a re-run of the baseline)"
 
-
-@dataclasses.dataclass(frozen=True)
-class CheckOptions:
-    """What `tfdet check` runs. Field names mirror the CLI flags."""
-
-    target: str | None = None
-    runs: int = DEFAULT_RUNS
-    steps: int = DEFAULT_STEPS
-    device: str = "all"
-    perturb: tuple[str, ...] = _perturb.ALL
-    enable: bool = True
-    seed: int = 0
-    threads: int = 1
-    cpu_isa: str | None = "AVX2"
-    timeout: float = DEFAULT_TIMEOUT
-    attribute: bool = True
+# Verdict of each exit code: the one mapping for devices and the whole check.
+VERDICTS = {EXIT_OK: "identical", EXIT_DIVERGED: "diverged", EXIT_RUN_FAILED: "failed"}
 
 
-ProgressFn = Callable[[str], None]
+def _verdict(code: int) -> dict[str, Any]:
+    return {"verdict": VERDICTS[code], "exit_code": code}
 
 
-def _validate(options: CheckOptions) -> None:
-    if options.runs < 2:
-        raise ValueError(f"Expected --runs >= 2. Received: runs={options.runs}")
-    if options.steps < 1:
-        raise ValueError(f"Expected --steps >= 1. Received: steps={options.steps}")
-    if options.device not in ("cpu", "gpu", "all"):
-        raise ValueError(
-            f"Expected --device to be cpu, gpu or all. Received: device={options.device!r}"
+def combined_exit_code(codes: list[int]) -> int:
+    """One exit code for several devices: a failure outranks a divergence."""
+    return EXIT_RUN_FAILED if EXIT_RUN_FAILED in codes else max(codes, default=EXIT_OK)
+
+
+@dataclasses.dataclass
+class _Run:
+    """A finished run with its trace read back."""
+
+    outcome: _spawn.RunOutcome
+    trace: _trace.Trace | None
+
+
+def _read_runs(outcomes: list[_spawn.RunOutcome]) -> list[_Run]:
+    """Reads each ok run's trace; an unreadable one makes the run a failure."""
+    runs = []
+    for outcome in outcomes:
+        trace = None
+        if outcome.ok:
+            try:
+                trace = _trace.read(outcome.result["trace"])
+            except TraceFormatError as error:
+                outcome = dataclasses.replace(
+                    outcome, result=None, failure=f"its trace is unreadable ({error})"
+                )
+        runs.append(_Run(outcome, trace))
+    return runs
+
+
+def compare_runs(a: _Run, b: _Run) -> _diff.Divergence | None:
+    """The first difference between two runs, or None when bit-identical.
+
+    The traces are compared as `tfdet diff` compares them; when they agree,
+    each variable's exact final digest is compared. A difference in the
+    weights comes with the first differing element of that variable's final
+    value (from the saved `.npz` weights).
+    """
+    result_a, result_b = a.outcome.result, b.outcome.result
+    names = list(result_a["variables"])
+    divergence = _diff.compare(a.trace, b.trace).divergence
+    finals_a, finals_b = result_a["final_weights"], result_b["final_weights"]
+    if divergence is None:
+        for name in [*names, *(n for n in finals_b if n not in finals_a)]:
+            da, db = finals_a.get(name), finals_b.get(name)
+            if da != db:
+                last = a.trace.steps[-1] if a.trace.steps else {}
+                divergence = _diff.Divergence(
+                    int(last.get("step", 0)),
+                    last.get("epoch"),
+                    f"final weights:{name}",
+                    str(da),
+                    str(db),
+                )
+                break
+    if divergence is None or "weights" not in divergence.quantity:
+        return divergence
+    index = _diff.variable_index(divergence.quantity, names)
+    if index is None:  # "weights": the first variable whose final value differs
+        index = next(
+            (k for k, n in enumerate(names) if finals_a.get(n) != finals_b.get(n)),
+            None,
         )
-    if options.timeout <= 0:
-        raise ValueError(f"Expected --timeout > 0. Received: timeout={options.timeout}")
-    validate_run_settings(options)
+    if index is None:
+        return divergence
+    detail = _diff.weights_detail(
+        result_a["weights_file"], result_b["weights_file"], index
+    )
+    if detail is not None:
+        detail = {"variable": names[index], **detail}
+    return dataclasses.replace(divergence, detail=detail)
 
 
-def validate_run_settings(options: Any) -> None:
-    """Checks seed and threads in the parent, as `tfdet.enable()` would.
-
-    Otherwise a bad value would only surface inside every run (exit 3).
-
-    Raises:
-        ValueError: naming the flag and the accepted values.
-    """
-    _enable._check_int("seed", options.seed, 0, _enable.MAX_SEED)
-    _enable._check_int("threads", options.threads, 1, None)
-
-
-def preflight(target: str | None) -> _target.TargetSpec:
-    """Checks the TARGET in this process before any run is spawned.
-
-    Built-in targets are known to be good and are only parsed; other targets
-    are imported and called once, so a missing module, a missing function or
-    a function that returns no compiled model exits 2 before anything starts.
-    """
-    spec = _target.parse(target)
-    if not spec.text.startswith("builtin:"):
-        _devices.hide_gpus()  # The parent only inspects; the GPU is for the runs.
-        _target.build(spec.text)
-    return spec
+def _nonfinite(trace: _trace.Trace) -> list[str]:
+    """`"loss nan from step 3"` for each logged quantity that is NaN or Inf."""
+    found: dict[str, str] = {}
+    for record in trace.steps:
+        values = {"loss": record.get("loss"), **(record.get("metrics") or {})}
+        for name, bits in values.items():
+            if (
+                bits is not None
+                and name not in found
+                and _bits.is_finite(bits) is False
+            ):
+                found[name] = f"{name} {bits.get('value')} from step {record['step']}"
+    return list(found.values())
 
 
-def run_environment(spec: _target.TargetSpec, device: str) -> dict[str, str]:
-    """The environment the runs of TARGET on `device` start from."""
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if spec.legacy_keras:
-        env["TF_USE_LEGACY_KERAS"] = "1"
-    if device == "cpu":
-        # Hide GPUs so that CPU runs are really on the CPU.
-        env["CUDA_VISIBLE_DEVICES"] = "-1"
-    else:
-        # Concurrent runs share the GPU: none may take all its memory.
-        env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
-    return env
-
-
-def make_worker_spec(spec: _target.TargetSpec, options: Any) -> dict[str, Any]:
-    """The JSON spec a worker gets (see `tfdet._runs._worker.start`).
-
-    Args:
-        spec: The parsed TARGET.
-        options: Anything with seed, steps, enable, threads and cpu_isa
-            (`CheckOptions`, `tfdet._runs._locate.LocateOptions`).
-    """
-    return {
-        "target": spec.text,
-        "seed": options.seed,
-        "steps": options.steps,
-        "enable": options.enable,
-        "threads": options.threads,
-        "cpu_isa": options.cpu_isa,
-    }
-
-
-def _run_report(outcome: _spawn.RunOutcome) -> dict[str, Any]:
+def _run_report(run: _Run) -> dict[str, Any]:
+    outcome = run.outcome
     report: dict[str, Any] = {
         "index": outcome.setup.index,
         "perturbations": outcome.setup.labels,
         "ok": outcome.ok,
+        "reason": outcome.reason,
         "returncode": outcome.returncode,
         "timed_out": outcome.timed_out,
         "seconds": round(outcome.seconds, 3),
     }
-    if outcome.result is not None:
+    if outcome.ok and run.trace is not None:
+        steps = run.trace.steps
         report["profile"] = outcome.result["profile"]
-        report["steps_recorded"] = len(outcome.result["steps"])
-        report["final_loss"] = (
-            outcome.result["steps"][-1]["values"].get("loss") or {}
-        ).get("value")
+        report["steps_recorded"] = len(steps)
+        report["final_loss"] = ((steps[-1].get("loss") if steps else None) or {}).get(
+            "value"
+        )
+        report["nonfinite"] = _nonfinite(run.trace)
+        report["trace"] = outcome.result["trace"]
     if not outcome.ok:
         report["stderr_tail"] = outcome.stderr_tail
     return report
 
 
 def _attribute(
-    baseline: _spawn.RunOutcome,
-    other: _spawn.RunOutcome,
+    baseline: _Run,
+    other: _Run,
     spec: dict[str, Any],
     env: dict[str, str],
     timeout: float,
@@ -157,23 +170,26 @@ def _attribute(
     """Re-runs the baseline with each of `other`'s perturbations alone."""
     differing = [
         name
-        for name, label in other.setup.labels.items()
-        if baseline.setup.labels.get(name) != label
+        for name, label in other.outcome.setup.labels.items()
+        if baseline.outcome.setup.labels.get(name) != label
     ]
     candidates: list[str | None] = [None, *differing]
     setups = [
         dataclasses.replace(
-            baseline.setup.with_perturbation_of(other.setup, name, 100 + k), delay=0.0
+            baseline.outcome.setup.with_perturbation_of(
+                other.outcome.setup, name, 100 + k
+            ),
+            delay=0.0,
         )
         for k, name in enumerate(candidates)
     ]
     outcomes = _spawn.run_all(setups, spec, workdir, base_env=env, timeout=timeout)
     alone: dict[str, str] = {}
-    for name, outcome in zip(candidates, outcomes, strict=True):
+    for name, rerun in zip(candidates, _read_runs(outcomes), strict=True):
         key = RERUN if name is None else name
-        if not outcome.ok:
-            alone[key] = "run failed"
-        elif _compare.first_divergence(baseline.result, outcome.result) is None:
+        if not rerun.outcome.ok:
+            alone[key] = f"run failed ({rerun.outcome.reason})"
+        elif compare_runs(baseline, rerun) is None:
             alone[key] = "same bits"
         else:
             alone[key] = "differs"
@@ -190,17 +206,27 @@ def _attribute(
     return {"alone": alone, "responsible": responsible, "verdict": verdict}
 
 
+def _keep_traces(
+    runs: list[_Run], reports: list[dict[str, Any]], directory: str
+) -> None:
+    """Copies each finished run's trace to `directory/runN.jsonl`."""
+    for run, report in zip(runs, reports, strict=True):
+        if run.outcome.ok:
+            kept = os.path.join(directory, f"run{run.outcome.setup.index}.jsonl")
+            shutil.copyfile(run.outcome.result["trace"], kept)
+            report["trace"] = kept
+
+
 def _check_device(
     device: str,
-    options: CheckOptions,
-    spec: _target.TargetSpec,
+    options: RunOptions,
     progress: ProgressFn | None,
     workdir: str,
 ) -> dict[str, Any]:
     names = list(options.perturb)
     setups = _perturb.plan(options.runs, names, options.cpu_isa)
-    env = run_environment(spec, device)
-    worker_spec = make_worker_spec(spec, options)
+    env = _spawn.run_environment(options.target_spec, device)
+    worker_spec = _spawn.make_worker_spec(options)
 
     def on_step(index: int, done: int, total: int) -> None:
         if progress is not None:
@@ -214,34 +240,33 @@ def _check_device(
         timeout=options.timeout,
         progress=on_step,
     )
+    runs = _read_runs(outcomes)
     report: dict[str, Any] = {
         "status": "ran",
-        "runs": [_run_report(outcome) for outcome in outcomes],
+        "runs": [_run_report(run) for run in runs],
         "steps": options.steps,
         "perturbations": names,
         "perturbations_skipped": _perturb.skipped(names, options.cpu_isa),
         "divergence": None,
     }
-    failed = [outcome for outcome in outcomes if not outcome.ok]
-    if failed:
-        report["verdict"] = "failed"
-        report["exit_code"] = EXIT_RUN_FAILED
-        return report
-    baseline = outcomes[0]
-    for other in outcomes[1:]:
-        divergence = _compare.first_divergence(baseline.result, other.result)
+    if options.traces is not None:
+        _keep_traces(runs, report["runs"], os.path.join(options.traces, device))
+    if any(not run.outcome.ok for run in runs):
+        return {**report, **_verdict(EXIT_RUN_FAILED)}
+    baseline = runs[0]
+    for other in runs[1:]:
+        divergence = compare_runs(baseline, other)
         if divergence is None:
             continue
+        comparison = _diff.compare(baseline.trace, other.trace)
         report["divergence"] = {
-            "runs": [baseline.setup.index, other.setup.index],
+            "runs": [baseline.outcome.setup.index, other.outcome.setup.index],
             **divergence.to_dict(),
-            "description": _compare.describe(divergence),
+            "description": divergence.describe(),
             # Reported first: a setting that differs usually explains the bits.
             "profile_differences": {
                 name: list(values)
-                for name, values in Profile.from_dict(baseline.result["profile"])
-                .differences(Profile.from_dict(other.result["profile"]))
-                .items()
+                for name, values in comparison.profile_differences.items()
             },
         }
         if options.attribute:
@@ -252,26 +277,37 @@ def _check_device(
             report["divergence"]["attribution"] = _attribute(
                 baseline, other, worker_spec, env, options.timeout, workdir
             )
-        report["verdict"] = "diverged"
-        report["exit_code"] = EXIT_DIVERGED
-        return report
-    report["verdict"] = "identical"
-    report["exit_code"] = EXIT_OK
-    return report
+        return {**report, **_verdict(EXIT_DIVERGED)}
+    return {**report, **_verdict(EXIT_OK)}
 
 
-def check(options: CheckOptions, progress: ProgressFn | None = None) -> dict[str, Any]:
+def _prepare_traces(directory: str, devices: list[str]) -> None:
+    for device in devices:
+        path = os.path.join(directory, device)
+        try:
+            os.makedirs(path, exist_ok=True)
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise PermissionError(f"{path!r} is not writable")
+        except OSError as error:
+            raise Error(
+                f"Expected --traces to name a directory tfdet can write. Received: "
+                f"{directory!r} ({error})"
+            ) from error
+
+
+def check(options: RunOptions, progress: ProgressFn | None = None) -> dict[str, Any]:
     """Runs the check and returns the full report (see `tfdet check --json`).
 
+    With `options.traces`, each finished run's trace is kept as
+    `TRACES/DEVICE/runN.jsonl` (N from 0, the baseline): `tfdet diff` of two
+    of them reaches the verdict the check reached for their steps.
+
     Raises:
-        ValueError: a bad option.
         TargetError: the TARGET cannot be built (before anything is spawned).
         DeviceUnavailableError: `device="gpu"` without a visible GPU.
+        Error: `options.traces` cannot be written (exit 2).
     """
-    _validate(options)
-    _perturb.parse(",".join(options.perturb))  # Unknown names: ValueError.
-    spec = preflight(options.target)
-    devices: dict[str, Any] = {}
+    _spawn.preflight(options.target_spec)
     gpu = _devices.gpu_visible() if options.device in ("gpu", "all") else False
     if options.device == "gpu" and not gpu:
         raise DeviceUnavailableError(
@@ -279,13 +315,10 @@ def check(options: CheckOptions, progress: ProgressFn | None = None) -> dict[str
             f"({_devices.why_no_gpu()}). Use --device cpu, or run on a machine with a "
             "GPU and the tensorflow[and-cuda] build."
         )
-    wanted = (
-        ["cpu"]
-        if options.device == "cpu"
-        else ["gpu"]
-        if options.device == "gpu"
-        else ["cpu", "gpu"]
-    )
+    wanted = ["cpu", "gpu"] if options.device == "all" else [options.device]
+    if options.traces is not None:
+        _prepare_traces(options.traces, [d for d in wanted if d != "gpu" or gpu])
+    devices: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="tfdet-check-") as workdir:
         for device in wanted:
             if device == "gpu" and not gpu:
@@ -293,24 +326,18 @@ def check(options: CheckOptions, progress: ProgressFn | None = None) -> dict[str
                 continue
             device_dir = os.path.join(workdir, device)
             os.makedirs(device_dir)
-            devices[device] = _check_device(device, options, spec, progress, device_dir)
-    codes = [d["exit_code"] for d in devices.values() if d.get("status") == "ran"]
-    exit_code = (
-        EXIT_RUN_FAILED if EXIT_RUN_FAILED in codes else max(codes, default=EXIT_OK)
+            devices[device] = _check_device(device, options, progress, device_dir)
+    exit_code = combined_exit_code(
+        [d["exit_code"] for d in devices.values() if d.get("status") == "ran"]
     )
-    verdict = {
-        EXIT_OK: "identical",
-        EXIT_DIVERGED: "diverged",
-        EXIT_RUN_FAILED: "failed",
-    }[exit_code]
     return {
-        "target": spec.text,
+        "target": options.target_spec.text,
         "enable": options.enable,
         "seed": options.seed,
         "threads": options.threads,
         "runs": options.runs,
         "steps": options.steps,
+        "traces": options.traces,
         "devices": devices,
-        "verdict": verdict,
-        "exit_code": exit_code,
+        **_verdict(exit_code),
     }

@@ -27,9 +27,15 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError, TargetError
-from tfdet._runs import _check, _locate_worker, _perturb, _spawn
+from tfdet._runs import _locate_worker, _perturb, _spawn
+from tfdet._runs._options import RunOptions
+from tfdet._runs._spawn import ProgressFn
 
-DEFAULT_STEPS = 3
+# The name `tfdet locate`'s callers know. Locate uses `target`, `steps`,
+# `perturb`, `enable`, `seed`, `threads`, `cpu_isa` and `timeout`; it always
+# runs two processes, on the CPU.
+LocateOptions = RunOptions
+
 WORKER_MODULE = "tfdet._runs._locate_worker"
 
 # Phases of a training step, in the order they run.
@@ -37,20 +43,6 @@ FORWARD = "forward"
 LOSS = "loss"
 BACKWARD = "backward"
 UPDATE = "update"
-
-
-@dataclasses.dataclass(frozen=True)
-class LocateOptions:
-    """What `tfdet locate` runs. Field names mirror the CLI flags."""
-
-    target: str | None = None
-    steps: int = DEFAULT_STEPS
-    perturb: tuple[str, ...] = _perturb.ALL
-    enable: bool = True
-    seed: int = 0
-    threads: int = 1
-    cpu_isa: str | None = "AVX2"
-    timeout: float = 600.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,21 +208,7 @@ def locate_results(a: dict[str, Any], b: dict[str, Any]) -> Location | None:
     return None
 
 
-ProgressFn = Callable[[str], None]
-
-
-def validate(options: LocateOptions) -> None:
-    """Raises ValueError for options out of range."""
-    if options.steps < 1:
-        raise ValueError(f"Expected --steps >= 1. Received: steps={options.steps}")
-    if options.timeout <= 0:
-        raise ValueError(f"Expected --timeout > 0. Received: timeout={options.timeout}")
-    _check.validate_run_settings(options)  # seed and threads, as enable() does
-
-
-def locate(
-    options: LocateOptions, progress: ProgressFn | None = None
-) -> dict[str, Any]:
+def locate(options: RunOptions, progress: ProgressFn | None = None) -> dict[str, Any]:
     """Runs two perturbed processes and finds the first layer that differs.
 
     Returns:
@@ -241,11 +219,11 @@ def locate(
         TargetError: TARGET cannot be built.
         RunFailedError: a run crashed or timed out.
     """
-    validate(options)
-    spec = _check.preflight(options.target)
+    spec = options.target_spec
+    _spawn.preflight(spec)
     names = list(options.perturb)
     setups = _perturb.plan(2, names, options.cpu_isa)
-    worker_spec = _check.make_worker_spec(spec, options)
+    worker_spec = _spawn.make_worker_spec(options)
 
     def on_step(index: int, done: int, total: int) -> None:
         if progress is not None:
@@ -258,7 +236,7 @@ def locate(
             workdir,
             module=WORKER_MODULE,
             # Layer fingerprints are taken on the CPU: GPUs are hidden.
-            base_env=_check.run_environment(spec, "cpu"),
+            base_env=_spawn.run_environment(spec, "cpu"),
             timeout=options.timeout,
             progress=on_step,
         )
@@ -270,9 +248,9 @@ def locate(
                 raise TargetError(
                     line[len(_locate_worker.TARGET_ERROR_PREFIX) :].strip()
                 )
-        state = "timed out" if outcome.timed_out else f"exited {outcome.returncode}"
         raise RunFailedError(
-            f"locate run {outcome.setup.index} {state}; stderr tail:\n{outcome.stderr_tail}"
+            f"locate run {outcome.setup.index} failed ({outcome.reason}); stderr "
+            f"tail:\n{outcome.stderr_tail}"
         )
     a, b = outcomes[0].result, outcomes[1].result
     location = locate_results(a, b)

@@ -22,10 +22,62 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from tfdet._pin import _devices
+from tfdet._runs import _target
+from tfdet._runs._options import RunOptions
 from tfdet._runs._perturb import RunSetup
 from tfdet._runs._worker import PROGRESS_PREFIX
 
 STDERR_TAIL_LINES = 25
+
+# Called with one line of progress for the user (`tfdet check`, `tfdet locate`).
+ProgressFn = Callable[[str], None]
+
+
+def preflight(spec: _target.TargetSpec) -> None:
+    """Checks the TARGET in this process before any run is spawned.
+
+    Built-in targets are known to be good (parsing checked them); other
+    targets are imported and called once, so a missing module, a missing
+    function or a function that returns no compiled model exits 2 before
+    anything starts.
+
+    Raises:
+        TargetError: the TARGET cannot be built.
+    """
+    if not spec.text.startswith("builtin:"):
+        _devices.hide_gpus()  # The parent only inspects; the GPU is for the runs.
+        _target.build(spec.text)
+
+
+def run_environment(spec: _target.TargetSpec, device: str) -> dict[str, str]:
+    """The environment the runs of TARGET on `device` start from."""
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if spec.legacy_keras:
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    if device == "cpu":
+        # Hide GPUs so that CPU runs are really on the CPU.
+        env["CUDA_VISIBLE_DEVICES"] = "-1"
+    else:
+        # Concurrent runs share the GPU: none may take all its memory.
+        env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
+    return env
+
+
+def make_worker_spec(options: RunOptions) -> dict[str, Any]:
+    """The JSON spec a worker gets (see `tfdet._runs._worker.start`).
+
+    `_run_one` adds the per-run `result` and `trace` paths.
+    """
+    return {
+        "target": options.target_spec.text,
+        "seed": options.seed,
+        "steps": options.steps,
+        "enable": options.enable,
+        "threads": options.threads,
+        "cpu_isa": options.cpu_isa,
+    }
 
 
 @dataclasses.dataclass
@@ -39,6 +91,8 @@ class RunOutcome:
         stderr_tail: The last lines of its stderr.
         timed_out: Whether it was killed for exceeding the timeout.
         seconds: Wall time from start to exit.
+        failure: Why a run that exited 0 still failed (its result file is
+            missing or unreadable), or why tfdet could not start it.
     """
 
     setup: RunSetup
@@ -47,10 +101,26 @@ class RunOutcome:
     stderr_tail: str
     timed_out: bool
     seconds: float
+    failure: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.returncode == 0 and self.result is not None and not self.timed_out
+
+    @property
+    def reason(self) -> str | None:
+        """Why the run failed, in a few words (None when it is ok)."""
+        if self.ok:
+            return None
+        if self.timed_out:
+            return f"timed out after {self.seconds:.0f}s"
+        if self.failure:
+            return self.failure
+        if self.returncode is not None and self.returncode < 0:
+            return f"killed by signal {-self.returncode}"
+        if self.returncode:
+            return f"exited {self.returncode}"
+        return "exited 0 without writing its result"
 
 
 def child_environment(
@@ -132,7 +202,10 @@ def _forward_progress(
     if len(parts) == 3 and parts[0] == PROGRESS_PREFIX:
         numbers = [part for part in parts[1:] if part.isdigit()]
         if len(numbers) == 2:
-            progress(index, int(numbers[0]), int(numbers[1]))
+            # Progress is for people: a failure to show it (a closed stderr)
+            # must not make the run a failure.
+            with contextlib.suppress(Exception):
+                progress(index, int(numbers[0]), int(numbers[1]))
 
 
 def _run_one(
@@ -145,7 +218,11 @@ def _run_one(
     progress: Callable[[int, int, int], None] | None,
     group: _ProcessGroup,
 ) -> RunOutcome:
-    spec = dict(spec, result=os.path.join(workdir, f"run{setup.index}.json"))
+    spec = dict(
+        spec,
+        result=os.path.join(workdir, f"run{setup.index}.json"),
+        trace=os.path.join(workdir, f"run{setup.index}.jsonl"),
+    )
     stderr_path = os.path.join(workdir, f"run{setup.index}.stderr")
     env = child_environment(base_env, setup.env)
     cpus = set(setup.cpus) if setup.cpus else None
@@ -187,10 +264,15 @@ def _run_one(
             neighbour.wait()
     seconds = time.perf_counter() - started
     timed_out = killed.is_set()
-    result = None
-    if process.returncode == 0 and not timed_out and os.path.exists(spec["result"]):
-        with open(spec["result"], encoding="utf-8") as handle:
-            result = json.load(handle)
+    result, failure = None, None
+    if process.returncode == 0 and not timed_out:
+        try:
+            with open(spec["result"], encoding="utf-8") as handle:
+                result = json.load(handle)
+        except FileNotFoundError:
+            failure = "exited 0 without writing its result"
+        except (OSError, ValueError) as error:
+            failure = f"exited 0 but its result is unreadable ({error})"
     return RunOutcome(
         setup=setup,
         returncode=None if timed_out else process.returncode,
@@ -198,13 +280,22 @@ def _run_one(
         stderr_tail=_tail(stderr_path),
         timed_out=timed_out,
         seconds=seconds,
+        failure=failure,
     )
 
 
 def _failed(setup: RunSetup, error: BaseException) -> RunOutcome:
     """The outcome of a run that tfdet itself could not start or follow."""
     text = "".join(traceback.format_exception(error))
-    return RunOutcome(setup, None, None, text[-4000:], timed_out=False, seconds=0.0)
+    return RunOutcome(
+        setup,
+        None,
+        None,
+        text[-4000:],
+        timed_out=False,
+        seconds=0.0,
+        failure=f"tfdet could not start or follow it ({error!r})",
+    )
 
 
 def run_all(
@@ -214,18 +305,20 @@ def run_all(
     *,
     module: str = "tfdet._runs._worker",
     base_env: dict[str, str] | None = None,
-    timeout: float = 600.0,
+    timeout: float,
     progress: Callable[[int, int, int], None] | None = None,
 ) -> list[RunOutcome]:
     """Starts one process per setup, all at once, and waits for all of them.
 
     Args:
         setups: One per run (their `delay` staggers the starts).
-        spec: The JSON spec every run gets (`result` is filled in per run).
+        spec: The JSON spec every run gets (`result` and `trace` paths are
+            filled in per run).
         workdir: Where results, weights and stderr files go.
         module: The module run as `python -m module SPEC_JSON`.
         base_env: The environment the setups' overrides apply to.
-        timeout: Seconds before a run is killed and reported as timed out.
+        timeout: Seconds before a run is killed and reported as timed out
+            (`RunOptions.timeout`, validated there).
         progress: Called as `progress(run_index, steps_done, steps_total)`.
 
     Returns:

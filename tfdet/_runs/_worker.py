@@ -2,10 +2,13 @@
 
 Started as `python -m tfdet._runs._worker SPEC_JSON` in a fresh process whose
 environment the parent has already perturbed. It prints one progress line per
-step on stdout (`tfdet-progress STEP TOTAL`) and writes a JSON result file
-(atomically: a crashed run leaves no result, and is never counted as equal).
-Final weights are saved next to it (`.npz`) so a divergence in the weights
-can be shown element by element.
+step on stdout (`tfdet-progress STEP TOTAL`) and records the run as a trace
+(`spec["trace"]`, the format `tfdet.DeterminismCallback` writes and `tfdet
+diff` reads: every step's loss and metric bits and weight fingerprints). The
+final weights are saved (`.npz`) so that a divergence in the weights can be
+shown element by element. Last, it writes a JSON result file (atomically: a
+crashed run leaves no result, and is never counted as equal) that names the
+trace, the weights file and each variable's exact final digest.
 """
 
 from __future__ import annotations
@@ -40,13 +43,6 @@ def _train_step(model: Any, x: Any, y: Any) -> dict[str, Any]:
     return dict(logs)
 
 
-def _weight_checksums(model: Any) -> list[str]:
-    """Per-variable checksum strings, on device when running eagerly."""
-    from tfdet._record import _bits
-
-    return _bits.checksum_hex(_bits.weight_checksums(model.weights))
-
-
 def report_progress(done: int, total: int) -> None:
     """Tells the parent (`tfdet._runs._spawn`) how far this run is."""
     print(f"{PROGRESS_PREFIX} {done} {total}", flush=True)
@@ -66,7 +62,7 @@ def start(spec: dict[str, Any]) -> Any:
 
     seed = spec["seed"]
     if spec["enable"]:
-        tfdet.enable(seed, threads=spec["threads"], cpu_isa=spec.get("cpu_isa", "AVX2"))
+        tfdet.enable(seed, threads=spec["threads"], cpu_isa=spec["cpu_isa"])
     else:
         _seed_without_tfdet(seed, _versions.uses_legacy_keras())
     return _target.build(spec["target"], seed=seed)
@@ -100,40 +96,50 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Trains `spec["target"]` for `spec["steps"]` steps and records the bits.
 
     Args:
-        spec: target, seed, steps, enable, threads, cpu_isa, result.
+        spec: target, seed, steps, enable, threads, cpu_isa, result, trace
+            (the paths of the result and trace files).
 
     Returns:
         The result dict (also written to `spec["result"]`).
     """
     import numpy as np
 
-    from tfdet._record import _bits
+    from tfdet._pin import _enable, _environment
+    from tfdet._record import _bits, _trace
 
     started = time.perf_counter()
     built = start(spec)
     model = built.model
-    steps = []
-    for step in range(spec["steps"]):
-        logs = _train_step(model, *built.batch(step))
-        steps.append(
-            {
-                "step": step,
-                "values": {
-                    name: _bits.logged_value_bits(value)
-                    for name, value in sorted(logs.items())
-                },
-                "weights": _weight_checksums(model),
-            }
-        )
-        report_progress(step + 1, spec["steps"])
+    facts = run_facts(spec["seed"])
+    writer = None
+    try:
+        for step in range(spec["steps"]):
+            logs = _train_step(model, *built.batch(step))
+            if writer is None:
+                # After the first step: a model may create its weights then.
+                header = _trace.make_header(
+                    _enable.observed_profile(spec["seed"]),
+                    _environment.fingerprint(),
+                    _bits.variable_names(model.weights),
+                    every=1,
+                    variables_every=1,
+                )
+                writer = _trace.TraceWriter(spec["trace"], header)
+            checksums = _bits.weight_checksums(model.weights)
+            writer.write_step(_trace.step_record(step, logs, checksums))
+            report_progress(step + 1, spec["steps"])
+    finally:
+        if writer is not None:
+            writer.close()
     final = model.get_weights()
     final_weights = _bits.weights_digests(model.weights, final)
     weights_path = spec["result"] + ".npz"
     np.savez(weights_path, *final)
     result = {
-        **run_facts(spec["seed"]),
+        **facts,
         "variables": list(final_weights),
-        "steps": steps,
+        "trace": spec["trace"],
+        "steps_recorded": spec["steps"],
         "final_weights": final_weights,
         "weights_file": weights_path,
         "synthesized_data": built.synthesized,

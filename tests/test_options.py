@@ -1,0 +1,79 @@
+"""`RunOptions`: every run option's default and validation, in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tfdet._errors import TargetError
+from tfdet._pin import _settings
+from tfdet._runs import _options, _perturb, _target
+from tfdet._runs._options import RunOptions
+
+
+def test_defaults_are_stated_once_and_the_target_is_parsed():
+    options = RunOptions()
+    assert options.target == _target.TargetSpec("builtin:cnn")
+    assert (options.runs, options.steps, options.timeout) == (2, 3, 600.0)
+    assert (options.seed, options.threads, options.cpu_isa) == (
+        _settings.DEFAULT_SEED,
+        _settings.DEFAULT_THREADS,
+        _settings.DEFAULT_CPU_ISA,
+    )
+    assert options.perturb == _perturb.ALL and options.device == "all"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.runs = 3  # type: ignore[misc]
+
+
+def test_a_parsed_target_travels_unparsed():
+    spec = _target.TargetSpec("builtin:cnn_tf_keras", legacy_keras=True)
+    assert RunOptions(target=spec).target is spec
+
+
+def test_lists_become_tuples_and_numbers_are_normalized():
+    options = RunOptions(perturb=["hashseed"], timeout=5, threads=2)
+    assert options.perturb == ("hashseed",) and options.timeout == 5.0
+    assert options.threads == 2
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"runs": 1}, "--runs >= 2"),
+        ({"runs": 2.0}, "--runs"),
+        ({"steps": 0}, "--steps >= 1"),
+        ({"device": "tpu"}, "--device"),
+        ({"perturb": ("gravity",)}, "--perturb"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**32}, "seed"),
+        ({"threads": 0}, "threads"),
+        ({"threads": 1025}, r"\[1, 1024\]"),
+        ({"cpu_isa": "NOPE"}, "cpu_isa"),
+        ({"timeout": 0}, "--timeout"),
+        ({"timeout": -1.0}, "--timeout"),
+        ({"timeout": float("nan")}, "--timeout"),
+        ({"timeout": float("inf")}, "--timeout"),
+        ({"timeout": 1e300}, "--timeout"),
+        ({"timeout": "soon"}, "--timeout"),
+        ({"enable": False, "threads": 2}, "--no-enable"),
+        ({"enable": "no"}, "enable"),
+        ({"attribute": 1}, "attribute"),
+        ({"traces": 3}, "--traces"),
+    ],
+)
+def test_bad_values_are_refused_when_made(fields, message):
+    with pytest.raises(ValueError, match=message):
+        RunOptions(**fields)
+
+
+def test_a_bad_target_is_a_target_error():
+    with pytest.raises(TargetError):
+        RunOptions(target="no-colon")
+
+
+def test_check_timeout_accepts_finite_positive_numbers():
+    assert _options.check_timeout(0.5) == 0.5
+    assert _options.check_timeout(20) == 20.0
+    with pytest.raises(ValueError):
+        _options.check_timeout(True)

@@ -1,0 +1,116 @@
+"""`_spawn`: fresh processes, their outcomes and the reasons they failed.
+
+The children here are a tiny module without TensorFlow, so these tests are
+fast; `tests/test_check.py` spawns the real workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import threading
+
+import pytest
+
+from tests.conftest import clean_env
+from tfdet._runs import _options, _perturb, _spawn, _target
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys, threading
+    spec = json.loads(sys.argv[1])
+    print("tfdet-progress 1 1", flush=True)
+    if spec["mode"] == "result":
+        with open(spec["result"], "w") as out:
+            json.dump({"trace": spec["trace"]}, out)
+    elif spec["mode"] == "garbage":
+        with open(spec["result"], "w") as out:
+            out.write("{not json")
+    elif spec["mode"] == "exit":
+        sys.exit(5)
+    elif spec["mode"] == "hang":
+        threading.Event().wait()
+    """
+)
+
+
+@pytest.fixture
+def child(tmp_path):
+    (tmp_path / "spawn_child.py").write_text(CHILD)
+    return clean_env(PYTHONPATH=str(tmp_path))
+
+
+def _one(child, tmp_path, mode, timeout=60.0, progress=None):
+    setup = _perturb.RunSetup(0, {}, None, 0.0, False, {})
+    (outcome,) = _spawn.run_all(
+        [setup],
+        {"mode": mode},
+        str(tmp_path),
+        module="spawn_child",
+        base_env=child,
+        timeout=timeout,
+        progress=progress,
+    )
+    return outcome
+
+
+def test_a_run_that_writes_its_result_is_ok_and_gets_a_trace_path(child, tmp_path):
+    outcome = _one(child, tmp_path, "result")
+    assert outcome.ok and outcome.reason is None
+    assert outcome.result["trace"] == os.path.join(tmp_path, "run0.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [
+        ("nothing", "exited 0 without writing its result"),
+        ("garbage", "exited 0 but its result is unreadable"),
+        ("exit", "exited 5"),
+    ],
+)
+def test_a_failed_run_says_why(child, tmp_path, mode, reason):
+    outcome = _one(child, tmp_path, mode)
+    assert not outcome.ok and outcome.reason.startswith(reason)
+
+
+def test_a_run_over_its_timeout_is_killed_and_says_so(child, tmp_path):
+    outcome = _one(child, tmp_path, "hang", timeout=2.0)
+    assert outcome.timed_out and not outcome.ok
+    assert outcome.reason.startswith("timed out after")
+
+
+def test_a_progress_callback_that_raises_does_not_fail_the_run(child, tmp_path):
+    called = threading.Event()
+
+    def broken(index, done, total):
+        called.set()
+        raise BrokenPipeError("nobody reads stderr")
+
+    outcome = _one(child, tmp_path, "result", progress=broken)
+    assert called.is_set() and outcome.ok
+
+
+def test_worker_spec_and_environment_come_from_the_options():
+    options = _options.RunOptions(
+        target="builtin:cnn", steps=2, seed=7, threads=2, enable=True
+    )
+    assert _spawn.make_worker_spec(options) == {
+        "target": "builtin:cnn",
+        "seed": 7,
+        "steps": 2,
+        "enable": True,
+        "threads": 2,
+        "cpu_isa": options.cpu_isa,
+    }
+    cpu = _spawn.run_environment(_target.TargetSpec("x:y", legacy_keras=True), "cpu")
+    assert cpu["CUDA_VISIBLE_DEVICES"] == "-1" and cpu["TF_USE_LEGACY_KERAS"] == "1"
+    gpu = _spawn.run_environment(_target.TargetSpec("x:y"), "gpu")
+    assert gpu["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+    assert "TF_USE_LEGACY_KERAS" not in gpu or gpu[
+        "TF_USE_LEGACY_KERAS"
+    ] == os.environ.get("TF_USE_LEGACY_KERAS")
+
+
+def test_the_spec_of_every_run_is_json():
+    json.dumps(_spawn.make_worker_spec(_options.RunOptions()))

@@ -1,0 +1,85 @@
+"""The `tfdet check` worker: one fresh process records a trace and its result."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, clean_env
+from tfdet._record import _bits, _trace
+
+MODELS = f"{REPO / 'tests' / 'targets' / 'check_models.py'}"
+
+
+@pytest.fixture(scope="module")
+def worker_run(tmp_path_factory):
+    """One worker process training `with_data` for 2 steps."""
+    workdir = tmp_path_factory.mktemp("worker")
+    spec = {
+        "target": f"{MODELS}:with_data",
+        "seed": 3,
+        "steps": 2,
+        "enable": True,
+        "threads": 1,
+        "cpu_isa": "AVX2",
+        "result": str(workdir / "run0.json"),
+        "trace": str(workdir / "run0.jsonl"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfdet._runs._worker", json.dumps(spec)],
+        env=clean_env(CUDA_VISIBLE_DEVICES="-1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(spec["result"], encoding="utf-8") as handle:
+        return spec, json.load(handle), proc.stdout
+
+
+def test_progress_lines_count_the_steps(worker_run):
+    _, _, stdout = worker_run
+    assert [line for line in stdout.splitlines() if line.startswith("tfdet-")] == [
+        "tfdet-progress 1 2",
+        "tfdet-progress 2 2",
+    ]
+
+
+def test_the_trace_is_the_callbacks_format(worker_run):
+    spec, result, _ = worker_run
+    assert result["trace"] == spec["trace"]
+    trace = _trace.read(spec["trace"])
+    assert trace.header["format"] == _trace.FORMAT
+    assert trace.header["version"] == _trace.VERSION
+    assert trace.profile is not None and trace.profile.seed == 3
+    assert trace.profile.intra_op_threads == 1
+    assert trace.environment  # the `tfdet env` fingerprint
+    assert trace.variables == result["variables"]
+    assert [record["step"] for record in trace.steps] == [0, 1]
+    for record in trace.steps:
+        assert record["loss"]["dtype"] == "float32"
+        assert len(record["variables"]) == len(trace.variables)
+    # The last step's fingerprints are those of the saved final weights.
+    with np.load(result["weights_file"]) as saved:
+        final = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    assert {
+        name: _bits.array_digest(value)
+        for name, value in zip(result["variables"], final, strict=True)
+    } == result["final_weights"]
+    # ... and its per-variable fingerprints, recomputed here, match them.
+    checksums = _bits.device_checksums(final)
+    assert trace.steps[-1]["variables"] == _bits.checksum_hex(checksums)
+    assert trace.steps[-1]["weights"] == _trace.weights_fingerprint(checksums)
+
+
+def test_the_result_names_the_run_facts(worker_run):
+    _, result, _ = worker_run
+    assert result["steps_recorded"] == 2
+    assert result["profile"]["seed"] == 3
+    assert result["synthesized_data"] is False
+    assert "affinity" in result["environment"]

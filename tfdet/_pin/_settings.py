@@ -1,0 +1,92 @@
+"""The settings every entry point pins, their defaults and their validation.
+
+`tfdet.enable()`, `tfdet run`, `tfdet scan` and the options of `tfdet check`
+and `tfdet locate` take the same seed, thread count and oneDNN ISA cap. The
+defaults and the accepted values are stated here once; everything else
+imports them. This module imports nothing that starts TensorFlow.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from tfdet._pin import _isa
+
+DEFAULT_SEED = 0
+MAX_SEED = 2**32 - 1
+# One thread: the same bits on a machine with any core count.
+DEFAULT_THREADS = 1
+# Far above any core count, far below what makes TensorFlow's thread creation
+# abort the process (pthread_create fails fatally somewhere past ~10 000).
+MAX_THREADS = 1024
+# AVX2: the bits of every x86-64 CPU generation from Haswell on.
+DEFAULT_CPU_ISA = "AVX2"
+
+
+def check_int(name: str, value: Any, low: int, high: int | None) -> int:
+    """`value` as a Python int in `[low, high]` (`high` None: no upper bound).
+
+    Any integer type (int, `numpy.int64`, ...) is accepted and returned as a
+    Python int, so that profiles stay JSON-ready; bool, float and str are not.
+
+    Raises:
+        ValueError: naming `name`, the accepted range and the value received.
+    """
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise ValueError(
+            f"Expected `{name}` to be an int. Received: {name}={value!r} "
+            f"(of type {type(value).__name__})"
+        ) from None
+    if value < low or (high is not None and value > high):
+        accepted = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"Expected `{name}` {accepted}. Received: {name}={value}")
+    return value
+
+
+def check_seed(seed: Any) -> int:
+    """The seed as an int in `[0, MAX_SEED]`; ValueError otherwise."""
+    return check_int("seed", seed, 0, MAX_SEED)
+
+
+def check_threads(threads: Any) -> int:
+    """The thread count as an int in `[1, MAX_THREADS]`; ValueError otherwise."""
+    return check_int("threads", threads, 1, MAX_THREADS)
+
+
+def check_isa_supported(cpu_isa: str | None) -> str | None:
+    """Normalizes `cpu_isa` and checks this CPU has it (x86-64 only).
+
+    Raises:
+        ValueError: not a oneDNN ISA name, or the CPU lacks it; the message
+            names the best level this CPU supports.
+    """
+    if cpu_isa is None:
+        return None
+    wanted = _isa.normalize(cpu_isa)
+    if _isa.applies() and not _isa.supports(wanted):
+        best = _isa.best_supported()
+        raise ValueError(
+            f"Expected a `cpu_isa` this CPU supports (up to {best}). Received: "
+            f"cpu_isa={cpu_isa!r}. Pass cpu_isa={best!r} or lower; the bits "
+            "will then match machines pinned at that level."
+        )
+    return wanted
+
+
+def check_settings(
+    seed: Any, threads: Any, cpu_isa: str | None
+) -> tuple[int, int, str | None]:
+    """Validates the three pinned settings together, as `enable()` does.
+
+    Returns:
+        `(seed, threads, cpu_isa)` normalized (ints, canonical ISA name).
+
+    Raises:
+        ValueError: naming the first bad setting and the accepted values.
+    """
+    return check_seed(seed), check_threads(threads), check_isa_supported(cpu_isa)

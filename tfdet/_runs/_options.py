@@ -1,0 +1,148 @@
+"""What every command that spawns training runs takes: one frozen object.
+
+`tfdet check` and `tfdet locate` (and anything else that trains TARGET in
+fresh processes) take a `RunOptions`. Every default is stated here (the
+pinned settings' in `tfdet._pin._settings`) and every value is validated
+once, when the object is made: the CLI only parses flags and converts them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+from typing import Any
+
+from tfdet._pin import _settings
+from tfdet._runs import _perturb, _target
+
+DEFAULT_RUNS = 2
+DEFAULT_STEPS = 3
+DEFAULT_TIMEOUT = 600.0
+DEFAULT_DEVICE = "all"
+DEVICES = ("cpu", "gpu", "all")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """What to train, how often, where and under which perturbations.
+
+    Field names mirror the CLI flags. Making one validates every field.
+
+    Attributes:
+        target: The parsed TARGET; a string (or None, the default target) is
+            parsed once, here.
+        runs: Processes per device (>= 2; `tfdet locate` always uses 2).
+        steps: Training steps per run (>= 1).
+        device: `"cpu"`, `"gpu"` or `"all"`.
+        perturb: Perturbation names from `tfdet._runs._perturb.ALL`.
+        enable: Whether the runs call `tfdet.enable()`.
+        seed: The runs' seed.
+        threads: `tfdet.enable(threads=...)`; only the default without
+            `enable`.
+        cpu_isa: `tfdet.enable(cpu_isa=...)`.
+        timeout: Seconds before a run is killed (finite, > 0).
+        attribute: On divergence, re-run to find the perturbation responsible.
+        traces: Directory that keeps every run's trace (`DEVICE/runN.jsonl`),
+            or None.
+
+    Raises:
+        ValueError: a field out of range, naming its flag.
+        TargetError: `target` is not a TARGET string.
+    """
+
+    target: _target.TargetSpec | str | None = None
+    runs: int = DEFAULT_RUNS
+    steps: int = DEFAULT_STEPS
+    device: str = DEFAULT_DEVICE
+    perturb: tuple[str, ...] = _perturb.ALL
+    enable: bool = True
+    seed: int = _settings.DEFAULT_SEED
+    threads: int = _settings.DEFAULT_THREADS
+    cpu_isa: str | None = _settings.DEFAULT_CPU_ISA
+    timeout: float = DEFAULT_TIMEOUT
+    attribute: bool = True
+    traces: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.target, _target.TargetSpec):
+            self._set("target", _target.parse(self.target))
+        self._set("runs", _flag_int("runs", self.runs, 2))
+        self._set("steps", _flag_int("steps", self.steps, 1))
+        if self.device not in DEVICES:
+            raise ValueError(
+                f"Expected --device to be one of {', '.join(DEVICES)}. Received: "
+                f"device={self.device!r}"
+            )
+        perturb = tuple(self.perturb)
+        unknown = [name for name in perturb if name not in _perturb.ALL]
+        if unknown:
+            raise ValueError(
+                f"Expected --perturb names from {', '.join(_perturb.ALL)}. "
+                f"Received: {', '.join(map(str, unknown))}"
+            )
+        self._set("perturb", perturb)
+        for name in ("enable", "attribute"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"Expected `{name}` to be True or False. Received: "
+                    f"{name}={getattr(self, name)!r}"
+                )
+        seed, threads, cpu_isa = _settings.check_settings(
+            self.seed, self.threads, self.cpu_isa
+        )
+        if not self.enable and threads != _settings.DEFAULT_THREADS:
+            raise ValueError(
+                "Expected --threads only with tfdet enabled: --no-enable runs plain "
+                "TensorFlow, whose thread pools follow the cores. Received: "
+                f"threads={threads} with --no-enable. Drop one of them."
+            )
+        self._set("seed", seed)
+        self._set("threads", threads)
+        self._set("cpu_isa", cpu_isa)
+        self._set("timeout", check_timeout(self.timeout))
+        if self.traces is not None and not isinstance(self.traces, str):
+            raise ValueError(
+                f"Expected --traces to be a directory path. Received: "
+                f"traces={self.traces!r}"
+            )
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+
+    @property
+    def target_spec(self) -> _target.TargetSpec:
+        """The parsed TARGET (`target` is always one after validation)."""
+        assert isinstance(self.target, _target.TargetSpec)
+        return self.target
+
+
+def _flag_int(name: str, value: Any, low: int) -> int:
+    try:
+        return _settings.check_int(name, value, low, None)
+    except ValueError as error:
+        raise ValueError(str(error).replace(f"`{name}`", f"--{name}")) from None
+
+
+def check_timeout(timeout: Any) -> float:
+    """A run timeout in seconds: a finite number > 0 that a timer can wait.
+
+    NaN would make every run time out at once and infinity overflows the
+    timer, so both are refused here.
+
+    Raises:
+        ValueError: naming --timeout and the accepted range.
+    """
+    try:
+        if isinstance(timeout, bool):
+            raise TypeError
+        value = float(timeout)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"Expected --timeout to be a number of seconds. Received: timeout={timeout!r}"
+        ) from None
+    if not math.isfinite(value) or not 0 < value <= threading.TIMEOUT_MAX:
+        raise ValueError(
+            f"Expected --timeout in seconds, finite and > 0. Received: timeout={timeout!r}"
+        )
+    return value
