@@ -7,8 +7,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
+from tfdet._cli import _output
 from tfdet._runs import _builtins, _perturb
 
 TARGET_HELP = (
@@ -82,4 +82,4 @@ def threads(args: argparse.Namespace) -> int:
 
 def progress(message: str) -> None:
     """Progress lines go to stderr while runs are going."""
-    print(f"  {message}", file=sys.stderr, flush=True)
+    _output.progress(f"  {message}")

@@ -7,7 +7,7 @@ from typing import Any
 
 from absl import app
 
-from tfdet._cli import _training_flags, write_json
+from tfdet._cli import _output, _training_flags, write_json
 from tfdet._runs import _check, _perturb
 
 
@@ -120,6 +120,6 @@ def execute(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise app.UsageError(str(error)) from error
     report = _check.check(options, progress=_training_flags.progress)
-    print(format_report(report))
+    _output.out(format_report(report))
     write_json(args.json, report)
     return report["exit_code"]

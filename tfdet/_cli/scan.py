@@ -8,7 +8,7 @@ import warnings
 
 from absl import app
 
-from tfdet._cli import write_json
+from tfdet._cli import _output, write_json
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError
 from tfdet._runs import _target
 
@@ -174,6 +174,6 @@ def execute(args: argparse.Namespace) -> int:
         raise RunFailedError(
             f"Tracing the training step of TARGET {spec.text!r} failed: {error!r}"
         ) from error
-    print(format_report(report))
+    _output.out(format_report(report))
     write_json(args.json, report.to_dict())
     return EXIT_DIVERGED if report.findings else EXIT_OK

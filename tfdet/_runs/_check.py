@@ -79,17 +79,20 @@ def validate_run_settings(options: Any) -> None:
     _enable._check_int("threads", options.threads, 1, None)
 
 
-def preflight(target: str | None) -> _target.TargetSpec:
-    """Checks the TARGET in this process before any run is spawned.
+def preflight(
+    target: str | None, timeout: float = DEFAULT_TIMEOUT
+) -> _target.TargetSpec:
+    """Checks the TARGET before any run is spawned.
 
     Built-in targets are known to be good and are only parsed; other targets
-    are imported and called once, so a missing module, a missing function or
-    a function that returns no compiled model exits 2 before anything starts.
+    are built and trained one step in a child process (`_target.preflight`),
+    so a missing module, a missing function, a function that exits or returns
+    no compiled model or unusable data exits 2, and one that hangs exits 3
+    after `timeout`, before anything starts.
     """
     spec = _target.parse(target)
     if not spec.text.startswith("builtin:"):
-        _devices.hide_gpus()  # The parent only inspects; the GPU is for the runs.
-        _target.build(spec.text)
+        _target.preflight(spec, timeout)
     return spec
 
 
@@ -270,7 +273,7 @@ def check(options: CheckOptions, progress: ProgressFn | None = None) -> dict[str
     """
     _validate(options)
     _perturb.parse(",".join(options.perturb))  # Unknown names: ValueError.
-    spec = preflight(options.target)
+    spec = preflight(options.target, options.timeout)
     devices: dict[str, Any] = {}
     gpu = _devices.gpu_visible() if options.device in ("gpu", "all") else False
     if options.device == "gpu" and not gpu:

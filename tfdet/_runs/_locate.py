@@ -242,7 +242,7 @@ def locate(
         RunFailedError: a run crashed or timed out.
     """
     validate(options)
-    spec = _check.preflight(options.target)
+    spec = _check.preflight(options.target, options.timeout)
     names = list(options.perturb)
     setups = _perturb.plan(2, names, options.cpu_isa)
     worker_spec = _check.make_worker_spec(spec, options)

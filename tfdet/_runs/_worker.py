@@ -30,11 +30,11 @@ def _seed_without_tfdet(seed: int, legacy: bool) -> None:
         tf_keras.utils.set_random_seed(seed)
 
 
-def _train_step(model: Any, x: Any, y: Any) -> dict[str, Any]:
+def _train_step(model: Any, x: Any, y: Any, weights: Any = None) -> dict[str, Any]:
     try:
-        logs = model.train_on_batch(x, y, return_dict=True)
+        logs = model.train_on_batch(x, y, sample_weight=weights, return_dict=True)
     except TypeError:  # tf_keras v1 (graph-mode) models have no return_dict.
-        outputs = model.train_on_batch(x, y)
+        outputs = model.train_on_batch(x, y, sample_weight=weights)
         outputs = outputs if isinstance(outputs, list) else [outputs]
         logs = dict(zip(model.metrics_names, outputs, strict=False))
     return dict(logs)
@@ -114,7 +114,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     model = built.model
     steps = []
     for step in range(spec["steps"]):
-        logs = _train_step(model, *built.batch(step))
+        logs = _train_step(model, *built.batch(step), built.sample_weight(step))
         steps.append(
             {
                 "step": step,
