@@ -95,7 +95,9 @@ class _Batches(keras.utils.PyDataset):
         return 4
 
     def __getitem__(self, index: int) -> tuple:
-        return self.x[index * 16 : (index + 1) * 16], self.y[index * 16 : (index + 1) * 16]
+        return self.x[index * 16 : (index + 1) * 16], self.y[
+            index * 16 : (index + 1) * 16
+        ]
 
 
 def py_dataset() -> tuple:

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from typing import Any
 
 PROGRESS_PREFIX = "tfdet-progress"
@@ -66,7 +67,14 @@ def start(spec: dict[str, Any]) -> Any:
 
     seed = spec["seed"]
     if spec["enable"]:
-        tfdet.enable(seed, threads=spec["threads"], cpu_isa=spec.get("cpu_isa", "AVX2"))
+        with warnings.catch_warnings():
+            # The parent sets each run's PYTHONHASHSEED on purpose (it is one
+            # of the perturbations); the warning would fill the stderr tail
+            # a failed run is reported with.
+            warnings.filterwarnings("ignore", "PYTHONHASHSEED", UserWarning)
+            tfdet.enable(
+                seed, threads=spec["threads"], cpu_isa=spec.get("cpu_isa", "AVX2")
+            )
     else:
         _seed_without_tfdet(seed, _versions.uses_legacy_keras())
     return _target.build(spec["target"], seed=seed)
