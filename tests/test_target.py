@@ -119,7 +119,11 @@ def _xy():
     [
         # os._exit cannot be caught in-process: only a child survives it.
         ("os_exits_zero", TargetError, r"ended \(exit status 0\)"),
-        ("wrong_input_shape", TargetError, "first training step failed.*incompatible"),
+        (
+            "wrong_input_shape",
+            TargetError,
+            r"\(batch, 8\)\. Received: a batch of shape \(32, 5\)",
+        ),
         ("hangs", RunFailedError, "within --timeout 5s"),
     ],
 )

@@ -384,38 +384,40 @@ def _is_dataset(data: Any) -> bool:
     return _is_tf_dataset(data) or _is_py_dataset(data)
 
 
-def check_trains(built: Built, text: str) -> None:
-    """Runs one training step on the first batch, as the runs will.
+def check_fits(built: Built, text: str) -> None:
+    """The first batch has the shape of the model's inputs.
 
-    Only in the preflight's throwaway process: a model whose inputs do not
-    fit its data fails here, with exit 2, instead of in every run.
+    Compared with the model's symbolic inputs (a model without them, e.g. a
+    subclassed one, is not checked), in the preflight: a model whose inputs do
+    not fit its data fails there with exit 2 instead of in every run. The
+    TARGET's training step itself is left to the runs, whose failure is exit 3.
 
     Raises:
-        TargetError: the step failed.
+        TargetError: a batch is not `(x, y)`, or x does not fit the inputs.
     """
-    try:
-        x, y = built.batch(0)
-        built.model.train_on_batch(x, y, sample_weight=built.sample_weight(0))
-    except TargetError:
-        raise
-    except Exception as error:  # Keras reports misfits in many types.
+    x, _ = built.batch(0)
+    inputs = getattr(built.model, "inputs", None)
+    if not inputs or isinstance(x, dict):
+        return
+    arrays = list(x) if isinstance(x, list | tuple) else [x]
+    if len(arrays) != len(inputs):
         raise TargetError(
-            f"Expected TARGET {text!r} to train on its own data. Received: the "
-            f"first training step failed: {type(error).__name__}: "
-            f"{_summary(str(error))}"
-        ) from error
-
-
-def _summary(message: str, limit: int = 600) -> str:
-    """A Keras error on one line: no colours, no echo of the arguments."""
-    lines = []
-    for line in re.sub(r"\x1b\[[0-9;]*m", "", message).splitlines():
-        if line.strip().startswith("Arguments received"):
-            break
-        if line.strip():
-            lines.append(line.strip())
-    text = " ".join(lines)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+            f"Expected x of TARGET {text!r} to hold one array per model input "
+            f"({len(inputs)}). Received: {len(arrays)}"
+        )
+    for index, (array, tensor) in enumerate(zip(arrays, inputs, strict=True)):
+        want = tuple(tensor.shape)[1:]
+        got = tuple(np.shape(array))
+        if len(got) != len(want) + 1 or any(
+            w is not None and w != g for w, g in zip(want, got[1:], strict=True)
+        ):
+            shape = ", ".join(
+                ["batch", *("None" if w is None else str(w) for w in want)]
+            )
+            raise TargetError(
+                f"Expected input {index} of TARGET {text!r} to have the shape of "
+                f"the model's input, ({shape}). Received: a batch of shape {got}"
+            )
 
 
 # TensorFlow's C++ start-up chatter, which says nothing about the TARGET.
@@ -425,7 +427,7 @@ _NOISE = re.compile(r"^(WARNING: All log messages before absl|[IW]\d{4} )")
 def preflight(
     spec: TargetSpec, timeout: float, env: dict[str, str] | None = None
 ) -> None:
-    """Builds TARGET and trains one step on it in a child process.
+    """Builds TARGET and checks its first batch in a child process.
 
     In a child, so that a TARGET that calls `os._exit`, crashes the
     interpreter or hangs cannot end or stall this process; it is killed, with
@@ -502,7 +504,7 @@ def _preflight_child(result_path: str, text: str) -> None:
     """The preflight's child: build, train one step, write the verdict."""
     try:
         built = build(text)
-        check_trains(built, text)
+        check_fits(built, text)
         result: dict[str, Any] = {"error": None}
     except TargetError as error:
         result = {"error": str(error)}
