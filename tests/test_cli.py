@@ -80,15 +80,21 @@ def test_version_prints_the_package_version(capsys):
     assert capsys.readouterr().out.strip() == f"tfdet {tfdet.__version__}"
 
 
-def test_json_dash_writes_the_report_to_stdout_with_the_version(tmp_path, capsys):
+def test_json_dash_writes_the_report_to_stdout_with_the_version(
+    tmp_path, capsys, monkeypatch
+):
     import tfdet
 
     def report(args):
+        _output.out("verdict: identical (exit 0)")
         _cli.write_json(args.json, {"verdict": "identical"})
         return 0
 
+    monkeypatch.setattr(_output, "_human_to_stderr", False)
     assert _cli.execute(_namespace(report, json="-")) == 0
-    assert json.loads(capsys.readouterr().out) == {
+    captured = capsys.readouterr()
+    assert "verdict: identical" in captured.err
+    assert json.loads(captured.out) == {
         "verdict": "identical",
         "tfdet_version": tfdet.__version__,
     }
@@ -126,6 +132,7 @@ def test_output_to_a_reader_that_went_away_is_dropped_not_raised(monkeypatch):
 
 def test_a_closed_stdout_does_not_fail_the_command(monkeypatch):
     monkeypatch.setattr(sys, "stdout", None)  # What Python sets for `>&-`.
+    monkeypatch.setattr(_output, "_human_to_stderr", False)
 
     def report(args):
         _output.out("verdict: identical (exit 0)")

@@ -114,7 +114,8 @@ def _check_json_destination(path: str | None) -> None:
 def write_json(path: str | None, data: Any) -> None:
     """Writes a subcommand's `--json` report (nothing when `path` is None).
 
-    `-` writes it to stdout. A dict report gets `tfdet_version`, so that a
+    `-` writes it to stdout (and `execute` sends the human report to
+    stderr, so stdout parses as JSON). A dict report gets `tfdet_version`, so that a
     report says which tfdet produced it.
     """
     if not path:
@@ -123,7 +124,7 @@ def write_json(path: str | None, data: Any) -> None:
         data = {**data, "tfdet_version": _version()}
     text = json.dumps(data, indent=2, sort_keys=True)
     if path == "-":
-        _output.out(text)
+        _output.json_out(text)
         return
     with open(path, "w", encoding="utf-8") as out:
         out.write(text)
@@ -138,6 +139,8 @@ def execute(args: argparse.Namespace) -> int:
     """
     try:
         _check_json_destination(getattr(args, "json", None))
+        if getattr(args, "json", None) == "-":
+            _output.reserve_stdout_for_json()
         return int(args.func(args))
     except Error as error:
         _report_error(error)

@@ -51,8 +51,24 @@ def _write(name: str, text: str) -> bool:
         return False
 
 
+# Set by `--json -`: stdout then carries the JSON report alone, so the human
+# report goes to stderr.
+_human_to_stderr = False
+
+
+def reserve_stdout_for_json() -> None:
+    """Sends `out()` to stderr from now on: stdout is for `--json -`."""
+    global _human_to_stderr
+    _human_to_stderr = True
+
+
 def out(text: str) -> bool:
-    """Prints `text` to stdout; returns whether it got there."""
+    """Prints the human report `text` to stdout; returns whether it got there."""
+    return _write("stderr" if _human_to_stderr else "stdout", text)
+
+
+def json_out(text: str) -> bool:
+    """Prints a `--json -` report to stdout; returns whether it got there."""
     return _write("stdout", text)
 
 
