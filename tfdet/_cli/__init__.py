@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Bit-for-bit reproducible Keras/TensorFlow training, and the proof.",
         epilog="Exit codes: 0 bit-identical / nothing found, 1 divergence or "
         "hazards found, 2 usage or bad input, 3 a run failed or timed out, "
-        "4 a requested device is not available.",
+        "4 a requested device is not available, 128 + N when stopped by signal N "
+        "(130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parser.add_argument("--version", action="version", version=f"tfdet {_version()}")
