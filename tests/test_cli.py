@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import json
+import os
+import signal
+import sys
+
+import pytest
 
 from tfdet import _cli
+from tfdet._cli import _output
 from tfdet._errors import DivergenceError, TargetError
 
 
@@ -62,3 +71,99 @@ def test_help_lists_every_subcommand(capsys):
     out = capsys.readouterr().out
     for name in ("check", "run", "env", "diff", "locate", "scan"):
         assert name in out
+
+
+def test_version_prints_the_package_version(capsys):
+    import tfdet
+
+    assert _cli.main(["tfdet", "--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"tfdet {tfdet.__version__}"
+
+
+def test_json_dash_writes_the_report_to_stdout_with_the_version(
+    tmp_path, capsys, monkeypatch
+):
+    import tfdet
+
+    def report(args):
+        _output.out("verdict: identical (exit 0)")
+        _cli.write_json(args.json, {"verdict": "identical"})
+        return 0
+
+    monkeypatch.setattr(_output, "_human_to_stderr", False)
+    assert _cli.execute(_namespace(report, json="-")) == 0
+    captured = capsys.readouterr()
+    assert "verdict: identical" in captured.err
+    assert json.loads(captured.out) == {
+        "verdict": "identical",
+        "tfdet_version": tfdet.__version__,
+    }
+    assert not (tmp_path / "-").exists() and not os.path.exists("-")
+    path = tmp_path / "report.json"
+    assert _cli.execute(_namespace(report, json=str(path))) == 0
+    assert json.loads(path.read_text())["tfdet_version"] == tfdet.__version__
+
+
+@pytest.mark.parametrize(
+    ("signum", "code"),
+    [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)],
+)
+def test_a_stop_signal_is_128_plus_its_number(signum, code):
+    def stopped(args):
+        raise _cli.Interrupted(signum)
+
+    assert _cli.execute(_namespace(stopped)) == code
+
+
+class _BrokenStream(io.StringIO):
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_output_to_a_reader_that_went_away_is_dropped_not_raised(monkeypatch):
+    # Writes go to streams with no descriptor here, so nothing else is touched.
+    monkeypatch.setattr(sys, "stdout", _BrokenStream())
+    monkeypatch.setattr(sys, "stderr", _BrokenStream())
+    assert _output.out("report") is False
+    assert _output.err("error") is False
+    _output.progress("  run 0: step 1/2")
+    _output.flush_at_exit()
+
+
+def test_a_closed_stdout_does_not_fail_the_command(monkeypatch):
+    monkeypatch.setattr(sys, "stdout", None)  # What Python sets for `>&-`.
+    monkeypatch.setattr(_output, "_human_to_stderr", False)
+
+    def report(args):
+        _output.out("verdict: identical (exit 0)")
+        _cli.write_json(args.json, {"verdict": "identical"})
+        return 0
+
+    assert _cli.execute(_namespace(report, json="-")) == 0
+
+
+def test_progress_that_would_block_is_dropped():
+    # A pipe nobody reads: fill it, then a progress line must return at once
+    # instead of waiting for a reader.
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                os.write(write_end, b"x" * 4096)
+        os.set_blocking(write_end, True)
+        stream = os.fdopen(write_end, "w", closefd=False)
+        real = sys.stderr
+        sys.stderr = stream
+        try:
+            _output.progress("  run 0: step 1/2")  # Would block forever if written.
+        finally:
+            sys.stderr = real
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_removed_indirections_are_gone():
+    assert not hasattr(_cli, "_available_subcommands")
+    assert not hasattr(_cli, "_app_main")

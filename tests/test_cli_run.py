@@ -7,6 +7,7 @@ processes (`python -m tfdet run ...`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -264,3 +265,64 @@ def test_ctrl_c_is_the_scripts_to_handle_and_its_status_passes_through(
     # KeyboardInterrupt traceback only: tfdet's process just waited.
     assert process.returncode == 128 + signal.SIGINT
     assert err.count("Traceback") == 1 and "sleeper.py" in err
+
+
+def test_sigterm_reaches_the_child_and_is_exit_143(tmp_path: Path) -> None:
+    # `kill PID` / `timeout` signal tfdet alone: the training child must not
+    # keep running under PID 1.
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(600)\n")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tfdet", "run", str(script)],
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    child = None
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+        child = int(children.read_text().split()[0])
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=300) == 128 + signal.SIGTERM
+        # tfdet waited for its child, so the child is gone, not orphaned.
+        assert not Path(f"/proc/{child}").exists() or _zombie(child)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_scripts_own_enable_with_another_seed_names_the_flag(tmp_path: Path) -> None:
+    script = tmp_path / "seeded.py"
+    script.write_text("import tfdet\ntfdet.enable(seed=42)\n")
+    proc = run_tfdet("run", str(script), timeout=300)
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert (
+        "the script calls enable(seed=42) but tfdet run pinned seed 0; pass "
+        "--seed 42 to tfdet run" in proc.stderr
+    )
+    assert "Traceback" not in proc.stderr
+
+
+def test_mismatch_message_names_every_flag() -> None:
+    from tfdet._errors import ProfileMismatchError
+    from tfdet._pin._launch import mismatch_message
+
+    error = ProfileMismatchError(
+        "x", {"threads": (1, 4), "cpu_isa": ("AVX2", None), "onednn": (None, False)}
+    )
+    assert mismatch_message(error).endswith(
+        "pass --threads 4 --cpu-isa none --no-onednn to tfdet run."
+    )

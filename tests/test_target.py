@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO
-from tfdet._errors import TargetError
+from tfdet._errors import RunFailedError, TargetError
 from tfdet._runs import _target
 
 MODELS = str(REPO / "tests" / "targets" / "check_models.py")
@@ -57,3 +57,83 @@ def test_categorical_labels_are_one_hot():
 def test_bad_functions_are_refused(function, message):
     with pytest.raises(TargetError, match=message):
         _target.build(f"{MODELS}:{function}")
+
+
+FAULTS = str(REPO / "tests" / "targets" / "fault_models.py")
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        (f"{FAULTS}:exits_zero", r"called sys\.exit\(0\) while being built"),
+        (
+            f"{REPO / 'tests' / 'targets' / 'exits_at_import.py'}:build",
+            r"called sys\.exit\(0\) while .*exits_at_import\.py' was imported",
+        ),
+        (f"{FAULTS}:no_loss", "compiled with a loss"),
+        (f"{FAULTS}:length_mismatch", "64 in x, 32 in y"),
+        (f"{FAULTS}:zero_samples", "0 samples"),
+        (f"{FAULTS}:strings_as_data", "Received: x=str"),
+        (f"{MODELS}:not_a_model", "Received: str"),
+    ],
+)
+def test_targets_that_exit_or_return_unusable_data_are_target_errors(target, message):
+    with pytest.raises(TargetError, match=message):
+        _target.build(target)
+
+
+def test_dataset_elements_without_labels_are_refused():
+    built = _target.build(f"{FAULTS}:tf_dataset_without_labels")
+    with pytest.raises(TargetError, match=r"\(x, y\)"):
+        built.batch(0)
+
+
+def test_tf_dataset_batches_are_taken_in_order_and_cycle():
+    built = _target.build(f"{FAULTS}:tf_dataset")
+    x, y = _xy()
+    assert not built.synthesized
+    for step, start in [(0, 0), (1, 16), (3, 48), (4, 0), (9, 16)]:
+        bx, by = built.batch(step)
+        assert np.array_equal(bx, x[start : start + 16])
+        assert np.array_equal(by, y[start : start + 16])
+    assert built.sample_weight(0) is None
+
+
+def test_sample_weights_and_py_datasets_are_data():
+    weighted = _target.build(f"{FAULTS}:tf_dataset_weighted")
+    assert np.asarray(weighted.sample_weight(1)).shape == (16,)
+    assert len(weighted.batch(1)) == 2
+    py = _target.build(f"{FAULTS}:py_dataset")
+    x, _ = _xy()
+    assert np.array_equal(py.batch(5)[0], x[16:32])  # 4 batches: step 5 is the 2nd
+
+
+def _xy():
+    from tests.targets import fault_models
+
+    return fault_models._xy()
+
+
+@pytest.mark.parametrize(
+    ("function", "error", "message"),
+    [
+        # os._exit cannot be caught in-process: only a child survives it.
+        ("os_exits_zero", TargetError, r"ended \(exit status 0\)"),
+        (
+            "wrong_input_shape",
+            TargetError,
+            r"\(batch, 8\)\. Received: a batch of shape \(32, 5\)",
+        ),
+        ("hangs", RunFailedError, "within --timeout 5s"),
+    ],
+)
+def test_preflight_survives_targets_that_exit_hang_or_do_not_fit(
+    function, error, message
+):
+    spec = _target.parse(f"{FAULTS}:{function}")
+    with pytest.raises(error, match=message):
+        _target.preflight(spec, timeout=5 if function == "hangs" else 300)
+
+
+def test_preflight_accepts_a_good_target():
+    _target.preflight(_target.parse(f"{FAULTS}:tf_dataset"), timeout=300)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import json
 import logging
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -21,18 +21,47 @@ from typing import Any
 from absl import app
 from absl.flags import argparse_flags
 
+from tfdet._cli import _output
 from tfdet._errors import EXIT_RUN_FAILED, EXIT_USAGE, Error
 
 # Subcommand modules, in the order `tfdet --help` lists them.
 SUBCOMMANDS = ("check", "run", "env", "diff", "locate", "scan")
 
+# The signals that end tfdet, each with the shell's exit code 128 + N; every
+# process tfdet started is killed first.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-def _available_subcommands() -> list[str]:
-    return [
-        name
-        for name in SUBCOMMANDS
-        if importlib.util.find_spec(f"tfdet._cli.{name}") is not None
-    ]
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal, raised in the main thread like Ctrl-C's KeyboardInterrupt.
+
+    A KeyboardInterrupt subclass, so that every `finally` and `except
+    KeyboardInterrupt` that cleans up after Ctrl-C (killing the runs' process
+    groups) also runs on SIGTERM and SIGHUP.
+
+    Attributes:
+        signum: The signal received.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+_received: list[int] = []
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    if _received:  # Already stopping: a second signal must not cut cleanup short.
+        return
+    _received.append(signum)
+    raise Interrupted(signum)
+
+
+def install_signal_handlers() -> None:
+    """Makes SIGINT, SIGTERM and SIGHUP raise `Interrupted` in the main thread."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _on_signal)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,12 +71,20 @@ def build_parser() -> argparse.ArgumentParser:
         description="Bit-for-bit reproducible Keras/TensorFlow training, and the proof.",
         epilog="Exit codes: 0 bit-identical / nothing found, 1 divergence or "
         "hazards found, 2 usage or bad input, 3 a run failed or timed out, "
-        "4 a requested device is not available.",
+        "4 a requested device is not available, 128 + N when stopped by signal N "
+        "(130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in _available_subcommands():
+    parser.add_argument("--version", action="version", version=f"tfdet {_version()}")
+    for name in SUBCOMMANDS:
         importlib.import_module(f"tfdet._cli.{name}").add_parser(subparsers)
     return parser
+
+
+def _version() -> str:
+    from tfdet import __version__
+
+    return __version__
 
 
 def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
@@ -56,12 +93,12 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def _report_error(error: BaseException) -> None:
-    print(f"tfdet: error: {error}", file=sys.stderr)
+    _output.err(f"tfdet: error: {error}")
 
 
 def _check_json_destination(path: str | None) -> None:
     """Fails before any work when `--json FILE` cannot be written."""
-    if not path:
+    if not path or path == "-":
         return
     existed = os.path.exists(path)
     try:
@@ -76,21 +113,35 @@ def _check_json_destination(path: str | None) -> None:
 
 
 def write_json(path: str | None, data: Any) -> None:
-    """Writes a subcommand's `--json` report (nothing when `path` is None)."""
-    if path:
-        with open(path, "w", encoding="utf-8") as out:
-            json.dump(data, out, indent=2, sort_keys=True)
+    """Writes a subcommand's `--json` report (nothing when `path` is None).
+
+    `-` writes it to stdout (and `execute` sends the human report to
+    stderr, so stdout parses as JSON). A dict report gets `tfdet_version`, so that a
+    report says which tfdet produced it.
+    """
+    if not path:
+        return
+    if isinstance(data, dict):
+        data = {**data, "tfdet_version": _version()}
+    text = json.dumps(data, indent=2, sort_keys=True)
+    if path == "-":
+        _output.json_out(text)
+        return
+    with open(path, "w", encoding="utf-8") as out:
+        out.write(text)
 
 
 def execute(args: argparse.Namespace) -> int:
     """Runs a parsed command and maps exceptions to exit codes.
 
     tfdet errors carry their own code; usage errors are 2; an interrupt is
-    130; any other exception is a bug in tfdet or beneath it, reported with
+    128 + the signal's number (130 for Ctrl-C); any other exception is a bug in tfdet or beneath it, reported with
     its traceback as exit 3, never as 0 ("equal") or 1 ("diverged").
     """
     try:
         _check_json_destination(getattr(args, "json", None))
+        if getattr(args, "json", None) == "-":
+            _output.reserve_stdout_for_json()
         return int(args.func(args))
     except Error as error:
         _report_error(error)
@@ -98,15 +149,20 @@ def execute(args: argparse.Namespace) -> int:
     except app.UsageError as error:
         _report_error(error)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("tfdet: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:
+        signum = getattr(interrupt, "signum", signal.SIGINT)
+        # Not through sys.stderr: a runs' reader thread may hold its lock,
+        # blocked on a pipe nobody reads.
+        _output.last_words(
+            f"tfdet: interrupted by {signal.Signals(signum).name}; every process "
+            "tfdet started was stopped"
+        )
+        return 128 + signum
     except Exception as error:  # noqa: BLE001 - the last line of defence
-        traceback.print_exc()
-        print(
+        _output.err(traceback.format_exc().rstrip("\n"))
+        _output.err(
             f"tfdet: internal error: {error!r}. No verdict was reached (exit "
-            f"{EXIT_RUN_FAILED}); please report this with the traceback above.",
-            file=sys.stderr,
+            f"{EXIT_RUN_FAILED}); please report this with the traceback above."
         )
         return EXIT_RUN_FAILED
 
@@ -125,14 +181,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     return execute(args)
 
 
-def _app_main(args: argparse.Namespace) -> int:
-    return execute(args)
-
-
 def run_main() -> None:
     """Console-script entry point (`tfdet`)."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     # absl's handler shows INFO; tfdet's own progress is in the report.
     logging.getLogger("tfdet").setLevel(logging.WARNING)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    app.run(_app_main, flags_parser=parse_flags)
+    install_signal_handlers()
+    try:
+        app.run(execute, flags_parser=parse_flags)
+        code: Any = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    except KeyboardInterrupt as interrupt:  # Outside `execute`: while parsing.
+        code = 128 + getattr(interrupt, "signum", signal.SIGINT)
+    if _received:
+        # The runs' reader threads may be blocked writing to a pipe nobody
+        # reads, holding the streams' locks: the interpreter's own flush at
+        # exit would wait for them forever. Every child is already dead.
+        os._exit(code if isinstance(code, int) else EXIT_RUN_FAILED)
+    _output.flush_at_exit()  # A reader that went away is not an error.
+    sys.exit(code)

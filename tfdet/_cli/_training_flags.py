@@ -9,13 +9,11 @@ options object validates.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import sys
-from typing import IO, Any
+from typing import Any
 
 from absl import app
 
+from tfdet._cli import _output
 from tfdet._pin import _settings
 from tfdet._runs import _builtins, _options, _perturb
 
@@ -100,24 +98,6 @@ def options(args: argparse.Namespace, **extra: Any) -> _options.RunOptions:
         raise app.UsageError(str(error)) from error
 
 
-def say(text: str, stream: IO[str] | None = None) -> None:
-    """Prints `text`; never raises, whoever reads (or closed) the stream.
-
-    The verdict must not depend on whether anyone reads the output: a closed
-    pipe (BrokenPipeError) or any other OSError is swallowed, and the stream
-    is pointed at the null device so that Python's flush at exit cannot fail
-    either.
-    """
-    stream = sys.stdout if stream is None else stream
-    try:
-        print(text, file=stream, flush=True)
-    except (OSError, ValueError):
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, stream.fileno())
-            os.close(null)
-
-
 def progress(message: str) -> None:
-    """Progress lines go to stderr while runs are going (never raises)."""
-    say(f"  {message}", sys.stderr)
+    """Progress lines go to stderr while runs are going."""
+    _output.progress(f"  {message}")

@@ -6,7 +6,7 @@ import argparse
 import warnings
 from typing import Any
 
-from tfdet._cli import write_json
+from tfdet._cli import _output, write_json
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_USAGE
 from tfdet._record import _diff, _trace
 
@@ -75,7 +75,7 @@ def execute(args: argparse.Namespace) -> int:
         b = _trace.read(args.b)
     comparison = _diff.compare(a, b)
     write_json(args.json, {"a": args.a, "b": args.b, **comparison.to_dict()})
-    print(format_comparison(comparison))
+    _output.out(format_comparison(comparison))
     if comparison.empty:
         return EXIT_USAGE
     return EXIT_OK if comparison.identical else EXIT_DIVERGED

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tfdet._cli import write_json
+from tfdet._cli import _output, write_json
 from tfdet._pin import _environment
 
 
@@ -45,6 +45,6 @@ def format_fingerprint(facts: dict) -> str:
 
 def execute(args: argparse.Namespace) -> int:
     facts = _environment.fingerprint()
-    print(format_fingerprint(facts))
+    _output.out(format_fingerprint(facts))
     write_json(args.json, facts)
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tfdet._cli import _training_flags, write_json
+from tfdet._cli import _output, _training_flags, write_json
 from tfdet._runs import _locate
 
 
@@ -73,5 +73,5 @@ def execute(args: argparse.Namespace) -> int:
     report = _locate.locate(options, progress=_training_flags.progress)
     # The file first: a closed stdout must not lose the machine-readable report.
     write_json(args.json, report)
-    _training_flags.say(format_report(report))
+    _output.out(format_report(report))
     return report["exit_code"]

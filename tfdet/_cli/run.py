@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.machinery
 import importlib.util
 import json
@@ -123,22 +124,56 @@ def _module_exists(name: str) -> bool:
     return importlib.util.find_spec(top) is not None
 
 
-def _run_child(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    """Runs the child; Ctrl-C is the child's to handle, not this process's.
+# Seconds a child gets to exit after tfdet forwarded SIGTERM or SIGHUP to it,
+# before it is killed: tfdet never exits with its child still running.
+STOP_GRACE_SECONDS = 10.0
 
-    The terminal sends SIGINT to both processes. The child's script decides
-    what it means (and its exit status is passed through); this process only
-    waits for it, instead of dying with a traceback of its own. A no-op
-    handler rather than SIG_IGN: ignored signals would stay ignored in the
+
+def _run_child(command: list[str], env: dict[str, str]) -> int:
+    """Runs the child and returns its exit status as a shell reports it.
+
+    Ctrl-C is the child's to handle: the terminal sends SIGINT to both
+    processes, the child's script decides what it means (and its exit status
+    is passed through), and this process only waits for it. SIGTERM and
+    SIGHUP, which `kill` and `timeout` send to this process alone, are
+    forwarded to the child, which is killed if it has not exited
+    `STOP_GRACE_SECONDS` later; the exit status is then 128 + the signal.
+    Handlers rather than SIG_IGN: ignored signals would stay ignored in the
     child across exec, handlers are reset.
     """
+    process = subprocess.Popen(command, env=env)
     if threading.current_thread() is not threading.main_thread():
-        return subprocess.run(command, env=env, check=False)
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+        return _shell_status(process.wait())
+    received: list[int] = []
+    killer = threading.Timer(STOP_GRACE_SECONDS, process.kill)
+    killer.daemon = True
+
+    def on_signal(signum: int, frame: object) -> None:
+        if signum == signal.SIGINT:
+            return
+        if not received:
+            received.append(signum)
+            killer.start()
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signum)
+
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {signum: signal.signal(signum, on_signal) for signum in stops}
     try:
-        return subprocess.run(command, env=env, check=False)
+        returncode = process.wait()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        killer.cancel()
+        if process.poll() is None:  # Only if wait() itself failed.
+            process.kill()
+            process.wait()
+    return 128 + received[0] if received else _shell_status(returncode)
+
+
+def _shell_status(returncode: int) -> int:
+    # A child killed by signal N reports -N; shells report 128 + N.
+    return returncode if returncode >= 0 else 128 - returncode
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -179,10 +214,4 @@ def execute(args: argparse.Namespace) -> int:
         kind,
         target,
     ]
-    completed = _run_child([*command, *arguments], env)
-    # A child killed by signal N reports -N; shells report 128 + N.
-    return (
-        completed.returncode
-        if completed.returncode >= 0
-        else 128 - completed.returncode
-    )
+    return _run_child([*command, *arguments], env)

@@ -8,7 +8,7 @@ import warnings
 
 from absl import app
 
-from tfdet._cli import write_json
+from tfdet._cli import _output, write_json
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError
 from tfdet._runs import _target
 
@@ -34,7 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "with tfdet's patches. The scan runs on the CPU only: any GPU is "
         "hidden from TensorFlow in the scan process before it starts, so a "
         "refused op is listed rather than raised. Exit 1 if a hazard remains, "
-        "0 otherwise, 2 for bad input, 3 if the training step itself fails.",
+        "0 otherwise, 2 for bad input, 3 if the training step itself fails "
+        "or building the TARGET times out.",
     )
     parser.add_argument(
         "target",
@@ -134,6 +135,12 @@ def _check_seed(seed: int) -> None:
 def execute(args: argparse.Namespace) -> int:
     _check_seed(args.seed)  # Before TF starts, with or without --no-enable.
     spec = _target.parse(args.target)  # TargetError (exit 2) before TF starts.
+    if not spec.text.startswith("builtin:"):
+        # Built once in a child first: a TARGET that calls os._exit or hangs
+        # cannot end this process with its own status, or stall it.
+        from tfdet._runs import _check
+
+        _target.preflight(spec, _check.DEFAULT_TIMEOUT)
     if spec.legacy_keras:
         # The CLI process is fresh: tf.keras must resolve to tf_keras before
         # TensorFlow is imported.
@@ -174,6 +181,6 @@ def execute(args: argparse.Namespace) -> int:
         raise RunFailedError(
             f"Tracing the training step of TARGET {spec.text!r} failed: {error!r}"
         ) from error
-    print(format_report(report))
+    _output.out(format_report(report))
     write_json(args.json, report.to_dict())
     return EXIT_DIVERGED if report.findings else EXIT_OK

@@ -12,6 +12,33 @@ import os
 import runpy
 import sys
 
+from tfdet._errors import EXIT_USAGE, ProfileMismatchError
+
+# `tfdet run`'s flag for each profile setting a script's own enable() may ask for.
+_FLAGS = {"seed": "--seed", "threads": "--threads", "cpu_isa": "--cpu-isa"}
+
+
+def mismatch_message(error: ProfileMismatchError) -> str:
+    """What to pass to `tfdet run` so that the script's enable() agrees."""
+    asked, pinned, fixes = [], [], []
+    for key, (active, requested) in error.differences.items():
+        asked.append(f"{key}={requested!r}")
+        pinned.append(f"{key} {active!r}")
+        if key in _FLAGS:
+            value = "none" if key == "cpu_isa" and requested is None else requested
+            fixes.append(f"{_FLAGS[key]} {value}")
+        elif key == "onednn" and requested is not None:
+            fixes.append("--onednn" if requested else "--no-onednn")
+    fix = (
+        f"pass {' '.join(fixes)} to tfdet run"
+        if len(fixes) == len(asked)
+        else "call enable() in the script with the settings tfdet run pinned"
+    )
+    return (
+        f"the script calls enable({', '.join(asked)}) but tfdet run pinned "
+        f"{', '.join(pinned)}; {fix}."
+    )
+
 
 def main(argv: list[str]) -> None:
     """Enables tfdet with the JSON settings, then runs the script or module."""
@@ -20,6 +47,16 @@ def main(argv: list[str]) -> None:
 
     tfdet.enable(**json.loads(settings))
     sys.argv = [target, *args]
+    try:
+        _run(kind, target)
+    except ProfileMismatchError as error:
+        # The script's own enable() asks for other settings than the flags:
+        # a usage error of `tfdet run`, not a crash of the script.
+        sys.stderr.write(f"tfdet: error: {mismatch_message(error)}\n")
+        sys.exit(EXIT_USAGE)
+
+
+def _run(kind: str, target: str) -> None:
     if kind == "module":
         # As `python -m`: sys.path[0] stays the working directory.
         runpy.run_module(target, run_name="__main__", alter_sys=True)

@@ -307,7 +307,7 @@ def check(options: RunOptions, progress: ProgressFn | None = None) -> dict[str, 
         DeviceUnavailableError: `device="gpu"` without a visible GPU.
         Error: `options.traces` cannot be written (exit 2).
     """
-    _spawn.preflight(options.target_spec)
+    _spawn.preflight(options.target_spec, options.timeout)
     gpu = _devices.gpu_visible() if options.device in ("gpu", "all") else False
     if options.device == "gpu" and not gpu:
         raise DeviceUnavailableError(

@@ -220,7 +220,7 @@ def locate(options: RunOptions, progress: ProgressFn | None = None) -> dict[str,
         RunFailedError: a run crashed or timed out.
     """
     spec = options.target_spec
-    _spawn.preflight(spec)
+    _spawn.preflight(spec, options.timeout)
     names = list(options.perturb)
     setups = _perturb.plan(2, names, options.cpu_isa)
     worker_spec = _spawn.make_worker_spec(options)

@@ -22,7 +22,6 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from tfdet._pin import _devices
 from tfdet._runs import _target
 from tfdet._runs._options import RunOptions
 from tfdet._runs._perturb import RunSetup
@@ -34,20 +33,21 @@ STDERR_TAIL_LINES = 25
 ProgressFn = Callable[[str], None]
 
 
-def preflight(spec: _target.TargetSpec) -> None:
-    """Checks the TARGET in this process before any run is spawned.
+def preflight(spec: _target.TargetSpec, timeout: float) -> None:
+    """Checks the TARGET before any run is spawned.
 
     Built-in targets are known to be good (parsing checked them); other
-    targets are imported and called once, so a missing module, a missing
-    function or a function that returns no compiled model exits 2 before
-    anything starts.
+    targets are built once in a child process (`_target.preflight`), so a
+    missing module or function, a function that exits or returns no compiled
+    model or unusable data exits 2, and one that hangs exits 3 after
+    `timeout`, before anything starts.
 
     Raises:
         TargetError: the TARGET cannot be built.
+        RunFailedError: building it took longer than `timeout`.
     """
     if not spec.text.startswith("builtin:"):
-        _devices.hide_gpus()  # The parent only inspects; the GPU is for the runs.
-        _target.build(spec.text)
+        _target.preflight(spec, timeout)
 
 
 def run_environment(spec: _target.TargetSpec, device: str) -> dict[str, str]:

@@ -2,30 +2,54 @@
 
 A TARGET is `package.module:function`, `path/to/file.py:function`, or
 `builtin:NAME` (see `tfdet._runs._builtins`); None means `builtin:cnn`. The function
-takes no arguments and returns a compiled Keras model or `(model, x, y)`.
-Without data, batches are synthesized from the model's input and output specs
-with a seeded NumPy generator.
+takes no arguments and returns a compiled Keras model, `(model, x, y)` with
+arrays (or lists/dicts of arrays) whose first axis is samples, or `(model,
+dataset)` / `(model, dataset, None)` with a `tf.data.Dataset` or a Keras
+`PyDataset` whose elements are batches `(x, y)` or `(x, y, sample_weight)`,
+taken in order. Without data, batches are synthesized from the model's input
+and output specs with a seeded NumPy generator.
+
+`preflight` builds the TARGET once in a child process before any run is
+spawned, so that a TARGET that exits, hangs, or returns data tfdet cannot
+train on fails with exit 2 or 3 and a message, never with another command's
+verdict or exit code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib
 import importlib.util
+import json
 import os
+import re
+import signal
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from tfdet._errors import TargetError
+from tfdet._errors import RunFailedError, TargetError
 from tfdet._runs import _builtins
 
 DEFAULT_TARGET = "builtin:cnn"
 DEFAULT_BATCH_SIZE = 32
 _SYNTHETIC_BATCHES = 2
+PREFLIGHT_MODULE = "tfdet._runs._target"
+_STDERR_TAIL_LINES = 15
+
+
+def _exit_message(what: str, exit_: SystemExit) -> str:
+    return (
+        f"the TARGET called sys.exit({exit_.code!r}) while {what}; a TARGET "
+        "function must return a model, not exit (move a script's "
+        "`sys.exit(main())` under `if __name__ == '__main__':`)"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +123,10 @@ def load_function(spec: TargetSpec) -> Callable[[], Any]:
         _prepend_to_path(os.path.dirname(path))
         try:
             module_spec.loader.exec_module(module)
+        except SystemExit as exit_:
+            raise TargetError(
+                _exit_message(f"{module_name!r} was imported", exit_)
+            ) from None
         except Exception as error:
             raise TargetError(f"Importing {module_name!r} failed: {error!r}") from error
     else:
@@ -107,6 +135,10 @@ def load_function(spec: TargetSpec) -> Callable[[], Any]:
         _prepend_to_path(os.getcwd())
         try:
             module = importlib.import_module(module_name)
+        except SystemExit as exit_:
+            raise TargetError(
+                _exit_message(f"{module_name!r} was imported", exit_)
+            ) from None
         except Exception as error:  # An import can fail in any way.
             raise TargetError(
                 f"Expected TARGET's module to be importable. Received: "
@@ -127,25 +159,61 @@ class Built:
 
     Attributes:
         model: The compiled Keras model.
-        x: Inputs (an array, or a list/dict of arrays), first axis = samples.
+        x: Inputs (an array, or a list/dict of arrays), first axis = samples;
+            None when the data is a dataset.
         y: Targets, same layout.
-        batch_size: Samples per `train_on_batch` call.
+        batch_size: Samples per `train_on_batch` call (None for a dataset,
+            whose elements are batches).
         synthesized: Whether the data was made up by tfdet.
+        dataset: A `tf.data.Dataset` or Keras `PyDataset`, or None.
     """
 
     model: Any
     x: Any
     y: Any
-    batch_size: int
+    batch_size: int | None
     synthesized: bool
+    dataset: Any = None
+    _batches: list[tuple[Any, ...]] = dataclasses.field(
+        default_factory=list, repr=False
+    )
+    _iterator: Any = dataclasses.field(default=None, repr=False)
+    _epoch: int | None = dataclasses.field(default=None, repr=False)
 
     def batch(self, step: int) -> tuple[Any, Any]:
-        """The batch for `step`, cycling through the data."""
-        count = _num_samples(self.x)
-        batches = max(1, count // self.batch_size)
-        start = (step % batches) * self.batch_size
-        end = min(start + self.batch_size, count)
-        return _slice(self.x, start, end), _slice(self.y, start, end)
+        """The `(x, y)` batch for `step`, cycling through the data."""
+        return self._element(step)[:2]  # type: ignore[return-value]
+
+    def sample_weight(self, step: int) -> Any:
+        """The batch's sample weights (dataset elements of 3), or None."""
+        element = self._element(step)
+        return element[2] if len(element) > 2 else None
+
+    def _element(self, step: int) -> tuple[Any, ...]:
+        if self.dataset is None:
+            count = _num_samples(self.x)
+            batches = max(1, count // self.batch_size)
+            start = (step % batches) * self.batch_size
+            end = min(start + self.batch_size, count)
+            return _slice(self.x, start, end), _slice(self.y, start, end)
+        if _is_py_dataset(self.dataset):
+            return _as_element(self.dataset[step % len(self.dataset)])
+        # A tf.data.Dataset is read once, in order; its batches are kept so
+        # that steps past its end cycle through it, as the array data does.
+        while self._epoch is None and step >= len(self._batches):
+            if self._iterator is None:
+                self._iterator = iter(self.dataset)
+            try:
+                element = next(self._iterator)
+            except StopIteration:
+                self._epoch = len(self._batches)
+                break
+            self._batches.append(_as_element(element))
+        if not self._batches:
+            raise TargetError("Expected a dataset with batches. Received: none")
+        if self._epoch is not None:
+            step %= self._epoch
+        return self._batches[step]
 
 
 def _num_samples(data: Any) -> int:
@@ -162,6 +230,71 @@ def _slice(data: Any, start: int, end: int) -> Any:
     if isinstance(data, list | tuple):
         return [value[start:end] for value in data]
     return data[start:end]
+
+
+def _as_element(element: Any) -> tuple[Any, ...]:
+    """A dataset element as `(x, y)` or `(x, y, sample_weight)`."""
+    if isinstance(element, list):
+        element = tuple(element)
+    if not isinstance(element, tuple) or len(element) not in (2, 3):
+        received = (
+            f"a tuple of {len(element)}"
+            if isinstance(element, tuple)
+            else type(element).__name__
+        )
+        raise TargetError(
+            "Expected each dataset element to be a batch `(x, y)` or `(x, y, "
+            f"sample_weight)`. Received: {received}. tfdet trains with "
+            "`train_on_batch`, which needs targets: map the dataset to (x, y) "
+            "pairs and batch it."
+        )
+    return element
+
+
+def _is_tf_dataset(data: Any) -> bool:
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(data, tf.data.Dataset)
+
+
+def _is_py_dataset(data: Any) -> bool:
+    # Keras 3 `PyDataset` and tf_keras `Sequence`: indexable batches.
+    return (
+        hasattr(data, "__getitem__")
+        and hasattr(data, "__len__")
+        and not isinstance(data, np.ndarray | list | tuple | dict | str | bytes)
+        and any(cls.__name__ in ("PyDataset", "Sequence") for cls in type(data).__mro__)
+    )
+
+
+def _describe(data: Any) -> str:
+    shape = getattr(data, "shape", None)
+    kind = type(data).__name__
+    return f"{kind} of shape {tuple(shape)}" if shape is not None else kind
+
+
+def _check_arrays(text: str, x: Any, y: Any) -> None:
+    """x and y are arrays with the same, non-zero number of samples."""
+    counts = []
+    for name, data in (("x", x), ("y", y)):
+        try:
+            counts.append(_num_samples(data))
+        except (TypeError, IndexError, StopIteration, ValueError):
+            raise TargetError(
+                f"Expected TARGET {text!r} to return (model, x, y) with arrays "
+                "(or lists/dicts of arrays) whose first axis is samples, or "
+                "(model, dataset) with a tf.data.Dataset or keras PyDataset. "
+                f"Received: {name}={_describe(data)}"
+            ) from None
+    if counts[0] != counts[1]:
+        raise TargetError(
+            f"Expected x and y of TARGET {text!r} to have as many samples. "
+            f"Received: {counts[0]} in x, {counts[1]} in y"
+        )
+    if counts[0] == 0:
+        raise TargetError(
+            f"Expected TARGET {text!r} to return at least one sample. Received: "
+            "x and y with 0 samples"
+        )
 
 
 def _is_keras_model(model: Any) -> bool:
@@ -192,8 +325,8 @@ def build(text: str | None, seed: int = 0) -> Built:
         seed: Seed of the generator that synthesizes data.
 
     Raises:
-        TargetError: the target cannot be loaded, or does not return a
-            compiled Keras model (or a `(model, x, y)` tuple).
+        TargetError: the target cannot be loaded, exits, or does not return a
+            compiled Keras model (or a model and data tfdet can train on).
     """
     spec = parse(text)
     function = load_function(spec)
@@ -201,33 +334,182 @@ def build(text: str | None, seed: int = 0) -> Built:
         result = function()
     except TargetError:
         raise
+    except SystemExit as exit_:
+        raise TargetError(_exit_message("being built", exit_)) from None
     except Exception as error:
         raise TargetError(f"TARGET {spec.text!r} raised {error!r}") from error
-    x = y = None
+    expected = (
+        f"Expected TARGET {spec.text!r} to return a compiled Keras model, "
+        "(model, x, y), or (model, dataset) with a tf.data.Dataset or keras "
+        "PyDataset of (x, y) batches."
+    )
+    x = y = dataset = None
     if isinstance(result, tuple):
-        if len(result) != 3:
+        if len(result) == 3 and _is_dataset(result[1]) and result[2] is None:
+            result = result[:2]  # `(model, dataset, None)`, as for `fit`.
+        if len(result) == 2 and _is_dataset(result[1]):
+            model, dataset = result
+        elif len(result) == 3 and not _is_dataset(result[1]):
+            model, x, y = result
+        else:
+            kinds = ", ".join(type(item).__name__ for item in result)
             raise TargetError(
-                f"Expected TARGET {spec.text!r} to return a model or (model, x, y). "
-                f"Received: a tuple of {len(result)}"
+                f"{expected} Received: a tuple of {len(result)} ({kinds})"
             )
-        model, x, y = result
     else:
         model = result
     if not _is_keras_model(model):
-        raise TargetError(
-            f"Expected TARGET {spec.text!r} to return a compiled Keras model or "
-            f"(model, x, y). Received: {type(model).__name__}"
-        )
+        raise TargetError(f"{expected} Received: {type(model).__name__}")
     if not _is_compiled(model):
         raise TargetError(
             f"Expected TARGET {spec.text!r} to return a compiled model. Call "
             "`model.compile(optimizer=..., loss=...)` before returning it."
         )
+    if getattr(model, "loss", None) is None:
+        raise TargetError(
+            f"Expected TARGET {spec.text!r} to return a model compiled with a "
+            "loss. Received: loss=None. Pass `loss=...` to `model.compile`."
+        )
+    if dataset is not None:
+        return Built(model, None, None, None, synthesized=False, dataset=dataset)
     if x is None:
         x, y = synthesize(model, seed)
         return Built(model, x, y, DEFAULT_BATCH_SIZE, synthesized=True)
+    _check_arrays(spec.text, x, y)
     batch_size = min(DEFAULT_BATCH_SIZE, _num_samples(x))
     return Built(model, x, y, batch_size, synthesized=False)
+
+
+def _is_dataset(data: Any) -> bool:
+    return _is_tf_dataset(data) or _is_py_dataset(data)
+
+
+def check_fits(built: Built, text: str) -> None:
+    """The first batch has the shape of the model's inputs.
+
+    Compared with the model's symbolic inputs (a model without them, e.g. a
+    subclassed one, is not checked), in the preflight: a model whose inputs do
+    not fit its data fails there with exit 2 instead of in every run. The
+    TARGET's training step itself is left to the runs, whose failure is exit 3.
+
+    Raises:
+        TargetError: a batch is not `(x, y)`, or x does not fit the inputs.
+    """
+    x, _ = built.batch(0)
+    inputs = getattr(built.model, "inputs", None)
+    if not inputs or isinstance(x, dict):
+        return
+    arrays = list(x) if isinstance(x, list | tuple) else [x]
+    if len(arrays) != len(inputs):
+        raise TargetError(
+            f"Expected x of TARGET {text!r} to hold one array per model input "
+            f"({len(inputs)}). Received: {len(arrays)}"
+        )
+    for index, (array, tensor) in enumerate(zip(arrays, inputs, strict=True)):
+        want = tuple(tensor.shape)[1:]
+        got = tuple(np.shape(array))
+        if len(got) != len(want) + 1 or any(
+            w is not None and w != g for w, g in zip(want, got[1:], strict=True)
+        ):
+            shape = ", ".join(
+                ["batch", *("None" if w is None else str(w) for w in want)]
+            )
+            raise TargetError(
+                f"Expected input {index} of TARGET {text!r} to have the shape of "
+                f"the model's input, ({shape}). Received: a batch of shape {got}"
+            )
+
+
+# TensorFlow's C++ start-up chatter, which says nothing about the TARGET.
+_NOISE = re.compile(r"^(WARNING: All log messages before absl|[IW]\d{4} )")
+
+
+def preflight(
+    spec: TargetSpec, timeout: float, env: dict[str, str] | None = None
+) -> None:
+    """Builds TARGET and checks its first batch in a child process.
+
+    In a child, so that a TARGET that calls `os._exit`, crashes the
+    interpreter or hangs cannot end or stall this process; it is killed, with
+    anything it started, after `timeout` seconds or when this process is
+    interrupted.
+
+    Args:
+        spec: The parsed TARGET.
+        timeout: Seconds the build may take.
+        env: The child's environment (default: this process's, GPUs hidden:
+            the GPU is for the runs).
+
+    Raises:
+        TargetError: the TARGET cannot be built or trained, or ends the process.
+        RunFailedError: the build did not finish within `timeout`.
+    """
+    if env is None:
+        env = dict(os.environ)
+        env["CUDA_VISIBLE_DEVICES"] = "-1"
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        if spec.legacy_keras:
+            env["TF_USE_LEGACY_KERAS"] = "1"
+    with tempfile.TemporaryDirectory(prefix="tfdet-preflight-") as workdir:
+        result_path = os.path.join(workdir, "result.json")
+        log_path = os.path.join(workdir, "output.log")
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", PREFLIGHT_MODULE, result_path, spec.text],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,  # Its group is killed with anything in it.
+            )
+            try:
+                returncode = process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise RunFailedError(
+                    f"Expected TARGET {spec.text!r} to be built within --timeout "
+                    f"{timeout:g}s. Received: still building after {timeout:g}s, "
+                    "stopped. Raise --timeout, or make the TARGET function return "
+                    "sooner."
+                ) from None
+            finally:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        try:
+            with open(result_path, encoding="utf-8") as handle:
+                result = json.load(handle)
+        except (OSError, ValueError):
+            result = None
+        if result is None:
+            with open(log_path, encoding="utf-8", errors="replace") as handle:
+                lines = [line for line in handle if not _NOISE.match(line)]
+            tail = "".join(lines[-_STDERR_TAIL_LINES:]).rstrip()
+            how = (
+                f"killed by signal {-returncode}"
+                if returncode < 0
+                else f"exit status {returncode}"
+            )
+            raise TargetError(
+                f"Expected TARGET {spec.text!r} to return a model. Received: the "
+                f"process building it ended ({how}) before the function returned "
+                "(an `os._exit`, or a crash in native code); a TARGET function "
+                "must return a model, not exit."
+                + (f" Its output ends:\n{tail}" if tail else "")
+            )
+        if result.get("error"):
+            raise TargetError(result["error"])
+
+
+def _preflight_child(result_path: str, text: str) -> None:
+    """The preflight's child: build, train one step, write the verdict."""
+    try:
+        built = build(text)
+        check_fits(built, text)
+        result: dict[str, Any] = {"error": None}
+    except TargetError as error:
+        result = {"error": str(error)}
+    with open(result_path, "w", encoding="utf-8") as handle:
+        json.dump(result, handle)
 
 
 def _loss_name(model: Any) -> str:
@@ -316,3 +598,7 @@ def synthesize(model: Any, seed: int) -> tuple[Any, Any]:
         else:
             ys.append(rng.standard_normal(shape).astype(np.float32))
     return (xs[0] if len(xs) == 1 else xs), (ys[0] if len(ys) == 1 else ys)
+
+
+if __name__ == "__main__":
+    _preflight_child(sys.argv[1], sys.argv[2])

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from typing import Any
 
 PROGRESS_PREFIX = "tfdet-progress"
@@ -33,11 +34,11 @@ def _seed_without_tfdet(seed: int, legacy: bool) -> None:
         tf_keras.utils.set_random_seed(seed)
 
 
-def _train_step(model: Any, x: Any, y: Any) -> dict[str, Any]:
+def _train_step(model: Any, x: Any, y: Any, weights: Any = None) -> dict[str, Any]:
     try:
-        logs = model.train_on_batch(x, y, return_dict=True)
+        logs = model.train_on_batch(x, y, sample_weight=weights, return_dict=True)
     except TypeError:  # tf_keras v1 (graph-mode) models have no return_dict.
-        outputs = model.train_on_batch(x, y)
+        outputs = model.train_on_batch(x, y, sample_weight=weights)
         outputs = outputs if isinstance(outputs, list) else [outputs]
         logs = dict(zip(model.metrics_names, outputs, strict=False))
     return dict(logs)
@@ -62,7 +63,12 @@ def start(spec: dict[str, Any]) -> Any:
 
     seed = spec["seed"]
     if spec["enable"]:
-        tfdet.enable(seed, threads=spec["threads"], cpu_isa=spec["cpu_isa"])
+        with warnings.catch_warnings():
+            # The parent sets each run's PYTHONHASHSEED on purpose (it is one
+            # of the perturbations); the warning would fill the stderr tail
+            # a failed run is reported with.
+            warnings.filterwarnings("ignore", "PYTHONHASHSEED", UserWarning)
+            tfdet.enable(seed, threads=spec["threads"], cpu_isa=spec["cpu_isa"])
     else:
         _seed_without_tfdet(seed, _versions.uses_legacy_keras())
     return _target.build(spec["target"], seed=seed)
@@ -114,7 +120,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     writer = None
     try:
         for step in range(spec["steps"]):
-            logs = _train_step(model, *built.batch(step))
+            logs = _train_step(model, *built.batch(step), built.sample_weight(step))
             if writer is None:
                 # After the first step: a model may create its weights then.
                 header = _trace.make_header(
