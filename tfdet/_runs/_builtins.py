@@ -1,6 +1,6 @@
 """Built-in TARGETs (`builtin:NAME`), so `tfdet check` works out of the box.
 
-`cnn` is a Keras 3 port of the model in keras-team/keras#12724 (FACTS.md): the
+`cnn` is a Keras 3 port of the model in keras-team/keras#12724: the
 issue where every seed was set and the loss of the second `train_on_batch`
 still came out as one of two values. The `keras_issue*` targets reproduce that
 issue's exact scenario as regression tests.
