@@ -198,7 +198,9 @@ def _check_device(
     workdir: str,
 ) -> dict[str, Any]:
     names = list(options.perturb)
-    setups = _perturb.plan(options.runs, names, options.cpu_isa)
+    setups = _perturb.plan(
+        options.runs, names, _perturb.pinned_cap(options), options.threads
+    )
     env = run_environment(spec, device)
     worker_spec = make_worker_spec(spec, options)
 
@@ -219,7 +221,7 @@ def _check_device(
         "runs": [_run_report(outcome) for outcome in outcomes],
         "steps": options.steps,
         "perturbations": names,
-        "perturbations_skipped": _perturb.skipped(names, options.cpu_isa),
+        "perturbations_skipped": _perturb.skipped(names, _perturb.pinned_cap(options)),
         "divergence": None,
     }
     failed = [outcome for outcome in outcomes if not outcome.ok]
@@ -269,7 +271,7 @@ def check(options: CheckOptions, progress: ProgressFn | None = None) -> dict[str
         DeviceUnavailableError: `device="gpu"` without a visible GPU.
     """
     _validate(options)
-    _perturb.parse(",".join(options.perturb))  # Unknown names: ValueError.
+    _perturb.validate(options.perturb)  # Unknown or repeated names: ValueError.
     spec = preflight(options.target)
     devices: dict[str, Any] = {}
     gpu = _devices.gpu_visible() if options.device in ("gpu", "all") else False

@@ -244,7 +244,7 @@ def locate(
     validate(options)
     spec = _check.preflight(options.target)
     names = list(options.perturb)
-    setups = _perturb.plan(2, names, options.cpu_isa)
+    setups = _perturb.plan(2, names, _perturb.pinned_cap(options), options.threads)
     worker_spec = _check.make_worker_spec(spec, options)
 
     def on_step(index: int, done: int, total: int) -> None:
@@ -281,7 +281,7 @@ def locate(
         "enable": options.enable,
         "steps": options.steps,
         "perturbations": names,
-        "perturbations_skipped": _perturb.skipped(names, options.cpu_isa),
+        "perturbations_skipped": _perturb.skipped(names, _perturb.pinned_cap(options)),
         "runs": [
             {
                 "index": outcome.setup.index,
