@@ -161,7 +161,9 @@ _MICROARCHITECTURE = (
     "another microarchitecture: measured, an AMD EPYC and an Intel Xeon "
     "Sapphire Rapids under the same profile (threads=1, AVX2 cap) gave "
     "different weights for Conv2D+BatchNorm (SGD) and Dense+GELU "
-    "(Adam, ExponentialDecay) models, equal ones for plain Dense/Conv2D+SGD",
+    "(Adam, ExponentialDecay) models, equal ones for plain Dense/Conv2D+SGD; "
+    "likely through the vendor-specific approximate instructions (RSQRTPS, "
+    "RCPPS) behind Eigen's rsqrt, reciprocal and erfc (exact GELU)",
 )
 CPU_FACT_EFFECTS: dict[str, tuple[str, str]] = {
     "cpu_vendor": _MICROARCHITECTURE,

@@ -66,6 +66,11 @@ NOT_IMITATED = {
     "cpu_vendor": "The CPU vendor: an AMD and an Intel CPU run different "
     "microcode and, in oneDNN and Eigen, sometimes different code paths; "
     "measured, they gave different weights for BatchNorm/GELU/Adam models.",
+    "approximate_instructions": "The CPU's own results for approximate "
+    "instructions (RSQRTPS, RCPPS), from which Eigen's rsqrt, reciprocal, "
+    "erfc (exact GELU) and softmax start: they are implementation-specific, "
+    "and under QEMU's emulation of them those ops changed bits while sqrt, "
+    "division, exp, log, tanh, erf and matmul did not.",
     "microarchitecture": "The CPU microarchitecture (family, model, stepping): "
     "oneDNN tunes blocking and kernels to it, and one machine cannot run "
     "another's.",
@@ -345,7 +350,7 @@ def plan(
                     env[key] = str(other_pool)
                 labels[THREADS] = (
                     f"pool size {other_pool} instead of {base_pool}: not another "
-                    "machine, a different setting; bits follow it"
+                    "machine, a different setting; bits may follow it"
                 )
         if HASHSEED in active:
             env["PYTHONHASHSEED"] = str(1 + index * 7919)
