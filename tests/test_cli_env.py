@@ -42,6 +42,7 @@ def test_env_prints_the_fingerprint_and_writes_parseable_json(tmp_path: Path) ->
     for name in ("cpu_vendor", "cpu_family", "cpu_model_number", "cpu_caches"):
         assert facts[name] == cpu[name]
     assert facts["cpu_isa_in_force"] == facts["cpu_isa_best"]  # No cap preset.
+    assert facts["onednn_custom_ops"] in (True, False, None)
     # The human report carries the same facts.
     assert f"tensorflow: {facts['tensorflow']}" in result.stdout
     assert "TF_DETERMINISTIC_OPS=1" in result.stdout

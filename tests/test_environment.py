@@ -108,6 +108,16 @@ def test_compare_cpus_says_which_differences_change_bits() -> None:
     assert "cpu_isa_best" not in differences
 
 
+def test_onednn_custom_ops_state_changes_bits() -> None:
+    differences = _environment.compare_cpus(
+        _machine(onednn_custom_ops=True, cpu_isa_flags=["avx2", "avx512_bf16"]),
+        _machine(onednn_custom_ops=False, cpu_isa_flags=["avx2"]),
+    )
+    assert differences["onednn_custom_ops"]["changes_bits"] == "yes"
+    assert "TF_ENABLE_ONEDNN_OPTS" in differences["onednn_custom_ops"]["why"]
+    assert differences["cpu_isa_flags"]["changes_bits"] == "may"
+
+
 def test_core_count_changes_bits_when_tfdet_was_not_enabled() -> None:
     differences = _environment.compare_cpus(
         _machine(profile=None), _machine(cpu_count=16)

@@ -197,8 +197,18 @@ CPU_FACT_EFFECTS: dict[str, tuple[str, str]] = {
         "cap pins it",
     ),
     "cpu_isa_flags": (
-        "no",
-        "only the ISA in force picks the kernels (compared separately)",
+        "may",
+        "TensorFlow turns its oneDNN custom ops on by default only on CPUs "
+        "with AI extensions such as AVX512_VNNI, AVX512_BF16 or AMX (measured: "
+        "on on an AVX-512 BF16 AMD EPYC, off on QEMU's AVX2 CPU models, with "
+        "other weights), unless TF_ENABLE_ONEDNN_OPTS is set; compare "
+        "onednn_custom_ops",
+    ),
+    "onednn_custom_ops": (
+        "yes",
+        "TensorFlow's oneDNN custom ops run other convolution, matmul and "
+        "softmax kernels than Eigen's; set TF_ENABLE_ONEDNN_OPTS (or "
+        "enable(onednn=...)) to pin it",
     ),
     "cpu_count": (
         "no",
@@ -264,7 +274,22 @@ def _tensorflow_facts() -> dict[str, Any]:
         "cudnn_version": build.get("cudnn_version"),
         "gpus": gpus,
         "op_determinism": _enable.op_determinism_enabled(),
+        "onednn_custom_ops": _onednn_custom_ops(),
     }
+
+
+def _onednn_custom_ops() -> bool | None:
+    """Whether TensorFlow runs its oneDNN custom ops, as it decided at import.
+
+    Unset `TF_ENABLE_ONEDNN_OPTS` leaves the choice to TensorFlow, which
+    depends on the CPU's extensions; None where TensorFlow cannot say.
+    """
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):  # pragma: no cover - other TF builds
+        return None
 
 
 def fingerprint(include_tensorflow: bool = True) -> dict[str, Any]:
