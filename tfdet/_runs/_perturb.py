@@ -342,15 +342,16 @@ def plan(
                 for key in _THREAD_VARIABLES:
                     env[key] = None
                 labels[THREADS] = (
-                    f"the profile's pool size ({base_pool} under enable())"
+                    f"the profile's pool size ({base_pool} under enable(); "
+                    "without tfdet, TensorFlow's default)"
                 )
             else:
                 run_threads = other_pool
                 for key in _THREAD_VARIABLES:
                     env[key] = str(other_pool)
                 labels[THREADS] = (
-                    f"pool size {other_pool} instead of {base_pool}: not another "
-                    "machine, a different setting; bits may follow it"
+                    f"pool size {other_pool} instead of the profile's: not "
+                    "another machine, a different setting; bits may follow it"
                 )
         if HASHSEED in active:
             env["PYTHONHASHSEED"] = str(1 + index * 7919)
