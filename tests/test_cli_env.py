@@ -37,11 +37,19 @@ def test_env_prints_the_fingerprint_and_writes_parseable_json(tmp_path: Path) ->
     assert isinstance(facts["gpus"], list)
     assert {"cuda_build", "cuda_version", "cudnn_version"} <= set(facts)
     assert facts["profile"] is None
+    # The CPU facts that decide bits (see tests/test_environment.py).
+    cpu = _environment.cpu_facts()
+    for name in ("cpu_vendor", "cpu_family", "cpu_model_number", "cpu_caches"):
+        assert facts[name] == cpu[name]
+    assert facts["cpu_isa_in_force"] == facts["cpu_isa_best"]  # No cap preset.
+    assert facts["onednn_custom_ops"] in (True, False, None)
     # The human report carries the same facts.
     assert f"tensorflow: {facts['tensorflow']}" in result.stdout
     assert "TF_DETERMINISTIC_OPS=1" in result.stdout
     assert "PYTHONHASHSEED=(unset)" in result.stdout
     assert "(tfdet not enabled)" in result.stdout
+    assert f"cpu_vendor: {facts['cpu_vendor']}" in result.stdout
+    assert f"cpu_caches: {' '.join(facts['cpu_caches'])}" in result.stdout
 
 
 def test_env_under_tfdet_run_reports_the_active_profile(tmp_path: Path) -> None:
@@ -55,6 +63,8 @@ def test_env_under_tfdet_run_reports_the_active_profile(tmp_path: Path) -> None:
     assert facts["op_determinism"] is True
     assert facts["env"]["PYTHONHASHSEED"] == "5"
     assert "seed: 5" in result.stdout
+    if facts["cpu_isa_best"] is not None:  # x86-64: enable() caps at AVX2.
+        assert facts["cpu_isa_in_force"] == "AVX2"
 
 
 def test_fingerprint_without_tensorflow_has_machine_facts() -> None:

@@ -2,17 +2,67 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from tfdet._runs import _perturb
+from tests.conftest import clean_env, run_tfdet
+from tfdet._pin import _isa
+from tfdet._runs import _perturb, _spawn
+
+AVX512_SERVER = frozenset(
+    {"sse4_1", "avx", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
+)
 
 
 def test_parse_accepts_all_none_and_lists():
     assert _perturb.parse("all") == list(_perturb.ALL)
+    assert _perturb.parse(None) == list(_perturb.ALL)
     assert _perturb.parse("none") == []
     assert _perturb.parse("isa, hashseed") == ["isa", "hashseed"]
+    assert _perturb.parse("threads") == ["threads"]
     with pytest.raises(ValueError, match="gravity"):
         _perturb.parse("isa,gravity")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "an empty name"),
+        ("  ", "an empty name"),
+        ("isa,,hashseed", "an empty name"),
+        ("affinity,", "an empty name"),
+        ("affinity,affinity", "affinity repeated"),
+        ("affinity,affinity,none", "'none' alone"),
+        ("none,isa", "'none' alone"),
+        ("all,threads", "'all' alone"),
+    ],
+)
+def test_parse_rejects_empty_repeated_and_mixed_names(text: str, message: str):
+    with pytest.raises(ValueError, match="--perturb") as error:
+        _perturb.parse(text)
+    assert message in str(error.value)
+
+
+def test_validate_takes_the_parsed_tuple_back():
+    # check() re-validates options.perturb, which is () for --perturb none.
+    assert _perturb.validate(()) == []
+    assert _perturb.validate(("threads", "isa")) == ["threads", "isa"]
+    with pytest.raises(ValueError, match="repeated"):
+        _perturb.validate(("isa", "isa"))
+
+
+def test_threads_is_opt_in_and_everything_is_described():
+    assert "threads" not in _perturb.ALL
+    assert set(_perturb.KNOWN) == set(_perturb.ALL) | {"threads"}
+    assert set(_perturb.DESCRIPTIONS) == set(_perturb.KNOWN)
+    assert set(_perturb.IMITATED) == set(_perturb.KNOWN)
+    assert {"cpu_vendor", "microarchitecture", "cache_sizes"} <= set(
+        _perturb.NOT_IMITATED
+    )
+    for sentence in [*_perturb.IMITATED.values(), *_perturb.NOT_IMITATED.values()]:
+        assert sentence.endswith(".")
 
 
 def test_every_run_after_the_baseline_differs_in_each_applied_perturbation():
@@ -25,13 +75,59 @@ def test_every_run_after_the_baseline_differs_in_each_applied_perturbation():
     assert [s.neighbour for s in setups] == [False, False, "neighbour" in applied]
 
 
-def test_isa_preset_is_never_below_the_pinned_cap():
-    from tfdet._pin import _isa
+def test_isa_preset_under_a_pinned_cap_is_not_applicable_and_never_set():
+    # With the cap pinned, a preset above it is overridden and one below it is
+    # another profile: no preset may be planned, and the report says why.
+    reason = _perturb.skipped(["isa"], "AVX2")["isa"]
+    if _isa.applies():
+        assert reason.startswith("not applicable: the profile pins")
+    for setup in _perturb.plan(4, ["isa"], "AVX2"):
+        assert _isa.ENV_VAR not in setup.env
+        assert "isa" not in setup.labels
 
-    for setup in _perturb.plan(4, ["isa"]):
-        cap = setup.env.get(_isa.ENV_VAR)
-        if cap is not None:
-            assert _isa.rank(cap) >= _isa.rank("AVX2")
+
+def _avx512_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_isa, "applies", lambda: True)
+    monkeypatch.setattr(_isa, "cpu_flags", lambda: AVX512_SERVER)
+
+
+def test_isa_presets_without_a_pinned_cap_lower_the_isa_in_force(monkeypatch):
+    _avx512_server(monkeypatch)
+    assert _perturb.skipped(["isa"], None) == {}
+    base, *others = _perturb.plan(4, ["isa"], None)
+    assert base.env[_isa.ENV_VAR] is None
+    assert others[0].env[_isa.ENV_VAR] == "AVX2"
+    for setup in others:
+        cap = setup.env[_isa.ENV_VAR]
+        # Really below the CPU's best: the preset changes the ISA in force.
+        assert _isa.rank("AVX2") <= _isa.rank(cap) < _isa.rank("AVX512_CORE")
+        assert _isa.in_force(cap, AVX512_SERVER) != _isa.in_force(None, AVX512_SERVER)
+    # "ALL" pins nothing either.
+    assert _perturb.skipped(["isa"], "ALL") == {}
+
+
+def test_isa_on_an_avx2_cpu_without_a_cap_has_nothing_to_lower(monkeypatch):
+    monkeypatch.setattr(_isa, "applies", lambda: True)
+    monkeypatch.setattr(_isa, "cpu_flags", lambda: frozenset({"sse4_1", "avx", "avx2"}))
+    assert "nothing above AVX2" in _perturb.skipped(["isa"], None)["isa"]
+
+
+@pytest.mark.parametrize(("profile", "other"), [(None, 3), (1, 3), (2, 3), (4, 1)])
+def test_threads_gives_the_other_runs_another_pool_size(profile, other):
+    base, *others = _perturb.plan(3, ["threads"], threads=profile)
+    assert base.threads is None
+    assert base.env["TF_NUM_INTRAOP_THREADS"] is None
+    for setup in others:
+        assert setup.threads == other
+        assert setup.env["TF_NUM_INTRAOP_THREADS"] == str(other)
+        assert setup.env["TF_NUM_INTEROP_THREADS"] == str(other)
+        assert "not another machine" in setup.labels["threads"]
+    mixed = base.with_perturbation_of(others[0], "threads", 7)
+    assert (
+        mixed.threads == other
+        and mixed.labels["threads"] == others[0].labels["threads"]
+    )
+    assert base.with_perturbation_of(others[0], "hashseed", 8).threads is None
 
 
 def test_single_perturbation_setup_keeps_the_baseline_otherwise():
@@ -40,3 +136,45 @@ def test_single_perturbation_setup_keeps_the_baseline_otherwise():
     assert mixed.env["PYTHONHASHSEED"] == other.env["PYTHONHASHSEED"]
     assert mixed.delay == base.delay and mixed.index == 9
     assert base.with_perturbation_of(other, None, 10).labels == base.labels
+
+
+def test_spawner_puts_the_threads_override_into_the_worker_spec(tmp_path: Path):
+    # A stand-in worker that writes back the spec it was given.
+    (tmp_path / "echo_worker.py").write_text(
+        "import json, sys\n"
+        "spec = json.loads(sys.argv[1])\n"
+        "json.dump(spec, open(spec['result'], 'w'))\n"
+    )
+    env = clean_env(PYTHONPATH=str(tmp_path))
+    setups = _perturb.plan(2, ["threads"], threads=1)
+    outcomes = _spawn.run_all(
+        setups, {"threads": 1}, str(tmp_path), module="echo_worker", base_env=env
+    )
+    assert [o.ok for o in outcomes] == [True, True], outcomes
+    assert [o.result["threads"] for o in outcomes] == [1, 3]
+
+
+def test_check_perturb_threads_pins_another_pool_in_the_other_run(tmp_path: Path):
+    report_path = tmp_path / "report.json"
+    result = run_tfdet(
+        "check",
+        "builtin:embedding",
+        "--steps",
+        "1",
+        "--perturb",
+        "threads",
+        "--device",
+        "cpu",
+        "--json",
+        str(report_path),
+    )
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    runs = json.loads(report_path.read_text())["devices"]["cpu"]["runs"]
+    assert [run["profile"]["intra_op_threads"] for run in runs] == [1, 3]
+
+
+@pytest.mark.parametrize("value", ["", "affinity,affinity,none"])
+def test_cli_rejects_bad_perturb_values_with_exit_2(value: str):
+    result = run_tfdet("check", "--perturb", value, "--steps", "1")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--perturb" in result.stderr

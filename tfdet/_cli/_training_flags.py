@@ -48,8 +48,9 @@ def add(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--perturb",
         default="all",
-        help=f"Comma-separated from {', '.join(_perturb.ALL)}; 'all' (default: "
-        "those that apply on this machine) or 'none' (identical processes).",
+        help=f"Comma-separated from {', '.join(_perturb.KNOWN)}; 'all' (default: "
+        f"{', '.join(_perturb.ALL)}, those that apply on this machine) or 'none' "
+        "(identical processes).",
     )
     parser.add_argument(
         "--no-enable",

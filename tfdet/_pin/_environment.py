@@ -36,6 +36,229 @@ def affinity() -> list[int] | None:
         return None
 
 
+_SYS_CPU = "/sys/devices/system/cpu"
+# glibc's sysconf names, the fallback where /sys has no cache directory.
+_SYSCONF_CACHES = (
+    ("L1d", "SC_LEVEL1_DCACHE_SIZE"),
+    ("L1i", "SC_LEVEL1_ICACHE_SIZE"),
+    ("L2", "SC_LEVEL2_CACHE_SIZE"),
+    ("L3", "SC_LEVEL3_CACHE_SIZE"),
+    ("L4", "SC_LEVEL4_CACHE_SIZE"),
+)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def _cpuinfo_fields(names: tuple[str, ...]) -> dict[str, str]:
+    """The first value of each of `names` in /proc/cpuinfo (absent: left out)."""
+    found: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in names and key not in found:
+                    found[key] = value.strip()
+                if not line.strip() and found:
+                    break  # The first processor's block is enough.
+    except OSError:
+        pass
+    return found
+
+
+def _cache_label(level: str, kind: str) -> str:
+    suffix = {"Data": "d", "Instruction": "i"}.get(kind, "")
+    return f"L{level}{suffix}"
+
+
+def cpu_caches(root: str = _SYS_CPU) -> tuple[list[str], list[str]]:
+    """The first CPU's caches, from sysfs, else from glibc's sysconf.
+
+    Args:
+        root: The sysfs CPU directory (a parameter for tests).
+
+    Returns:
+        `(sizes, sharing)`: sizes like `["L1d=32K", "L1i=32K", "L2=1024K",
+        "L3=32768K"]` and, from sysfs only, which CPUs share each cache, like
+        `["L1d:0", ..., "L3:0-1"]`. Both empty where neither source answers.
+    """
+    sizes: list[str] = []
+    sharing: list[str] = []
+    directory = os.path.join(root, "cpu0", "cache")
+    try:
+        entries = sorted(
+            (name for name in os.listdir(directory) if name.startswith("index")),
+            key=lambda name: int(name[5:]) if name[5:].isdigit() else 0,
+        )
+    except OSError:
+        entries = []
+    for entry in entries:
+        path = os.path.join(directory, entry)
+        level, kind, size = (
+            _read(os.path.join(path, name)) for name in ("level", "type", "size")
+        )
+        if not level or not size:
+            continue
+        label = _cache_label(level, kind or "")
+        sizes.append(f"{label}={size}")
+        shared = _read(os.path.join(path, "shared_cpu_list"))
+        if shared:
+            sharing.append(f"{label}:{shared}")
+    if sizes:
+        return sizes, sharing
+    for label, name in _SYSCONF_CACHES:
+        try:
+            value = os.sysconf(name)
+        except (ValueError, OSError, AttributeError):
+            continue
+        if value and value > 0:
+            sizes.append(f"{label}={value // 1024}K")
+    return sizes, sharing
+
+
+def cpu_facts() -> dict[str, Any]:
+    """The CPU facts that can decide bits, flat (`cpu_` keys), JSON-ready.
+
+    Vendor, model name, family/model/stepping (the microarchitecture), cache
+    sizes per level, logical CPUs, the ISA oneDNN may use (`cpu_isa_in_force`:
+    the lower of `ONEDNN_MAX_CPU_ISA` and the best the CPU has) and the best
+    it has. Missing facts (no /proc/cpuinfo, no sysfs) are None or empty.
+    """
+    fields = _cpuinfo_fields(
+        ("vendor_id", "cpu family", "model", "stepping", "CPU implementer")
+    )
+    sizes, sharing = cpu_caches()
+    applies = _isa.applies()
+    return {
+        "cpu_vendor": fields.get("vendor_id")
+        or fields.get("CPU implementer")
+        or platform.processor()
+        or None,
+        "cpu_model": _isa.cpu_model(),
+        "cpu_family": fields.get("cpu family"),
+        "cpu_model_number": fields.get("model"),
+        "cpu_stepping": fields.get("stepping"),
+        "cpu_caches": sizes,
+        "cpu_cache_sharing": sharing,
+        "cpu_count": os.cpu_count(),
+        "cpu_isa_flags": _isa.relevant_flags(),
+        "cpu_isa_in_force": _isa.in_force() if applies else None,
+        "cpu_isa_best": _isa.best_supported() if applies else None,
+    }
+
+
+# What each CPU fact does to the bits: (verdict, why). "yes": it changes the
+# bits; "may": it changed them in a measurement, for some models; "no": it
+# does not under a tfdet profile.
+_MICROARCHITECTURE = (
+    "may",
+    "another microarchitecture: measured, an AMD EPYC and an Intel Xeon "
+    "Sapphire Rapids under the same profile (threads=1, AVX2 cap) gave "
+    "different weights for Conv2D+BatchNorm (SGD) and Dense+GELU "
+    "(Adam, ExponentialDecay) models, equal ones for plain Dense/Conv2D+SGD; "
+    "likely through the vendor-specific approximate instructions (RSQRTPS, "
+    "RCPPS) behind Eigen's rsqrt, reciprocal and erfc (exact GELU)",
+)
+CPU_FACT_EFFECTS: dict[str, tuple[str, str]] = {
+    "cpu_vendor": _MICROARCHITECTURE,
+    "cpu_model": _MICROARCHITECTURE,
+    "cpu_family": _MICROARCHITECTURE,
+    "cpu_model_number": _MICROARCHITECTURE,
+    "cpu_stepping": (
+        "may",
+        "another stepping of a microarchitecture: not measured; kernels that "
+        "tune to the CPU model could differ",
+    ),
+    "cpu_caches": (
+        "may",
+        "Eigen and oneDNN size their blocks from the cache sizes, which can "
+        "change the order of additions; the two measured machines differed in "
+        "cache sizes and in bits (BatchNorm/GELU/Adam models)",
+    ),
+    "cpu_cache_sharing": (
+        "no",
+        "which CPUs share a cache follows the core count; the blocking uses "
+        "the sizes (compared separately)",
+    ),
+    "cpu_isa_in_force": (
+        "yes",
+        "oneDNN and Eigen pick their kernels, and so the order of "
+        "floating-point operations, by the ISA in force",
+    ),
+    "cpu_isa_best": (
+        "no",
+        "only the ISA in force picks the kernels (compared separately); the "
+        "cap pins it",
+    ),
+    "cpu_isa_flags": (
+        "may",
+        "TensorFlow turns its oneDNN custom ops on by default only on CPUs "
+        "with AI extensions such as AVX512_VNNI, AVX512_BF16 or AMX (measured: "
+        "on on an AVX-512 BF16 AMD EPYC, off on QEMU's AVX2 CPU models, with "
+        "other weights), unless TF_ENABLE_ONEDNN_OPTS is set; compare "
+        "onednn_custom_ops",
+    ),
+    "onednn_custom_ops": (
+        "yes",
+        "TensorFlow's oneDNN custom ops run other convolution, matmul and "
+        "softmax kernels than Eigen's; set TF_ENABLE_ONEDNN_OPTS (or "
+        "enable(onednn=...)) to pin it",
+    ),
+    "cpu_count": (
+        "no",
+        "bits follow the thread-pool size, pinned by enable(), not the core "
+        "count (measured: pools of 1 and 2 gave the same bits, 3, 4, 8 and "
+        "16 each other ones)",
+    ),
+}
+_UNPINNED_POOLS = (
+    "yes",
+    "tfdet was not enabled in at least one run, so TensorFlow sized its thread "
+    "pools from the core count, and bits follow the pool size",
+)
+
+
+def compare_cpus(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The CPU facts that differ between two fingerprints, and what each does.
+
+    Works on `fingerprint()` dicts and on trace headers' fingerprints written
+    before the CPU facts were recorded (a fact missing from either side is not
+    compared: it cannot be told apart from an equal one).
+
+    Args:
+        a: A fingerprint (`fingerprint()`, `tfdet env --json`, a trace header).
+        b: Another one.
+
+    Returns:
+        `{fact: {"a": value, "b": value, "changes_bits": "yes" | "may" | "no",
+        "why": one sentence}}` for each differing fact in `CPU_FACT_EFFECTS`,
+        in that order; empty when the CPUs look alike. `cpu_count` is "yes"
+        when either fingerprint has no profile (tfdet not enabled: TensorFlow
+        sizes its pools from the cores).
+    """
+    differences: dict[str, dict[str, Any]] = {}
+    for fact, (verdict, why) in CPU_FACT_EFFECTS.items():
+        if fact not in a or fact not in b or a[fact] == b[fact]:
+            continue
+        if fact == "cpu_count" and (
+            a.get("profile") is None or b.get("profile") is None
+        ):
+            verdict, why = _UNPINNED_POOLS
+        differences[fact] = {
+            "a": a[fact],
+            "b": b[fact],
+            "changes_bits": verdict,
+            "why": why,
+        }
+    return differences
+
+
 def _tensorflow_facts() -> dict[str, Any]:
     import tensorflow as tf
 
@@ -51,7 +274,22 @@ def _tensorflow_facts() -> dict[str, Any]:
         "cudnn_version": build.get("cudnn_version"),
         "gpus": gpus,
         "op_determinism": _enable.op_determinism_enabled(),
+        "onednn_custom_ops": _onednn_custom_ops(),
     }
+
+
+def _onednn_custom_ops() -> bool | None:
+    """Whether TensorFlow runs its oneDNN custom ops, as it decided at import.
+
+    Unset `TF_ENABLE_ONEDNN_OPTS` leaves the choice to TensorFlow, which
+    depends on the CPU's extensions; None where TensorFlow cannot say.
+    """
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):  # pragma: no cover - other TF builds
+        return None
 
 
 def fingerprint(include_tensorflow: bool = True) -> dict[str, Any]:
@@ -74,10 +312,7 @@ def fingerprint(include_tensorflow: bool = True) -> dict[str, Any]:
         "keras_version": _versions.keras_version(),
         "platform": platform.platform(),
         "machine": platform.machine(),
-        "cpu_model": _isa.cpu_model(),
-        "cpu_isa_flags": _isa.relevant_flags(),
-        "cpu_isa_best": _isa.best_supported() if _isa.applies() else None,
-        "cpu_count": os.cpu_count(),
+        **cpu_facts(),
         "affinity": affinity(),
         "env": {name: os.environ.get(name) for name in DETERMINISM_VARIABLES},
     }

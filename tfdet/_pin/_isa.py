@@ -1,10 +1,12 @@
 """oneDNN instruction-set caps (`ONEDNN_MAX_CPU_ISA`) and what this CPU has.
 
 oneDNN picks its kernels, and so the order of floating-point operations, from
-the best ISA the CPU offers. FACTS.md: on x86-64 the bits change with the ISA
-even with TensorFlow's oneDNN custom ops off, because Eigen's contraction kernel
-also goes through oneDNN. Capping the ISA at a level most x86-64 machines have
-(AVX2) makes bits portable across CPU generations.
+the best ISA the CPU offers: on x86-64 the bits change with the ISA even with
+TensorFlow's oneDNN custom ops off, because Eigen's contraction kernel also
+goes through oneDNN. Capping the ISA at a level most x86-64 machines have
+(AVX2) removes that one cause of difference between CPU generations; it does
+not make every model's bits portable (measured: an AMD EPYC and an Intel Xeon,
+both capped at AVX2, gave different weights for BatchNorm/GELU/Adam models).
 """
 
 from __future__ import annotations
@@ -157,3 +159,23 @@ def current_cap() -> str | None:
         return normalize(value)
     except ValueError:
         return None
+
+
+def in_force(cap: str | None = None, flags: frozenset[str] | None = None) -> str | None:
+    """The ISA oneDNN may use here: the lower of the cap and the CPU's best.
+
+    Args:
+        cap: A oneDNN cap name; None reads `ONEDNN_MAX_CPU_ISA` (unset or
+            unknown: no cap, the CPU's best is in force).
+        flags: CPU flags; None reads /proc/cpuinfo.
+
+    Returns:
+        A canonical name, or None off x86-64 (no oneDNN ISA levels there).
+    """
+    if not applies():
+        return None
+    best = best_supported(flags)
+    cap = current_cap() if cap is None else normalize(cap)
+    if cap is None or cap == "ALL" or rank(cap) >= rank(best):
+        return best
+    return cap

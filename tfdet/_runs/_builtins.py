@@ -1,6 +1,6 @@
 """Built-in TARGETs (`builtin:NAME`), so `tfdet check` works out of the box.
 
-`cnn` is a Keras 3 port of the model in keras-team/keras#12724 (FACTS.md): the
+`cnn` is a Keras 3 port of the model in keras-team/keras#12724: the
 issue where every seed was set and the loss of the second `train_on_batch`
 still came out as one of two values. The `keras_issue*` targets reproduce that
 issue's exact scenario as regression tests.
@@ -116,6 +116,43 @@ def embedding() -> Any:
     return model
 
 
+def bn_gelu() -> Any:
+    """Conv2D + BatchNormalization + GELU, Adam with ExponentialDecay.
+
+    Small on purpose (16x16x3 images, 8 filters, about 2,000 weights): a model
+    of the kind whose weights differed between an AMD EPYC and an Intel Xeon
+    under the same profile, while plain Conv2D/Dense models with SGD matched.
+    Fixed data (a seeded generator), so its digests can be compared across
+    machines (benchmarks/portability.py).
+    """
+    import keras
+
+    model = keras.Sequential(
+        [
+            keras.Input((16, 16, 3)),
+            keras.layers.Conv2D(8, (3, 3), padding="same"),
+            keras.layers.BatchNormalization(),
+            keras.layers.Activation("gelu"),
+            keras.layers.Conv2D(8, (3, 3)),
+            keras.layers.BatchNormalization(),
+            keras.layers.Activation("gelu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(16, activation="gelu"),
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
+    schedule = keras.optimizers.schedules.ExponentialDecay(1e-2, 2, 0.9)
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate=schedule),
+        loss="categorical_crossentropy",
+        metrics=["categorical_accuracy"],
+    )
+    rng = np.random.default_rng(12724)
+    x = rng.standard_normal((128, 16, 16, 3), dtype=np.float32)
+    y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, 128)]
+    return model, x, y
+
+
 def _keras_issue_data() -> tuple[np.ndarray, np.ndarray]:
     # The issue's data: ones / 255, every label class 0, two batches of 32.
     x = np.ones((64, 32, 32, 3), dtype=np.float32) / 255.0
@@ -166,6 +203,11 @@ _BUILTINS = {
     for builtin in (
         Builtin("cnn", cnn, "Keras 3 CNN of keras-team/keras#12724 (the default)."),
         Builtin("embedding", embedding, "Keras 3 Embedding + Adam + AUC."),
+        Builtin(
+            "bn_gelu",
+            bn_gelu,
+            "Keras 3 Conv2D + BatchNorm + GELU, Adam with ExponentialDecay.",
+        ),
         Builtin("cnn_tf_keras", cnn_tf_keras, "The CNN in tf_keras (Keras 2).", True),
         Builtin(
             "keras_issue", keras_issue, "keras-team/keras#12724 scenario, Keras 3."

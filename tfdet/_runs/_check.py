@@ -224,7 +224,9 @@ def _check_device(
     workdir: str,
 ) -> dict[str, Any]:
     names = list(options.perturb)
-    setups = _perturb.plan(options.runs, names, options.cpu_isa)
+    setups = _perturb.plan(
+        options.runs, names, _perturb.pinned_cap(options), options.threads
+    )
     env = _spawn.run_environment(options.target_spec, device)
     worker_spec = _spawn.make_worker_spec(options)
 
@@ -246,7 +248,7 @@ def _check_device(
         "runs": [_run_report(run) for run in runs],
         "steps": options.steps,
         "perturbations": names,
-        "perturbations_skipped": _perturb.skipped(names, options.cpu_isa),
+        "perturbations_skipped": _perturb.skipped(names, _perturb.pinned_cap(options)),
         "divergence": None,
     }
     if options.traces is not None:

@@ -222,7 +222,7 @@ def locate(options: RunOptions, progress: ProgressFn | None = None) -> dict[str,
     spec = options.target_spec
     _spawn.preflight(spec, options.timeout)
     names = list(options.perturb)
-    setups = _perturb.plan(2, names, options.cpu_isa)
+    setups = _perturb.plan(2, names, _perturb.pinned_cap(options), options.threads)
     worker_spec = _spawn.make_worker_spec(options)
 
     def on_step(index: int, done: int, total: int) -> None:
@@ -259,7 +259,7 @@ def locate(options: RunOptions, progress: ProgressFn | None = None) -> dict[str,
         "enable": options.enable,
         "steps": options.steps,
         "perturbations": names,
-        "perturbations_skipped": _perturb.skipped(names, options.cpu_isa),
+        "perturbations_skipped": _perturb.skipped(names, _perturb.pinned_cap(options)),
         "runs": [
             {
                 "index": outcome.setup.index,

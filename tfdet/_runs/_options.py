@@ -35,7 +35,7 @@ class RunOptions:
         runs: Processes per device (>= 2; `tfdet locate` always uses 2).
         steps: Training steps per run (>= 1).
         device: `"cpu"`, `"gpu"` or `"all"`.
-        perturb: Perturbation names from `tfdet._runs._perturb.ALL`.
+        perturb: Perturbation names from `tfdet._runs._perturb.KNOWN`.
         enable: Whether the runs call `tfdet.enable()`.
         seed: The runs' seed.
         threads: `tfdet.enable(threads=...)`; only the default without
@@ -74,14 +74,7 @@ class RunOptions:
                 f"Expected --device to be one of {', '.join(DEVICES)}. Received: "
                 f"device={self.device!r}"
             )
-        perturb = tuple(self.perturb)
-        unknown = [name for name in perturb if name not in _perturb.ALL]
-        if unknown:
-            raise ValueError(
-                f"Expected --perturb names from {', '.join(_perturb.ALL)}. "
-                f"Received: {', '.join(map(str, unknown))}"
-            )
-        self._set("perturb", perturb)
+        self._set("perturb", tuple(_perturb.validate(self.perturb)))
         for name in ("enable", "attribute"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(

@@ -2,15 +2,21 @@
 
 Each run of `tfdet check` gets a `RunSetup`: run 0 is the baseline (all the
 CPUs this process may use, no ISA cap preset, ...), every other run differs in
-each selected perturbation. FACTS.md and our own measurements: core count
-(through TensorFlow's default thread pools) and the oneDNN ISA change the bits
-when they are not pinned; the hash seed, a busy neighbour and a staggered start
-must not change them at all.
+each selected perturbation. Core count (through TensorFlow's default thread
+pools) and the oneDNN ISA change the bits when they are not pinned; the hash
+seed, a busy neighbour and a staggered start must not change them at all.
+
+These are imitations on one machine. `IMITATED` and `NOT_IMITATED` say what a
+check can and cannot stand for: measured, two real machines (an AMD EPYC and
+an Intel Xeon) under the same profile gave different weights for some models
+that `check` reported identical on each of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from typing import Any
 
 from tfdet._pin import _isa
 from tfdet._pin._environment import affinity
@@ -20,14 +26,65 @@ ISA = "isa"
 HASHSEED = "hashseed"
 NEIGHBOUR = "neighbour"
 STAGGER = "stagger"
+THREADS = "threads"
+# The default set ("all"): what must not change the bits under one profile.
 ALL = (AFFINITY, ISA, HASHSEED, NEIGHBOUR, STAGGER)
+# Named explicitly only: under `enable()` another pool size is another
+# profile, and bits follow the pool size (measured: pools of 1 and 2 gave the
+# same bits on a CNN, 3, 4, 8 and 16 each other ones), so in the default set
+# it would make the check fail by design.
+OPT_IN = (THREADS,)
+KNOWN = ALL + OPT_IN
+NONE = "none"
 
 DESCRIPTIONS = {
     AFFINITY: "a different CPU affinity (core count)",
-    ISA: "a different ONEDNN_MAX_CPU_ISA preset (another x86 CPU generation)",
+    ISA: "a lower ONEDNN_MAX_CPU_ISA preset (an older x86 CPU generation); "
+    "only without a pinned cap (--no-enable or cpu_isa=None)",
     HASHSEED: "a different PYTHONHASHSEED",
     NEIGHBOUR: "a CPU-burning neighbour process during the run",
     STAGGER: "a staggered start",
+    THREADS: "another thread-pool size (not in 'all': a different setting, not "
+    "another machine; shows whether the bits follow the pool size)",
+}
+
+# What `check` imitates, and what it does not: one sentence each, for the
+# report and `--json`.
+IMITATED = {
+    AFFINITY: "Fewer CPUs in the affinity mask: what another core count does "
+    "to TensorFlow's default thread pools (pinned by enable(), so it matters "
+    "only without tfdet).",
+    ISA: "A lower oneDNN ISA cap: the kernels an older x86 CPU generation "
+    "would run, when no cap is pinned.",
+    HASHSEED: "Another PYTHONHASHSEED: another set and dict iteration order.",
+    NEIGHBOUR: "A process burning one core: another machine's load and scheduling.",
+    STAGGER: "Staggered starts: runs that do not start or reach each step together.",
+    THREADS: "Another thread-pool size (opt-in): a different setting on the "
+    "same CPU, not another machine.",
+}
+NOT_IMITATED = {
+    "cpu_vendor": "The CPU vendor: an AMD and an Intel CPU run different "
+    "microcode and, in oneDNN and Eigen, sometimes different code paths; "
+    "measured, they gave different weights for BatchNorm/GELU/Adam models.",
+    "approximate_instructions": "The CPU's own results for approximate "
+    "instructions (RSQRTPS, RCPPS), from which Eigen's rsqrt, reciprocal, "
+    "erfc (exact GELU) and softmax start: they are implementation-specific, "
+    "and under QEMU's emulation of them those ops changed bits while sqrt, "
+    "division, exp, log, tanh, erf and matmul did not.",
+    "microarchitecture": "The CPU microarchitecture (family, model, stepping): "
+    "oneDNN tunes blocking and kernels to it, and one machine cannot run "
+    "another's.",
+    "cache_sizes": "The cache sizes: Eigen and oneDNN size their blocks from "
+    "the L1/L2/L3 sizes the CPU reports, and an affinity mask does not change "
+    "what it reports.",
+    "isa_above_this_cpu": "An ISA this CPU lacks: a cap can only lower the "
+    "ISA, so a newer generation (e.g. AVX-512 or AMX on an AVX2 machine) "
+    "cannot be imitated.",
+    "software": "Other TensorFlow, Keras, NumPy, oneDNN or Python versions, "
+    "or another TensorFlow build: every run uses this interpreter.",
+    "gpu_model": "Another GPU model, driver, CUDA or cuDNN version.",
+    "operating_system": "Another OS, C library or libm: every run shares this "
+    "machine's.",
 }
 
 STAGGER_SECONDS = 0.75
@@ -44,6 +101,9 @@ class RunSetup:
         delay: Seconds to wait before starting.
         neighbour: Whether a CPU-burning process runs alongside.
         labels: `{perturbation: what this run had}`, for the report.
+        threads: Thread-pool size this run's `enable()` pins instead of the
+            profile's (None: the profile's); the spawner puts it in the worker
+            spec.
     """
 
     index: int
@@ -52,6 +112,7 @@ class RunSetup:
     delay: float
     neighbour: bool
     labels: dict[str, str]
+    threads: int | None = None
 
     def with_perturbation_of(
         self, other: RunSetup, name: str | None, index: int
@@ -64,6 +125,7 @@ class RunSetup:
         env = dict(self.env)
         labels = dict(self.labels)
         cpus, delay, neighbour = self.cpus, self.delay, self.neighbour
+        threads = self.threads
         if name is not None:
             for key in _ENV_KEYS.get(name, ()):
                 env[key] = other.env.get(key)
@@ -75,72 +137,190 @@ class RunSetup:
                 neighbour = other.neighbour
             elif name == STAGGER:
                 delay = other.delay
-        return RunSetup(index, env, cpus, delay, neighbour, labels)
+            elif name == THREADS:
+                threads = other.threads
+        return RunSetup(index, env, cpus, delay, neighbour, labels, threads)
 
 
-_ENV_KEYS = {ISA: (_isa.ENV_VAR,), HASHSEED: ("PYTHONHASHSEED",)}
+# TensorFlow reads these when it starts: they set the pool size for a run
+# without tfdet (with tfdet, `RunSetup.threads` reaches enable()).
+_THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
+_ENV_KEYS = {
+    ISA: (_isa.ENV_VAR,),
+    HASHSEED: ("PYTHONHASHSEED",),
+    THREADS: _THREAD_VARIABLES,
+}
+# enable()'s default pool size.
+DEFAULT_THREADS = 1
+
+
+def pinned_cap(options: Any) -> str | None:
+    """The ISA cap a check's or locate's runs pin: None with `enable=False`.
+
+    Args:
+        options: Anything with `enable` and `cpu_isa` (`CheckOptions`,
+            `LocateOptions`).
+    """
+    return options.cpu_isa if options.enable else None
+
+
+def _pinned(pinned_isa: str | None) -> str | None:
+    """The cap a profile pins, canonical; None when nothing is pinned."""
+    if pinned_isa is None or not _isa.applies():
+        return None
+    cap = _isa.normalize(pinned_isa)
+    return None if cap == "ALL" else cap
+
+
+def _isa_presets(pinned_isa: str | None) -> list[str]:
+    """Presets that change the ISA in force here: below this CPU's best.
+
+    Empty under a pinned cap: a preset above the cap is overridden by it (no
+    change at all), one below it is kept by enable() and becomes the profile's
+    cap (a different profile, not another machine). So with the cap pinned no
+    preset imitates another CPU generation.
+    """
+    if _pinned(pinned_isa) is not None or not _isa.applies():
+        return []
+    best = _isa.best_supported()
+    # AVX2 first: the most common older generation still in service.
+    return [
+        name
+        for name in _isa.NAMES[:-1]
+        if _isa.rank("AVX2") <= _isa.rank(name) < _isa.rank(best)
+    ]
+
+
+def other_pool_size(threads: int | None) -> int:
+    """The pool size the other runs of a `threads` perturbation get.
+
+    3 against a baseline of 1 or 2 (measured: pools of 1 and 2 can give the
+    same bits, 3 gave other ones), 1 against any larger baseline.
+    """
+    return 3 if (threads or DEFAULT_THREADS) < 3 else 1
 
 
 def applicable(pinned_isa: str | None = "AVX2") -> dict[str, str | None]:
-    """`{perturbation: None if it applies here, else the reason it doesn't}`."""
+    """`{perturbation: None if it applies here, else the reason it doesn't}`.
+
+    Args:
+        pinned_isa: The ISA cap the runs' profile pins (`enable(cpu_isa=...)`);
+            None (or "ALL") when nothing is pinned, as with `--no-enable`.
+    """
     cpus = affinity()
-    reasons: dict[str, str | None] = dict.fromkeys(ALL)
+    reasons: dict[str, str | None] = dict.fromkeys(KNOWN)
     if cpus is None:
         reasons[AFFINITY] = "CPU affinity is not available on this platform"
     elif len(cpus) < 2:
         reasons[AFFINITY] = "only one CPU is available"
+    pinned = _pinned(pinned_isa)
     if not _isa.applies():
         reasons[ISA] = "oneDNN ISA caps only exist on x86-64"
-    elif _isa.rank(_isa.best_supported()) <= _isa.rank(pinned_isa or "AVX2"):
-        reasons[ISA] = f"this CPU has nothing above {pinned_isa or 'AVX2'} to cap"
+    elif pinned is not None:
+        reasons[ISA] = (
+            f"not applicable: the profile pins {_isa.ENV_VAR}={pinned}, so a "
+            "preset above it is overridden and one below it is a different "
+            "profile; no preset imitates another CPU generation"
+        )
+    elif not _isa_presets(None):
+        reasons[ISA] = (
+            f"this CPU has nothing above AVX2 to cap ({_isa.best_supported()})"
+        )
     return reasons
 
 
-def parse(text: str | None) -> list[str]:
-    """Names from a comma-separated `--perturb` value ("all", "none").
+def _duplicates(names: Sequence[str]) -> list[str]:
+    seen: set[str] = set()
+    return sorted({name for name in names if name in seen or seen.add(name)})
+
+
+def validate(names: Sequence[str]) -> list[str]:
+    """Checks a sequence of perturbation names (empty: none); returns a list.
 
     Raises:
-        ValueError: an unknown name, listing the known ones.
+        ValueError: an unknown or repeated name, listing the known ones.
     """
-    if text is None or text.strip() == "all":
-        return list(ALL)
-    if text.strip() in ("", "none"):
-        return []
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [name for name in names if name not in ALL]
+    names = list(names)
+    unknown = [name for name in names if name not in KNOWN]
     if unknown:
         raise ValueError(
-            f"Expected --perturb names from {', '.join(ALL)} (or all, none). "
-            f"Received: {', '.join(unknown)}"
+            f"Expected --perturb names from {', '.join(KNOWN)} (or all, none). "
+            f"Received: --perturb={','.join(names)} (unknown: {', '.join(unknown)})"
+        )
+    repeated = _duplicates(names)
+    if repeated:
+        raise ValueError(
+            "Expected each --perturb name once. Received: "
+            f"--perturb={','.join(names)} ({', '.join(repeated)} repeated). "
+            "Name each perturbation once."
         )
     return names
 
 
+def parse(text: str | None) -> list[str]:
+    """Names from a comma-separated `--perturb` value.
+
+    None or "all": the default set `ALL` (not `threads`, which is opt-in);
+    "none": no perturbation (identical processes); otherwise names from
+    `KNOWN`, each once, e.g. "affinity,threads".
+
+    Raises:
+        ValueError: an empty value or name, an unknown or repeated name, or
+            "all"/"none" mixed with other names; the message names the flag
+            and says what to pass.
+    """
+    if text is None or text.strip() == "all":
+        return list(ALL)
+    if text.strip() == NONE:
+        return []
+    parts = [part.strip() for part in text.split(",")]
+    if not text.strip() or "" in parts:
+        raise ValueError(
+            "Expected --perturb to be all, none or comma-separated names from "
+            f"{', '.join(KNOWN)}. Received: --perturb={text!r} (an empty name). "
+            "Pass --perturb none for identical processes."
+        )
+    special = [part for part in parts if part in ("all", NONE)]
+    if special:
+        raise ValueError(
+            f"Expected '{special[0]}' alone in --perturb. Received: "
+            f"--perturb={text!r}. Pass either '{special[0]}' or a list of names."
+        )
+    return validate(parts)
+
+
 def plan(
-    runs: int, names: list[str], pinned_isa: str | None = "AVX2"
+    runs: int,
+    names: list[str],
+    pinned_isa: str | None = "AVX2",
+    threads: int | None = None,
 ) -> list[RunSetup]:
     """One `RunSetup` per run, each non-baseline run perturbed in every name.
 
     Perturbations that do not apply on this machine are left out (see
     `applicable`).
+
+    Args:
+        runs: How many runs (the first is the baseline).
+        names: Perturbations, from `KNOWN`.
+        pinned_isa: The ISA cap the profile pins; None when nothing is pinned.
+        threads: The profile's pool size (None: enable()'s default, 1); the
+            `threads` perturbation gives the other runs `other_pool_size`.
     """
     reasons = applicable(pinned_isa)
     active = [name for name in names if reasons[name] is None]
     cpus = affinity() or []
     best = _isa.best_supported() if _isa.applies() else None
-    caps = [
-        name
-        for name in _isa.NAMES[:-1]
-        if _isa.rank(pinned_isa or "AVX2")
-        <= _isa.rank(name)
-        < _isa.rank(best or "SSE41")
-    ]
+    caps = _isa_presets(pinned_isa)
+    base_pool = threads or DEFAULT_THREADS
+    other_pool = other_pool_size(threads)
     setups = []
     for index in range(runs):
         env: dict[str, str | None] = {}
         labels: dict[str, str] = {}
         run_cpus: tuple[int, ...] | None = None
         delay, neighbour = 0.0, False
+        run_threads: int | None = None
         if AFFINITY in active:
             count = len(cpus) if index == 0 else max(1, len(cpus) - index)
             # Rotate which CPUs a smaller set gets, so runs do not share one.
@@ -153,7 +333,26 @@ def plan(
             else:
                 cap = caps[(index - 1) % len(caps)]
                 env[_isa.ENV_VAR] = cap
-                labels[ISA] = f"{_isa.ENV_VAR}={cap} preset"
+                labels[ISA] = (
+                    f"{_isa.ENV_VAR}={cap} preset (below this CPU's {best}: "
+                    "the kernels of an older CPU generation)"
+                )
+        if THREADS in active:
+            if index == 0:
+                for key in _THREAD_VARIABLES:
+                    env[key] = None
+                labels[THREADS] = (
+                    f"the profile's pool size ({base_pool} under enable(); "
+                    "without tfdet, TensorFlow's default)"
+                )
+            else:
+                run_threads = other_pool
+                for key in _THREAD_VARIABLES:
+                    env[key] = str(other_pool)
+                labels[THREADS] = (
+                    f"pool size {other_pool} instead of the profile's: not "
+                    "another machine, a different setting; bits may follow it"
+                )
         if HASHSEED in active:
             env["PYTHONHASHSEED"] = str(1 + index * 7919)
             labels[HASHSEED] = f"PYTHONHASHSEED={env['PYTHONHASHSEED']}"
@@ -163,7 +362,9 @@ def plan(
         if STAGGER in active:
             delay = index * STAGGER_SECONDS
             labels[STAGGER] = f"started +{delay:.2f}s"
-        setups.append(RunSetup(index, env, run_cpus, delay, neighbour, labels))
+        setups.append(
+            RunSetup(index, env, run_cpus, delay, neighbour, labels, run_threads)
+        )
     return setups
 
 

@@ -223,6 +223,8 @@ def _run_one(
         result=os.path.join(workdir, f"run{setup.index}.json"),
         trace=os.path.join(workdir, f"run{setup.index}.jsonl"),
     )
+    if setup.threads is not None:  # The `threads` perturbation: enable()'s pool.
+        spec["threads"] = setup.threads
     stderr_path = os.path.join(workdir, f"run{setup.index}.stderr")
     env = child_environment(base_env, setup.env)
     cpus = set(setup.cpus) if setup.cpus else None

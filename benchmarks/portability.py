@@ -1,0 +1,299 @@
+"""Portability record: one weights digest per reference model, per machine.
+
+Usage:
+    python benchmarks/portability.py [--models NAME,...] [--json FILE] [--record]
+
+Trains a fixed reference set under the default profile (`tfdet.enable(seed=7)`:
+one thread per pool, oneDNN capped at AVX2 on x86-64), each model for 4
+`train_on_batch` steps in a fresh `sys.executable` process (tfdet's check
+worker, so the training loop is `tfdet check`'s), and prints the sha256 of
+its final weights' bytes (16 hex digits) with the CPU facts that can decide
+the bits. The reference set: every built-in target (`builtin:bn_gelu` is
+Conv2D + BatchNormalization + GELU + Adam with ExponentialDecay, the kind of
+model whose weights differed between an AMD EPYC and an Intel Xeon).
+
+`--record` adds (or replaces) this machine's entry in
+`benchmarks/portability_digests.json`, keyed by the CPU facts and software
+versions. Only two real machines can say whether a model's bits are portable:
+a model counts as portable once two entries with different CPUs (same
+software) record the same digest for it. `tests/test_portability.py` checks
+this machine against the table (see `compare`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tfdet._pin import _enable, _environment, _isa, _versions  # noqa: E402
+from tfdet._runs import _builtins  # noqa: E402
+
+TABLE = REPO / "benchmarks" / "portability_digests.json"
+SEED = 7
+STEPS = 4
+# The facts that must match for two entries to be "the same machine".
+CPU_KEYS = (
+    "cpu_vendor",
+    "cpu_model",
+    "cpu_family",
+    "cpu_model_number",
+    "cpu_stepping",
+    "cpu_caches",
+    "cpu_count",
+    "cpu_isa_best",
+)
+SOFTWARE_KEYS = ("tensorflow", "keras_version", "numpy", "python")
+# Small enough for a test (about 25 s on 2 shared cores, fresh processes).
+TINY = ("bn_gelu", "embedding", "keras_issue")
+
+
+def models() -> list[str]:
+    """The reference set: every built-in target (builtin:bn_gelu included)."""
+    return _builtins.names()
+
+
+def cpu() -> dict[str, Any]:
+    """This machine's CPU facts that key the table."""
+    facts = _environment.cpu_facts()
+    return {key: facts[key] for key in CPU_KEYS}
+
+
+def software() -> dict[str, Any]:
+    """The versions the digests depend on (read without importing TF)."""
+    import importlib.metadata
+
+    distribution = (_versions.tensorflow_distribution() or ("tensorflow",))[0]
+    return {
+        "tensorflow": importlib.metadata.version(distribution),
+        "keras_version": importlib.metadata.version("keras"),
+        "numpy": _versions.numpy_version(),
+        "python": _versions.python_version(),
+    }
+
+
+def _environment_for(name: str) -> dict[str, str]:
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in _environment.DETERMINISM_VARIABLES
+    }
+    # What `tfdet run` sets before the interpreter starts (PYTHONHASHSEED,
+    # pools, the cap); the worker's enable() then pins the rest.
+    cap = "AVX2" if _isa.applies() else None
+    env.update(_enable.pinned_environment(SEED, 1, cap, None))
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="-1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO), env.get("PYTHONPATH")])
+    )
+    if _builtins.get(name).legacy_keras:
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    return env
+
+
+def digest_of(weights_file: str) -> str:
+    """sha256 of the weights' bytes, in the model's order, 16 hex digits."""
+    import numpy as np
+
+    sha = hashlib.sha256()
+    with np.load(weights_file) as arrays:
+        for index in range(len(arrays.files)):
+            sha.update(np.ascontiguousarray(arrays[f"arr_{index}"]).tobytes())
+    return sha.hexdigest()[:16]
+
+
+def train(name: str, workdir: str, timeout: float = 600.0) -> dict[str, Any]:
+    """Trains `builtin:NAME` in a fresh process; its digest and seconds.
+
+    Raises:
+        RuntimeError: the process failed (its stderr tail in the message).
+    """
+    result = os.path.join(workdir, f"{name}.json")
+    spec = {
+        "target": f"builtin:{name}",
+        "seed": SEED,
+        "steps": STEPS,
+        "enable": True,
+        "threads": 1,
+        "cpu_isa": "AVX2",
+        "result": result,
+    }
+    started = time.perf_counter()
+    process = subprocess.run(
+        [sys.executable, "-m", "tfdet._runs._worker", json.dumps(spec)],
+        env=_environment_for(name),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if process.returncode != 0 or not os.path.exists(result):
+        raise RuntimeError(
+            f"Expected builtin:{name} to train. Received: exit status "
+            f"{process.returncode}.\n{process.stderr[-3000:]}"
+        )
+    with open(result, encoding="utf-8") as handle:
+        facts = json.load(handle)
+    return {
+        "digest": digest_of(facts["weights_file"]),
+        "seconds": round(time.perf_counter() - started, 1),
+        "cpu_isa": facts["profile"]["cpu_isa"],
+        "threads": facts["profile"]["intra_op_threads"],
+    }
+
+
+def measure(names: list[str]) -> dict[str, dict[str, Any]]:
+    """`{name: train(name)}`, one fresh process per model, one at a time."""
+    with tempfile.TemporaryDirectory(prefix="tfdet-portability-") as workdir:
+        return {name: train(name, workdir) for name in names}
+
+
+def load_table(path: Path = TABLE) -> dict[str, Any]:
+    """The recorded table (`{"machines": []}` when there is none)."""
+    if not path.exists():
+        return {"machines": []}
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def portable_models(table: dict[str, Any], soft: dict[str, Any]) -> dict[str, str]:
+    """`{model: digest}` for models recorded identical on >= 2 different CPUs.
+
+    Only entries with the same software versions count (other versions may
+    change the bits on any machine). A model recorded with two digests under
+    these versions is not portable.
+    """
+    seen: dict[str, dict[str, set[str]]] = {}
+    for machine in table["machines"]:
+        if machine["software"] != soft:
+            continue
+        cpu_key = json.dumps(machine["cpu"], sort_keys=True)
+        for name, digest in machine["digests"].items():
+            seen.setdefault(name, {}).setdefault(digest, set()).add(cpu_key)
+    return {
+        name: next(iter(by_digest))
+        for name, by_digest in seen.items()
+        if len(by_digest) == 1 and len(next(iter(by_digest.values()))) >= 2
+    }
+
+
+def compare(
+    table: dict[str, Any],
+    facts: dict[str, Any],
+    soft: dict[str, Any],
+    digests: dict[str, str],
+) -> tuple[list[str], list[str]]:
+    """This machine's digests against the table: `(failures, notes)`.
+
+    A failure: a digest that differs from the one recorded for this CPU (same
+    CPU facts and software: the bits must repeat), or from a model recorded
+    identical on two different CPUs (shown portable). Anything else is a
+    note (a CPU or software not in the table, a model not yet shown
+    portable): never a failure, since nothing says the bits should match.
+    """
+    failures: list[str] = []
+    notes: list[str] = []
+    same = [m for m in table["machines"] if m["cpu"] == facts and m["software"] == soft]
+    for name, digest in digests.items():
+        recorded = {m["digests"][name] for m in same if name in m["digests"]}
+        if recorded and digest not in recorded:
+            failures.append(
+                f"builtin:{name}: digest {digest} on this CPU; recorded "
+                f"{', '.join(sorted(recorded))} for the same CPU and software"
+            )
+    for name, digest in portable_models(table, soft).items():
+        if name in digests and digests[name] != digest:
+            failures.append(
+                f"builtin:{name}: digest {digests[name]}; recorded {digest} on two "
+                "or more different CPUs (shown portable)"
+            )
+    if not same:
+        notes.append(
+            "this CPU and software are not in the table: digests recorded for "
+            "information only (python benchmarks/portability.py --record)"
+        )
+    return failures, notes
+
+
+def record(
+    table: dict[str, Any],
+    facts: dict[str, Any],
+    soft: dict[str, Any],
+    digests: dict[str, str],
+) -> dict[str, Any]:
+    """The table with this machine's entry added or replaced (same CPU, software)."""
+    machines = [
+        m
+        for m in table["machines"]
+        if not (m["cpu"] == facts and m["software"] == soft)
+    ]
+    machines.append(
+        {
+            "cpu": facts,
+            "software": soft,
+            "date": datetime.date.today().isoformat(),
+            "profile": {"seed": SEED, "threads": 1, "cpu_isa": "AVX2", "steps": STEPS},
+            "digests": dict(sorted(digests.items())),
+        }
+    )
+    return {**table, "machines": machines}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--models", help=f"Comma-separated (default: all: {', '.join(models())})."
+    )
+    parser.add_argument(
+        "--json", metavar="FILE", help="Also write the results as JSON."
+    )
+    parser.add_argument(
+        "--record", action="store_true", help=f"Add this machine to {TABLE.name}."
+    )
+    args = parser.parse_args(argv)
+    names = args.models.split(",") if args.models else models()
+    unknown = [name for name in names if name not in models()]
+    if unknown:
+        parser.error(
+            f"Expected --models from {', '.join(models())}. Received: {', '.join(unknown)}"
+        )
+    facts, soft = cpu(), software()
+    for key, value in {**facts, **soft}.items():
+        print(
+            f"{key}: {' '.join(map(str, value)) if isinstance(value, list) else value}"
+        )
+    results = measure(names)
+    for name, result in results.items():
+        print(
+            f"builtin:{name:28s} {result['digest']}  ({result['seconds']} s, "
+            f"threads={result['threads']}, cpu_isa={result['cpu_isa']})"
+        )
+    digests = {name: result["digest"] for name, result in results.items()}
+    table = load_table()
+    failures, notes = compare(table, facts, soft, digests)
+    for line in notes + failures:
+        print(line)
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"cpu": facts, "software": soft, "results": results}, indent=2)
+        )
+    if args.record:
+        TABLE.write_text(
+            json.dumps(record(table, facts, soft, digests), indent=2) + "\n"
+        )
+        print(f"recorded in {TABLE}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

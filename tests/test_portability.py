@@ -1,0 +1,119 @@
+"""This machine's weights digests against the recorded portability table.
+
+`benchmarks/portability.py` trains each reference model in a fresh process
+under the default profile and keeps one digest per model per machine in
+`benchmarks/portability_digests.json`. The slow test recomputes the tiny
+models' digests here and fails:
+
+- on a CPU whose facts (vendor, model, family/model/stepping, caches, logical
+  CPUs, best ISA) and software versions match a recorded machine, on any
+  difference: the same machine must repeat its bits;
+- on any machine with the same software, for a model recorded identical on
+  two or more different real CPUs (shown portable; none yet).
+
+On a CPU not in the table, for models not yet shown portable, it only prints
+the digests: nothing says they should match there, so it must not fail CI on
+a new machine. The fast tests show `compare` fails when it should.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+_SPEC = importlib.util.spec_from_file_location(
+    "portability", REPO / "benchmarks" / "portability.py"
+)
+portability = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(portability)
+
+SOFT = {"tensorflow": "2.21.0", "keras_version": "3.15.1", "numpy": "2", "python": "3"}
+AMD = {"cpu_vendor": "AuthenticAMD", "cpu_caches": ["L2=1024K"], "cpu_count": 2}
+INTEL = {"cpu_vendor": "GenuineIntel", "cpu_caches": ["L2=2048K"], "cpu_count": 16}
+
+
+def _table(*entries: tuple[dict, dict, dict]) -> dict:
+    return {
+        "machines": [
+            {"cpu": cpu, "software": soft, "digests": digests}
+            for cpu, soft, digests in entries
+        ]
+    }
+
+
+def test_same_cpu_fails_on_any_difference() -> None:
+    table = _table((AMD, SOFT, {"bn_gelu": "aaaa", "embedding": "bbbb"}))
+    failures, _ = portability.compare(
+        table, AMD, SOFT, {"bn_gelu": "aaaa", "embedding": "cccc"}
+    )
+    assert len(failures) == 1 and "builtin:embedding" in failures[0]
+    assert portability.compare(table, AMD, SOFT, {"bn_gelu": "aaaa"}) == ([], [])
+
+
+def test_another_cpu_only_records_models_not_shown_portable() -> None:
+    table = _table((AMD, SOFT, {"bn_gelu": "aaaa"}))
+    failures, notes = portability.compare(table, INTEL, SOFT, {"bn_gelu": "ffff"})
+    assert failures == []
+    assert "not in the table" in notes[0]
+
+
+def test_a_model_identical_on_two_cpus_must_match_anywhere() -> None:
+    table = _table(
+        (AMD, SOFT, {"embedding": "eeee", "bn_gelu": "aaaa"}),
+        (INTEL, SOFT, {"embedding": "eeee", "bn_gelu": "1111"}),  # bn_gelu differed.
+    )
+    assert portability.portable_models(table, SOFT) == {"embedding": "eeee"}
+    third = {"cpu_vendor": "HygonGenuine", "cpu_caches": [], "cpu_count": 8}
+    failures, _ = portability.compare(
+        table, third, SOFT, {"embedding": "0000", "bn_gelu": "2222"}
+    )
+    assert len(failures) == 1 and "shown portable" in failures[0]
+    # Other software versions: nothing is shown portable for them.
+    other = dict(SOFT, tensorflow="2.22.0")
+    assert portability.compare(table, third, other, {"embedding": "0000"})[0] == []
+
+
+def test_record_replaces_this_machines_entry() -> None:
+    table = _table((AMD, SOFT, {"bn_gelu": "aaaa"}), (INTEL, SOFT, {"bn_gelu": "1111"}))
+    updated = portability.record(table, AMD, SOFT, {"bn_gelu": "bbbb"})
+    assert len(updated["machines"]) == 2
+    assert updated["machines"][-1]["digests"] == {"bn_gelu": "bbbb"}
+    assert updated["machines"][-1]["date"]
+
+
+def test_the_recorded_table_is_well_formed() -> None:
+    table = portability.load_table()
+    assert table["machines"], "record this machine: benchmarks/portability.py --record"
+    for machine in table["machines"]:
+        assert set(machine["cpu"]) == set(portability.CPU_KEYS)
+        assert set(machine["software"]) == set(portability.SOFTWARE_KEYS)
+        assert set(machine["digests"]) <= set(portability.models())
+        assert all(len(d) == 16 for d in machine["digests"].values())
+
+
+@pytest.mark.slow
+def test_this_machine_repeats_its_recorded_digests(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    digests = {
+        name: result["digest"]
+        for name, result in portability.measure(list(portability.TINY)).items()
+    }
+    facts, soft = portability.cpu(), portability.software()
+    failures, notes = portability.compare(
+        portability.load_table(), facts, soft, digests
+    )
+    with capsys.disabled():
+        print(f"\nportability digests on {facts['cpu_model']}: {digests}")
+        for note in notes:
+            print(note)
+    assert not failures, "\n".join(failures)
+
+
+def test_tiny_models_are_built_in_targets() -> None:
+    assert set(portability.TINY) <= set(portability.models())
+    assert Path(portability.TABLE).name == "portability_digests.json"
