@@ -148,7 +148,12 @@ def test_spawner_puts_the_threads_override_into_the_worker_spec(tmp_path: Path):
     env = clean_env(PYTHONPATH=str(tmp_path))
     setups = _perturb.plan(2, ["threads"], threads=1)
     outcomes = _spawn.run_all(
-        setups, {"threads": 1}, str(tmp_path), module="echo_worker", base_env=env
+        setups,
+        {"threads": 1},
+        str(tmp_path),
+        module="echo_worker",
+        base_env=env,
+        timeout=120.0,
     )
     assert [o.ok for o in outcomes] == [True, True], outcomes
     assert [o.result["threads"] for o in outcomes] == [1, 3]
