@@ -108,6 +108,15 @@ def test_builtin_cnn_is_bit_identical_under_every_perturbation(cnn_check):
     # The summary shows each run's final loss, the same bits in both.
     losses = {run["final_loss"] for run in cpu["runs"]}
     assert len(losses) == 1 and f"final loss {losses.pop()}" in output
+    # What the runs imitated, and what no run on one machine can: an
+    # IDENTICAL here is no claim about another CPU vendor or cache geometry.
+    assert set(report["imitated"]) == applied
+    assert {"cpu_vendor", "cache_sizes", "approximate_instructions"} <= set(
+        report["not_imitated"]
+    )
+    assert "not imitated: cpu vendor" in output
+    # Under enable() the ISA preset would equal the pinned cap: not applied.
+    assert "isa" in cpu["perturbations_skipped"]
 
 
 def test_without_tfdet_the_same_check_diverges_and_names_the_cause(tmp_path):

@@ -215,3 +215,38 @@ def test_weights_detail_names_the_first_element_and_counts(tmp_path):
         "x",
         "y",
     )
+
+
+def test_diff_names_cpu_facts_and_whether_they_change_bits(tmp_path, capsys):
+    amd = {"cpu_vendor": "AuthenticAMD", "cpu_count": 2, "profile": PROFILE}
+    intel = {"cpu_vendor": "GenuineIntel", "cpu_count": 16, "profile": PROFILE}
+    a = write_trace(tmp_path / "amd.jsonl", environment=amd)
+    b = write_trace(tmp_path / "intel.jsonl", environment=intel)
+    comparison = _diff.compare(_trace.read(a), _trace.read(b))
+    assert set(comparison.cpu_differences) == {"cpu_vendor", "cpu_count"}
+    assert comparison.cpu_differences["cpu_vendor"]["changes_bits"] in ("yes", "may")
+    # Pools are pinned by the profile: the core count alone changes no bits.
+    assert comparison.cpu_differences["cpu_count"]["changes_bits"] == "no"
+    assert main(["tfdet", "diff", a, b]) == 0
+    out = capsys.readouterr().out
+    assert "cpu_vendor: 'AuthenticAMD' vs 'GenuineIntel'" in out
+
+
+def test_diff_says_when_the_traces_come_from_two_models(tmp_path, capsys):
+    a = write_trace(tmp_path / "a.jsonl")
+    header = _trace.make_header(PROFILE, {"cpu_count": 2}, ["a/kernel", "b/kernel"])
+    b = tmp_path / "b.jsonl"
+    with _trace.TraceWriter(b, header) as writer:
+        writer.write_step(_record(0))
+    main(["tfdet", "diff", a, str(b)])
+    assert "1 vs 2 variables" in capsys.readouterr().out
+
+
+def test_diff_plot_writes_a_png_or_says_what_is_missing(tmp_path):
+    a = write_trace(tmp_path / "a.jsonl")
+    b = write_trace(tmp_path / "b.jsonl")
+    picture = tmp_path / "diff.png"
+    assert main(["tfdet", "diff", a, b, "--plot", str(picture)]) == 0
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    code = main(["tfdet", "diff", a, b, "--plot", str(tmp_path / "no" / "x.png")])
+    assert code == 2

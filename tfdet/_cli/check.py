@@ -120,6 +120,14 @@ def format_report(report: dict[str, Any]) -> str:
                     "  but the training produced NaN or Inf (above): identical bits "
                     "of a broken training prove little; fix the model or data first"
                 )
+    imitated = ", ".join(report.get("imitated") or {}) or "nothing"
+    not_imitated = ", ".join(
+        name.replace("_", " ") for name in report.get("not_imitated") or {}
+    )
+    lines.append(
+        f"imitated other machines on this one by: {imitated}; not imitated: "
+        f"{not_imitated} (compare traces from two real machines with tfdet diff)"
+    )
     lines.append(f"verdict: {report['verdict']} (exit {report['exit_code']})")
     return "\n".join(lines)
 

@@ -6,9 +6,11 @@ import argparse
 import warnings
 from typing import Any
 
+from absl import app
+
 from tfdet._cli import _output, write_json
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_USAGE
-from tfdet._record import _diff, _trace
+from tfdet._record import _diff, _plot, _trace
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -25,6 +27,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("a", metavar="A", help="The expected trace (reference).")
     parser.add_argument("b", metavar="B", help="The trace to compare with A.")
     parser.add_argument("--json", metavar="FILE", help="Also write the report as JSON.")
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="Also draw, per step, the ulp distance of the loss and metrics and "
+        "which weight fingerprints differ, first divergence marked (needs "
+        "matplotlib: pip install 'tfdet[plot]').",
+    )
     parser.set_defaults(func=execute)
 
 
@@ -40,6 +49,17 @@ def format_comparison(comparison: _diff.TraceComparison) -> str:
     """Human-readable report, explanations first."""
     lines = _pairs("profile fields", comparison.profile_differences)
     lines += _pairs("environment facts", comparison.fingerprint_differences)
+    if comparison.cpu_differences:
+        lines.append("CPU facts that differ, and whether they change bits:")
+        lines.extend(
+            f"  {fact}: {d['a']!r} vs {d['b']!r}: {d['changes_bits']} ({d['why']})"
+            for fact, d in comparison.cpu_differences.items()
+        )
+    if comparison.variables[0] != comparison.variables[1]:
+        lines.append(
+            f"models differ: {comparison.variables[0]} vs "
+            f"{comparison.variables[1]} variables (traces of two different models)"
+        )
     for label, cut in zip("AB", comparison.truncated, strict=True):
         if cut:
             lines.append(
@@ -74,6 +94,11 @@ def execute(args: argparse.Namespace) -> int:
         a = _trace.read(args.a)
         b = _trace.read(args.b)
     comparison = _diff.compare(a, b)
+    if args.plot:
+        try:
+            _plot.plot_comparison(a, b, args.plot)
+        except (ImportError, ValueError, OSError) as error:
+            raise app.UsageError(f"--plot: {error}") from error
     write_json(args.json, {"a": args.a, "b": args.b, **comparison.to_dict()})
     _output.out(format_comparison(comparison))
     if comparison.empty:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from tfdet._errors import DivergenceError
+from tfdet._pin import _environment
 from tfdet._record import _bits
 from tfdet._record._trace import Trace
 
@@ -248,6 +249,10 @@ class TraceComparison:
             both hold no step: nothing was compared, which is not equality).
         steps: `(steps in A, steps in B)`.
         truncated: `(A was cut, B was cut)`.
+        cpu_differences: The CPU facts that differ, each with whether it is
+            expected to change bits and why (`_environment.compare_cpus`).
+        variables: `(variables in A, variables in B)`: traces of two
+            different models cannot agree.
     """
 
     profile_differences: dict[str, tuple[Any, Any]]
@@ -256,6 +261,8 @@ class TraceComparison:
     steps_compared: int
     steps: tuple[int, int]
     truncated: tuple[bool, bool]
+    cpu_differences: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    variables: tuple[int, int] = (0, 0)
 
     @property
     def empty(self) -> bool:
@@ -288,6 +295,8 @@ class TraceComparison:
             "steps_compared": self.steps_compared,
             "steps": list(self.steps),
             "truncated": list(self.truncated),
+            "cpu_differences": self.cpu_differences,
+            "variables": list(self.variables),
         }
 
 
@@ -338,4 +347,6 @@ def compare(a: Trace, b: Trace) -> TraceComparison:
         steps_compared=len(common),
         steps=(len(a.steps), len(b.steps)),
         truncated=(a.truncated, b.truncated),
+        cpu_differences=_environment.compare_cpus(a.environment, b.environment),
+        variables=(len(a.variables), len(b.variables)),
     )

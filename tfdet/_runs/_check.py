@@ -341,5 +341,17 @@ def check(options: RunOptions, progress: ProgressFn | None = None) -> dict[str, 
         "steps": options.steps,
         "traces": options.traces,
         "devices": devices,
+        # The runs are imitations of other machines on this one: say which
+        # differences they stood for, and which no run here could.
+        "imitated": {
+            name: _perturb.IMITATED[name]
+            for name in options.perturb
+            if any(
+                name not in d.get("perturbations_skipped", {})
+                for d in devices.values()
+                if d.get("status") == "ran"
+            )
+        },
+        "not_imitated": dict(_perturb.NOT_IMITATED),
         **_verdict(exit_code),
     }
