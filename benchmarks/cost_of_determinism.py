@@ -6,7 +6,7 @@ Usage:
 
 Three configurations train `builtin:cnn` (the keras-team/keras#12724 CNN:
 convolutions, max-pooling, Dropout, Dense 512, RMSprop) with `train_on_batch`
-on batches of 64 (as in FACTS.md's timings):
+on batches of 64:
 
 - plain TensorFlow defaults (seeds only: thread pools follow the cores,
   oneDNN uncapped, op determinism off);

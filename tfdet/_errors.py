@@ -1,6 +1,6 @@
 """Every exception tfdet raises, and the CLI exit code each one maps to.
 
-Exit codes are the same for every subcommand (DESIGN.md): 0 bit-identical or
+Exit codes are the same for every subcommand: 0 bit-identical or
 nothing found, 1 divergence or hazards found, 2 usage or bad input, 3 a run
 failed or timed out, 4 a requested device is not available.
 """

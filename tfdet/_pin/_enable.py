@@ -168,7 +168,7 @@ def _resolve_isa(requested: str | None, strict: bool, started: bool) -> str:
         if strict:
             raise error
         # A model's weights can exist before any oneDNN primitive (conv,
-        # matmul) ran; then the cap written now is still read (FACTS.md).
+        # matmul) ran; then the cap written now is still read (measured on TF 2.21).
         warnings.warn(
             f"{error} (strict=False: wrote {_isa.ENV_VAR}={wanted} anyway; it "
             "takes effect only if no oneDNN primitive, such as a convolution "
