@@ -434,6 +434,7 @@ def find(
     for key, nodes in sorted(groups.items()):
         op_type, kind, source, source_type, gradient = key
         row = rows[key]
+        patch = _patching.covering(op_type)
         findings.append(
             Finding(
                 op_type=op_type,
@@ -445,8 +446,8 @@ def find(
                 gradient=gradient,
                 nodes=tuple(node.name for node in nodes[:3]),
                 count=len(nodes),
-                patch=row.patch,
-                patch_installed=row.patch in installed,
+                patch=patch,
+                patch_installed=patch in installed,
                 detail=row.detail,
                 upstream=row.upstream,
             )
