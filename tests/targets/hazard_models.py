@@ -201,3 +201,28 @@ def recurrent_tf_keras() -> tuple[Any, np.ndarray, np.ndarray]:
     import tf_keras
 
     return _recurrent(tf_keras)
+
+
+def bidirectional_keras3() -> tuple[Any, np.ndarray, np.ndarray]:
+    """Keras 3 `Bidirectional(LSTM)` then `Bidirectional(GRU)`.
+
+    The second wrapper is auto-named `bidirectional_1`, which is also the
+    scope TensorFlow gives the first wrapper's scope when it is opened a
+    second time: name matching would blame the GRU's wrapper for the LSTM.
+    """
+    import keras
+
+    sequence = keras.Input((7, 3), name="sequence")
+    x = keras.layers.Bidirectional(keras.layers.LSTM(6, return_sequences=True))(
+        sequence
+    )
+    x = keras.layers.Bidirectional(keras.layers.GRU(5))(x)
+    output = keras.layers.Dense(1, name="head")(x)
+    model = keras.Model(sequence, output, name="birecurrent")
+    model.compile(optimizer="adam", loss="mse")
+    rng = np.random.default_rng(0)
+    return (
+        model,
+        rng.standard_normal((8, 7, 3)).astype(np.float32),
+        rng.standard_normal((8, 1)).astype(np.float32),
+    )
