@@ -8,7 +8,8 @@ the entry points FACTS.md lists. `nested` hides a nearest resize inside a
 nested `tf.function` (its gradient is a separate library function);
 `extras` reaches the crop-and-resize and sparse-matmul backprops;
 `recurrent_keras3` and `recurrent_tf_keras` reach the cuDNN LSTM and GRU
-kernels that a GPU would run.
+kernels that a GPU would run; `bidirectional_keras3` wraps them in two
+`Bidirectional`s whose names collide with TensorFlow's scopes.
 """
 
 from __future__ import annotations
