@@ -4,7 +4,8 @@ Usage:
     python benchmarks/patch_cost.py [--rounds 15] [--iterations 10] [--threads 1]
         [--json FILE]
 
-For every patch, one `tf.function` runs the entry point that reaches the
+For every registered patch that has a case here (a patch without one is
+listed as such, so a new patch shows up), one `tf.function` runs the entry point that reaches the
 refused op (forward and backward where the original op has a gradient) with
 TensorFlow's op and again with the patch installed, in the same process under
 op determinism. The two take turns: each round times `--iterations` calls of
@@ -257,7 +258,19 @@ def main(argv: list[str] | None = None) -> int:
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     tf.config.experimental.enable_op_determinism()
 
-    rows = [measure(case, args.rounds, args.iterations) for case in _cases()]
+    from tfdet._graph import _patching
+
+    cases = {case.patch: case for case in _cases()}
+    registered = _patching.available()
+    unknown = sorted(set(cases) - set(registered))
+    if unknown:
+        raise SystemExit(f"Expected cases for registered patches. Received: {unknown}")
+    rows = [
+        measure(cases[name], args.rounds, args.iterations)
+        for name in registered
+        if name in cases
+    ]
+    without = [name for name in registered if name not in cases]
     print(
         f"patch cost on CPU, TF {tf.__version__}, threads={args.threads}, "
         f"median of {args.rounds} rounds x {args.iterations} calls"
@@ -268,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['patch']:<26} {row['original_ms']:>12.3f} {row['patched_ms']:>11.3f} "
             f"{row['ratio']:>6.2f}  {row['case']}"
         )
+    for name in without:
+        print(f"{name:<26} {'-':>12} {'-':>11} {'-':>6}  no case here")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0

@@ -1,16 +1,15 @@
-"""The hazard table: well-formed, consistent with the patches, versions decided in one place."""
+"""The hazard table: well-formed facts about TensorFlow ops, matched by op, attributes and version."""
 
 from __future__ import annotations
 
-import sys
-import types
+import json
+from importlib import resources
 
 import pytest
 from packaging.specifiers import SpecifierSet
 
 from tests.conftest import run_python
-from tfdet._graph import _hazards, _patching
-from tfdet._pin import _versions
+from tfdet._graph import _hazards
 
 FACTS_GPU_TABLE = {
     "Bincount": "raises",
@@ -63,21 +62,14 @@ def test_rows_are_well_formed() -> None:
     assert "2.16" in table.confirmed_note and "not confirmed" in table.confirmed_note
 
 
-def test_every_patch_in_the_table_is_registered_and_vice_versa() -> None:
-    registered = _patching.available()
-    in_rows = {row.patch for row in _hazards.table().hazards if row.patch}
-    assert in_rows == set(registered)
-    assert set(_hazards.table().patch_requirements) == set(registered)
-    for name, patch in registered.items():
-        assert patch.upstream.startswith("https://"), name
-        # needed() is the table's verdict: one place decides versions.
-        assert patch.needed() == _hazards.patch_needed(name)
-
-
-def test_patches_replace_only_ops_marked_hazardous() -> None:
-    for row in _hazards.table().hazards:
-        if row.patch:
-            assert row.hazardous
+def test_the_table_holds_no_patch_names() -> None:
+    # Which patch replaces an op is the patch's declaration, not the table's.
+    raw = json.loads(
+        resources.files("tfdet._graph").joinpath("hazards.json").read_text("utf-8")
+    )
+    assert set(raw) == {"about", "confirmed_note", "hazards"}
+    for row in raw["hazards"]:
+        assert "patch" not in row, row["ops"]
 
 
 @pytest.mark.parametrize(
@@ -101,7 +93,6 @@ def test_lookup_reads_attributes_and_versions() -> None:
         "FusedBatchNormGradV3", {"is_training": False}, tensorflow_version="2.21.0"
     )
     assert frozen is not None and frozen.behaviour == "raises"
-    assert frozen.patch == "fused_batch_norm_frozen"
     assert (
         _hazards.lookup(
             "FusedBatchNormGradV3", {"is_training": True}, tensorflow_version="2.21.0"
@@ -129,43 +120,21 @@ def test_lookup_reads_attributes_and_versions() -> None:
     assert plain is not None and not plain.hazardous
 
 
-def test_patch_needed_follows_versions(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
-    monkeypatch.setattr(
-        _versions, "tensorflow_distribution", lambda: ("tensorflow", "2.21.0")
-    )
-    assert _hazards.patch_needed("resize_nearest_grad")
-    monkeypatch.setattr(
-        _versions, "tensorflow_distribution", lambda: ("tensorflow", "2.15.0")
-    )
-    assert not _hazards.patch_needed("resize_nearest_grad")
-    monkeypatch.setattr(_versions, "tensorflow_distribution", lambda: None)
-    assert not _hazards.patch_needed("bincount")
-
-
-def test_tf_keras_patch_needs_tf_keras_installed_not_imported(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Whether tf_keras is imported yet, or TF_USE_LEGACY_KERAS set, must not
-    # matter: the profile would then depend on import order.
-    monkeypatch.setattr(
-        _versions, "tensorflow_distribution", lambda: ("tensorflow", "2.21.0")
-    )
-    monkeypatch.setattr(
-        _versions, "distribution_version", lambda name: {"tf_keras": "2.21.0"}.get(name)
-    )
-    monkeypatch.setattr(_hazards, "_tf_keras_importable", lambda: True)
-    monkeypatch.delitem(sys.modules, "tf_keras", raising=False)
-    for legacy in ("0", "1"):
-        monkeypatch.setenv("TF_USE_LEGACY_KERAS", legacy)
-        assert _hazards.patch_needed("sparse_optimizer_update")
-    monkeypatch.setitem(sys.modules, "tf_keras", types.ModuleType("tf_keras"))
-    assert _hazards.patch_needed("sparse_optimizer_update")
-    monkeypatch.setattr(_hazards, "_tf_keras_importable", lambda: False)
-    assert not _hazards.patch_needed("sparse_optimizer_update")
-    monkeypatch.setattr(_hazards, "_tf_keras_importable", lambda: True)
-    monkeypatch.setattr(_versions, "distribution_version", lambda name: None)
-    assert not _hazards.patch_needed("sparse_optimizer_update")
+@pytest.mark.parametrize(
+    ("op_types", "version", "expected"),
+    [
+        (("ResizeNearestNeighborGrad",), "2.21.0", True),
+        (("ResizeNearestNeighborGrad",), "2.15.0", False),  # rows start at 2.16
+        (("Conv2D", "Bincount"), "2.21.0", True),  # one hazardous op is enough
+        (("Conv2D",), "2.21.0", False),  # not in the table
+        (("UnsortedSegmentSum",), "2.21.0", False),  # a deterministic row
+        # Counted although its row holds only for is_training=False nodes.
+        (("FusedBatchNormGradV3",), "2.21.0", True),
+        ((), "2.21.0", False),
+    ],
+)
+def test_hazardous_in(op_types, version: str, expected: bool) -> None:
+    assert _hazards.hazardous_in(op_types, version) is expected
 
 
 def test_importing_the_patches_does_not_import_tensorflow() -> None:

@@ -1,12 +1,19 @@
-"""Each patch against the op it replaces, on CPU (DESIGN.md: verifying without a GPU).
+"""The patch registry, and each patch against the op it replaces, on CPU.
+
+The registry (`tfdet._graph._patching`): every declared patch is found, is
+named like its module, replaces ops the hazard table marks hazardous, installs
+and restores exactly and idempotently; `needed()`, `resolve()`, `install()`,
+deferral until a module's import, and discovery are tested directly on probe
+patches. The registry tests iterate over the registered patches: a new patch
+module is checked by them without touching this file's lists (it has none).
 
 For every patch: forward output (and gradient where the original has one)
 equal to the original op's over a property-based sweep of shapes, dtypes and
 edge cases (empty inputs, duplicate indices, out-of-range values raise the same
-error class); the patched graph no longer contains the hazard op; install and
-restore are exact and idempotent. Equality is exact for integer results, and
-exact for floats where the replacement accumulates in the CPU kernel's order;
-where it cannot, the tolerance and its reason are stated at the assertion.
+error class); the patched graph no longer contains the hazard op. Equality is
+exact for integer results, and exact for floats where the replacement
+accumulates in the CPU kernel's order; where it cannot, the tolerance and its
+reason are stated at the assertion.
 
 Patches change process-wide TensorFlow state; every test restores what it
 installed (the `patched` context manager), so the tests share one process.
@@ -18,6 +25,7 @@ import contextlib
 import importlib.util
 import json
 import sys
+import types
 from collections.abc import Iterator
 
 import numpy as np
@@ -27,23 +35,12 @@ from hypothesis import strategies as st
 
 tf = pytest.importorskip("tensorflow")
 
-from tensorflow.python.framework import ops as tf_ops  # noqa: E402
 from tensorflow.python.ops import gen_image_ops, gen_math_ops, gen_sparse_ops  # noqa: E402
 
 from tests.conftest import clean_env, run_python  # noqa: E402
-from tfdet._graph import _scan  # noqa: E402
-from tfdet.patches import (  # noqa: E402
-    _import_hook,  # noqa: E402
-    adjust_contrast,
-    bincount,
-    confusion_matrix_scatter,
-    crop_and_resize_grad,
-    cudnn_rnn,
-    fused_batch_norm_frozen,
-    resize_nearest_grad,
-    sparse_dense_matmul,
-    sparse_optimizer_update,
-)
+from tfdet._graph import _hazards, _patching, _scan  # noqa: E402
+from tfdet._pin import _versions  # noqa: E402
+from tfdet.patches import _import_hook  # noqa: E402
 
 # No example database: the sweep is seeded per run and leaves no files behind.
 SWEEP = settings(
@@ -53,17 +50,19 @@ SWEEP = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 EPS32 = float(np.finfo(np.float32).eps)
+PATCHES = _patching.available()
+TF_KERAS = importlib.util.find_spec("tf_keras") is not None
 
 
 @contextlib.contextmanager
-def patched(*modules) -> Iterator[None]:
-    for module in modules:
-        module.install()
+def patched(*patches: _patching.Patch) -> Iterator[None]:
+    for patch in patches:
+        patch.install()
     try:
         yield
     finally:
-        for module in reversed(modules):
-            module.restore()
+        for patch in reversed(patches):
+            patch.restore()
 
 
 def op_types(function, *args) -> set[str]:
@@ -83,65 +82,244 @@ def assert_same_error(original, replacement) -> None:
 # ---------------------------------------------------------------- registry
 
 
-def _registry_entry(op_type: str):
-    return tf_ops._gradient_registry._registry[op_type]["type"]
+def test_every_public_patch_module_is_registered() -> None:
+    # Discovery finds the modules on disk; nothing lists them.
+    import pkgutil
 
+    import tfdet.patches
 
-def _snapshot():
-    from tensorflow.python.ops import confusion_matrix
-
-    return {
-        "dense_bincount": gen_math_ops.dense_bincount,
-        "bincount": gen_math_ops.bincount,
-        "adjust_contrastv2": gen_image_ops.adjust_contrastv2,
-        "resize_grad": _registry_entry("ResizeNearestNeighbor"),
-        "bn_grads": tuple(
-            _registry_entry(op) for op in fused_batch_norm_frozen.OP_TYPES
-        ),
-        "cm_array_ops": confusion_matrix.array_ops,
-        "crop_grad": _registry_entry("CropAndResize"),
-        "sparse_matmul": gen_sparse_ops.sparse_tensor_dense_mat_mul,
-        "keras3_cudnn_ok": cudnn_rnn.keras3_rnn_module().cudnn_ok,
+    modules = {
+        info.name
+        for info in pkgutil.iter_modules(tfdet.patches.__path__)
+        if not info.name.startswith("_")
     }
+    assert modules and set(PATCHES) == modules
 
 
-MODULES = [
-    adjust_contrast,
-    bincount,
-    confusion_matrix_scatter,
-    crop_and_resize_grad,
-    cudnn_rnn,
-    fused_batch_norm_frozen,
-    resize_nearest_grad,
-    sparse_dense_matmul,
-]
+@pytest.mark.parametrize("name", sorted(PATCHES))
+def test_declaration_names_hazardous_ops_no_other_patch_claims(name: str) -> None:
+    patch = PATCHES[name]
+    assert sys.modules[f"tfdet.patches.{name}"].PATCH is patch
+    assert patch.summary and patch.upstream.startswith("https://")
+    assert patch.replaces
+    for op_type in patch.replaces:
+        # A typo in an op name, or an op the table does not call a hazard,
+        # would make the patch cover nothing in `tfdet scan`.
+        assert _hazards.hazardous_in((op_type,), tf.__version__), op_type
+        assert _patching.covering(op_type) == name, op_type
 
 
-def test_install_twice_then_restore_puts_every_original_back() -> None:
-    before = _snapshot()
-    for module in MODULES:
-        module.install()
-        module.install()  # Idempotent: the second call must not save the patch as "original".
-    during = _snapshot()
-    for key in before:
-        assert during[key] != before[key], key
-    for module in MODULES:
-        module.restore()
-        module.restore()
-    after = _snapshot()
-    for key in before:
-        assert after[key] is before[key] or after[key] == before[key], key
+def _current(owner, attribute: str):
+    return owner[attribute] if isinstance(owner, dict) else getattr(owner, attribute)
 
 
-def test_sparse_optimizer_patch_restores_methods() -> None:
-    pytest.importorskip("tf_keras")
-    classes = sparse_optimizer_update._optimizer_classes()
-    before = [vars(cls).get("apply_gradients") for cls in classes]
-    with patched(sparse_optimizer_update):
-        sparse_optimizer_update.install()
-        during = [vars(cls).get("apply_gradients") for cls in classes]
-        assert any(getattr(m, "__tfdet_patch__", None) for m in during)
-    assert [vars(cls).get("apply_gradients") for cls in classes] == before
+@pytest.mark.parametrize("name", sorted(PATCHES))
+def test_install_twice_then_restore_puts_every_original_back(name: str) -> None:
+    patch = PATCHES[name]
+    for module, _ in patch.after_import:
+        # Imported first, so the deferred part is applied (and checked) now.
+        pytest.importorskip(module)
+    assert not patch.installed
+    patch.install()
+    try:
+        saved = patch.replaced()
+        assert saved, "install() replaced nothing"
+        for owner, attribute, original in saved:
+            assert _current(owner, attribute) is not original, attribute
+        patch.install()  # Must not record the replacement as an original.
+        assert patch.replaced() == saved
+        assert _patching.installed() == (name,)
+    finally:
+        patch.restore()
+        patch.restore()
+    for owner, attribute, original in saved:
+        assert _current(owner, attribute) is original, attribute
+    assert not patch.installed and patch.replaced() == ()
+    assert _patching.installed() == ()
+
+
+class _Box:
+    value = "original"
+
+
+def _probe(name: str, replaces=("ResizeNearestNeighborGrad",), **fields):
+    fields.setdefault("apply", lambda swap: swap.attribute(_Box, "value", name))
+    return _patching.Patch(
+        name=name, replaces=replaces, summary="probe", upstream="https://x", **fields
+    )
+
+
+@pytest.fixture
+def probes(monkeypatch: pytest.MonkeyPatch):
+    """A registry of two probe patches in place of tfdet's."""
+    registry = {"a_probe": _probe("a_probe"), "b_probe": _probe("b_probe", ("Conv2D",))}
+    monkeypatch.setattr(_patching, "_REGISTRY", dict(registry))
+    yield registry
+    for patch in registry.values():
+        patch.restore()
+
+
+def test_registry_installs_restores_and_covers(probes) -> None:
+    assert _patching.covering("ResizeNearestNeighborGrad") == "a_probe"
+    assert _patching.covering("Conv2D") == "b_probe"
+    assert _patching.covering("MatMul") is None
+    assert _patching.install(["a_probe"]) == ("a_probe",)
+    assert _Box.value == "a_probe"
+    assert _patching.install(["a_probe"]) == ("a_probe",)
+    assert probes["a_probe"].replaced() == ((_Box, "value", "original"),)
+    _patching.restore()
+    assert _Box.value == "original" and _patching.installed() == ()
+
+
+def test_resolve(probes, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        _versions, "tensorflow_distribution", lambda: ("tensorflow", "2.21.0")
+    )
+    # b_probe replaces Conv2D, which the table does not call a hazard.
+    assert _patching.resolve("auto") == _patching.resolve(True) == ["a_probe"]
+    assert _patching.resolve(None) == _patching.resolve(False) == []
+    assert _patching.resolve(["b_probe", "a_probe", "b_probe"]) == [
+        "a_probe",
+        "b_probe",
+    ]
+    with pytest.raises(ValueError, match=r"Received unknown: \['nope'\]"):
+        _patching.resolve(["a_probe", "nope"])
+    with pytest.raises(ValueError, match="Received: patches='a_probe'"):
+        _patching.resolve("a_probe")
+
+
+def test_needed_follows_the_table_for_the_installed_tensorflow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    patch = _probe("probe")
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
+    monkeypatch.setattr(
+        _versions, "tensorflow_distribution", lambda: ("tensorflow", "2.21.0")
+    )
+    assert patch.needed()
+    assert not _probe("probe", ("Conv2D",)).needed()
+    monkeypatch.setattr(
+        _versions, "tensorflow_distribution", lambda: ("tensorflow", "2.15.0")
+    )
+    assert not patch.needed()
+    monkeypatch.setattr(_versions, "tensorflow_distribution", lambda: None)
+    assert not patch.needed()
+
+
+def test_tf_keras_requirement_needs_tf_keras_installed_not_imported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Whether tf_keras is imported yet, or TF_USE_LEGACY_KERAS set, must not
+    # matter: the profile would then depend on import order.
+    patch = _probe("probe", requires={"tf_keras": ">=2.16", "keras_in_use": "tf_keras"})
+    monkeypatch.setattr(
+        _versions, "tensorflow_distribution", lambda: ("tensorflow", "2.21.0")
+    )
+    monkeypatch.setattr(
+        _versions, "distribution_version", lambda name: {"tf_keras": "2.21.0"}.get(name)
+    )
+    monkeypatch.setattr(_patching, "_tf_keras_importable", lambda: True)
+    monkeypatch.delitem(sys.modules, "tf_keras", raising=False)
+    for legacy in ("0", "1"):
+        monkeypatch.setenv("TF_USE_LEGACY_KERAS", legacy)
+        assert patch.needed()
+    monkeypatch.setitem(sys.modules, "tf_keras", types.ModuleType("tf_keras"))
+    assert patch.needed()
+    monkeypatch.setattr(_patching, "_tf_keras_importable", lambda: False)
+    assert not patch.needed()
+    monkeypatch.setattr(_patching, "_tf_keras_importable", lambda: True)
+    monkeypatch.setattr(
+        _versions, "distribution_version", lambda name: {"tf_keras": "2.15.0"}.get(name)
+    )
+    assert not patch.needed()
+    monkeypatch.setattr(_versions, "distribution_version", lambda name: None)
+    assert not patch.needed()
+
+
+def test_keras3_requirement_follows_legacy_keras(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    patch = _probe("probe", requires={"keras_in_use": "keras3"})
+    monkeypatch.setattr(
+        _versions, "tensorflow_distribution", lambda: ("tensorflow", "2.21.0")
+    )
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "0")
+    assert patch.needed()
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    assert not patch.needed()
+
+
+def test_after_import_waits_for_the_module_and_restore_cancels(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "tfdet_patch_probe.py").write_text("VALUE = 'original'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "tfdet_patch_probe", raising=False)
+
+    def apply(swap) -> None:
+        swap.attribute(sys.modules["tfdet_patch_probe"], "VALUE", "patched")
+
+    patch = _probe(
+        "probe",
+        apply=None,
+        after_import=(("tfdet_patch_probe", apply), ("tfdet_not_installed_xyz", apply)),
+    )
+    try:
+        patch.install()
+        # Only the installed module is waited for; nothing applied yet.
+        assert patch.pending() and patch.installed and patch.replaced() == ()
+        patch.restore()
+        assert not patch.pending()
+        module = importlib.import_module("tfdet_patch_probe")
+        assert module.VALUE == "original"  # The cancelled wait never fires.
+        patch.install()  # Imported now: applied at once.
+        assert module.VALUE == "patched" and not patch.pending()
+        patch.restore()
+        assert module.VALUE == "original"
+        sys.modules.pop("tfdet_patch_probe")
+        patch.install()
+        module = importlib.import_module("tfdet_patch_probe")
+        assert module.VALUE == "patched" and not patch.pending()
+    finally:
+        patch.restore()
+        sys.modules.pop("tfdet_patch_probe", None)
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("PATCH = None\n", "declare `PATCH = Patch(name='broken'"),
+        (
+            "from tfdet._graph._patching import Patch\n"
+            "PATCH = Patch(name='other', replaces=(), summary='', upstream='')\n",
+            "Received: PATCH=Patch(name='other'",
+        ),
+    ],
+    ids=["no PATCH", "misnamed"],
+)
+def test_discovery_rejects_a_module_without_its_patch(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, source: str, message: str
+) -> None:
+    package = tmp_path / "tfdet_probe_patches"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "_helper.py").write_text("raise AssertionError('helpers are skipped')\n")
+    (package / "good.py").write_text(
+        "from tfdet._graph._patching import Patch\n"
+        "PATCH = Patch(name='good', replaces=(), summary='', upstream='')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(_patching, "PACKAGE", "tfdet_probe_patches")
+    monkeypatch.setattr(_patching, "_REGISTRY", {})
+    try:
+        assert list(_patching.available()) == ["good"]
+        monkeypatch.setattr(_patching, "_REGISTRY", {})
+        (package / "broken.py").write_text(source)
+        with pytest.raises(TypeError, match=message.replace("(", r"\(")):
+            _patching.available()
+    finally:
+        for module in [m for m in sys.modules if m.startswith("tfdet_probe_patches")]:
+            del sys.modules[module]
 
 
 def test_import_hook_fires_once_after_the_import_and_not_on_find_spec(
@@ -192,7 +370,7 @@ def test_sparse_optimizer_patch_waits_for_tf_keras_and_restore_cancels() -> None
     result = run_python(
         """
         import json, sys
-        from tfdet.patches import sparse_optimizer_update as patch
+        from tfdet.patches.sparse_optimizer_update import PATCH as patch
 
         def wrapped():
             from tf_keras.src.optimizers.legacy import optimizer_v2
@@ -226,23 +404,15 @@ def test_sparse_optimizer_patch_waits_for_tf_keras_and_restore_cancels() -> None
     }
 
 
-KERAS3_PATCHES = [
-    "adjust_contrast",
-    "bincount",
-    "confusion_matrix_scatter",
-    "crop_and_resize_grad",
-    "cudnn_rnn",
-    "fused_batch_norm_frozen",
-    "resize_nearest_grad",
-    "sparse_dense_matmul",
+# "auto" on these versions (TF >= 2.16): every patch, the tf_keras ones
+# whenever tf_keras is installed, whichever Keras the script uses and whether
+# it imported tf_keras yet (they wait for the import): the profile must not
+# depend on import order.
+AUTO_PATCHES = [
+    name
+    for name, patch in PATCHES.items()
+    if TF_KERAS or patch.requires.get("keras_in_use") != "tf_keras"
 ]
-# The tf_keras patch is installed whenever tf_keras is installed, whichever
-# Keras the script uses and whether it imported tf_keras yet (it waits for
-# the import): the profile must not depend on import order.
-AUTO_PATCHES = sorted(
-    KERAS3_PATCHES
-    + (["sparse_optimizer_update"] if importlib.util.find_spec("tf_keras") else [])
-)
 
 
 @pytest.mark.parametrize(
@@ -276,6 +446,8 @@ def test_enable_installs_what_the_versions_need(
 
 
 # ------------------------------------------------------- nearest resize grad
+
+from tfdet.patches import resize_nearest_grad  # noqa: E402
 
 RESIZE_DTYPES = [np.float32, np.float64, np.float16, np.int32]
 
@@ -332,13 +504,15 @@ def test_resize_gradient_through_tf_image_resize(method_args) -> None:
 
     expected = loss_grad(images).numpy()
     assert "ResizeNearestNeighborGrad" in op_types(loss_grad, images)
-    with patched(resize_nearest_grad):
+    with patched(resize_nearest_grad.PATCH):
         received = loss_grad(images).numpy()
         assert "ResizeNearestNeighborGrad" not in op_types(loss_grad, images)
     np.testing.assert_array_equal(received, expected)
 
 
 # ------------------------------------------------------------------ bincount
+
+from tfdet.patches import bincount  # noqa: E402
 
 
 @st.composite
@@ -414,7 +588,7 @@ def test_tf_math_bincount_and_category_encoding_use_the_patch() -> None:
 
     expected = [t.numpy() for t in count(tokens)]
     assert "DenseBincount" in op_types(count, tokens)
-    with patched(bincount):
+    with patched(bincount.PATCH):
         received = [t.numpy() for t in count(tokens)]
         assert "DenseBincount" not in op_types(count, tokens)
     for got, want in zip(received, expected, strict=True):
@@ -422,6 +596,8 @@ def test_tf_math_bincount_and_category_encoding_use_the_patch() -> None:
 
 
 # ----------------------------------------------------- confusion-matrix scatter
+
+from tfdet.patches import confusion_matrix_scatter  # noqa: E402
 
 
 @st.composite
@@ -495,7 +671,7 @@ def test_confusion_matrices_and_iou_use_the_patch() -> None:
     expected = [t.numpy() for t in matrices(labels, predictions, weights)]
     expected_iou = mean_iou()
     assert "ScatterNd" in op_types(matrices, labels, predictions, weights)
-    with patched(confusion_matrix_scatter):
+    with patched(confusion_matrix_scatter.PATCH):
         received = [t.numpy() for t in matrices(labels, predictions, weights)]
         assert mean_iou() == expected_iou
         assert "ScatterNd" not in op_types(matrices, labels, predictions, weights)
@@ -508,6 +684,8 @@ def test_confusion_matrices_and_iou_use_the_patch() -> None:
 
 
 # ----------------------------------------------------------- adjust_contrast
+
+from tfdet.patches import adjust_contrast  # noqa: E402
 
 
 @st.composite
@@ -567,7 +745,7 @@ def test_random_contrast_layers_use_the_patch() -> None:
 
     expected = [t.numpy() for t in contrast(images)]
     assert "AdjustContrastv2" in op_types(contrast, images)
-    with patched(adjust_contrast):
+    with patched(adjust_contrast.PATCH):
         received = [t.numpy() for t in contrast(images)]
         assert "AdjustContrastv2" not in op_types(contrast, images)
     for got, want in zip(received, expected, strict=True):
@@ -576,6 +754,8 @@ def test_random_contrast_layers_use_the_patch() -> None:
 
 
 # --------------------------------------------------- frozen fused batch norm
+
+from tfdet.patches import fused_batch_norm_frozen  # noqa: E402
 
 
 def _fused_bn_grads(x, scale, offset, mean, var, data_format, training):
@@ -622,7 +802,7 @@ def test_frozen_batch_norm_gradient_equals_the_kernel(case) -> None:
         x, scale, offset, mean, var, data_format, False
     )
     training0, _ = _fused_bn_grads(x, scale, offset, mean, var, data_format, True)
-    with patched(fused_batch_norm_frozen):
+    with patched(fused_batch_norm_frozen.PATCH):
         (dx1, dscale1, doffset1), _ = _fused_bn_grads(
             x, scale, offset, mean, var, data_format, False
         )
@@ -672,13 +852,15 @@ def test_frozen_batch_norm_graph_has_no_inference_gradient_op() -> None:
         return tape.gradient(loss, x)
 
     assert "FusedBatchNormGradV3" in op_types(lambda x: grads(x, False), x)
-    with patched(fused_batch_norm_frozen):
+    with patched(fused_batch_norm_frozen.PATCH):
         assert "FusedBatchNormGradV3" not in op_types(lambda x: grads(x, False), x)
         # Training mode keeps TensorFlow's (deterministic) gradient kernel.
         assert "FusedBatchNormGradV3" in op_types(lambda x: grads(x, True), x)
 
 
 # ------------------------------------------------ tf_keras sparse optimizer
+
+from tfdet.patches import sparse_optimizer_update  # noqa: E402
 
 
 @pytest.mark.parametrize("legacy", [False, True], ids=["Adam", "legacy.Adam"])
@@ -716,7 +898,7 @@ def test_tf_keras_sparse_updates_equal_the_scatter_path(legacy: bool) -> None:
 
     expected, original_ops = train()
     assert "ResourceScatterAdd" in original_ops
-    with patched(sparse_optimizer_update):
+    with patched(sparse_optimizer_update.PATCH):
         received, patched_ops = train()
     assert not patched_ops & {
         "ResourceScatterAdd",
@@ -730,6 +912,8 @@ def test_tf_keras_sparse_updates_equal_the_scatter_path(legacy: bool) -> None:
 
 
 # ------------------------------------------------------ crop_and_resize grad
+
+from tfdet.patches import crop_and_resize_grad  # noqa: E402
 
 
 @st.composite
@@ -824,7 +1008,7 @@ def test_crop_and_resize_gradient_uses_the_patch() -> None:
     assert {"CropAndResizeGradImage", "CropAndResizeGradBoxes"} <= op_types(
         grads, image, boxes
     )
-    with patched(crop_and_resize_grad):
+    with patched(crop_and_resize_grad.PATCH):
         received = [t.numpy() for t in grads(image, boxes)]
         assert not {"CropAndResizeGradImage", "CropAndResizeGradBoxes"} & op_types(
             grads, image, boxes
@@ -837,6 +1021,8 @@ def test_crop_and_resize_gradient_uses_the_patch() -> None:
 
 
 # ------------------------------------------------------- sparse-dense matmul
+
+from tfdet.patches import sparse_dense_matmul  # noqa: E402
 
 
 @st.composite
@@ -917,7 +1103,7 @@ def test_sparse_dense_matmul_gradients_use_the_patch() -> None:
 
     expected = [t.numpy() for t in grads(sparse.values, dense)]
     assert "SparseTensorDenseMatMul" in op_types(grads, sparse.values, dense)
-    with patched(sparse_dense_matmul):
+    with patched(sparse_dense_matmul.PATCH):
         received = [t.numpy() for t in grads(sparse.values, dense)]
         assert "SparseTensorDenseMatMul" not in op_types(grads, sparse.values, dense)
     np.testing.assert_array_equal(received[0], expected[0])  # Forward: exact.
@@ -936,17 +1122,17 @@ import hashlib, json, sys
 import numpy as np
 import tensorflow as tf
 from tfdet._graph import _scan
-from tfdet.patches import cudnn_rnn
+from tfdet.patches.cudnn_rnn import PATCH
 
 out = {}
 if LEGACY:
     # Installed before tf_keras is imported: the patch waits for the import.
-    cudnn_rnn.install()
+    PATCH.install()
     out["waited"] = "tf_keras" not in sys.modules
     import tf_keras as keras
     from tf_keras.src.layers.rnn import lstm
     out["patched_on_import"] = hasattr(lstm.lstm_with_backend_selection, "__tfdet_patch__")
-    cudnn_rnn.restore()
+    PATCH.restore()
     out["restored"] = not hasattr(lstm.lstm_with_backend_selection, "__tfdet_patch__")
 else:
     import keras
@@ -978,9 +1164,9 @@ def gpu_ops():
                    if n.op_type.startswith("Cudnn")})
 
 out["before"], out["gpu_ops_before"] = bits(), gpu_ops()
-cudnn_rnn.install()
+PATCH.install()
 out["after"], out["gpu_ops_after"] = bits(), gpu_ops()
-cudnn_rnn.restore()
+PATCH.restore()
 out["gpu_ops_restored"] = gpu_ops()
 print(json.dumps(out))
 """

@@ -295,3 +295,30 @@ def test_patched_models_train_bit_identically_in_check(
     assert len(runs) >= 2 and all(run["ok"] for run in runs)
     for run in runs:
         assert patches <= set(run["profile"]["patches"])
+
+
+def test_bidirectional_lstm_ops_are_not_blamed_on_the_gru_wrapper(
+    tmp_path: Path,
+) -> None:
+    # The LSTM wrapper's ops live in TF scope `bidirectional_1`, the Keras name
+    # of the GRU wrapper: matching names blamed the GRU and lost the LSTM.
+    code, report, stdout = scan(
+        tmp_path, f"{MODELS}:bidirectional_keras3", "--no-enable"
+    )
+    assert code == 1, stdout
+    found = {(f["op_type"], f["source"], f["source_type"]) for f in report["findings"]}
+    assert found == {
+        (op_type, f"{wrapper}/{direction}_{rnn.lower()}", rnn)
+        for op_type in ("CudnnRNNV3", "CudnnRNNBackpropV3")
+        for wrapper, rnn in (("bidirectional", "LSTM"), ("bidirectional_1", "GRU"))
+        for direction in ("forward", "backward")
+    }
+    lstm_nodes = [
+        node
+        for f in report["findings"]
+        if f["source_type"] == "LSTM"
+        for node in f["nodes"]
+    ]
+    # The collision this guards against is present in the traced graph.
+    assert any("/bidirectional_1/" in node for node in lstm_nodes)
+    assert "layer bidirectional/forward_lstm (LSTM)" in stdout

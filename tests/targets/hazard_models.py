@@ -8,7 +8,8 @@ the entry points FACTS.md lists. `nested` hides a nearest resize inside a
 nested `tf.function` (its gradient is a separate library function);
 `extras` reaches the crop-and-resize and sparse-matmul backprops;
 `recurrent_keras3` and `recurrent_tf_keras` reach the cuDNN LSTM and GRU
-kernels that a GPU would run.
+kernels that a GPU would run; `bidirectional_keras3` wraps them in two
+`Bidirectional`s whose names collide with TensorFlow's scopes.
 """
 
 from __future__ import annotations
@@ -201,3 +202,28 @@ def recurrent_tf_keras() -> tuple[Any, np.ndarray, np.ndarray]:
     import tf_keras
 
     return _recurrent(tf_keras)
+
+
+def bidirectional_keras3() -> tuple[Any, np.ndarray, np.ndarray]:
+    """Keras 3 `Bidirectional(LSTM)` then `Bidirectional(GRU)`.
+
+    The second wrapper is auto-named `bidirectional_1`, which is also the
+    scope TensorFlow gives the first wrapper's scope when it is opened a
+    second time: name matching would blame the GRU's wrapper for the LSTM.
+    """
+    import keras
+
+    sequence = keras.Input((7, 3), name="sequence")
+    x = keras.layers.Bidirectional(keras.layers.LSTM(6, return_sequences=True))(
+        sequence
+    )
+    x = keras.layers.Bidirectional(keras.layers.GRU(5))(x)
+    output = keras.layers.Dense(1, name="head")(x)
+    model = keras.Model(sequence, output, name="birecurrent")
+    model.compile(optimizer="adam", loss="mse")
+    rng = np.random.default_rng(0)
+    return (
+        model,
+        rng.standard_normal((8, 7, 3)).astype(np.float32),
+        rng.standard_normal((8, 1)).astype(np.float32),
+    )

@@ -2,9 +2,11 @@
 
 `hazards.json` (package data) lists the ops that TensorFlow refuses, moves to
 the host, or runs nondeterministically on GPU under op determinism, which
-TensorFlow versions each row applies to, the Keras entry points that reach it,
-and the tfdet patch that replaces it. `tfdet scan` matches traced ops against
-it; each patch's `needed()` asks `patch_needed()` here. Nothing in this module
+TensorFlow versions each row applies to and the Keras entry points that reach
+it: facts about TensorFlow only. Which tfdet patch replaces an op is declared
+by the patch (`tfdet._graph._patching`). `tfdet scan` matches traced ops
+against the table; each patch's `needed()` asks `hazardous_in()` here whether
+the running TensorFlow has a hazard for its ops. Nothing in this module
 imports TensorFlow.
 """
 
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 import json
 from collections.abc import Mapping
 from importlib import resources
@@ -49,7 +50,6 @@ class Hazard:
         tensorflow: PEP 440 specifier of the TensorFlow versions it applies to.
         confirmed: Which of those versions were checked, and how.
         entry_points: Keras / TensorFlow APIs that reach the op.
-        patch: Name of the tfdet patch that replaces it, or None.
         upstream: Upstream issue or pull request.
         when: Node attributes the row requires (e.g. `is_training: False`).
     """
@@ -61,7 +61,6 @@ class Hazard:
     tensorflow: str
     confirmed: str
     entry_points: tuple[str, ...]
-    patch: str | None
     upstream: str
     when: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -85,10 +84,9 @@ class Hazard:
 
 @dataclasses.dataclass(frozen=True)
 class Table:
-    """The hazard table and the version requirements of each patch."""
+    """The hazard table."""
 
     hazards: tuple[Hazard, ...]
-    patch_requirements: Mapping[str, Mapping[str, str]]
     confirmed_note: str
 
     def rows_for(self, op_type: str) -> tuple[Hazard, ...]:
@@ -126,7 +124,6 @@ def _parse_row(raw: Mapping[str, Any]) -> Hazard:
         tensorflow=raw["tensorflow"],
         confirmed=raw["confirmed"],
         entry_points=tuple(raw["entry_points"]),
-        patch=raw.get("patch"),
         upstream=raw["upstream"],
         when=dict(raw.get("when", {})),
     )
@@ -143,7 +140,6 @@ def table() -> Table:
     raw = json.loads(text)
     return Table(
         hazards=tuple(_parse_row(row) for row in raw["hazards"]),
-        patch_requirements={name: dict(reqs) for name, reqs in raw["patches"].items()},
         confirmed_note=raw["confirmed_note"],
     )
 
@@ -171,46 +167,13 @@ def lookup(
     return None
 
 
-def _tf_keras_importable() -> bool:
-    return importlib.util.find_spec("tf_keras") is not None
+def hazardous_in(
+    op_types: tuple[str, ...] | list[str], tensorflow_version: str
+) -> bool:
+    """Whether a hazardous row for one of `op_types` holds for that version.
 
-
-def _keras_in_use(flavor: str) -> bool:
-    if flavor == "tf_keras":
-        # Whether tf_keras *can* be used in this process, not whether it was
-        # imported yet: deciding by `sys.modules` made the patches that
-        # `enable()` installs depend on import order. tf_keras patches defer
-        # their install until tf_keras is imported, so this costs nothing
-        # when it never is.
-        return _tf_keras_importable()
-    return not _versions.uses_legacy_keras()
-
-
-def patch_needed(name: str) -> bool:
-    """Whether the running versions need patch `name` (per the table).
-
-    A patch is needed when every requirement in the table's `patches` entry
-    holds: `tensorflow` / `keras` / `tf_keras` are version specifiers of the
-    installed distributions, and `keras_in_use` names the Keras that must be
-    usable: "tf_keras" holds when tf_keras is installed (importable), whether
-    or not it was imported yet or `TF_USE_LEGACY_KERAS` is set, so the result
-    does not depend on import order; "keras3" holds unless
-    `TF_USE_LEGACY_KERAS` routes `tf.keras` to tf_keras.
-
-    Raises:
-        KeyError: the table has no entry for `name`.
+    Rows' `when` conditions are not read: an op is counted when any of its
+    nodes can be a hazard (a frozen fused batch norm's gradient, say).
     """
-    requirements = table().patch_requirements[name]
-    for key, wanted in requirements.items():
-        if key == "keras_in_use":
-            if not _keras_in_use(wanted):
-                return False
-            continue
-        if key == "tensorflow":
-            found = _versions.tensorflow_distribution()
-            version = found[1] if found else None
-        else:
-            version = _versions.distribution_version(key)
-        if version is None or not version_matches(version, wanted):
-            return False
-    return True
+    rows = (row for op_type in op_types for row in table().rows_for(op_type))
+    return any(row.hazardous and row.applies_to(tensorflow_version) for row in rows)

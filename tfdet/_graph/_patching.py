@@ -1,60 +1,188 @@
 """Registry of tfdet's patches: what exists, what is installed, how to undo it.
 
-Each patch lives in its own module under `tfdet/patches/` and registers a
-`Patch` here when `tfdet.patches` is imported. `tfdet.enable()` installs the
-ones the running versions need; `restore()` undoes them.
+Each module under `tfdet/patches/` (other than the `_`-prefixed helpers)
+declares one `Patch` as its `PATCH`, named like the module: the op types it
+replaces, the upstream issue it answers, and the function that makes its
+replacements. Everything else derives from those declarations: the registry
+(found with `pkgutil` on first use, so no list of patches is kept anywhere),
+whether the running versions need a patch (the hazard table's facts about
+its ops, plus the patch's own Keras requirements), which patch covers a
+hazardous op in `tfdet scan`, and the patches `tfdet.enable()` installs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.util
 import logging
-from collections.abc import Callable, Iterable
+import pkgutil
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from tfdet._graph import _hazards
+from tfdet._pin import _versions
+from tfdet.patches import _import_hook
+from tfdet.patches._swap import Swap
 
 _LOG = logging.getLogger("tfdet")
 
+# The package whose public modules are the patches.
+PACKAGE = "tfdet.patches"
 
-@dataclasses.dataclass(frozen=True)
+# `requires` key naming the Keras that must be usable ("tf_keras" or "keras3").
+KERAS_IN_USE = "keras_in_use"
+
+Apply = Callable[[Swap], None]
+
+
+@dataclasses.dataclass
+class _State:
+    installed: bool = False
+    hooks: list[_import_hook.Hook] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Patch:
     """A deterministic replacement for a piece of TensorFlow or Keras.
 
     Attributes:
-        name: Short identifier used in `enable(patches=[...])` and profiles.
+        name: Identifier used in `enable(patches=[...])` and profiles; the
+            name of the module under `tfdet/patches/` that declares it.
+        replaces: TensorFlow op types the patch keeps out of the graph. The
+            hazard table's rows for them decide the TensorFlow versions that
+            need the patch, and `tfdet scan` names the patch for them.
         summary: What it replaces and with what, one line.
-        upstream: The upstream issue or source that the patch answers.
-        needed: Returns whether the running versions need the patch.
-        install: Installs the patch; must be safe to call twice.
-        restore: Undoes `install`; must be safe when not installed.
+        upstream: The upstream issue or pull request the patch answers.
+        apply: Makes the replacements now, recording each in the `Swap` it
+            is given (so `restore()` can undo them), or None.
+        after_import: `(module, apply)` pairs: `apply` runs once `module` is
+            imported (now if it already is). A module that is not installed
+            is skipped. For patches of a library a script may import later
+            (tf_keras), without importing it just to patch it.
+        requires: Further conditions for `needed()`: version specifiers of
+            installed distributions (`{"tf_keras": ">=2.16"}`), and
+            `keras_in_use` ("tf_keras": tf_keras is installed, whether or not
+            imported yet or selected by `TF_USE_LEGACY_KERAS`, so the result
+            does not depend on import order; "keras3": `tf.keras` is Keras 3).
     """
 
     name: str
+    replaces: tuple[str, ...]
     summary: str
     upstream: str
-    needed: Callable[[], bool]
-    install: Callable[[], None]
-    restore: Callable[[], None]
+    apply: Apply | None = None
+    after_import: tuple[tuple[str, Apply], ...] = ()
+    requires: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    _swap: Swap = dataclasses.field(default_factory=Swap, init=False, repr=False)
+    _state: _State = dataclasses.field(default_factory=_State, init=False, repr=False)
+
+    @property
+    def installed(self) -> bool:
+        """Whether `install()` ran and `restore()` did not undo it since."""
+        return self._state.installed
+
+    def replaced(self) -> tuple[tuple[Any, str, Any], ...]:
+        """`(owner, name, original)` of each replacement in force, oldest first."""
+        return self._swap.saved
+
+    def pending(self) -> bool:
+        """Whether part of the patch waits for a module to be imported."""
+        return any(hook.pending for hook in self._state.hooks)
+
+    def needed(self) -> bool:
+        """Whether the running versions need the patch.
+
+        Needed when the installed TensorFlow has a hazardous row in the
+        hazard table for one of `replaces`, and every `requires` holds.
+        """
+        found = _versions.tensorflow_distribution()
+        if found is None or not _hazards.hazardous_in(self.replaces, found[1]):
+            return False
+        return all(_holds(key, wanted) for key, wanted in self.requires.items())
+
+    def install(self) -> None:
+        """Makes the replacements (those of `after_import` now or on import).
+
+        Safe to call twice: the second call changes nothing.
+        """
+        if self._state.installed:
+            return
+        self._state.installed = True
+        if self.apply is not None:
+            self.apply(self._swap)
+        for module, apply in self.after_import:
+            if importlib.util.find_spec(module) is None:
+                continue
+            hook = _import_hook.when_imported(module, lambda a=apply: a(self._swap))
+            if hook is not None:
+                self._state.hooks.append(hook)
+
+    def restore(self) -> None:
+        """Puts every original back and cancels waiting parts (safe twice)."""
+        for hook in self._state.hooks:
+            hook.remove()
+        self._state.hooks.clear()
+        self._swap.restore()
+        self._state.installed = False
+
+
+def _tf_keras_importable() -> bool:
+    return importlib.util.find_spec("tf_keras") is not None
+
+
+def _holds(key: str, wanted: str) -> bool:
+    """Whether one `requires` entry holds in this process."""
+    if key == KERAS_IN_USE:
+        if wanted == "tf_keras":
+            # Whether tf_keras *can* be used, not whether it was imported
+            # yet: deciding by `sys.modules` made the installed patches
+            # depend on import order. Its patches wait for its import.
+            return _tf_keras_importable()
+        return not _versions.uses_legacy_keras()
+    version = _versions.distribution_version(key)
+    return version is not None and _hazards.version_matches(version, wanted)
 
 
 _REGISTRY: dict[str, Patch] = {}
-_INSTALLED: list[str] = []
 
 
-def register(patch: Patch) -> Patch:
-    """Adds `patch` to the registry (idempotent by name)."""
-    _REGISTRY[patch.name] = patch
-    return patch
+def _discover() -> dict[str, Patch]:
+    package = importlib.import_module(PACKAGE)
+    found = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{PACKAGE}.{info.name}")
+        patch = getattr(module, "PATCH", None)
+        if not isinstance(patch, Patch) or patch.name != info.name:
+            raise TypeError(
+                f"Expected module {module.__name__} to declare "
+                f"`PATCH = Patch(name={info.name!r}, ...)`. "
+                f"Received: PATCH={patch!r}. Prefix helper modules with '_'."
+            )
+        found[patch.name] = patch
+    return dict(sorted(found.items()))
 
 
 def available() -> dict[str, Patch]:
-    """Every known patch by name (imports `tfdet.patches`)."""
-    import tfdet.patches  # noqa: F401  (modules register themselves)
-
+    """Every patch by name, sorted (imports the patch modules on first use)."""
+    if not _REGISTRY:
+        _REGISTRY.update(_discover())
     return dict(_REGISTRY)
+
+
+def covering(op_type: str) -> str | None:
+    """Name of the patch that replaces `op_type`, or None."""
+    for name, patch in available().items():
+        if op_type in patch.replaces:
+            return name
+    return None
 
 
 def installed() -> tuple[str, ...]:
     """Names of the installed patches, sorted."""
-    return tuple(sorted(_INSTALLED))
+    return tuple(name for name, patch in available().items() if patch.installed)
 
 
 def resolve(selection: str | Iterable[str] | None | bool) -> list[str]:
@@ -71,7 +199,7 @@ def resolve(selection: str | Iterable[str] | None | bool) -> list[str]:
         return []
     patches = available()
     if selection == "auto" or selection is True:
-        return sorted(name for name, patch in patches.items() if patch.needed())
+        return [name for name, patch in patches.items() if patch.needed()]
     if isinstance(selection, str):
         raise ValueError(
             "Expected `patches` to be 'auto', None, or a list of patch names "
@@ -91,17 +219,14 @@ def install(names: Iterable[str]) -> tuple[str, ...]:
     """Installs the named patches; returns every installed patch name."""
     patches = available()
     for name in names:
-        if name in _INSTALLED:
-            continue
-        patches[name].install()
-        _INSTALLED.append(name)
-        _LOG.info("tfdet: installed patch %s (%s)", name, patches[name].summary)
+        if not patches[name].installed:
+            patches[name].install()
+            _LOG.info("tfdet: installed patch %s (%s)", name, patches[name].summary)
     return installed()
 
 
 def restore(names: Iterable[str] | None = None) -> None:
     """Undoes the named patches (all installed ones when None)."""
-    for name in list(_INSTALLED if names is None else names):
-        if name in _INSTALLED:
-            _REGISTRY[name].restore()
-            _INSTALLED.remove(name)
+    patches = available()
+    for name in installed() if names is None else names:
+        patches[name].restore()

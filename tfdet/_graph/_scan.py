@@ -229,8 +229,10 @@ def _match(component: str, names: dict[str, Any]) -> Any:
 class Attributor:
     """Maps node names to the Keras object whose name scope built them."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, calls: _layers.CallRecord | None = None) -> None:
         self._model = model
+        self._calls = calls
+        self._paths = {key: path for key, (_, path) in _layers.paths(model).items()}
         optimizer = getattr(model, "optimizer", None)
         self._optimizer_names = {}
         if optimizer is not None:
@@ -259,6 +261,12 @@ class Attributor:
                 type(obj).__name__ if obj is not None else "",
                 gradient,
             )
+        # The layer whose call built the node (recorded while tracing), else
+        # the scope names matched against layer names (tf.compat.v1 graphs).
+        called = self._calls.layer_for(parts) if self._calls is not None else None
+        if called is not None:
+            source = self._paths.get(id(called), called.name)
+            return LAYER, source, type(called).__name__, gradient
         if parts and _match(parts[0], self._optimizer_names) is not None:
             optimizer = _match(parts[0], self._optimizer_names)
             return (
@@ -373,13 +381,18 @@ def _to_tensors(data: Any) -> Any:
     return tf.convert_to_tensor(data)
 
 
-def trace_train_step(model: Any, x: Any, y: Any) -> tuple[Any, bool]:
+def trace_train_step(
+    model: Any, x: Any, y: Any, calls: _layers.CallRecord | None = None
+) -> tuple[Any, bool]:
     """Traces `model.train_step` on one batch into a graph.
 
     The model must already have run one step (so its optimizer and metric
     variables exist). Keras 3 and tf_keras both define `train_step(data)`;
     it is traced here in a fresh `tf.function`, so patches installed or
     restored since the model's own trace take effect.
+
+    Args:
+        calls: Filled with the layer whose call built each op, when given.
 
     Returns:
         `(graph_def, xla)`: the traced graph with its function library, and
@@ -395,17 +408,32 @@ def trace_train_step(model: Any, x: Any, y: Any) -> tuple[Any, bool]:
 
         return backend.get_graph().as_graph_def(), xla
     data = (_to_tensors(x), _to_tensors(y))
-    with _metric_scopes(model), _as_if_on_gpu(model):
+    with (
+        _metric_scopes(model),
+        _as_if_on_gpu(model),
+        _layers.record_calls(model) as record,
+    ):
         step = tf.function(model.train_step, jit_compile=xla or None)
         concrete = step.get_concrete_function(data)
+    if calls is not None:
+        calls.ops.update(record.ops)
+        calls.scopes.update(record.scopes)
     return concrete.graph.as_graph_def(), xla
 
 
 def find(
-    graph_def: Any, model: Any, xla: bool, tensorflow_version: str
+    graph_def: Any,
+    model: Any,
+    xla: bool,
+    tensorflow_version: str,
+    calls: _layers.CallRecord | None = None,
 ) -> tuple[list[Finding], dict[str, Any]]:
-    """Hazard findings in `graph_def`, plus statistics of what was walked."""
-    attributor = Attributor(model)
+    """Hazard findings in `graph_def`, plus statistics of what was walked.
+
+    `calls` (from `trace_train_step`) attributes nodes to the layer whose
+    call built them; without it, scope names are matched to layer names.
+    """
+    attributor = Attributor(model, calls)
     installed = set(_patching.installed())
     groups: dict[tuple, list[Node]] = collections.defaultdict(list)
     rows: dict[tuple, _hazards.Hazard] = {}
@@ -434,6 +462,7 @@ def find(
     for key, nodes in sorted(groups.items()):
         op_type, kind, source, source_type, gradient = key
         row = rows[key]
+        patch = _patching.covering(op_type)
         findings.append(
             Finding(
                 op_type=op_type,
@@ -445,8 +474,8 @@ def find(
                 gradient=gradient,
                 nodes=tuple(node.name for node in nodes[:3]),
                 count=len(nodes),
-                patch=row.patch,
-                patch_installed=row.patch in installed,
+                patch=patch,
+                patch_installed=patch in installed,
                 detail=row.detail,
                 upstream=row.upstream,
             )
@@ -490,8 +519,9 @@ def scan(built: Any, target: str, *, compare_unpatched: bool = True) -> ScanRepo
     model = built.model
     _warm_up(built)
     x, y = built.batch(0)
-    graph_def, xla = trace_train_step(model, x, y)
-    findings, stats = find(graph_def, model, xla, version)
+    calls = _layers.CallRecord()
+    graph_def, xla = trace_train_step(model, x, y, calls)
+    findings, stats = find(graph_def, model, xla, version, calls)
     covered: list[Finding] = []
     installed = _patching.installed()
     if installed and compare_unpatched and tf.executing_eagerly():
@@ -500,8 +530,9 @@ def scan(built: Any, target: str, *, compare_unpatched: bool = True) -> ScanRepo
         _LOG.setLevel(logging.WARNING)
         _patching.restore(installed)
         try:
-            unpatched_def, _ = trace_train_step(model, x, y)
-            before, _ = find(unpatched_def, model, xla, version)
+            unpatched_calls = _layers.CallRecord()
+            unpatched_def, _ = trace_train_step(model, x, y, unpatched_calls)
+            before, _ = find(unpatched_def, model, xla, version, unpatched_calls)
         finally:
             _patching.install(installed)
             _LOG.setLevel(level)

@@ -1,32 +1,10 @@
 """Deterministic replacements, one module per patched op.
 
-Importing this package registers every patch with `tfdet._graph._patching`; it
-installs nothing. `tfdet.enable()` installs the ones the running versions need
-(see `tfdet/_graph/hazards.json`, `patches`). Each module cites the upstream issue it
-answers and builds its replacement only from ops that are deterministic on
-GPU and stay on the device.
+Each public module declares one `PATCH` (a `tfdet._graph._patching.Patch`,
+named like the module): the op types it replaces, the upstream issue it
+answers, and how it makes its replacements. `tfdet._graph._patching` finds the
+modules here on first use; importing this package installs nothing and
+imports no patch. Each replacement is built only from ops that are
+deterministic on GPU and stay on the device. Modules whose names start with
+`_` are helpers.
 """
-
-from tfdet.patches import (
-    adjust_contrast,
-    bincount,
-    confusion_matrix_scatter,
-    crop_and_resize_grad,
-    cudnn_rnn,
-    fused_batch_norm_frozen,
-    resize_nearest_grad,
-    sparse_dense_matmul,
-    sparse_optimizer_update,
-)
-
-__all__ = [
-    "adjust_contrast",
-    "bincount",
-    "confusion_matrix_scatter",
-    "crop_and_resize_grad",
-    "cudnn_rnn",
-    "fused_batch_norm_frozen",
-    "resize_nearest_grad",
-    "sparse_dense_matmul",
-    "sparse_optimizer_update",
-]

@@ -50,6 +50,11 @@ class Hook(importlib.abc.MetaPathFinder):
         self._finding = False
         self._done = False
 
+    @property
+    def pending(self) -> bool:
+        """Whether the callback has neither run nor been cancelled."""
+        return not self._done
+
     def fire(self) -> None:
         """Runs the callback, once, unless the hook was removed."""
         if self._done:

@@ -1,14 +1,25 @@
 """Reversible replacement of attributes and registered gradients.
 
-Every patch module owns one `Swap`; `install()` records each original before
-replacing it and `restore()` puts them back in reverse order, so a patch can
-be undone exactly and installing it twice is a no-op.
+Every patch owns one `Swap` (`tfdet._graph._patching.Patch`): its `apply`
+makes each replacement through it, which records the original first, and
+`restore()` puts them back in reverse order, so a patch is undone exactly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+
+def _gradient_entry(op_type: str) -> dict[str, Any]:
+    from tensorflow.python.framework import ops
+
+    return ops._gradient_registry._registry[op_type]  # pylint: disable=protected-access
+
+
+def registered_gradient(op_type: str) -> Callable[..., Any]:
+    """The gradient function registered for `op_type` now."""
+    return _gradient_entry(op_type)["type"]
 
 
 class Swap:
@@ -21,6 +32,15 @@ class Swap:
     def active(self) -> bool:
         """Whether replacements are in place."""
         return bool(self._saved)
+
+    @property
+    def saved(self) -> tuple[tuple[Any, str, Any], ...]:
+        """`(owner, name, original)` of each replacement, oldest first.
+
+        `owner` is an object (an attribute was replaced) or a gradient
+        registry entry (a dict; `name` is its key).
+        """
+        return tuple(self._saved)
 
     def attribute(self, owner: Any, name: str, replacement: Any) -> Any:
         """Sets `owner.name = replacement`; returns the original value."""
@@ -41,9 +61,7 @@ class Swap:
         Returns:
             The original gradient function, for the cases the patch defers.
         """
-        from tensorflow.python.framework import ops
-
-        entry = ops._gradient_registry._registry[op_type]  # pylint: disable=protected-access
+        entry = _gradient_entry(op_type)
         original = entry["type"]
         self._saved.append((entry, "type", original))
         entry["type"] = replacement

@@ -17,13 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet._graph import _hazards, _patching
+from tfdet._graph._patching import Patch
 from tfdet.patches._swap import Swap
-
-NAME = "adjust_contrast"
-UPSTREAM = "https://github.com/tensorflow/tensorflow/pull/51140"
-
-_swap = Swap()
 
 
 def adjust_contrastv2(
@@ -74,27 +69,16 @@ def adjust_contrastv2(
         return tf.cast(adjusted, images.dtype)
 
 
-def install() -> None:
-    """Replaces `gen_image_ops.adjust_contrastv2`."""
-    if _swap.active:
-        return
+def _apply(swap: Swap) -> None:
     from tensorflow.python.ops import gen_image_ops
 
-    _swap.attribute(gen_image_ops, "adjust_contrastv2", adjust_contrastv2)
+    swap.attribute(gen_image_ops, "adjust_contrastv2", adjust_contrastv2)
 
 
-def restore() -> None:
-    """Puts TensorFlow's op wrapper back."""
-    _swap.restore()
-
-
-PATCH = _patching.register(
-    _patching.Patch(
-        name=NAME,
-        summary="AdjustContrastv2 -> Mean, Sub, Mul, AddV2",
-        upstream=UPSTREAM,
-        needed=lambda: _hazards.patch_needed(NAME),
-        install=install,
-        restore=restore,
-    )
+PATCH = Patch(
+    name="adjust_contrast",
+    replaces=("AdjustContrastv2",),
+    summary="AdjustContrastv2 -> Mean, Sub, Mul, AddV2",
+    upstream="https://github.com/tensorflow/tensorflow/pull/51140",
+    apply=_apply,
 )

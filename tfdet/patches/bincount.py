@@ -19,13 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet._graph import _hazards, _patching
+from tfdet._graph._patching import Patch
 from tfdet.patches._swap import Swap
-
-NAME = "bincount"
-UPSTREAM = "https://github.com/tensorflow/tensorflow/pull/56905"
-
-_swap = Swap()
 
 
 def _invalid(message: str) -> Exception:
@@ -119,28 +114,17 @@ def bincount(arr: Any, size: Any, weights: Any, name: str | None = None) -> Any:
     )
 
 
-def install() -> None:
-    """Replaces `gen_math_ops.dense_bincount` and `gen_math_ops.bincount`."""
-    if _swap.active:
-        return
+def _apply(swap: Swap) -> None:
     from tensorflow.python.ops import gen_math_ops
 
-    _swap.attribute(gen_math_ops, "dense_bincount", dense_bincount)
-    _swap.attribute(gen_math_ops, "bincount", bincount)
+    swap.attribute(gen_math_ops, "dense_bincount", dense_bincount)
+    swap.attribute(gen_math_ops, "bincount", bincount)
 
 
-def restore() -> None:
-    """Puts TensorFlow's op wrappers back."""
-    _swap.restore()
-
-
-PATCH = _patching.register(
-    _patching.Patch(
-        name=NAME,
-        summary="(Dense)Bincount -> UnsortedSegmentSum",
-        upstream=UPSTREAM,
-        needed=lambda: _hazards.patch_needed(NAME),
-        install=install,
-        restore=restore,
-    )
+PATCH = Patch(
+    name="bincount",
+    replaces=("Bincount", "DenseBincount"),
+    summary="(Dense)Bincount -> UnsortedSegmentSum",
+    upstream="https://github.com/tensorflow/tensorflow/pull/56905",
+    apply=_apply,
 )

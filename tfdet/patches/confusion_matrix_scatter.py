@@ -20,13 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tfdet._graph import _hazards, _patching
+from tfdet._graph._patching import Patch
 from tfdet.patches._swap import Swap
-
-NAME = "confusion_matrix_scatter"
-UPSTREAM = "https://github.com/tensorflow/tensorflow/pull/52270"
-
-_swap = Swap()
 
 
 def scatter_nd(indices: Any, updates: Any, shape: Any, name: str | None = None) -> Any:
@@ -100,13 +95,11 @@ def _keras3_uses_tensorflow() -> bool:
     return keras.config.backend() == "tensorflow"
 
 
-def install() -> None:
+def _apply(swap: Swap) -> None:
     """Points both confusion matrices at the deterministic scatter."""
-    if _swap.active:
-        return
     from tensorflow.python.ops import confusion_matrix
 
-    _swap.attribute(
+    swap.attribute(
         confusion_matrix,
         "array_ops",
         _ModuleView(confusion_matrix.array_ops, "scatter_nd", scatter_nd),
@@ -114,25 +107,17 @@ def install() -> None:
     if _keras3_uses_tensorflow():
         from keras.src.metrics import metrics_utils
 
-        _swap.attribute(
+        swap.attribute(
             metrics_utils,
             "ops",
             _ModuleView(metrics_utils.ops, "scatter", _keras_scatter),
         )
 
 
-def restore() -> None:
-    """Puts the original modules back."""
-    _swap.restore()
-
-
-PATCH = _patching.register(
-    _patching.Patch(
-        name=NAME,
-        summary="ScatterNd in confusion matrices (IoU metrics) -> UnsortedSegmentSum",
-        upstream=UPSTREAM,
-        needed=lambda: _hazards.patch_needed(NAME),
-        install=install,
-        restore=restore,
-    )
+PATCH = Patch(
+    name="confusion_matrix_scatter",
+    replaces=("ScatterNd",),
+    summary="ScatterNd in confusion matrices (IoU metrics) -> UnsortedSegmentSum",
+    upstream="https://github.com/tensorflow/tensorflow/pull/52270",
+    apply=_apply,
 )

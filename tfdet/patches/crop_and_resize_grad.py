@@ -26,13 +26,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet._graph import _hazards, _patching
+from tfdet._graph._patching import Patch
 from tfdet.patches._swap import Swap
-
-NAME = "crop_and_resize_grad"
-UPSTREAM = "https://github.com/tensorflow/tensorflow/issues/42033"
-
-_swap = Swap()
 
 
 def _sample_positions(lo: Any, hi: Any, crop: Any, size: Any) -> tuple[Any, Any]:
@@ -282,27 +277,16 @@ def _gradient(op: Any, grad: Any) -> list[Any]:
     return [grad_image, grad_boxes, None, None]
 
 
-def install() -> None:
-    """Registers the deterministic gradient for `CropAndResize`."""
-    if _swap.active:
-        return
+def _apply(swap: Swap) -> None:
     import tensorflow.python.ops.image_grad  # noqa: F401  (registers the original)
 
-    _swap.gradient("CropAndResize", _gradient)
+    swap.gradient("CropAndResize", _gradient)
 
 
-def restore() -> None:
-    """Puts TensorFlow's gradient back."""
-    _swap.restore()
-
-
-PATCH = _patching.register(
-    _patching.Patch(
-        name=NAME,
-        summary="CropAndResizeGradImage/Boxes -> bilinear weights + UnsortedSegmentSum / Sum",
-        upstream=UPSTREAM,
-        needed=lambda: _hazards.patch_needed(NAME),
-        install=install,
-        restore=restore,
-    )
+PATCH = Patch(
+    name="crop_and_resize_grad",
+    replaces=("CropAndResizeGradImage", "CropAndResizeGradBoxes"),
+    summary="CropAndResizeGradImage/Boxes -> bilinear weights + UnsortedSegmentSum / Sum",
+    upstream="https://github.com/tensorflow/tensorflow/issues/42033",
+    apply=_apply,
 )

@@ -29,27 +29,20 @@ matters more. A layer built with `use_cudnn=True`
 (Keras 3) then raises Keras' own error, as it does on a CPU.
 
 When tf_keras is installed but not imported yet, its half waits for the
-import (`_import_hook.when_imported`), as `sparse_optimizer_update` does.
+import (the patch's `after_import`), as `sparse_optimizer_update` does.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from tfdet._graph import _hazards, _patching
-from tfdet.patches import _import_hook
+from tfdet._graph._patching import Patch
 from tfdet.patches._swap import Swap
 
 NAME = "cudnn_rnn"
-UPSTREAM = "https://github.com/tensorflow/tensorflow/issues/59281"
-
-_swap = Swap()
-_tf_keras_swap = Swap()
-_pending: _import_hook.Hook | None = None
 
 
 def keras3_rnn_module() -> Any:
@@ -87,51 +80,34 @@ def _standard_only(standard: Callable[..., Any]) -> Callable[..., Any]:
     return without_cudnn
 
 
-def _patch_tf_keras() -> None:
-    global _pending
-    _pending = None
-    if _tf_keras_swap.active:
-        return
-    from tf_keras.src.layers.rnn import gru, gru_lstm_utils, lstm
-
-    _tf_keras_swap.attribute(gru_lstm_utils, "is_cudnn_supported_inputs", _no_cudnn)
-    _tf_keras_swap.attribute(
-        lstm, "lstm_with_backend_selection", _standard_only(lstm.standard_lstm)
-    )
-    _tf_keras_swap.attribute(
-        gru, "gru_with_backend_selection", _standard_only(gru.standard_gru)
-    )
-
-
-def install() -> None:
-    """Keeps Keras 3 (now) and tf_keras (now or when imported) off cuDNN."""
-    global _pending
-    if _swap.active or _tf_keras_swap.active or _pending is not None:
-        return
+def _patch_keras3(swap: Swap) -> None:
     rnn = keras3_rnn_module()
     if rnn is not None:
-        _swap.attribute(rnn, "cudnn_ok", _no_cudnn)
-    if importlib.util.find_spec("tf_keras") is not None:
-        _pending = _import_hook.when_imported("tf_keras", _patch_tf_keras)
+        swap.attribute(rnn, "cudnn_ok", _no_cudnn)
 
 
-def restore() -> None:
-    """Puts Keras' own cuDNN selection back (or cancels the wait for tf_keras)."""
-    global _pending
-    if _pending is not None:
-        _pending.remove()
-        _pending = None
-    _tf_keras_swap.restore()
-    _swap.restore()
+def _patch_tf_keras(swap: Swap) -> None:
+    from tf_keras.src.layers.rnn import gru, gru_lstm_utils, lstm
 
-
-PATCH = _patching.register(
-    _patching.Patch(
-        name=NAME,
-        summary="Keras LSTM/GRU cuDNN kernels (CudnnRNNV3) -> Keras' generic implementation",
-        upstream=UPSTREAM,
-        needed=lambda: _hazards.patch_needed(NAME),
-        install=install,
-        restore=restore,
+    swap.attribute(gru_lstm_utils, "is_cudnn_supported_inputs", _no_cudnn)
+    swap.attribute(
+        lstm, "lstm_with_backend_selection", _standard_only(lstm.standard_lstm)
     )
+    swap.attribute(gru, "gru_with_backend_selection", _standard_only(gru.standard_gru))
+
+
+PATCH = Patch(
+    name=NAME,
+    replaces=(
+        "CudnnRNN",
+        "CudnnRNNV2",
+        "CudnnRNNV3",
+        "CudnnRNNBackprop",
+        "CudnnRNNBackpropV2",
+        "CudnnRNNBackpropV3",
+    ),
+    summary="Keras LSTM/GRU cuDNN kernels (CudnnRNNV3) -> Keras' generic implementation",
+    upstream="https://github.com/tensorflow/tensorflow/issues/59281",
+    apply=_patch_keras3,
+    after_import=(("tf_keras", _patch_tf_keras),),
 )

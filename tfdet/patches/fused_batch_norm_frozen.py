@@ -27,15 +27,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tfdet._graph import _hazards, _patching
-from tfdet.patches._swap import Swap
+from tfdet._graph._patching import Patch
+from tfdet.patches._swap import Swap, registered_gradient
 
-NAME = "fused_batch_norm_frozen"
-UPSTREAM = "https://github.com/tensorflow/tensorflow/pull/50505"
+# The forward ops whose registered gradients the patch replaces.
 OP_TYPES = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
-
-_swap = Swap()
-_originals: dict[str, Callable[..., Any]] = {}
 
 
 def frozen_batch_norm_grad(
@@ -81,44 +77,37 @@ def frozen_batch_norm_grad(
         return tf.cast(dx, x.dtype), dscale, doffset
 
 
-def _gradient(op: Any, *grads: Any) -> tuple[Any, ...]:
-    if op.get_attr("is_training"):
-        return _originals[op.type](op, *grads)
-    dx, dscale, doffset = frozen_batch_norm_grad(
-        grads[0],
-        op.inputs[0],
-        op.inputs[1],
-        op.inputs[3],
-        op.inputs[4],
-        op.get_attr("epsilon"),
-        op.get_attr("data_format"),
-    )
-    return dx, dscale, doffset, None, None
+def _frozen_only(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A fused-BN gradient: the patch's when frozen, else `original`."""
+
+    def gradient(op: Any, *grads: Any) -> tuple[Any, ...]:
+        if op.get_attr("is_training"):
+            return original(op, *grads)
+        dx, dscale, doffset = frozen_batch_norm_grad(
+            grads[0],
+            op.inputs[0],
+            op.inputs[1],
+            op.inputs[3],
+            op.inputs[4],
+            op.get_attr("epsilon"),
+            op.get_attr("data_format"),
+        )
+        return dx, dscale, doffset, None, None
+
+    return gradient
 
 
-def install() -> None:
-    """Registers the deterministic frozen-BN gradient for the fused ops."""
-    if _swap.active:
-        return
+def _apply(swap: Swap) -> None:
     import tensorflow.python.ops.nn_grad  # noqa: F401  (registers the originals)
 
     for op_type in OP_TYPES:
-        _originals[op_type] = _swap.gradient(op_type, _gradient)
+        swap.gradient(op_type, _frozen_only(registered_gradient(op_type)))
 
 
-def restore() -> None:
-    """Puts TensorFlow's gradients back."""
-    _swap.restore()
-    _originals.clear()
-
-
-PATCH = _patching.register(
-    _patching.Patch(
-        name=NAME,
-        summary="FusedBatchNormGrad(is_training=False) -> element-wise ops + Sum",
-        upstream=UPSTREAM,
-        needed=lambda: _hazards.patch_needed(NAME),
-        install=install,
-        restore=restore,
-    )
+PATCH = Patch(
+    name="fused_batch_norm_frozen",
+    replaces=("FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3"),
+    summary="FusedBatchNormGrad(is_training=False) -> element-wise ops + Sum",
+    upstream="https://github.com/tensorflow/tensorflow/pull/50505",
+    apply=_apply,
 )

@@ -15,13 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet._graph import _hazards, _patching
+from tfdet._graph._patching import Patch
 from tfdet.patches._swap import Swap
-
-NAME = "resize_nearest_grad"
-UPSTREAM = "https://github.com/tensorflow/tensorflow/pull/51023"
-
-_swap = Swap()
 
 
 def _source_index(
@@ -112,27 +107,16 @@ def _gradient(op: Any, grad: Any) -> list[Any]:
     return [grads, None]
 
 
-def install() -> None:
-    """Registers the deterministic gradient for `ResizeNearestNeighbor`."""
-    if _swap.active:
-        return
+def _apply(swap: Swap) -> None:
     import tensorflow.python.ops.image_grad  # noqa: F401  (registers the original)
 
-    _swap.gradient("ResizeNearestNeighbor", _gradient)
+    swap.gradient("ResizeNearestNeighbor", _gradient)
 
 
-def restore() -> None:
-    """Puts TensorFlow's gradient back."""
-    _swap.restore()
-
-
-PATCH = _patching.register(
-    _patching.Patch(
-        name=NAME,
-        summary="ResizeNearestNeighborGrad -> forward-resize index map + UnsortedSegmentSum",
-        upstream=UPSTREAM,
-        needed=lambda: _hazards.patch_needed(NAME),
-        install=install,
-        restore=restore,
-    )
+PATCH = Patch(
+    name="resize_nearest_grad",
+    replaces=("ResizeNearestNeighborGrad",),
+    summary="ResizeNearestNeighborGrad -> forward-resize index map + UnsortedSegmentSum",
+    upstream="https://github.com/tensorflow/tensorflow/pull/51023",
+    apply=_apply,
 )

@@ -20,13 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet._graph import _hazards, _patching
+from tfdet._graph._patching import Patch
 from tfdet.patches._swap import Swap
-
-NAME = "sparse_dense_matmul"
-UPSTREAM = "https://github.com/tensorflow/community/pull/346"
-
-_swap = Swap()
 
 
 def _adjoint(matrix: Any) -> Any:
@@ -123,29 +118,18 @@ def sparse_tensor_dense_mat_mul(
         return tf.math.unsorted_segment_sum(parts, rows, out_rows)
 
 
-def install() -> None:
-    """Replaces `gen_sparse_ops.sparse_tensor_dense_mat_mul`."""
-    if _swap.active:
-        return
+def _apply(swap: Swap) -> None:
     from tensorflow.python.ops import gen_sparse_ops
 
-    _swap.attribute(
+    swap.attribute(
         gen_sparse_ops, "sparse_tensor_dense_mat_mul", sparse_tensor_dense_mat_mul
     )
 
 
-def restore() -> None:
-    """Puts TensorFlow's op wrapper back."""
-    _swap.restore()
-
-
-PATCH = _patching.register(
-    _patching.Patch(
-        name=NAME,
-        summary="SparseTensorDenseMatMul -> Gather, Mul, UnsortedSegmentSum",
-        upstream=UPSTREAM,
-        needed=lambda: _hazards.patch_needed(NAME),
-        install=install,
-        restore=restore,
-    )
+PATCH = Patch(
+    name="sparse_dense_matmul",
+    replaces=("SparseTensorDenseMatMul",),
+    summary="SparseTensorDenseMatMul -> Gather, Mul, UnsortedSegmentSum",
+    upstream="https://github.com/tensorflow/community/pull/346",
+    apply=_apply,
 )

@@ -13,7 +13,7 @@ on GPU), so the update runs the optimizer's dense path on the device.
 
 When tf_keras is installed but not imported yet (a Keras 3 script, or one
 that imports tf_keras after `tfdet.enable()`), `install()` defers the wrap
-until tf_keras is imported (`_import_hook.when_imported`), so the patch is in
+until tf_keras is imported (the patch's `after_import`), so the patch is in
 force whatever the import order, and a script that never imports tf_keras
 does not pay for importing it (~0.2-0.4 s and ~500 modules, measured).
 
@@ -29,15 +29,10 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tfdet._graph import _hazards, _patching
-from tfdet.patches import _import_hook
+from tfdet._graph._patching import Patch
 from tfdet.patches._swap import Swap
 
 NAME = "sparse_optimizer_update"
-UPSTREAM = "https://github.com/tensorflow/tensorflow/pull/52270"
-
-_swap = Swap()
-_pending: _import_hook.Hook | None = None
 
 
 def densify(gradient: Any, variable: Any) -> Any:
@@ -84,50 +79,19 @@ def _optimizer_classes() -> list[Any]:
     return [optimizer._BaseOptimizer, optimizer.Optimizer, optimizer_v2.OptimizerV2]
 
 
-def _wrap_optimizers() -> None:
-    global _pending
-    _pending = None
-    if _swap.active:
-        return
+def _wrap_optimizers(swap: Swap) -> None:
     for cls in _optimizer_classes():
         # Only classes that define it themselves: a subclass inheriting the
         # method is covered by its base, and wrapping twice is pointless.
         if "apply_gradients" in vars(cls):
-            _swap.attribute(cls, "apply_gradients", _wrap(vars(cls)["apply_gradients"]))
+            swap.attribute(cls, "apply_gradients", _wrap(vars(cls)["apply_gradients"]))
 
 
-def install() -> None:
-    """Wraps `apply_gradients` of the tf_keras optimizer base classes.
-
-    Now if tf_keras is imported, else as soon as it is.
-    """
-    global _pending
-    if _swap.active or _pending is not None:
-        return
-    _pending = _import_hook.when_imported("tf_keras", _wrap_optimizers)
-
-
-def pending() -> bool:
-    """Whether `install()` is waiting for tf_keras to be imported."""
-    return _pending is not None
-
-
-def restore() -> None:
-    """Puts the original `apply_gradients` methods back (or cancels the wait)."""
-    global _pending
-    if _pending is not None:
-        _pending.remove()
-        _pending = None
-    _swap.restore()
-
-
-PATCH = _patching.register(
-    _patching.Patch(
-        name=NAME,
-        summary="tf_keras IndexedSlices updates (ResourceScatterAdd) -> UnsortedSegmentSum + dense update",
-        upstream=UPSTREAM,
-        needed=lambda: _hazards.patch_needed(NAME),
-        install=install,
-        restore=restore,
-    )
+PATCH = Patch(
+    name=NAME,
+    replaces=("ResourceScatterAdd", "ResourceScatterSub", "ResourceScatterUpdate"),
+    summary="tf_keras IndexedSlices updates (ResourceScatterAdd) -> UnsortedSegmentSum + dense update",
+    upstream="https://github.com/tensorflow/tensorflow/pull/52270",
+    after_import=(("tf_keras", _wrap_optimizers),),
+    requires={"tf_keras": ">=2.16", "keras_in_use": "tf_keras"},
 )
