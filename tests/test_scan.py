@@ -1,7 +1,7 @@
 """`tfdet scan`: hazards of real training steps, attributed, in fresh CLI processes.
 
 The models in `tests/targets/hazard_models.py` reach every entry point of
-FACTS.md's list. Without tfdet (`--no-enable`) the scan must list exactly
+the GPU hazard table (TF 2.21). Without tfdet (`--no-enable`) the scan must list exactly
 those hazards, each with the layer, metric or optimizer it comes from, and
 exit 1; with tfdet's patches it must list none and exit 0. The same models
 must train bit-identically across processes in `tfdet check`.
@@ -31,7 +31,7 @@ TF_KERAS_HAZARDS = KERAS3_HAZARDS | {
     ("FusedBatchNormGradV3", "layer", "frozen_bn"),
     ("ResourceScatterAdd", "optimizer", "Adam"),
 }
-# Entry points FACTS.md says Keras 3 already keeps off refused ops.
+# Entry points that Keras 3 already keeps off refused ops (measured on TF 2.21).
 KERAS3_SAFE_LAYERS = {"upsample", "contrast", "frozen_bn"}
 
 

@@ -4,7 +4,7 @@
 `TF_USE_LEGACY_KERAS=1`). Both use Resizing (nearest) and UpSampling2D (which
 resizes only in tf_keras), CategoryEncoding in count mode, RandomContrast, a
 frozen BatchNormalization, an IoU metric and an Embedding trained with Adam:
-the entry points FACTS.md lists. `nested` hides a nearest resize inside a
+the entry points known to reach refused ops in TF 2.21. `nested` hides a nearest resize inside a
 nested `tf.function` (its gradient is a separate library function);
 `extras` reaches the crop-and-resize and sparse-matmul backprops;
 `recurrent_keras3` and `recurrent_tf_keras` reach the cuDNN LSTM and GRU
