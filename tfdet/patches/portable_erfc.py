@@ -62,8 +62,8 @@ _DELTA = (
 def _horner(x: Any, coefficients: tuple[float, ...]) -> Any:
     # Multiply then add, as Eigen's ppolevl does without FMA (the
     # TensorFlow wheel's Eigen kernels are built without it).
-    result = coefficients[0] + 0.0 * x
-    for coefficient in coefficients[1:]:
+    result = x * coefficients[0] + coefficients[1]
+    for coefficient in coefficients[2:]:
         result = result * x + coefficient
     return result
 
