@@ -245,7 +245,8 @@ def test_scan_hides_gpus_before_tensorflow_starts() -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = last_json_line(result.stdout)
-    assert out["code"] == 0
+    # 1: unpatched, the CNN's softmax head is a CPU-model-dependent op.
+    assert out["code"] == 1
     assert out["calls"] == [[[], "GPU", False]]  # Before the runtime started.
     assert out["visible_gpus"] == []
 
