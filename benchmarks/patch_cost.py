@@ -164,7 +164,51 @@ def _cases() -> list[Case]:
 
         return step
 
+    def elementwise_step(function: Callable[[Any], Any]) -> Callable[[], Any]:
+        # BatchNormalization-sized activations: [32,32,32,64] = 2M floats.
+        x = tf.constant(rng.uniform(0.1, 4, (32, 32, 32, 64)), tf.float32)
+
+        def make() -> Callable[[], Any]:
+            @tf.function
+            def step() -> Any:
+                with tf.GradientTape() as tape:
+                    tape.watch(x)
+                    loss = tf.reduce_sum(function(x))
+                return tape.gradient(loss, x)
+
+            return step
+
+        return make
+
+    def softmax_step() -> Callable[[], Any]:
+        logits = tf.constant(rng.standard_normal((4096, 512)), tf.float32)
+
+        @tf.function
+        def step() -> Any:
+            with tf.GradientTape() as tape:
+                tape.watch(logits)
+                loss = tf.reduce_sum(tf.nn.softmax(logits) * logits)
+            return tape.gradient(loss, logits)
+
+        return step
+
     return [
+        Case(
+            "portable_rsqrt",
+            "rsqrt fwd+bwd, [32,32,32,64]",
+            elementwise_step(lambda t: tf.math.rsqrt(t)),
+        ),
+        Case(
+            "portable_reciprocal",
+            "reciprocal fwd+bwd, [32,32,32,64]",
+            elementwise_step(lambda t: tf.math.reciprocal(t)),
+        ),
+        Case(
+            "portable_erfc",
+            "exact GELU (erfc) fwd+bwd, [32,32,32,64]",
+            elementwise_step(lambda t: tf.nn.gelu(t, approximate=False)),
+        ),
+        Case("portable_softmax", "softmax fwd+bwd, [4096,512]", softmax_step),
         Case(
             "resize_nearest_grad",
             "resize nearest 32->64 fwd+bwd, [16,32,32,16]",

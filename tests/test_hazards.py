@@ -53,7 +53,7 @@ def test_rows_are_well_formed() -> None:
     assert len(table.hazards) >= 15
     for row in table.hazards:
         assert row.behaviour in _hazards.BEHAVIOURS
-        assert row.device in ("GPU", "any")
+        assert row.device in ("GPU", "CPU", "any")
         assert row.ops and row.entry_points and row.upstream.startswith("https://")
         # Covers at least 2.16 through 2.21, the range tfdet supports.
         assert SpecifierSet(row.tensorflow).contains("2.16.0")

@@ -17,6 +17,7 @@ _BEHAVIOUR = {
     "host_fallback": "falls back to the host on GPU",
     "nondeterministic": "nondeterministic on GPU",
     "xla_compile_error": "fails to compile under XLA",
+    "machine_dependent": "bits depend on the CPU model",
 }
 
 

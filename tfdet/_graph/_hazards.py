@@ -28,10 +28,15 @@ RAISES = "raises"
 HOST_FALLBACK = "host_fallback"
 NONDETERMINISTIC = "nondeterministic"
 XLA_COMPILE_ERROR = "xla_compile_error"
+# Device "CPU": the kernel's bits depend on the CPU model (approximate x86
+# instructions), so a run is reproducible on one machine but not portable.
+MACHINE_DEPENDENT = "machine_dependent"
 DETERMINISTIC = "deterministic"
 
 # Behaviours that make an op a hazard (everything but `deterministic`).
-HAZARDOUS = frozenset({RAISES, HOST_FALLBACK, NONDETERMINISTIC, XLA_COMPILE_ERROR})
+HAZARDOUS = frozenset(
+    {RAISES, HOST_FALLBACK, NONDETERMINISTIC, XLA_COMPILE_ERROR, MACHINE_DEPENDENT}
+)
 BEHAVIOURS = HAZARDOUS | {DETERMINISTIC}
 
 # Pseudo-attribute in `when`: the node is inside an XLA-compiled function.
@@ -44,7 +49,7 @@ class Hazard:
 
     Attributes:
         ops: TensorFlow op types the row covers.
-        device: "GPU", or "any" when every device behaves so.
+        device: "GPU", "CPU", or "any" when every device behaves so.
         behaviour: One of `BEHAVIOURS`.
         detail: What happens, one sentence.
         tensorflow: PEP 440 specifier of the TensorFlow versions it applies to.

@@ -1,0 +1,100 @@
+"""Shared parts of the patches that keep approximate CPU instructions out.
+
+Eigen, which TensorFlow's CPU kernels use, computes `1/sqrt(x)` and `1/x` for
+float32 with the x86 approximate instructions RSQRTPS / RCPPS refined by one
+Newton step (`prsqrt`, `preciprocal` under `EIGEN_FAST_MATH`). Their results
+are implementation-specific: an Intel and an AMD CPU (and QEMU) give other
+last bits, so the same program trains to other weights on another CPU model
+even with one thread and a pinned ISA. The ops whose kernels use them (Rsqrt,
+Reciprocal/Inv, Softmax's `sum.inverse()`, Erfc's `1/x^2`) are replaced by
+compositions of IEEE-754 correctly rounded operations (sqrt, division, and
+the element-wise ops whose bits were measured equal across CPU models), whose
+results are the same on every CPU.
+
+Grappler brings the approximate kernels back inside a `tf.function` if it
+can: it rewrites `Div(x, Sqrt(y))` (and `Xdivy`) into a multiplication by
+`Rsqrt(y)`, and once a static shape lets it fold `OnesLike` into a constant,
+`Div(1, y)` into `Reciprocal(y)` (measured: TF 2.21). The compositions
+therefore divide a numerator of ones that Grappler cannot fold (`ones()`) by a
+divisor it cannot see through (`opaque()`). Each replacement keeps the original op's gradient formula
+(through `tf.custom_gradient`), whose kernels use multiplications only.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from tfdet.patches._swap import Swap
+
+# Float dtypes the compositions handle; any other dtype (integers, complex)
+# goes to the original op, whose kernels use no approximate instruction.
+FLOATS = ("bfloat16", "float16", "float32", "float64")
+
+
+def swap_everywhere(
+    swap: Swap, module: str, function: str, replacement: Callable[..., Any]
+) -> Callable[..., Any]:
+    """Replaces every binding of a generated op wrapper in TensorFlow.
+
+    Some generated wrappers are bound under other names than their
+    `gen_*_ops` module (`tf.math.reciprocal` is `gen_math_ops.reciprocal`
+    itself; `math_ops.erfc` is a second copy of `gen_math_ops.erfc`), so each
+    attribute of a loaded `tensorflow` module holding a function defined as
+    `module.function` is replaced.
+
+    Returns:
+        The original `module.function`, which the replacement calls for the
+        dtypes and inputs it leaves alone.
+    """
+    original = getattr(sys.modules[module], function)
+    for name, loaded in sorted(sys.modules.items()):
+        if loaded is None or not (
+            name == "tensorflow" or name.startswith("tensorflow.")
+        ):
+            continue
+        for attribute, value in list(vars(loaded).items()):
+            if (
+                callable(value)
+                and getattr(value, "__module__", None) == module
+                and getattr(value, "__name__", None) == function
+            ):
+                swap.attribute(loaded, attribute, replacement)
+    return original
+
+
+def dense_float(x: Any) -> Any:
+    """`x` as a dense float tensor, or None when the original op should run."""
+    import tensorflow as tf
+
+    if isinstance(x, (tf.RaggedTensor, tf.SparseTensor, tf.IndexedSlices)):
+        return None
+    tensor = tf.convert_to_tensor(x)
+    return tensor if tensor.dtype.name in FLOATS else None
+
+
+def ones(x: Any) -> Any:
+    """Ones shaped like `x` that Grappler cannot fold into a constant.
+
+    `x == x or x != x` holds for every float, nan included, but depends on
+    `x`'s values, so constant folding leaves it alone (a constant numerator
+    of ones turns the division into `Reciprocal`).
+    """
+    import tensorflow as tf
+
+    return tf.cast(tf.logical_or(tf.equal(x, x), tf.not_equal(x, x)), x.dtype)
+
+
+def opaque(x: Any) -> Any:
+    """`x` through `Snapshot`, which hides a `Sqrt` from Grappler's rewrite."""
+    from tensorflow.python.ops import gen_array_ops
+
+    return gen_array_ops.snapshot(x)
+
+
+def divide(numerator: Any, denominator: Any) -> Any:
+    """`numerator / denominator`, one correctly rounded division per element."""
+    from tensorflow.python.ops import gen_math_ops
+
+    return gen_math_ops.real_div(numerator, denominator)

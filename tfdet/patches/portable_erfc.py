@@ -1,0 +1,136 @@
+"""Portable `tf.math.erfc` (`Erfc`), and with it exact GELU, on every CPU.
+
+Eigen's float32 erfc (`generic_fast_erfc<float>`) computes `1/x^2` with
+`preciprocal`, i.e. the x86 approximate instruction RCPPS plus a Newton
+step, whose last bits depend on the CPU model (Intel, AMD and QEMU differ).
+Exact GELU (`tf.nn.gelu(approximate=False)`, Keras' `gelu` activation's
+default in Keras 3) is `0.5 * x * erfc(-x / sqrt(2))`, so it reaches it.
+This patch replaces `gen_math_ops.erfc` (and its second copy `math_ops.erfc`)
+with the same algorithm written in TensorFlow ops, the reciprocal taken by a
+correctly rounded division:
+
+    |x| <= 1:  erfc(x) = 1 + x * S(x^2)
+    |x| >  1:  erfc(x) = exp(-x^2) (1 - lo(x^2)) P(1/x^2) / (x Q(1/x^2)) (+2 if x < 0)
+
+with Eigen's coefficients, `x` clamped to [-11, 11], and `lo(x^2)` the exact
+rounding error of `x*x` (taken in float64, where the product of two float32
+is exact). Each step is an IEEE correctly rounded operation or `Exp`, whose
+bits were measured equal across CPU models, so the result is bit-identical
+on every CPU and within a few ulps of the kernel's (its error bound is
+Eigen's, below 5 ulps). float16 / bfloat16 are computed in float32; float64
+keeps the original kernel (no approximate double instruction below
+AVX-512). The gradient is the original's formula,
+`dy * -2/sqrt(pi) * exp(-x^2)`. See `tfdet.patches._exact_math`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tfdet._graph._patching import Patch
+from tfdet.patches import _exact_math
+from tfdet.patches._swap import Swap
+
+_ORIGINAL: list[Any] = []
+
+# Eigen's generic_fast_erfc<float> (SpecialFunctionsImpl.h), highest degree first.
+_CLAMP = 11.0
+_ALPHA = (
+    5.61802298761904239654541015625e-04,
+    -4.91381669417023658752441406250e-03,
+    2.67075151205062866210937500000e-02,
+    -1.12800106406211853027343750000e-01,
+    3.76122951507568359375000000000e-01,
+    -1.12837910652160644531250000000e00,
+)
+_GAMMA = (
+    1.0208116471767425537109375e-01,
+    4.2920666933059692382812500e-01,
+    3.2379078865051269531250000e-01,
+    5.3971976041793823242187500e-02,
+)
+_DELTA = (
+    1.7251677811145782470703125e-02,
+    3.9137163758277893066406250e-01,
+    1.0000000000000000000000000e00,
+    6.2173241376876831054687500e-01,
+    9.5662862062454223632812500e-02,
+)
+
+
+def _horner(x: Any, coefficients: tuple[float, ...]) -> Any:
+    # Multiply then add, as Eigen's ppolevl does without FMA (the
+    # TensorFlow wheel's Eigen kernels are built without it).
+    result = x * coefficients[0] + coefficients[1]
+    for coefficient in coefficients[2:]:
+        result = result * x + coefficient
+    return result
+
+
+def erfc_float32(x: Any) -> Any:
+    """Eigen's float32 erfc algorithm with correctly rounded operations."""
+    import tensorflow as tf
+
+    x = tf.clip_by_value(x, -_CLAMP, _CLAMP)
+    x2 = x * x
+    small = x * _horner(x2, _ALPHA) + 1.0
+    wide = tf.cast(x, tf.float64)
+    x2_lo = tf.cast(wide * wide - tf.cast(x2, tf.float64), tf.float32)
+    exp2_hi = tf.exp(-x2)
+    z = exp2_hi - exp2_hi * x2_lo
+    q2 = _exact_math.divide(_exact_math.ones(x2), x2)
+    ratio = _exact_math.divide(_horner(q2, _GAMMA), x * _horner(q2, _DELTA))
+    large = z * ratio + tf.where(x < 0.0, 2.0, 0.0)
+    return tf.where(x2 > 1.0, large, small)
+
+
+def erfc(x: Any, name: str | None = None) -> Any:
+    """Complementary error function, the same bits on every CPU (`tf.raw_ops.Erfc`).
+
+    Example:
+
+    >>> erfc([0.0]).numpy().tolist()
+    [1.0]
+
+    Args:
+        x: A tensor; float32, float16 and bfloat16 are computed here, float64
+            by the original.
+        name: Name scope.
+    """
+    import tensorflow as tf
+
+    tensor = _exact_math.dense_float(x)
+    if tensor is None or tensor.dtype == tf.float64:
+        return _ORIGINAL[0](x, name=name)
+
+    @tf.custom_gradient
+    def forward(value: Any) -> Any:
+        result = tf.cast(erfc_float32(tf.cast(value, tf.float32)), value.dtype)
+
+        def gradient(upstream: Any) -> Any:
+            # TensorFlow's registered Erfc gradient (math_grad._ErfcGrad).
+            factor = tf.constant(-2 / math.sqrt(math.pi), dtype=upstream.dtype)
+            return upstream * factor * tf.exp(-tf.square(value))
+
+        return result, gradient
+
+    with tf.name_scope(name or "PortableErfc"):
+        return forward(tensor)
+
+
+def _apply(swap: Swap) -> None:
+    _ORIGINAL[:] = [
+        _exact_math.swap_everywhere(
+            swap, "tensorflow.python.ops.gen_math_ops", "erfc", erfc
+        )
+    ]
+
+
+PATCH = Patch(
+    name="portable_erfc",
+    replaces=("Erfc",),
+    summary="Erfc (RCPPS inside, CPU-model dependent) -> Eigen's algorithm with a true division",
+    upstream="https://gitlab.com/libeigen/eigen/-/blob/master/unsupported/Eigen/src/SpecialFunctions/SpecialFunctionsImpl.h",
+    apply=_apply,
+)

@@ -1,0 +1,75 @@
+"""Portable `tf.math.reciprocal` (`Reciprocal`, `Inv`): a true `1 / x`.
+
+Eigen's float32 reciprocal kernel uses the x86 approximate instruction RCPPS
+plus a Newton step, whose last bits depend on the CPU model (Intel, AMD and
+QEMU differ). This patch replaces `gen_math_ops.reciprocal` and
+`gen_math_ops.inv` (and every binding of them: `tf.math.reciprocal` is the
+generated function itself) with a correctly rounded division, bit-identical
+on every CPU. The gradient is TensorFlow's own `ReciprocalGrad` of the output
+(multiplications only). Integer and complex inputs keep the original op. See
+`tfdet.patches._exact_math`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfdet._graph._patching import Patch
+from tfdet.patches import _exact_math
+from tfdet.patches._swap import Swap
+
+_ORIGINAL: dict[str, Any] = {}
+
+
+def _portable(x: Any, name: str | None, original: str) -> Any:
+    import tensorflow as tf
+    from tensorflow.python.ops import gen_math_ops
+
+    tensor = _exact_math.dense_float(x)
+    if tensor is None:
+        return _ORIGINAL[original](x, name=name)
+
+    @tf.custom_gradient
+    def forward(value: Any) -> Any:
+        result = _exact_math.divide(_exact_math.ones(value), value)
+        return result, lambda upstream: gen_math_ops.reciprocal_grad(result, upstream)
+
+    with tf.name_scope(name or "PortableReciprocal"):
+        return forward(tensor)
+
+
+def reciprocal(x: Any, name: str | None = None) -> Any:
+    """`1 / x` with one correctly rounded division (`tf.raw_ops.Reciprocal`).
+
+    Example:
+
+    >>> reciprocal([4.0, 0.0]).numpy().tolist()
+    [0.25, inf]
+
+    Args:
+        x: A tensor; float dtypes are computed here, others by the original.
+        name: Name scope.
+    """
+    return _portable(x, name, "reciprocal")
+
+
+def inv(x: Any, name: str | None = None) -> Any:
+    """`1 / x` (`tf.raw_ops.Inv`, the deprecated name of Reciprocal)."""
+    return _portable(x, name, "inv")
+
+
+def _apply(swap: Swap) -> None:
+    module = "tensorflow.python.ops.gen_math_ops"
+    _ORIGINAL["reciprocal"] = _exact_math.swap_everywhere(
+        swap, module, "reciprocal", reciprocal
+    )
+    _ORIGINAL["inv"] = _exact_math.swap_everywhere(swap, module, "inv", inv)
+
+
+PATCH = Patch(
+    name="portable_reciprocal",
+    replaces=("Reciprocal", "Inv"),
+    summary="Reciprocal/Inv (RCPPS, CPU-model dependent) -> 1 / x",
+    upstream="https://gitlab.com/libeigen/eigen/-/blob/master/Eigen/src/Core/arch/AVX/MathFunctions.h",
+    apply=_apply,
+)

@@ -1,0 +1,75 @@
+"""Portable `tf.nn.softmax` (`Softmax`): `exp(x - max) / sum(exp(x - max))`.
+
+TensorFlow's CPU Softmax kernel multiplies by `sum.inverse()`, which Eigen
+computes for float32 with the x86 approximate instruction RCPPS plus a
+Newton step: its last bits depend on the CPU model (Intel, AMD and QEMU
+differ). Every Keras softmax (activations, attention, `keras.ops.softmax`)
+goes through `gen_nn_ops.softmax`; this patch replaces it with the same
+formula divided by the sum with a correctly rounded division. The sum runs
+in `Sum`'s order rather than the kernel's, so values agree with the original
+to a few ulps. The gradient is the original's formula,
+`(dy - sum(dy * y)) * y` (multiplications and a sum). See
+`tfdet.patches._exact_math`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfdet._graph._patching import Patch
+from tfdet.patches import _exact_math
+from tfdet.patches._swap import Swap
+
+_ORIGINAL: list[Any] = []
+
+
+def softmax(logits: Any, name: str | None = None) -> Any:
+    """Softmax over the last axis, division correctly rounded (`tf.raw_ops.Softmax`).
+
+    Example:
+
+    >>> softmax([[0.0, 0.0]]).numpy().tolist()
+    [[0.5, 0.5]]
+
+    Args:
+        logits: A float tensor of rank 1 or more.
+        name: Name scope.
+    """
+    import tensorflow as tf
+
+    tensor = _exact_math.dense_float(logits)
+    if tensor is None:
+        return _ORIGINAL[0](logits, name=name)
+
+    @tf.custom_gradient
+    def forward(value: Any) -> Any:
+        shifted = value - tf.reduce_max(value, axis=-1, keepdims=True)
+        exps = tf.exp(shifted)
+        result = _exact_math.divide(exps, tf.reduce_sum(exps, axis=-1, keepdims=True))
+
+        def gradient(upstream: Any) -> Any:
+            # TensorFlow's registered Softmax gradient (nn_grad._SoftmaxGrad).
+            total = tf.reduce_sum(upstream * result, axis=-1, keepdims=True)
+            return (upstream - total) * result
+
+        return result, gradient
+
+    with tf.name_scope(name or "PortableSoftmax"):
+        return forward(tensor)
+
+
+def _apply(swap: Swap) -> None:
+    _ORIGINAL[:] = [
+        _exact_math.swap_everywhere(
+            swap, "tensorflow.python.ops.gen_nn_ops", "softmax", softmax
+        )
+    ]
+
+
+PATCH = Patch(
+    name="portable_softmax",
+    replaces=("Softmax",),
+    summary="Softmax (RCPPS in sum.inverse(), CPU-model dependent) -> Exp / Sum",
+    upstream="https://github.com/tensorflow/tensorflow/blob/master/tensorflow/core/kernels/softmax_op_functor.h",
+    apply=_apply,
+)
