@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tfdet._pin import _enable, _environment, _isa, _versions  # noqa: E402
-from tfdet._runs import _builtins  # noqa: E402
+from tfdet._runs import _builtins, _options, _spawn  # noqa: E402
 
 TABLE = REPO / "benchmarks" / "portability_digests.json"
 SEED = 7
@@ -120,14 +120,12 @@ def train(name: str, workdir: str, timeout: float = 600.0) -> dict[str, Any]:
         RuntimeError: the process failed (its stderr tail in the message).
     """
     result = os.path.join(workdir, f"{name}.json")
+    # The default profile (enable() with its defaults): stated once, in RunOptions.
+    options = _options.RunOptions(target=f"builtin:{name}", seed=SEED, steps=STEPS)
     spec = {
-        "target": f"builtin:{name}",
-        "seed": SEED,
-        "steps": STEPS,
-        "enable": True,
-        "threads": 1,
-        "cpu_isa": "AVX2",
+        **_spawn.make_worker_spec(options),
         "result": result,
+        "trace": os.path.join(workdir, f"{name}.jsonl"),
     }
     started = time.perf_counter()
     process = subprocess.run(
