@@ -19,6 +19,7 @@ import shutil
 import tempfile
 from typing import Any
 
+from tfdet import _notices
 from tfdet._errors import (
     EXIT_DIVERGED,
     EXIT_OK,
@@ -155,7 +156,8 @@ def _run_report(run: _Run) -> dict[str, Any]:
         report["nonfinite"] = _nonfinite(run.trace)
         report["trace"] = outcome.result["trace"]
     if not outcome.ok:
-        report["stderr_tail"] = outcome.stderr_tail
+        # TensorFlow's start-up notices would crowd out the error.
+        report["stderr_tail"] = _notices.without_notices(outcome.stderr_tail)
     return report
 
 
