@@ -52,26 +52,25 @@ def hidden() -> Iterator[None]:
     """
     with contextlib.suppress(Exception):
         sys.stderr.flush()
-    try:
-        saved = os.dup(2)
-        capture = tempfile.TemporaryFile()
+    with tempfile.TemporaryFile() as capture:
+        try:
+            saved = os.dup(2)
+        except OSError:  # Descriptor 2 was closed at start: nothing to hide.
+            yield
+            return
         os.dup2(capture.fileno(), 2)
-    except (OSError, ValueError, AttributeError):  # No usable descriptor 2.
-        yield
-        return
-    try:
-        yield
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        capture.seek(0)
-        kept = without_notices(capture.read().decode("utf-8", errors="replace"))
-        capture.close()
-        if kept:
-            with contextlib.suppress(OSError):
-                os.write(2, kept.encode("utf-8"))
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            kept = without_notices(capture.read().decode("utf-8", errors="replace"))
+            if kept:
+                with contextlib.suppress(OSError):
+                    os.write(2, kept.encode("utf-8"))
 
 
 class _QuietLoader(importlib.abc.Loader):
