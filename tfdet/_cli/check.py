@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from tfdet._cli import _output, _training_flags, write_json
-from tfdet._runs import _check, _options
+from tfdet._runs import _api, _options
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -140,8 +140,9 @@ def execute(args: argparse.Namespace) -> int:
         attribute=args.attribute,
         traces=args.traces,
     )
-    report = _check.check(options, progress=_training_flags.progress)
+    result = _api.run_check(options, progress=_training_flags.progress)
+    report = result.to_dict()
     # The file first: a closed stdout must not lose the machine-readable report.
     write_json(args.json, report)
     _output.out(format_report(report))
-    return report["exit_code"]
+    return result.exit_code
