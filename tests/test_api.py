@@ -80,6 +80,7 @@ def test_check_from_a_python_c_session_agrees_with_the_cli(tmp_path):
     # The same model through the CLI: the same verdict and the same bits.
     (tmp_path / "model.py").write_text(_MODEL)
     cli = run_tfdet(
+        "check",
         f"{tmp_path / 'model.py'}:build",
         *("--steps", "2", "--device", "cpu", "--perturb", "hashseed"),
         *("--no-attribute", "--json", "-"),

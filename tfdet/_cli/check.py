@@ -62,6 +62,16 @@ def _run_line(run: dict[str, Any]) -> str:
     return f"  run {run['index']} ({state}, {run['seconds']:.1f}s): {labels}"
 
 
+def format_header(options: _options.RunOptions) -> str:
+    """What is about to run: printed before anything starts."""
+    mode = "with tfdet.enable()" if options.enable else "without tfdet (--no-enable)"
+    return (
+        f"tfdet check {options.target_spec.text} {mode}: {options.runs} runs x "
+        f"{options.steps} steps on {options.device}; perturbations: "
+        f"{', '.join(options.perturb) or 'none'}"
+    )
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The short human report: per device, runs, perturbations, verdict."""
     mode = "with tfdet.enable()" if report["enable"] else "without tfdet (--no-enable)"
@@ -140,7 +150,13 @@ def execute(args: argparse.Namespace) -> int:
         attribute=args.attribute,
         traces=args.traces,
     )
-    result = _api.run_check(options, progress=_training_flags.progress)
+    display = _output.StepsDisplay()
+    # The header first: TensorFlow takes seconds to start in the runs.
+    _output.progress(format_header(options))
+    try:
+        result = _api.run_check(options, display.message, display.step)
+    finally:
+        display.finish()
     report = result.to_dict()
     # The file first: a closed stdout must not lose the machine-readable report.
     write_json(args.json, report)

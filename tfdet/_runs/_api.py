@@ -136,9 +136,16 @@ def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def run_check(options: RunOptions, progress: ProgressFn | None = None) -> CheckReport:
-    """Runs the check `options` describe; what the CLI and `check()` call."""
-    return CheckReport.from_dict(_check.check(options, progress=progress))
+def run_check(
+    options: RunOptions,
+    progress: ProgressFn | None = None,
+    on_step: _check.StepFn | None = None,
+) -> CheckReport:
+    """Runs the check `options` describe; what the CLI and `check()` call.
+
+    `progress` and `on_step` as in `tfdet._runs._check.check`.
+    """
+    return CheckReport.from_dict(_check.check(options, progress, on_step))
 
 
 def _option_fields() -> list[dataclasses.Field]:
