@@ -125,8 +125,8 @@ class CheckReport:
             exit_code=report["exit_code"],
             divergence=divergence,
             runs=tuple(runs),
-            imitated=dict(report["imitated"]),
-            not_imitated=dict(report["not_imitated"]),
+            imitated=dict(report.get("imitated") or {}),
+            not_imitated=dict(report.get("not_imitated") or {}),
             _report=report,
         )
 
