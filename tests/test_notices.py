@@ -36,3 +36,20 @@ def test_env_hides_notices_unless_verbose():
         verbose = run_tfdet(*args)
         assert verbose.returncode == 0, verbose.stderr
         assert "absl::InitializeLog" in verbose.stderr
+
+
+def test_run_hides_notices_in_the_script_unless_verbose(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import sys\nimport tensorflow as tf\n"
+        "print('sum', int(tf.reduce_sum(tf.ones(3))))\n"
+        "print('stderr still works', file=sys.stderr)\n"
+    )
+    quiet = run_tfdet("run", str(script))
+    assert quiet.returncode == 0, quiet.stderr
+    assert "sum 3" in quiet.stdout
+    assert "stderr still works" in quiet.stderr
+    assert "absl::InitializeLog" not in quiet.stderr
+    verbose = run_tfdet("--verbose", "run", str(script))
+    assert verbose.returncode == 0, verbose.stderr
+    assert "absl::InitializeLog" in verbose.stderr

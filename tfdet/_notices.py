@@ -34,6 +34,9 @@ NOTICE = re.compile(
     r"|computation placer already registered|TF-TRT Warning: Could not find))"
 )
 
+# Set by `tfdet --verbose run` for the process that runs the script.
+VERBOSE_VARIABLE = "TFDET_VERBOSE"
+
 
 def without_notices(text: str) -> str:
     """`text` without the lines that are TensorFlow start-up notices."""

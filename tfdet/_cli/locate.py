@@ -70,6 +70,11 @@ def format_report(report: dict[str, Any]) -> str:
 
 def execute(args: argparse.Namespace) -> int:
     options = _training_flags.options(args)
+    # Before anything starts: TensorFlow takes seconds to start in the runs.
+    _output.progress(
+        f"tfdet locate {options.target_spec.text}: 2 runs x {options.steps} steps; "
+        f"perturbations: {', '.join(options.perturb) or 'none'}; starting TensorFlow"
+    )
     report = _locate.locate(options, progress=_training_flags.progress)
     # The file first: a closed stdout must not lose the machine-readable report.
     write_json(args.json, report)
