@@ -310,7 +310,7 @@ def test_interrupt_leaves_no_process_behind(tmp_path):
     # Wait until both runs train (and the neighbour burns), then interrupt.
     seen = set()
     for line in proc.stderr:
-        if "step" in line:
+        if ": step " in line:  # A run's progress line, not the header
             seen.add(line.split(":")[0])
         if len(seen) == 2:
             break

@@ -117,7 +117,7 @@ def _wait_for_steps(lines: queue.Queue, runs: int = 2) -> None:
     while len(seen) < runs:
         line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
         assert line is not None, "tfdet ended before its runs trained"
-        if "step" in line:
+        if ": step " in line:  # A run's progress line, not the header
             seen.add(line.split(":")[0])
 
 
