@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.conftest import run_tfdet
+from tests.conftest import run_python, run_tfdet
 from tfdet import _notices
 
 _SAMPLE = """\
@@ -53,3 +53,21 @@ def test_run_hides_notices_in_the_script_unless_verbose(tmp_path):
     verbose = run_tfdet("--verbose", "run", str(script))
     assert verbose.returncode == 0, verbose.stderr
     assert "absl::InitializeLog" in verbose.stderr
+
+
+def test_what_a_crash_says_while_hidden_still_gets_out():
+    # TensorFlow's import can die in C++ (an illegal instruction, a failed
+    # check): the reason must not be swallowed with the notices.
+    result = run_python(
+        """
+        import os
+        from tfdet import _notices
+        with _notices.hidden():
+            os.write(2, b"I0000 00:00:17.5 42 port.cc:153] oneDNN notice\\n")
+            os.write(2, b"F0000 fatal: the reason\\n")
+            os.abort()
+        """
+    )
+    assert result.returncode < 0
+    assert "the reason" in result.stderr
+    assert "oneDNN notice" not in result.stderr

@@ -16,8 +16,8 @@ import importlib.abc
 import importlib.machinery
 import os
 import re
+import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,35 +45,60 @@ def without_notices(text: str) -> str:
     )
 
 
+# The filter process: copies its stdin to its stdout, line by line, but
+# the notices. A process, not a thread: if TensorFlow's import kills this
+# one (an illegal instruction, a failed check in C++), the message that
+# says why must still get out.
+_FILTER = """
+import re, sys
+notice = re.compile(sys.argv[1])
+out = sys.stdout.buffer
+for line in sys.stdin.buffer:
+    if not notice.match(line.decode("utf-8", "replace")):
+        out.write(line)
+        out.flush()
+"""
+
+
 @contextlib.contextmanager
 def hidden() -> Iterator[None]:
-    """Sends descriptor 2 to a file meanwhile, then replays all but notices.
+    """Sends descriptor 2 through a filter of the notices meanwhile.
 
     At the descriptor level, because the notices are written by C++, not
-    through `sys.stderr`. Nothing else is lost: Python warnings or progress
-    written meanwhile are replayed (late) when the block ends.
+    through `sys.stderr`. Everything else written meanwhile (a Python
+    warning, a crash message) goes through, in order.
     """
     with contextlib.suppress(Exception):
         sys.stderr.flush()
-    with tempfile.TemporaryFile() as capture:
-        try:
-            saved = os.dup(2)
-        except OSError:  # Descriptor 2 was closed at start: nothing to hide.
-            yield
-            return
-        os.dup2(capture.fileno(), 2)
-        try:
-            yield
-        finally:
-            with contextlib.suppress(Exception):
-                sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            capture.seek(0)
-            kept = without_notices(capture.read().decode("utf-8", errors="replace"))
-            if kept:
-                with contextlib.suppress(OSError):
-                    os.write(2, kept.encode("utf-8"))
+    try:
+        saved = os.dup(2)
+    except OSError:  # Descriptor 2 was closed at start: nothing to hide.
+        yield
+        return
+    try:
+        # Its own session: Ctrl-C is for this process, which then closes
+        # the filter's input, and the filter ends.
+        filter_ = subprocess.Popen(
+            [sys.executable, "-c", _FILTER, NOTICE.pattern],
+            stdin=subprocess.PIPE,
+            stdout=saved,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError:
+        os.close(saved)
+        yield
+        return
+    os.dup2(filter_.stdin.fileno(), 2)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        filter_.stdin.close()
+        filter_.wait()
 
 
 class _QuietLoader(importlib.abc.Loader):
