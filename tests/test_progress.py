@@ -115,3 +115,19 @@ def test_check_into_a_pipe_writes_lines_only():
     assert lines[1] == "  [cpu] starting TensorFlow in 2 processes (2 steps each)"
     for run in (0, 1):
         assert f"  [cpu] run {run}: step 2/2" in lines
+
+
+def test_locate_steps_go_through_the_same_display(monkeypatch):
+    from tfdet._cli import _training_flags
+
+    stream = io.StringIO()
+    route = _training_flags.routed(_display(monkeypatch, stream), "cpu")
+    route("run 0: step 1/30")
+    route("run 0: step 2/30")  # Not a tenth of 30: no line in a log.
+    route("run 1: step 3/30")
+    route("comparing the runs")
+    assert stream.getvalue().splitlines() == [
+        "  [cpu] run 0: step 1/30",
+        "  [cpu] run 1: step 3/30",
+        "  comparing the runs",
+    ]
