@@ -201,6 +201,7 @@ def check(
         TargetError: `target` cannot be parsed, passed to the runs or built.
         DeviceUnavailableError: `device="gpu"` without a visible GPU.
         ValueError: an option out of range.
+        TypeError: an option `tfdet check` does not have.
     """
     if isinstance(options.get("perturb"), str):
         options["perturb"] = tuple(_perturb.parse(options["perturb"]))
