@@ -318,3 +318,65 @@ def test_bad_trace_and_reference_paths_fail_at_construction(tmp_path):
     # A directory that does not exist yet is fine: the writer creates it.
     callback = tfdet.DeterminismCallback(trace=tmp_path / "new" / "run.jsonl")
     assert callback.trace.endswith("run.jsonl")
+
+
+_SUMMARY = """
+import json, logging, sys
+import numpy as np
+import keras
+import tfdet
+tfdet.enable(seed=3)
+logging.basicConfig(level=logging.WARNING, format="LOG %(levelname)s %(message)s")
+
+
+def fit(callback, seed):
+    keras.utils.set_random_seed(seed)
+    x = np.random.default_rng(3).standard_normal((48, 6)).astype("float32")
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8),
+                              keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    history = model.fit(x, x[:, :2], batch_size=16, epochs=2, verbose=0,
+                        shuffle=False, callbacks=[callback])
+    return history.history
+
+
+reference = sys.argv[1]
+fit(tfdet.DeterminismCallback(trace=reference), 3)
+print("MARK same", file=sys.stderr, flush=True)
+same = tfdet.DeterminismCallback(reference=reference)
+fit(same, 3)
+print("MARK stop", file=sys.stderr, flush=True)
+# Another initial seed: the weights differ from step 0.
+stop = tfdet.DeterminismCallback(reference=reference)
+history = fit(stop, 4)
+facts = {
+    "same": [same.divergence is None, same.stopped_on_divergence],
+    "stop": [stop.divergence is not None, stop.stopped_on_divergence],
+    "stop_epochs": len(history["loss"]),
+}
+# Reused: the next fit starts afresh.
+fit(stop, 3)
+facts["reused"] = [stop.divergence is None, stop.stopped_on_divergence]
+print(json.dumps(facts))
+"""
+
+
+def test_end_of_fit_summary_at_warning_and_a_testable_stop(tmp_path):
+    reference = str(tmp_path / "reference.jsonl")
+    result = run_python(
+        f"import sys; sys.argv[1:] = [{reference!r}]\n" + _SUMMARY, env=ENV
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    facts = last_json_line(result.stdout)
+    assert facts["same"] == [True, False]
+    # "stop" ends fit normally (exit 0!): the attribute tells the script.
+    assert facts["stop"] == [True, True]
+    assert facts["stop_epochs"] == 1, "stopped in the first epoch"
+    assert facts["reused"] == [True, False]
+    recorded, same, stop = result.stderr.split("MARK ")
+    assert f"LOG WARNING tfdet: 6 steps recorded to {reference}" in recorded
+    assert f"LOG WARNING tfdet: 6 steps identical to reference {reference}" in same
+    summary = [line for line in stop.splitlines() if "diverged from reference" in line]
+    assert len(summary) == 1 and summary[0].startswith("LOG WARNING"), stop
+    assert "step 0" in summary[0] and "training stopped" in summary[0]
+    assert "use 'raise' in CI" in summary[0]

@@ -310,7 +310,7 @@ def test_interrupt_leaves_no_process_behind(tmp_path):
     # Wait until both runs train (and the neighbour burns), then interrupt.
     seen = set()
     for line in proc.stderr:
-        if "step" in line:
+        if ": step " in line:  # A run's progress line, not the header
             seen.add(line.split(":")[0])
         if len(seen) == 2:
             break
@@ -422,7 +422,9 @@ def test_json_is_written_before_the_report_and_a_closed_stdout_is_harmless(
     from tfdet._runs import _check as runs_check
 
     report = _fake_report()
-    monkeypatch.setattr(runs_check, "check", lambda options, progress=None: report)
+    monkeypatch.setattr(
+        runs_check, "check", lambda options, progress=None, on_step=None: report
+    )
     read_end, write_end = os.pipe()
     os.close(read_end)  # Nobody reads: printing raises BrokenPipeError.
     stdout = os.fdopen(os.dup(write_end), "w")

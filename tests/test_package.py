@@ -17,6 +17,24 @@ def test_dir_is_all() -> None:
     assert set(dir(tfdet)) == set(tfdet.__all__)
 
 
+def test_public_names_are_pinned() -> None:
+    # Adding a public name is a decision; removing one breaks users.
+    assert sorted(tfdet.__all__) == [
+        "CheckReport",
+        "DeterminismCallback",
+        "DivergenceError",
+        "Error",
+        "Profile",
+        "ProfileMismatchError",
+        "TooLateError",
+        "__version__",
+        "check",
+        "enable",
+        "is_enabled",
+        "profile",
+    ]
+
+
 def test_every_public_name_resolves() -> None:
     for name in sorted(set(tfdet.__all__) - LAZY):
         assert getattr(tfdet, name) is not None, name
@@ -79,6 +97,8 @@ def test_import_does_not_import_tensorflow_or_change_the_environment() -> None:
         before = dict(os.environ)
         import tfdet
         import tfdet._cli.run, tfdet._cli.env, tfdet._pin._launch
+        # The Python API of the check spawns the runs: it needs no TensorFlow.
+        tfdet.check, tfdet.CheckReport
         print(json.dumps({
             "tensorflow": "tensorflow" in sys.modules,
             "keras": "keras" in sys.modules or "tf_keras" in sys.modules,

@@ -15,6 +15,7 @@ from tfdet._pin._profile import Profile
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckReport",
     "DeterminismCallback",
     "DivergenceError",
     "Error",
@@ -22,6 +23,7 @@ __all__ = [
     "ProfileMismatchError",
     "TooLateError",
     "__version__",
+    "check",
     "enable",
     "is_enabled",
     "profile",
@@ -35,6 +37,12 @@ def __getattr__(name: str) -> Any:
         from tfdet._record._callback import DeterminismCallback
 
         return DeterminismCallback
+    if name in ("check", "CheckReport"):
+        # Not imported with tfdet: the check's modules are not needed to
+        # enable() (none of them imports TensorFlow either).
+        from tfdet._runs import _api
+
+        return getattr(_api, name)
     raise AttributeError(f"module 'tfdet' has no attribute {name!r}")
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from absl import app
 from absl.flags import argparse_flags
 
+from tfdet import _notices
 from tfdet._cli import _output
 from tfdet._errors import EXIT_RUN_FAILED, EXIT_USAGE, Error
 
@@ -76,9 +77,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parser.add_argument("--version", action="version", version=f"tfdet {_version()}")
+    # Not -v: absl takes it (--verbosity).
+    parser.add_argument("--verbose", **_VERBOSE)
     for name in SUBCOMMANDS:
         importlib.import_module(f"tfdet._cli.{name}").add_parser(subparsers)
+        # Also after the subcommand (`tfdet env --verbose`); SUPPRESS keeps a
+        # flag given before it.
+        subparsers.choices[name].add_argument(
+            "--verbose", **{**_VERBOSE, "default": argparse.SUPPRESS}
+        )
     return parser
+
+
+_VERBOSE: dict[str, Any] = {
+    "action": "store_true",
+    "default": False,
+    "help": "Also show TensorFlow's C++ start-up notices (absl, oneDNN, CUDA "
+    "plugin registration), hidden by default.",
+}
 
 
 def _version() -> str:
@@ -138,6 +154,8 @@ def execute(args: argparse.Namespace) -> int:
     128 + the signal's number (130 for Ctrl-C); any other exception is a bug in tfdet or beneath it, reported with
     its traceback as exit 3, never as 0 ("equal") or 1 ("diverged").
     """
+    if not getattr(args, "verbose", False):
+        _notices.hide_at_import()
     try:
         _check_json_destination(getattr(args, "json", None))
         if getattr(args, "json", None) == "-":

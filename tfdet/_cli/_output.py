@@ -128,3 +128,81 @@ def flush_at_exit() -> None:
             stream.flush()
         except (OSError, ValueError):
             _silence(name)
+
+
+def _is_terminal(name: str) -> bool:
+    stream = getattr(sys, name)
+    try:
+        return bool(stream is not None and stream.isatty())
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+# Lines per run when stderr is not a terminal: a log gets the first step,
+# every tenth of the run and the last, not one line per step.
+PIPED_LINES_PER_RUN = 10
+
+
+class StepsDisplay:
+    """Progress of concurrent runs on stderr: in place on a terminal.
+
+    On a terminal, one line per device (`[cpu] run 0: 12/200  run 1:
+    11/200`) is rewritten in place with `\\r`. Elsewhere (a pipe, a CI log)
+    each run gets plain lines at its first step, at every tenth of its steps
+    and at its last: a log of a long check stays short, and nothing depends
+    on timing. Messages (`message`) end an in-place line first. Like
+    `progress`, nothing here ever blocks a run or fails it.
+    """
+
+    def __init__(self, indent: str = "  ") -> None:
+        self._indent = indent
+        self._terminal = _is_terminal("stderr")
+        self._steps: dict[str, dict[int, tuple[int, int]]] = {}
+        self._open = ""  # The device whose line is in place, unterminated.
+        self._width = 0
+
+    def _end_line(self) -> None:
+        if self._open:
+            self._raw("\n")
+            self._open = ""
+            self._width = 0
+
+    def _raw(self, text: str) -> None:
+        stream = sys.stderr
+        if stream is None or not _writable_now(stream):
+            return
+        try:
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):
+            _silence("stderr")
+
+    def message(self, text: str) -> None:
+        """A line of its own (a stage, a header)."""
+        with _lock:
+            self._end_line()
+        progress(f"{self._indent}{text}")
+
+    def step(self, device: str, index: int, done: int, total: int) -> None:
+        """Run `index` on `device` finished step `done` of `total`."""
+        runs = self._steps.setdefault(device, {})
+        runs[index] = (done, total)
+        if not self._terminal:
+            every = max(1, total // PIPED_LINES_PER_RUN)
+            if done in (1, total) or done % every == 0:
+                progress(f"{self._indent}[{device}] run {index}: step {done}/{total}")
+            return
+        line = f"{self._indent}[{device}] " + "  ".join(
+            f"run {i}: {d}/{t}" for i, (d, t) in sorted(runs.items())
+        )
+        with _lock:
+            if self._open and self._open != device:
+                self._end_line()
+            # Spaces wipe what a longer previous line left behind.
+            self._raw("\r" + line.ljust(self._width))
+            self._open, self._width = device, max(self._width, len(line))
+
+    def finish(self) -> None:
+        """Ends an in-place line, so that the report starts on its own."""
+        with _lock:
+            self._end_line()

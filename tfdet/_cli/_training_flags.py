@@ -9,6 +9,8 @@ options object validates.
 from __future__ import annotations
 
 import argparse
+import re
+from collections.abc import Callable
 from typing import Any
 
 from absl import app
@@ -102,3 +104,20 @@ def options(args: argparse.Namespace, **extra: Any) -> _options.RunOptions:
 def progress(message: str) -> None:
     """Progress lines go to stderr while runs are going."""
     _output.progress(f"  {message}")
+
+
+# A run's step as `tfdet._runs._locate` reports it: "run 0: step 3/10".
+_STEP = re.compile(r"^run (\d+): step (\d+)/(\d+)$")
+
+
+def routed(display: _output.StepsDisplay, device: str) -> Callable[[str], None]:
+    """A progress function that sends step lines to `display.step`."""
+
+    def route(message: str) -> None:
+        match = _STEP.match(message)
+        if match is None:
+            display.message(message)
+        else:
+            display.step(device, *(int(group) for group in match.groups()))
+
+    return route

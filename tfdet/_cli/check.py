@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from tfdet._cli import _output, _training_flags, write_json
-from tfdet._runs import _check, _options
+from tfdet._runs import _api, _options
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -60,6 +60,16 @@ def _run_line(run: dict[str, Any]) -> str:
     else:
         state = run.get("reason") or "failed"
     return f"  run {run['index']} ({state}, {run['seconds']:.1f}s): {labels}"
+
+
+def format_header(options: _options.RunOptions) -> str:
+    """What is about to run: printed before anything starts."""
+    mode = "with tfdet.enable()" if options.enable else "without tfdet (--no-enable)"
+    return (
+        f"tfdet check {options.target_spec.text} {mode}: {options.runs} runs x "
+        f"{options.steps} steps on {options.device}; perturbations: "
+        f"{', '.join(options.perturb) or 'none'}"
+    )
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -140,8 +150,15 @@ def execute(args: argparse.Namespace) -> int:
         attribute=args.attribute,
         traces=args.traces,
     )
-    report = _check.check(options, progress=_training_flags.progress)
+    display = _output.StepsDisplay()
+    # The header first: TensorFlow takes seconds to start in the runs.
+    _output.progress(format_header(options))
+    try:
+        result = _api.run_check(options, display.message, display.step)
+    finally:
+        display.finish()
+    report = result.to_dict()
     # The file first: a closed stdout must not lose the machine-readable report.
     write_json(args.json, report)
     _output.out(format_report(report))
-    return report["exit_code"]
+    return result.exit_code

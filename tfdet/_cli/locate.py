@@ -70,7 +70,16 @@ def format_report(report: dict[str, Any]) -> str:
 
 def execute(args: argparse.Namespace) -> int:
     options = _training_flags.options(args)
-    report = _locate.locate(options, progress=_training_flags.progress)
+    # Before anything starts: TensorFlow takes seconds to start in the runs.
+    _output.progress(
+        f"tfdet locate {options.target_spec.text}: 2 runs x {options.steps} steps; "
+        f"perturbations: {', '.join(options.perturb) or 'none'}; starting TensorFlow"
+    )
+    display = _output.StepsDisplay()
+    try:  # Layer fingerprints are taken on the CPU.
+        report = _locate.locate(options, _training_flags.routed(display, "cpu"))
+    finally:
+        display.finish()
     # The file first: a closed stdout must not lose the machine-readable report.
     write_json(args.json, report)
     _output.out(format_report(report))

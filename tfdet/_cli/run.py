@@ -16,6 +16,7 @@ import threading
 
 from absl import app
 
+from tfdet import _notices
 from tfdet._pin import _enable, _isa, _settings
 
 
@@ -206,6 +207,8 @@ def execute(args: argparse.Namespace) -> int:
             args.onednn,
         )
     )
+    if getattr(args, "verbose", False):
+        env[_notices.VERBOSE_VARIABLE] = "1"
     command = [
         sys.executable,
         "-m",

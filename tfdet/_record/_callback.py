@@ -72,10 +72,16 @@ class _DeterminismHooks:
     `profile_differences`.
 
     Each `fit` call starts afresh: the trace file is rewritten and step 0 is
-    the first step of that `fit`. At the end of a `fit` without divergence,
-    the callback logs that the compared steps match, or warns when the
-    reference holds steps (up to this run's last) that were not compared,
-    e.g. because of another `every`.
+    the first step of that `fit`. At the end of every `fit`, the callback
+    logs one summary line at WARNING level (logger `"tfdet"`, shown by absl
+    and by Python's default logging): `"tfdet: 4 steps identical to reference
+    run.jsonl"`, the divergence, how many steps were recorded, or a warning
+    when the reference holds steps (up to this run's last) that were not
+    compared, e.g. because of another `every`.
+
+    In CI, use `on_divergence="raise"`: the default `"stop"` ends training
+    early but `fit` returns normally, so a script that does not test
+    `callback.stopped_on_divergence` (or `callback.divergence`) exits 0.
 
     Works with Keras 3 and tf_keras `fit`: when tf_keras is in use
     (`TF_USE_LEGACY_KERAS=1`, or `tf_keras` imported before the callback is
@@ -95,15 +101,19 @@ class _DeterminismHooks:
         reference: A trace to compare against (path or `tfdet` trace), or None.
         every: Record (and compare) every `every`-th step, from step 0.
         on_divergence: At the first difference from `reference`: `"stop"` logs
-            the step, the quantity, both values and the ulp distance and sets
-            `model.stop_training`; `"raise"` raises `tfdet.DivergenceError`
-            with the same facts; `"warn"` warns and trains on.
+            the step, the quantity, both values and the ulp distance at
+            WARNING, sets `model.stop_training` (fit returns normally, with
+            the history of the steps it ran) and `stopped_on_divergence`;
+            `"raise"` raises `tfdet.DivergenceError` with the same facts (use
+            it in CI: the script fails); `"warn"` warns and trains on.
         variables_every: Also record one fingerprint per variable every
             `variables_every`-th recorded step (0: never). They let `tfdet
             diff` name the first differing variable.
 
     Attributes:
         divergence: The first difference found in the last `fit`, or None.
+        stopped_on_divergence: Whether the last `fit` was stopped by this
+            callback (`on_divergence="stop"`) at a divergence.
         profile_differences: `{field: (reference, this run)}` of the profiles.
         steps_recorded: Number of steps recorded in the last `fit`.
 
@@ -157,6 +167,7 @@ class _DeterminismHooks:
         self.on_divergence = on_divergence
         self.variables_every = variables_every
         self.divergence: _diff.Divergence | None = None
+        self.stopped_on_divergence = False
         self.profile_differences: dict[str, tuple[Any, Any]] = {}
         self.steps_recorded = 0
 
@@ -164,6 +175,7 @@ class _DeterminismHooks:
         from tfdet._pin import _enable, _environment
 
         self.divergence = None
+        self.stopped_on_divergence = False
         self.profile_differences = {}
         self.steps_recorded = 0
         self._steps_compared = 0
@@ -243,13 +255,50 @@ class _DeterminismHooks:
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self._close()
+        # WARNING, not INFO: absl and Python's logging hide INFO by default,
+        # and a summary nobody sees says nothing.
+        _LOG.warning("%s", self.summary())
         if self.reference is None or self.divergence is not None:
             return
+        if self._unchecked():
+            warnings.warn(self.summary(), stacklevel=2)
+
+    def _reference_name(self) -> str:
+        if isinstance(self.reference, (str, os.PathLike)):
+            return os.fspath(self.reference)
+        return "the reference trace"
+
+    def _unchecked(self) -> bool:
         expected = sum(1 for step in self._expected if step <= self._last_step)
-        if self._steps_compared < expected or self._steps_compared < (
-            self.steps_recorded
-        ):
-            message = (
+        return self._steps_compared < expected or (
+            self._steps_compared < self.steps_recorded
+        )
+
+    def summary(self) -> str:
+        """One line on what the last `fit` found; logged at its end."""
+        if not hasattr(self, "_expected"):
+            return "tfdet: no fit has run with this callback yet"
+        recorded = (
+            f"; {self.steps_recorded} steps recorded to {self.trace}"
+            if self.trace is not None
+            else ""
+        )
+        if self.reference is None:
+            where = "" if self.trace is None else f" to {self.trace}"
+            return f"tfdet: {self.steps_recorded} steps recorded{where}"
+        name = self._reference_name()
+        if self.divergence is not None:
+            if self.stopped_on_divergence:
+                what = "training stopped (on_divergence='stop'; use 'raise' in CI)"
+            else:
+                what = "training went on (on_divergence='warn')"
+            return (
+                f"tfdet: bits diverged from reference {name}: "
+                f"{self.divergence.describe()}; {what}{recorded}"
+            )
+        if self._unchecked():
+            expected = sum(1 for step in self._expected if step <= self._last_step)
+            return (
                 f"tfdet: compared only {self._steps_compared} steps with the "
                 f"reference, which has {expected} steps up to step "
                 f"{self._last_step}; this run recorded {self.steps_recorded}. "
@@ -257,12 +306,9 @@ class _DeterminismHooks:
                 "number of batches per epoch?): the steps not compared are "
                 "unchecked."
             )
-            _LOG.warning("%s", message)
-            warnings.warn(message, stacklevel=2)
-            return
-        _LOG.info(
-            "tfdet: %d recorded steps match the reference bit for bit.",
-            self._steps_compared,
+        return (
+            f"tfdet: {self._steps_compared} steps identical to reference "
+            f"{name}{recorded}"
         )
 
     def _close(self) -> None:
@@ -293,6 +339,7 @@ class _DeterminismHooks:
             warnings.warn(message, stacklevel=2)
             return
         _LOG.warning("%s Stopping training.", message)
+        self.stopped_on_divergence = True
         self.model.stop_training = True
 
 

@@ -17,8 +17,10 @@ import dataclasses
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
+from tfdet import _notices
 from tfdet._errors import (
     EXIT_DIVERGED,
     EXIT_OK,
@@ -155,7 +157,8 @@ def _run_report(run: _Run) -> dict[str, Any]:
         report["nonfinite"] = _nonfinite(run.trace)
         report["trace"] = outcome.result["trace"]
     if not outcome.ok:
-        report["stderr_tail"] = outcome.stderr_tail
+        # TensorFlow's start-up notices would crowd out the error.
+        report["stderr_tail"] = _notices.without_notices(outcome.stderr_tail)
     return report
 
 
@@ -217,11 +220,16 @@ def _keep_traces(
             report["trace"] = kept
 
 
+# Called as `on_step(device, run_index, steps_done, steps_total)`.
+StepFn = Callable[[str, int, int, int], None]
+
+
 def _check_device(
     device: str,
     options: RunOptions,
     progress: ProgressFn | None,
     workdir: str,
+    step: StepFn | None = None,
 ) -> dict[str, Any]:
     names = list(options.perturb)
     setups = _perturb.plan(
@@ -229,9 +237,17 @@ def _check_device(
     )
     env = _spawn.run_environment(options.target_spec, device)
     worker_spec = _spawn.make_worker_spec(options)
+    if progress is not None:
+        # TensorFlow takes seconds to start: say so before the first step.
+        progress(
+            f"[{device}] starting TensorFlow in {len(setups)} processes "
+            f"({options.steps} steps each)"
+        )
 
     def on_step(index: int, done: int, total: int) -> None:
-        if progress is not None:
+        if step is not None:
+            step(device, index, done, total)
+        elif progress is not None:
             progress(f"[{device}] run {index}: step {done}/{total}")
 
     outcomes = _spawn.run_all(
@@ -297,8 +313,15 @@ def _prepare_traces(directory: str, devices: list[str]) -> None:
             ) from error
 
 
-def check(options: RunOptions, progress: ProgressFn | None = None) -> dict[str, Any]:
+def check(
+    options: RunOptions,
+    progress: ProgressFn | None = None,
+    on_step: StepFn | None = None,
+) -> dict[str, Any]:
     """Runs the check and returns the full report (see `tfdet check --json`).
+
+    `progress` gets one line per event; each run's steps go to `on_step`
+    when given (a display that updates in place), else to `progress`.
 
     With `options.traces`, each finished run's trace is kept as
     `TRACES/DEVICE/runN.jsonl` (N from 0, the baseline): `tfdet diff` of two
@@ -309,6 +332,8 @@ def check(options: RunOptions, progress: ProgressFn | None = None) -> dict[str, 
         DeviceUnavailableError: `device="gpu"` without a visible GPU.
         Error: `options.traces` cannot be written (exit 2).
     """
+    if progress is not None and not options.target_spec.text.startswith("builtin:"):
+        progress("building the TARGET once in a fresh process, to check it")
     _spawn.preflight(options.target_spec, options.timeout)
     gpu = _devices.gpu_visible() if options.device in ("gpu", "all") else False
     if options.device == "gpu" and not gpu:
@@ -328,7 +353,9 @@ def check(options: RunOptions, progress: ProgressFn | None = None) -> dict[str, 
                 continue
             device_dir = os.path.join(workdir, device)
             os.makedirs(device_dir)
-            devices[device] = _check_device(device, options, progress, device_dir)
+            devices[device] = _check_device(
+                device, options, progress, device_dir, on_step
+            )
     exit_code = combined_exit_code(
         [d["exit_code"] for d in devices.values() if d.get("status") == "ran"]
     )

@@ -1,0 +1,138 @@
+"""`tfdet.check()`: the check from Python, as a notebook user calls it."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import threading
+
+import pytest
+
+import tfdet
+from tests.conftest import clean_env, last_json_line, run_python, run_tfdet
+from tfdet._errors import TargetError
+from tfdet._pin import _settings
+from tfdet._runs import _api, _options
+
+# Defined in `python -c` code: no file, no source for `inspect`. The globals
+# it reads (a module, a constant, a helper of the same script) go with it.
+_MODEL = """
+import numpy as np
+
+N = 6
+
+
+def data():
+    return np.random.default_rng(0).standard_normal((64, N)).astype("float32")
+
+
+def build():
+    import keras
+    x = data()
+    model = keras.Sequential(
+        [keras.Input((N,)), keras.layers.Dense(4), keras.layers.Dense(2)]
+    )
+    model.compile(optimizer="sgd", loss="mse")
+    return model, x, x[:, :2]
+"""
+
+_SESSION = (
+    _MODEL
+    + """
+import json, os, sys
+import tfdet
+
+
+def noisy():
+    import keras
+    keras.utils.set_random_seed(int.from_bytes(os.urandom(4), "little"))
+    model = keras.Sequential([keras.Input((N,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+options = dict(steps=2, device="cpu", perturb="hashseed", attribute=False)
+good = tfdet.check(build, **options)
+bad = tfdet.check(noisy, **options)
+print(json.dumps({
+    "tensorflow_in_parent": "tensorflow" in sys.modules,
+    "good": [good.verdict, good.exit_code, [r.final_loss for r in good.runs],
+             good.to_dict()["target"], good.divergence],
+    "bad": [bad.verdict, bad.exit_code, bad.divergence["step"],
+            bad.divergence["device"]],
+    "json_keys": sorted(good.to_dict()),
+}))
+"""
+)
+
+
+def test_check_from_a_python_c_session_agrees_with_the_cli(tmp_path):
+    result = run_python(_SESSION, env=clean_env(), timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    facts = last_json_line(result.stdout)
+    verdict, code, losses, target, divergence = facts["good"]
+    assert (verdict, code, divergence) == ("identical", 0, None)
+    assert target == "__main__:build"
+    assert len(losses) == 2 and losses[0] == losses[1]
+    # An os.urandom seed: the same API says "diverged", with the CLI's code.
+    assert facts["bad"] == ["diverged", 1, 0, "cpu"]
+    # The same model through the CLI: the same verdict and the same bits.
+    (tmp_path / "model.py").write_text(_MODEL)
+    cli = run_tfdet(
+        "check",
+        f"{tmp_path / 'model.py'}:build",
+        *("--steps", "2", "--device", "cpu", "--perturb", "hashseed"),
+        *("--no-attribute", "--json", "-"),
+    )
+    assert cli.returncode == 0, cli.stderr[-4000:]
+    report = json.loads(cli.stdout)
+    assert report["verdict"] == "identical"
+    assert [float(r["final_loss"]) for r in report["devices"]["cpu"]["runs"]] == losses
+    # to_dict() is the --json report: the same keys.
+    assert facts["json_keys"] == sorted(report)
+
+
+def test_signature_takes_its_defaults_from_run_options():
+    parameters = inspect.signature(tfdet.check).parameters
+    for field in dataclasses.fields(_options.RunOptions):
+        if field.name != "target":
+            assert parameters[field.name].default == field.default, field.name
+    assert parameters["seed"].default == _settings.DEFAULT_SEED
+    assert parameters["runs"].kind is inspect.Parameter.KEYWORD_ONLY
+    with pytest.raises(TypeError, match="Received: step="):
+        tfdet.check("builtin:cnn", step=3)
+    with pytest.raises(ValueError, match="--runs"):
+        tfdet.check("builtin:cnn", runs=1)
+
+
+_LOCK = threading.Lock()
+
+
+def _uses_a_lock():
+    return _LOCK
+
+
+def test_callables_that_cannot_travel_are_refused_with_what_to_do():
+    def outer():
+        size = 3
+
+        def build():
+            return size
+
+        return build
+
+    with pytest.raises(TargetError, match="reads size.*top level"):
+        tfdet.check(outer())
+
+    with pytest.raises(TargetError, match="_LOCK=lock.*inside the function"):
+        _api._module_source(_uses_a_lock)
+    with pytest.raises(TargetError, match="a TARGET string or a function"):
+        tfdet.check(3)
+
+
+def test_an_importable_function_is_passed_by_name():
+    from tfdet._runs import _builtins
+
+    assert _api._importable_name(_builtins.get("cnn").function) is not None
+    assert _api._importable_name(lambda: None) is None
