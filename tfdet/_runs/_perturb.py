@@ -67,10 +67,11 @@ NOT_IMITATED = {
     "microcode and, in oneDNN and Eigen, sometimes different code paths; "
     "measured, they gave different weights for BatchNorm/GELU/Adam models.",
     "approximate_instructions": "The CPU's own results for approximate "
-    "instructions (RSQRTPS, RCPPS), from which Eigen's rsqrt, reciprocal, "
-    "erfc (exact GELU) and softmax start: they are implementation-specific, "
-    "and under QEMU's emulation of them those ops changed bits while sqrt, "
-    "division, exp, log, tanh, erf and matmul did not.",
+    "instructions (RSQRTPS, RCPPS), which are implementation-specific: Eigen "
+    "starts rsqrt, reciprocal, erfc (exact GELU) and softmax from them. "
+    "enable()'s portable_* patches replace those four ops with correctly "
+    "rounded ones (equal natively and under QEMU); any other kernel that uses "
+    "them is not covered.",
     "microarchitecture": "The CPU microarchitecture (family, model, stepping): "
     "oneDNN tunes blocking and kernels to it, and one machine cannot run "
     "another's.",
