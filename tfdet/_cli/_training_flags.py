@@ -60,20 +60,33 @@ def add(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="Plain TensorFlow with only Keras seeds: what you get without tfdet.",
     )
-    parser.add_argument("--seed", type=int, default=_settings.DEFAULT_SEED)
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=_settings.DEFAULT_THREADS,
-        help=f"tfdet.enable(threads=N), 1 to {_settings.MAX_THREADS} (default "
-        f"{_settings.DEFAULT_THREADS}); not with --no-enable.",
-    )
+    add_seed_and_threads(parser, threads_note="; not with --no-enable")
     parser.add_argument("--json", metavar="FILE", help="Write the full report as JSON.")
     parser.add_argument(
         "--timeout",
         type=float,
         default=_options.DEFAULT_TIMEOUT,
         help=f"Seconds per run, finite and > 0 (default {_options.DEFAULT_TIMEOUT:g}).",
+    )
+
+
+def add_seed_and_threads(
+    parser: argparse.ArgumentParser, threads_note: str = ""
+) -> None:
+    """Adds --seed and --threads, the settings every command that pins shares."""
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=_settings.DEFAULT_SEED,
+        help=f"tfdet.enable(seed=N), 0 to {_settings.MAX_SEED} (default "
+        f"{_settings.DEFAULT_SEED}).",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=_settings.DEFAULT_THREADS,
+        help=f"tfdet.enable(threads=N): intra/inter-op pool size, 1 to "
+        f"{_settings.MAX_THREADS} (default {_settings.DEFAULT_THREADS}){threads_note}.",
     )
 
 

@@ -31,15 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "[flags] -m module [args] | tfdet run [flags] -- python script.py [args]. "
         "The script's exit status is passed through.",
     )
-    parser.add_argument(
-        "--seed", type=int, default=_settings.DEFAULT_SEED, help="Seed (default 0)."
-    )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=_settings.DEFAULT_THREADS,
-        help=f"Intra/inter-op threads, at most {_settings.MAX_THREADS} (default 1).",
-    )
+    _training_flags.add_seed_and_threads(parser)
     parser.add_argument(
         "--cpu-isa",
         default=_settings.DEFAULT_CPU_ISA,

@@ -42,13 +42,15 @@ class _State:
     hooks: list[_import_hook.Hook] = dataclasses.field(default_factory=list)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
 class Patch:
     """A deterministic replacement for a piece of TensorFlow or Keras.
 
     Attributes:
         name: Identifier used in `enable(patches=[...])` and profiles; the
-            name of the module under `tfdet/patches/` that declares it.
+            name of the module under `tfdet/patches/` that declares it, which
+            is where it comes from unless given (the module of `apply`, or of
+            the first `after_import` function).
         replaces: TensorFlow op types the patch keeps out of the graph. The
             hazard table's rows for them decide the TensorFlow versions that
             need the patch, and `tfdet scan` names the patch for them.
@@ -67,7 +69,7 @@ class Patch:
             does not depend on import order; "keras3": `tf.keras` is Keras 3).
     """
 
-    name: str
+    name: str = ""
     replaces: tuple[str, ...]
     summary: str
     upstream: str
@@ -76,6 +78,19 @@ class Patch:
     requires: Mapping[str, str] = dataclasses.field(default_factory=dict)
     _swap: Swap = dataclasses.field(default_factory=Swap, init=False, repr=False)
     _state: _State = dataclasses.field(default_factory=_State, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            declared_by = self.apply or next(
+                (apply for _, apply in self.after_import), None
+            )
+            if declared_by is None:
+                raise ValueError(
+                    "Expected a Patch with `name`, `apply` or `after_import`. "
+                    "Received: none of them."
+                )
+            # Frozen: set once here, as the constructor would.
+            object.__setattr__(self, "name", declared_by.__module__.rsplit(".", 1)[-1])
 
     @property
     def installed(self) -> bool:

@@ -76,7 +76,6 @@ def _apply(swap: Swap) -> None:
 
 
 PATCH = Patch(
-    name="adjust_contrast",
     replaces=("AdjustContrastv2",),
     summary="AdjustContrastv2 -> Mean, Sub, Mul, AddV2",
     upstream="https://github.com/tensorflow/tensorflow/pull/51140",

@@ -122,7 +122,6 @@ def _apply(swap: Swap) -> None:
 
 
 PATCH = Patch(
-    name="bincount",
     replaces=("Bincount", "DenseBincount"),
     summary="(Dense)Bincount -> UnsortedSegmentSum",
     upstream="https://github.com/tensorflow/tensorflow/pull/56905",

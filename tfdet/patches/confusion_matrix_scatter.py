@@ -115,7 +115,6 @@ def _apply(swap: Swap) -> None:
 
 
 PATCH = Patch(
-    name="confusion_matrix_scatter",
     replaces=("ScatterNd",),
     summary="ScatterNd in confusion matrices (IoU metrics) -> UnsortedSegmentSum",
     upstream="https://github.com/tensorflow/tensorflow/pull/52270",

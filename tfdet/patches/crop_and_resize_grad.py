@@ -284,7 +284,6 @@ def _apply(swap: Swap) -> None:
 
 
 PATCH = Patch(
-    name="crop_and_resize_grad",
     replaces=("CropAndResizeGradImage", "CropAndResizeGradBoxes"),
     summary="CropAndResizeGradImage/Boxes -> bilinear weights + UnsortedSegmentSum / Sum",
     upstream="https://github.com/tensorflow/tensorflow/issues/42033",

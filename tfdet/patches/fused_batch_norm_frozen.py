@@ -105,7 +105,6 @@ def _apply(swap: Swap) -> None:
 
 
 PATCH = Patch(
-    name="fused_batch_norm_frozen",
     replaces=("FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3"),
     summary="FusedBatchNormGrad(is_training=False) -> element-wise ops + Sum",
     upstream="https://github.com/tensorflow/tensorflow/pull/50505",

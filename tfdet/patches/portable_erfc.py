@@ -33,6 +33,7 @@ from tfdet.patches import _exact_math
 from tfdet.patches._swap import Swap
 
 _ORIGINAL: list[Any] = []
+_OPS = "tensorflow.python.ops.gen_math_ops"
 
 # Eigen's generic_fast_erfc<float> (SpecialFunctionsImpl.h), highest degree first.
 _CLAMP = 11.0
@@ -120,15 +121,10 @@ def erfc(x: Any, name: str | None = None) -> Any:
 
 
 def _apply(swap: Swap) -> None:
-    _ORIGINAL[:] = [
-        _exact_math.swap_everywhere(
-            swap, "tensorflow.python.ops.gen_math_ops", "erfc", erfc
-        )
-    ]
+    _ORIGINAL[:] = [_exact_math.swap_everywhere(swap, _OPS, "erfc", erfc)]
 
 
 PATCH = Patch(
-    name="portable_erfc",
     replaces=("Erfc",),
     summary="Erfc (RCPPS inside, CPU-model dependent) -> Eigen's algorithm with a true division",
     upstream="https://gitlab.com/libeigen/eigen/-/blob/master/unsupported/Eigen/src/SpecialFunctions/SpecialFunctionsImpl.h",

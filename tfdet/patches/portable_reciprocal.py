@@ -67,7 +67,6 @@ def _apply(swap: Swap) -> None:
 
 
 PATCH = Patch(
-    name="portable_reciprocal",
     replaces=("Reciprocal", "Inv"),
     summary="Reciprocal/Inv (RCPPS, CPU-model dependent) -> 1 / x",
     upstream="https://gitlab.com/libeigen/eigen/-/blob/master/Eigen/src/Core/arch/AVX/MathFunctions.h",

@@ -21,6 +21,7 @@ from tfdet.patches import _exact_math
 from tfdet.patches._swap import Swap
 
 _ORIGINAL: list[Any] = []
+_OPS = "tensorflow.python.ops.gen_math_ops"
 
 
 def rsqrt(x: Any, name: str | None = None) -> Any:
@@ -54,15 +55,10 @@ def rsqrt(x: Any, name: str | None = None) -> Any:
 
 
 def _apply(swap: Swap) -> None:
-    _ORIGINAL[:] = [
-        _exact_math.swap_everywhere(
-            swap, "tensorflow.python.ops.gen_math_ops", "rsqrt", rsqrt
-        )
-    ]
+    _ORIGINAL[:] = [_exact_math.swap_everywhere(swap, _OPS, "rsqrt", rsqrt)]
 
 
 PATCH = Patch(
-    name="portable_rsqrt",
     replaces=("Rsqrt",),
     summary="Rsqrt (RSQRTPS, CPU-model dependent) -> 1 / Sqrt",
     upstream="https://gitlab.com/libeigen/eigen/-/blob/master/Eigen/src/Core/arch/AVX/MathFunctions.h",

@@ -21,6 +21,7 @@ from tfdet.patches import _exact_math
 from tfdet.patches._swap import Swap
 
 _ORIGINAL: list[Any] = []
+_OPS = "tensorflow.python.ops.gen_nn_ops"
 
 
 def softmax(logits: Any, name: str | None = None) -> Any:
@@ -59,15 +60,10 @@ def softmax(logits: Any, name: str | None = None) -> Any:
 
 
 def _apply(swap: Swap) -> None:
-    _ORIGINAL[:] = [
-        _exact_math.swap_everywhere(
-            swap, "tensorflow.python.ops.gen_nn_ops", "softmax", softmax
-        )
-    ]
+    _ORIGINAL[:] = [_exact_math.swap_everywhere(swap, _OPS, "softmax", softmax)]
 
 
 PATCH = Patch(
-    name="portable_softmax",
     replaces=("Softmax",),
     summary="Softmax (RCPPS in sum.inverse(), CPU-model dependent) -> Exp / Sum",
     upstream="https://github.com/tensorflow/tensorflow/blob/master/tensorflow/core/kernels/softmax_op_functor.h",

@@ -114,7 +114,6 @@ def _apply(swap: Swap) -> None:
 
 
 PATCH = Patch(
-    name="resize_nearest_grad",
     replaces=("ResizeNearestNeighborGrad",),
     summary="ResizeNearestNeighborGrad -> forward-resize index map + UnsortedSegmentSum",
     upstream="https://github.com/tensorflow/tensorflow/pull/51023",

@@ -127,7 +127,6 @@ def _apply(swap: Swap) -> None:
 
 
 PATCH = Patch(
-    name="sparse_dense_matmul",
     replaces=("SparseTensorDenseMatMul",),
     summary="SparseTensorDenseMatMul -> Gather, Mul, UnsortedSegmentSum",
     upstream="https://github.com/tensorflow/community/pull/346",
