@@ -154,6 +154,9 @@ def _run_report(run: _Run) -> dict[str, Any]:
         )
         report["nonfinite"] = _nonfinite(run.trace)
         report["trace"] = outcome.result["trace"]
+        # What ran (older workers' results lack these).
+        report["entry_points"] = outcome.result.get("entry_points")
+        report["xla"] = outcome.result.get("xla")
     if not outcome.ok:
         report["stderr_tail"] = outcome.stderr_tail
     return report
