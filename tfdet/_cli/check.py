@@ -175,6 +175,13 @@ def _execute_script(args: argparse.Namespace) -> int:
 
     from tfdet._runs import _script_check
 
+    if args.steps != _options.DEFAULT_STEPS or args.traces or args.device == "gpu":
+        raise app.UsageError(
+            "Expected no --steps, --traces or --device gpu with --script. Received: "
+            f"steps={args.steps}, traces={args.traces!r}, device={args.device!r}. "
+            "The script decides its steps (stop it early with --max-steps N); "
+            "its runs are on the CPU."
+        )
     script_args = list(args.script_args)
     if args.target is not None:
         # `tfdet check --script train.py -- --lr 0.1`: argparse takes the

@@ -223,8 +223,10 @@ def check_script(
                     break
     if not all(r.outcome.ok for r in runs):
         code = EXIT_RUN_FAILED
-    elif not any(r.outcome.result["steps_recorded"] for r in runs):
-        # Nothing trained, nothing compared: not a verdict of equality.
+    elif not any(r.outcome.result["traces"] for r in runs):
+        # Nothing trained, nothing compared: not a verdict of equality. (A
+        # loop whose step is a tf.function records no step, only its final
+        # weights: those are compared.)
         code = EXIT_RUN_FAILED
     else:
         code = EXIT_DIVERGED if divergence else EXIT_OK

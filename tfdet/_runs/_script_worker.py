@@ -61,6 +61,7 @@ class _Trace:
         self.writer: Any = None
         self.steps = 0
         self.callback: Any = None
+        self.key: Any = None
 
     def record(self, logs: dict[str, Any]) -> None:
         from tfdet._pin import _enable, _environment
@@ -129,6 +130,8 @@ class Recorder:
         trace = self._by_key.get(id(key))
         if trace is None:
             trace = self._by_key[id(key)] = self.new_trace(kind, label, variables)
+            # Kept alive, so that its id() is never another object's.
+            trace.key = key
         return trace
 
     def model_trained(self, model: Any) -> None:
