@@ -168,3 +168,19 @@ def test_sets_legacy_keras_reads_the_source(tmp_path, source, expected):
     path.write_text(f"import os\n{source}\n")
     assert _target.sets_legacy_keras(str(path)) is expected
     assert _target.parse(f"{path}:build").legacy_keras is expected
+
+
+@pytest.mark.slow
+def test_loop_compiled_in_a_tf_function_compares_its_final_weights(tmp_path):
+    # Its optimizer runs Python once, when traced: no step is recorded, the
+    # final weights are still compared, and differ without tfdet.
+    code, report, output = _check_script(
+        "compiled_loop.py", "--perturb", "none", "--no-enable", tmp_path=tmp_path
+    )
+    assert code == EXIT_DIVERGED, output
+    assert report["divergence"]["quantity"].startswith("final weights:")
+    for run in report["run_reports"]:
+        (training,) = run["trainings"]
+        assert training["updates"] == 3
+        assert training["steps"] == 0
+    assert "3 updates in a tf.function" in output

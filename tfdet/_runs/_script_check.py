@@ -136,17 +136,23 @@ def compare_runs(a: _Run, b: _Run) -> dict[str, Any] | None:
         }
     finals_a = a.outcome.result["final_weights"]
     finals_b = b.outcome.result["final_weights"]
-    for name in names_a:
+    for entry in entries_a:
+        name = entry["name"]
         for variable, digest in finals_a.get(name, {}).items():
             other = finals_b.get(name, {}).get(variable)
             if digest != other:
+                why = (
+                    "every recorded step agreed"
+                    if entry["steps"]
+                    else "its steps run in a tf.function and were not recorded"
+                )
                 return {
                     "training": name,
                     "quantity": f"final weights:{variable}",
                     "a": digest,
                     "b": other,
                     "description": f"{name}: final weights of {variable} differ "
-                    "(every recorded step agreed)",
+                    f"({why})",
                 }
     return None
 
@@ -272,7 +278,13 @@ def format_report(report: dict[str, Any]) -> str:
                 f"{run['steps_recorded']} steps via {ran}; {xla}; {labels}"
             )
             for training in run["trainings"]:
-                lines.append(f"    {training['name']}: {training['steps']} steps")
+                updates = training.get("updates")
+                counted = (
+                    f"{updates} updates in a tf.function, final weights compared"
+                    if "updates" in training
+                    else f"{training['steps']} steps"
+                )
+                lines.append(f"    {training['name']}: {counted}")
         else:
             lines.append(
                 f"  run {run['index']} failed ({run['reason']}); {labels}; stderr tail:"

@@ -88,12 +88,20 @@ class _Trace:
         return self.steps
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        entry = {
             "name": self.name,
             "kind": self.kind,
             "trace": self.path if os.path.exists(self.path) else None,
             "steps": self.steps_recorded(),
         }
+        if self.kind == CUSTOM_COMPILED:
+            # Not recorded one by one, but counted by the optimizer.
+            iterations = getattr(self.key, "iterations", None)
+            try:
+                entry["updates"] = int(iterations.numpy())
+            except (AttributeError, TypeError, ValueError):
+                entry["updates"] = None
+        return entry
 
 
 class Recorder:
