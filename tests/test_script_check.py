@@ -184,3 +184,16 @@ def test_loop_compiled_in_a_tf_function_compares_its_final_weights(tmp_path):
         assert training["updates"] == 3
         assert training["steps"] == 0
     assert "3 updates in a tf.function" in output
+
+
+@pytest.mark.slow
+def test_tf_keras_script_that_picks_its_keras_is_recorded(tmp_path):
+    # The script asserts it got tf_keras, as under `python`: tfdet reads its
+    # TF_USE_LEGACY_KERAS assignment and sets it in the runs' environment.
+    code, report, output = _check_script(
+        "tf_keras_fit.py", "--perturb", "none", tmp_path=tmp_path
+    )
+    assert code == EXIT_OK, output
+    for run in report["run_reports"]:
+        assert run["entry_points"] == ["fit", "custom loop (optimizer)"]
+        assert [t["steps"] for t in run["trainings"]] == [2, 2]
