@@ -369,6 +369,15 @@ def run(spec: dict[str, Any]) -> int:
                 print(code, file=sys.stderr)
     except BaseException as error:  # noqa: BLE001 - the script's failure is the report
         _print_script_traceback(error, script)
+        from tfdet._errors import ProfileMismatchError
+
+        if isinstance(error, ProfileMismatchError):
+            # The script's own enable() asks for other settings than the
+            # runs pinned: say which flags make them agree.
+            from tfdet._pin._launch import mismatch_message
+
+            hint = mismatch_message(error).replace("tfdet run", "tfdet check --script")
+            print(f"tfdet: {hint}", file=sys.stderr, flush=True)
         end = "raised"
         status = 1
     if status:
