@@ -49,6 +49,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_false",
         help="On divergence, skip the re-runs that find the perturbation responsible.",
     )
+    parser.add_argument(
+        "--script",
+        metavar="SCRIPT",
+        help="Run this training script, unchanged and whole, in each run (as "
+        "`tfdet run` does) instead of TARGET, recording every fit call, "
+        "train_on_batch call and custom loop's optimizer updates; arguments "
+        "after `--` are the script's: tfdet check --script train.py -- --lr 0.1.",
+    )
+    # `tfdet check --script train.py -- ARGS`: after `--`, TARGET takes the
+    # first of the script's arguments and this the rest (see _execute_script).
+    parser.add_argument("script_args", nargs="*", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="With --script: stop each run after N recorded training steps "
+        "(default: let the script finish).",
+    )
     parser.set_defaults(func=execute)
 
 
@@ -72,6 +90,24 @@ def format_header(options: _options.RunOptions) -> str:
     )
 
 
+def _what_ran(run: dict[str, Any]) -> list[str]:
+    """What a finished run exercised: entry point, steps, XLA (and why not)."""
+    xla = run.get("xla")
+    if not run.get("ok") or xla is None:
+        return []
+    ran = ", ".join(run.get("entry_points") or []) or "nothing"
+    return [
+        f"    ran: {run.get('steps_recorded')} steps via {ran}; "
+        f"XLA {'on' if xla.get('on') else 'off'}"
+    ]
+
+
+def _xla_notice(runs: list[dict[str, Any]]) -> list[str]:
+    """Once per device: Keras dropped the user's jit_compile=True."""
+    notices = {(r.get("xla") or {}).get("notice") for r in runs} - {None}
+    return [f"  {notice}" for notice in sorted(notices)]
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The short human report: per device, runs, perturbations, verdict."""
     mode = "with tfdet.enable()" if report["enable"] else "without tfdet (--no-enable)"
@@ -87,11 +123,13 @@ def format_report(report: dict[str, Any]) -> str:
         nonfinite = False
         for run in result["runs"]:
             lines.append(_run_line(run))
+            lines.extend(_what_ran(run))
             for what in run.get("nonfinite") or []:
                 nonfinite = True
                 lines.append(f"    not finite: {what}")
             if run.get("trace") and report.get("traces"):
                 lines.append(f"    trace: {run['trace']}")
+        lines.extend(_xla_notice(result["runs"]))
         for name, reason in result.get("perturbations_skipped", {}).items():
             lines.append(f"  perturbation {name} not applied: {reason}")
         if result["verdict"] == "failed":
@@ -142,7 +180,55 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _execute_script(args: argparse.Namespace) -> int:
+    from absl import app
+
+    from tfdet._runs import _script_check
+
+    if args.steps != _options.DEFAULT_STEPS or args.traces or args.device == "gpu":
+        raise app.UsageError(
+            "Expected no --steps, --traces or --device gpu with --script. Received: "
+            f"steps={args.steps}, traces={args.traces!r}, device={args.device!r}. "
+            "The script decides its steps (stop it early with --max-steps N); "
+            "its runs are on the CPU."
+        )
+    script_args = list(args.script_args)
+    if args.target is not None:
+        # `tfdet check --script train.py -- --lr 0.1`: argparse takes the
+        # first argument after `--` as TARGET.
+        script_args.insert(0, args.target)
+        args.target = None
+    try:
+        options = _script_check.ScriptOptions(
+            script=args.script,
+            args=tuple(script_args),
+            run=_training_flags.options(
+                args, runs=args.runs, device="cpu", attribute=False
+            ),
+            max_steps=args.max_steps,
+        )
+    except ValueError as error:
+        if isinstance(error, app.UsageError):
+            raise
+        raise app.UsageError(str(error)) from error
+    report = _script_check.check_script(options, progress=_training_flags.progress)
+    write_json(args.json, report)
+    _output.out(_script_check.format_report(report))
+    return report["exit_code"]
+
+
 def execute(args: argparse.Namespace) -> int:
+    if getattr(args, "script", None) is not None:
+        return _execute_script(args)
+    if getattr(args, "max_steps", None) is not None or getattr(
+        args, "script_args", None
+    ):
+        from absl import app
+
+        raise app.UsageError(
+            "Expected --script with --max-steps or script arguments. Received: "
+            "no --script. Use `tfdet check --script train.py --max-steps N`."
+        )
     options = _training_flags.options(
         args,
         runs=args.runs,

@@ -17,6 +17,7 @@ import threading
 from absl import app
 
 from tfdet import _notices
+from tfdet._cli import _training_flags
 from tfdet._pin import _enable, _isa, _settings
 
 

@@ -156,6 +156,9 @@ def _run_report(run: _Run) -> dict[str, Any]:
         )
         report["nonfinite"] = _nonfinite(run.trace)
         report["trace"] = outcome.result["trace"]
+        # What ran (older workers' results lack these).
+        report["entry_points"] = outcome.result.get("entry_points")
+        report["xla"] = outcome.result.get("xla")
     if not outcome.ok:
         # TensorFlow's start-up notices would crowd out the error.
         report["stderr_tail"] = _notices.without_notices(outcome.stderr_tail)

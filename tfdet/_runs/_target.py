@@ -66,6 +66,29 @@ class TargetSpec:
     legacy_keras: bool = False
 
 
+# `os.environ["TF_USE_LEGACY_KERAS"] = "1"`, `os.environ.setdefault(
+# "TF_USE_LEGACY_KERAS", "true")`, `os.putenv(...)`: the values TensorFlow
+# itself takes as "use tf_keras" (`_versions.uses_legacy_keras`).
+_SETS_LEGACY_KERAS = re.compile(
+    r"""TF_USE_LEGACY_KERAS['"]\s*(?:\]\s*=|,)\s*['"](?:1|true|True)['"]"""
+)
+
+
+def sets_legacy_keras(path: str) -> bool:
+    """Whether the Python file at `path` turns on TF_USE_LEGACY_KERAS itself.
+
+    Such a file chooses tf_keras before importing TensorFlow, which works
+    under `python file.py` but not in a process where Keras 3 is already
+    imported (tfdet imports it first): its runs must get the variable in
+    their environment instead. Read as text, never imported.
+    """
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return bool(_SETS_LEGACY_KERAS.search(handle.read()))
+    except OSError:
+        return False
+
+
 def parse(text: str | None) -> TargetSpec:
     """Parses a TARGET string without importing it.
 
@@ -89,6 +112,8 @@ def parse(text: str | None) -> TargetSpec:
                 "matching TensorFlow: `pip install --no-deps tf_keras==<TF version>`."
             )
         return TargetSpec(text, legacy_keras=builtin.legacy_keras)
+    if module.endswith(".py"):
+        return TargetSpec(text, legacy_keras=sets_legacy_keras(module))
     return TargetSpec(text)
 
 
@@ -121,6 +146,7 @@ def load_function(spec: TargetSpec) -> Callable[[], Any]:
         # As `python file.py` does: the file's siblings are importable, also
         # lazily from inside the function.
         _prepend_to_path(os.path.dirname(path))
+        legacy_before = _keras_chosen()
         try:
             module_spec.loader.exec_module(module)
         except SystemExit as exit_:
@@ -128,11 +154,14 @@ def load_function(spec: TargetSpec) -> Callable[[], Any]:
                 _exit_message(f"{module_name!r} was imported", exit_)
             ) from None
         except Exception as error:
+            _check_keras_choice(module_name, legacy_before)
             raise TargetError(f"Importing {module_name!r} failed: {error!r}") from error
+        _check_keras_choice(module_name, legacy_before)
     else:
         # As `python -m` does: modules in the working directory are importable,
         # also from the `tfdet` console script.
         _prepend_to_path(os.getcwd())
+        legacy_before = _keras_chosen()
         try:
             module = importlib.import_module(module_name)
         except SystemExit as exit_:
@@ -140,10 +169,12 @@ def load_function(spec: TargetSpec) -> Callable[[], Any]:
                 _exit_message(f"{module_name!r} was imported", exit_)
             ) from None
         except Exception as error:  # An import can fail in any way.
+            _check_keras_choice(module_name, legacy_before)
             raise TargetError(
                 f"Expected TARGET's module to be importable. Received: "
                 f"{module_name!r} ({error!r})"
             ) from error
+        _check_keras_choice(module_name, legacy_before)
     function = getattr(module, function_name, None)
     if not callable(function):
         raise TargetError(
@@ -151,6 +182,43 @@ def load_function(spec: TargetSpec) -> Callable[[], Any]:
             f"Received: {type(function).__name__ if function is not None else 'nothing'}"
         )
     return function
+
+
+def _legacy_keras_on() -> bool:
+    from tfdet._pin import _versions
+
+    return _versions.uses_legacy_keras()
+
+
+def _keras_chosen() -> bool | None:
+    """Before importing TARGET: whether tf_keras is on, or None when no
+    Keras choice was made yet (neither TensorFlow nor Keras imported)."""
+    if "tensorflow" not in sys.modules and "keras" not in sys.modules:
+        return None
+    return _legacy_keras_on()
+
+
+def _check_keras_choice(module_name: str, legacy_before: bool | None) -> None:
+    """Fails when importing TARGET turned TF_USE_LEGACY_KERAS on too late.
+
+    The variable only counts before TensorFlow picks its Keras; here tfdet
+    had imported Keras 3 already, so the TARGET would build a tf_keras model
+    with Keras 3 parts (or fail with "Could not interpret optimizer
+    identifier", or silently build a Keras 3 model: `from tensorflow.keras
+    import layers` follows the choice TensorFlow made when it was imported).
+
+    Raises:
+        TargetError: the module set it in this process after TensorFlow or
+            Keras was imported.
+    """
+    if legacy_before is not False or not _legacy_keras_on():
+        return
+    raise TargetError(
+        f"Expected TF_USE_LEGACY_KERAS to be set before tfdet imports Keras. "
+        f"Received: {module_name!r} sets TF_USE_LEGACY_KERAS=1 when imported, "
+        "after tfdet had imported Keras 3. Set TF_USE_LEGACY_KERAS=1 in the "
+        "environment (e.g. `TF_USE_LEGACY_KERAS=1 tfdet check ...`)."
+    )
 
 
 @dataclasses.dataclass
@@ -502,6 +570,10 @@ def preflight(
 
 def _preflight_child(result_path: str, text: str) -> None:
     """The preflight's child: build, train one step, write the verdict."""
+    # As in the runs, where tfdet imports Keras before the TARGET: a TARGET
+    # that picks its Keras too late is found here (exit 2), not in every run.
+    import keras  # noqa: F401
+
     try:
         built = build(text)
         check_fits(built, text)

@@ -112,8 +112,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     from tfdet._pin import _enable, _environment
     from tfdet._record import _bits, _trace
+    from tfdet._runs import _xla
 
     started = time.perf_counter()
+    _xla.install()  # Before the TARGET compiles: what it asked of XLA.
     built = start(spec)
     model = built.model
     facts = run_facts(spec["seed"])
@@ -149,6 +151,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "final_weights": final_weights,
         "weights_file": weights_path,
         "synthesized_data": built.synthesized,
+        # What ran: the entry point tfdet drove, and whether XLA compiled it.
+        "entry_points": ["train_on_batch"],
+        "xla": _xla.facts([model]),
         "seconds": time.perf_counter() - started,
     }
     write_result(spec["result"], result)

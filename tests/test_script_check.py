@@ -1,0 +1,199 @@
+"""`tfdet check --script`: a user's training script, unchanged, in fresh processes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import REPO, run_tfdet
+from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE
+from tfdet._runs import _script_check, _target
+
+SCRIPTS = REPO / "tests" / "targets" / "scripts"
+
+
+def _check_script(script: str, *args: str, tmp_path) -> tuple[int, dict, str]:
+    report_path = tmp_path / "report.json"
+    proc = run_tfdet(
+        "check", "--script", str(SCRIPTS / script), "--json", str(report_path), *args
+    )
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    return proc.returncode, report, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_tf_data_pipeline_with_fit_is_identical_under_tfdet(tmp_path):
+    code, report, output = _check_script(
+        "tfdata_fit.py", "--perturb", "none", tmp_path=tmp_path
+    )
+    assert code == EXIT_OK, output
+    for run in report["run_reports"]:
+        assert run["entry_points"] == ["fit"]
+        assert run["steps_recorded"] == 4  # 16 samples, batches of 4, 1 epoch
+        assert run["trainings"][0]["name"] == "fit #1 (model sequential)"
+        assert run["end"] == "completed"
+    assert "identical across 2 runs" in output
+
+
+@pytest.mark.slow
+def test_tf_data_pipeline_differs_without_tfdet_naming_the_step(tmp_path):
+    # The unseeded random op in the parallel map draws other noise in every
+    # process without tfdet's global seed: the check must be able to fail.
+    code, report, output = _check_script(
+        "tfdata_fit.py", "--perturb", "none", "--no-enable", tmp_path=tmp_path
+    )
+    assert code == EXIT_DIVERGED, output
+    divergence = report["divergence"]
+    assert divergence["training"] == "fit #1 (model sequential)"
+    assert divergence["step"] == 0
+    assert divergence["quantity"] == "loss"
+    assert "fit #1 (model sequential): Bits diverged at epoch 0, step 0, loss" in output
+
+
+@pytest.mark.slow
+def test_custom_gradient_tape_loop_is_identical_under_tfdet(tmp_path):
+    code, report, output = _check_script("custom_loop.py", tmp_path=tmp_path)
+    assert code == EXIT_OK, output
+    for run in report["run_reports"]:
+        assert run["entry_points"] == ["custom loop (optimizer)"]
+        assert run["steps_recorded"] == 4
+        assert run["xla"]["on"] is False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args",
+    [("--no-enable",), ("--", "--urandom")],
+    ids=["no-enable", "urandom"],
+)
+def test_custom_loop_diverges_without_tfdet_or_with_urandom(tmp_path, args):
+    code, report, output = _check_script(
+        "custom_loop.py", "--perturb", "none", *args, tmp_path=tmp_path
+    )
+    assert code == EXIT_DIVERGED, output
+    divergence = report["divergence"]
+    assert divergence["training"] == "custom loop #1 (optimizer adam)"
+    assert divergence["step"] == 0
+    assert divergence["quantity"].startswith("weights")
+    if "--urandom" in args:
+        assert report["args"] == ["--urandom"]
+
+
+@pytest.mark.slow
+def test_script_that_raises_is_a_failed_run_with_its_traceback(tmp_path):
+    code, report, output = _check_script(
+        "raises.py", "--perturb", "none", tmp_path=tmp_path
+    )
+    assert code == EXIT_RUN_FAILED, output
+    assert report["verdict"] == "failed"
+    for run in report["run_reports"]:
+        assert run["ok"] is False
+        assert run["returncode"] == 1
+        tail = run["stderr_tail"]
+        assert "RuntimeError: the data directory is missing" in tail
+        assert 'raises.py", line 7' in tail
+        # The traceback starts at the script, as under `python raises.py`.
+        assert "_script_worker" not in tail
+    assert "RuntimeError: the data directory is missing" in output
+
+
+@pytest.mark.slow
+def test_max_steps_stops_the_script_as_a_normal_end(tmp_path):
+    code, report, output = _check_script(
+        "custom_loop.py", "--perturb", "none", "--max-steps", "2", tmp_path=tmp_path
+    )
+    assert code == EXIT_OK, output
+    for run in report["run_reports"]:
+        assert run["end"] == "stopped at --max-steps 2"
+        assert run["steps_recorded"] == 2
+
+
+@pytest.mark.slow
+def test_train_on_batch_and_xla_dropped_by_determinism_are_reported(tmp_path):
+    code, report, output = _check_script(
+        "train_on_batch_xla.py", "--perturb", "none", tmp_path=tmp_path
+    )
+    assert code == EXIT_OK, output
+    for run in report["run_reports"]:
+        assert run["entry_points"] == ["train_on_batch"]
+        assert run["steps_recorded"] == 3
+        assert run["xla"]["on"] is False
+        assert run["xla"]["dropped_by_determinism"] is True
+    # Said once, not once per run.
+    assert output.count("jit_compile=True was turned off by Keras") == 1
+
+
+@pytest.mark.slow
+def test_a_script_that_trains_nothing_is_not_identical(tmp_path):
+    code, report, output = _check_script(
+        "trains_nothing.py", "--perturb", "none", tmp_path=tmp_path
+    )
+    assert code == EXIT_RUN_FAILED, output
+    assert report["nothing_trained"] is True
+    assert "nothing was compared" in output
+
+
+def test_max_steps_without_script_is_a_usage_error():
+    proc = run_tfdet("check", "--max-steps", "2")
+    assert proc.returncode == EXIT_USAGE
+    assert "Expected --script with --max-steps" in proc.stderr
+
+
+def test_missing_script_is_a_usage_error(tmp_path):
+    proc = run_tfdet("check", "--script", str(tmp_path / "nope.py"))
+    assert proc.returncode == EXIT_USAGE
+    assert "No such file" in proc.stderr
+
+
+def test_script_options_validate_max_steps():
+    script = str(SCRIPTS / "raises.py")
+    with pytest.raises(ValueError, match="--max-steps"):
+        _script_check.ScriptOptions(script=script, max_steps=0)
+    assert _script_check.ScriptOptions(script=script, max_steps=3).max_steps == 3
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ('os.environ["TF_USE_LEGACY_KERAS"] = "1"', True),
+        ("os.environ['TF_USE_LEGACY_KERAS']='True'", True),
+        ('os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")', True),
+        ('os.environ["TF_USE_LEGACY_KERAS"] = "0"', False),
+        ('print(os.environ.get("TF_USE_LEGACY_KERAS"))', False),
+    ],
+)
+def test_sets_legacy_keras_reads_the_source(tmp_path, source, expected):
+    path = tmp_path / "target.py"
+    path.write_text(f"import os\n{source}\n")
+    assert _target.sets_legacy_keras(str(path)) is expected
+    assert _target.parse(f"{path}:build").legacy_keras is expected
+
+
+@pytest.mark.slow
+def test_loop_compiled_in_a_tf_function_compares_its_final_weights(tmp_path):
+    # Its optimizer runs Python once, when traced: no step is recorded, the
+    # final weights are still compared, and differ without tfdet.
+    code, report, output = _check_script(
+        "compiled_loop.py", "--perturb", "none", "--no-enable", tmp_path=tmp_path
+    )
+    assert code == EXIT_DIVERGED, output
+    assert report["divergence"]["quantity"].startswith("final weights:")
+    for run in report["run_reports"]:
+        (training,) = run["trainings"]
+        assert training["updates"] == 3
+        assert training["steps"] == 0
+    assert "3 updates in a tf.function" in output
+
+
+@pytest.mark.slow
+def test_tf_keras_script_that_picks_its_keras_is_recorded(tmp_path):
+    # The script asserts it got tf_keras, as under `python`: tfdet reads its
+    # TF_USE_LEGACY_KERAS assignment and sets it in the runs' environment.
+    code, report, output = _check_script(
+        "tf_keras_fit.py", "--perturb", "none", tmp_path=tmp_path
+    )
+    assert code == EXIT_OK, output
+    for run in report["run_reports"]:
+        assert run["entry_points"] == ["fit", "custom loop (optimizer)"]
+        assert [t["steps"] for t in run["trainings"]] == [2, 2]

@@ -1,0 +1,314 @@
+"""`tfdet check --script`: is a user's training script, as it is, repeatable?
+
+The script runs unchanged, whole, in N fresh processes started together under
+the perturbations of `tfdet check` (`tfdet._runs._perturb`), each the way
+`tfdet run` runs a script: environment pinned, `tfdet.enable()` first (unless
+`enable=False`), `sys.argv` set. Recording hooks (`_script_worker`) trace
+every `fit` call, every model's `train_on_batch` calls and every custom loop's
+eager optimizer updates. The runs' traces are compared step by step as
+`tfdet diff` compares traces (`tfdet._record._diff.compare`), then every
+variable's final digest. A run whose script fails is exit 3 with its exit
+status and stderr tail; identical runs are exit 0; the first difference is
+exit 1, naming the training (which fit call or loop), the step and the
+quantity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from typing import Any
+
+from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, TraceFormatError
+from tfdet._pin import _enable, _isa
+from tfdet._record import _diff, _trace
+from tfdet._runs import _perturb, _spawn, _target
+from tfdet._runs._check import VERDICTS
+from tfdet._runs._options import RunOptions
+from tfdet._runs._spawn import ProgressFn
+
+MODULE = "tfdet._runs._script_worker"
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptOptions:
+    """What `tfdet check --script` runs, and how.
+
+    Attributes:
+        script: Path of the training script.
+        args: Its command-line arguments.
+        run: The shared run options (runs, perturb, enable, seed, threads,
+            cpu_isa, timeout; `target` and `steps` are unused).
+        max_steps: Stop each run after this many recorded training steps
+            (None: let the script finish).
+
+    Raises:
+        ValueError: no such script, or `max_steps` < 1.
+    """
+
+    script: str
+    args: tuple[str, ...] = ()
+    run: RunOptions = dataclasses.field(default_factory=RunOptions)
+    max_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.script, str) or not os.path.isfile(self.script):
+            raise ValueError(
+                f"Expected --script to name a Python script. No such file: "
+                f"{self.script!r}"
+            )
+        if self.max_steps is not None and (
+            isinstance(self.max_steps, bool)
+            or not isinstance(self.max_steps, int)
+            or self.max_steps < 1
+        ):
+            raise ValueError(
+                f"Expected --max-steps to be an int >= 1. Received: "
+                f"max_steps={self.max_steps!r}"
+            )
+
+
+def _environment(options: ScriptOptions) -> dict[str, str]:
+    """The runs' environment: `tfdet run`'s pins, the script's Keras choice."""
+    run = options.run
+    legacy = _target.sets_legacy_keras(options.script)
+    env = _spawn.run_environment(
+        _target.TargetSpec("script", legacy_keras=legacy), "cpu"
+    )
+    if run.enable:
+        env.update(
+            _enable.pinned_environment(
+                run.seed, run.threads, run.cpu_isa if _isa.applies() else None, None
+            )
+        )
+    return env
+
+
+@dataclasses.dataclass
+class _Run:
+    outcome: _spawn.RunOutcome
+    traces: list[_trace.Trace | None]
+
+
+def _read(outcome: _spawn.RunOutcome) -> _Run:
+    traces: list[_trace.Trace | None] = []
+    if outcome.ok:
+        try:
+            for entry in outcome.result["traces"]:
+                traces.append(_trace.read(entry["trace"]) if entry["trace"] else None)
+        except TraceFormatError as error:
+            outcome = dataclasses.replace(
+                outcome, result=None, failure=f"a trace is unreadable ({error})"
+            )
+    return _Run(outcome, traces)
+
+
+def compare_runs(a: _Run, b: _Run) -> dict[str, Any] | None:
+    """The first difference between two finished runs, or None."""
+    entries_a, entries_b = a.outcome.result["traces"], b.outcome.result["traces"]
+    names_a = [e["name"] for e in entries_a]
+    names_b = [e["name"] for e in entries_b]
+    for k, (ta, tb) in enumerate(zip(a.traces, b.traces, strict=False)):
+        if names_a[k] != names_b[k]:
+            break
+        if ta is None or tb is None:
+            if (ta is None) != (tb is None):
+                return {
+                    "training": names_a[k],
+                    "description": f"{names_a[k]}: recorded steps in only one run",
+                }
+            continue
+        divergence = _diff.compare(ta, tb).divergence
+        if divergence is not None:
+            return {
+                "training": names_a[k],
+                **divergence.to_dict(),
+                "description": f"{names_a[k]}: {divergence.describe()}",
+            }
+    if names_a != names_b:
+        return {
+            "training": None,
+            "quantity": "trainings",
+            "a": names_a,
+            "b": names_b,
+            "description": f"the runs trained differently: {names_a} vs {names_b}",
+        }
+    finals_a = a.outcome.result["final_weights"]
+    finals_b = b.outcome.result["final_weights"]
+    for entry in entries_a:
+        name = entry["name"]
+        for variable, digest in finals_a.get(name, {}).items():
+            other = finals_b.get(name, {}).get(variable)
+            if digest != other:
+                why = (
+                    "every recorded step agreed"
+                    if entry["steps"]
+                    else "its steps run in a tf.function and were not recorded"
+                )
+                return {
+                    "training": name,
+                    "quantity": f"final weights:{variable}",
+                    "a": digest,
+                    "b": other,
+                    "description": f"{name}: final weights of {variable} differ "
+                    f"({why})",
+                }
+    return None
+
+
+def _run_report(run: _Run) -> dict[str, Any]:
+    outcome = run.outcome
+    report: dict[str, Any] = {
+        "index": outcome.setup.index,
+        "perturbations": outcome.setup.labels,
+        "ok": outcome.ok,
+        "reason": outcome.reason,
+        "returncode": outcome.returncode,
+        "timed_out": outcome.timed_out,
+        "seconds": round(outcome.seconds, 3),
+    }
+    if outcome.ok:
+        result = outcome.result
+        report.update(
+            end=result["end"],
+            entry_points=result["entry_points"],
+            steps_recorded=result["steps_recorded"],
+            trainings=result["traces"],
+            xla=result["xla"],
+        )
+    else:
+        # TensorFlow's start-up chatter says nothing about the script.
+        report["stderr_tail"] = "".join(
+            line
+            for line in outcome.stderr_tail.splitlines(keepends=True)
+            if not _target._NOISE.match(line)
+        )
+    return report
+
+
+def check_script(
+    options: ScriptOptions, progress: ProgressFn | None = None
+) -> dict[str, Any]:
+    """Runs the script N times and returns the report (`--json`'s content)."""
+    run = options.run
+    names = list(run.perturb)
+    setups = _perturb.plan(run.runs, names, _perturb.pinned_cap(run), run.threads)
+    spec = {
+        "script": os.path.abspath(options.script),
+        "args": list(options.args),
+        "seed": run.seed,
+        "enable": run.enable,
+        "threads": run.threads,
+        "cpu_isa": run.cpu_isa,
+        "max_steps": options.max_steps,
+    }
+
+    def on_step(index: int, done: int, total: int) -> None:
+        if progress is not None:
+            of = f"/{total}" if total else ""
+            progress(f"[script] run {index}: step {done}{of}")
+
+    with tempfile.TemporaryDirectory(prefix="tfdet-script-") as workdir:
+        outcomes = _spawn.run_all(
+            setups,
+            spec,
+            workdir,
+            module=MODULE,
+            base_env=_environment(options),
+            timeout=run.timeout,
+            progress=on_step,
+        )
+        runs = [_read(outcome) for outcome in outcomes]
+        divergence = None
+        if all(r.outcome.ok for r in runs):
+            for other in runs[1:]:
+                divergence = compare_runs(runs[0], other)
+                if divergence is not None:
+                    divergence["runs"] = [0, other.outcome.setup.index]
+                    break
+    if not all(r.outcome.ok for r in runs):
+        code = EXIT_RUN_FAILED
+    elif not any(r.outcome.result["traces"] for r in runs):
+        # Nothing trained, nothing compared: not a verdict of equality. (A
+        # loop whose step is a tf.function records no step, only its final
+        # weights: those are compared.)
+        code = EXIT_RUN_FAILED
+    else:
+        code = EXIT_DIVERGED if divergence else EXIT_OK
+    reports = [_run_report(r) for r in runs]
+    notices = sorted(
+        {r["xla"]["notice"] for r in reports if r.get("xla", {}).get("notice")}
+    )
+    return {
+        "script": options.script,
+        "args": list(options.args),
+        "enable": run.enable,
+        "seed": run.seed,
+        "threads": run.threads,
+        "runs": run.runs,
+        "max_steps": options.max_steps,
+        "perturbations": names,
+        "perturbations_skipped": _perturb.skipped(names, _perturb.pinned_cap(run)),
+        "run_reports": reports,
+        "divergence": divergence,
+        "nothing_trained": code == EXIT_RUN_FAILED and all(r.outcome.ok for r in runs),
+        "notices": notices,
+        "verdict": VERDICTS[code],
+        "exit_code": code,
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The human report of `check_script`."""
+    mode = "with tfdet.enable()" if report["enable"] else "without tfdet (--no-enable)"
+    args = " ".join(report["args"])
+    lines = [
+        f"tfdet check --script {report['script']}{' ' + args if args else ''} "
+        f"{mode}: {report['runs']} runs"
+        + (f", at most {report['max_steps']} steps" if report["max_steps"] else "")
+    ]
+    for run in report["run_reports"]:
+        labels = "; ".join(run["perturbations"].values()) or "no perturbation"
+        if run["ok"]:
+            xla = "XLA on" if run["xla"]["on"] else "XLA off"
+            ran = ", ".join(run["entry_points"]) or "no training"
+            lines.append(
+                f"  run {run['index']} (script {run['end']}, {run['seconds']:.1f}s): "
+                f"{run['steps_recorded']} steps via {ran}; {xla}; {labels}"
+            )
+            for training in run["trainings"]:
+                updates = training.get("updates")
+                counted = (
+                    f"{updates} updates in a tf.function, final weights compared"
+                    if "updates" in training
+                    else f"{training['steps']} steps"
+                )
+                lines.append(f"    {training['name']}: {counted}")
+        else:
+            lines.append(
+                f"  run {run['index']} failed ({run['reason']}); {labels}; stderr tail:"
+            )
+            lines.extend(f"    {line}" for line in run["stderr_tail"].splitlines())
+    for name, reason in report["perturbations_skipped"].items():
+        lines.append(f"  perturbation {name} not applied: {reason}")
+    for notice in report["notices"]:
+        lines.append(f"  {notice}")
+    divergence = report["divergence"]
+    if divergence:
+        a, b = divergence["runs"]
+        lines.append(
+            f"  first divergence (run {a} vs run {b}): {divergence['description']}"
+        )
+    elif report["nothing_trained"]:
+        lines.append(
+            "  the script trained nothing tfdet could record (no fit, "
+            "train_on_batch or eager optimizer update): nothing was compared"
+        )
+    elif report["exit_code"] == EXIT_OK:
+        lines.append(
+            f"  every recorded step and final weight bit identical across "
+            f"{len(report['run_reports'])} runs"
+        )
+    lines.append(f"verdict: {report['verdict']} (exit {report['exit_code']})")
+    return "\n".join(lines)

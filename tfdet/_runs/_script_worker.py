@@ -1,0 +1,409 @@
+"""Child side of `tfdet check --script`: run a user's training script as is.
+
+Started as `python -m tfdet._runs._script_worker SPEC_JSON` by
+`tfdet._runs._spawn.run_all`, in an environment the parent has pinned and
+perturbed. It enables tfdet (unless the spec says not to), installs
+recording hooks, and runs the script as `python script.py args` would
+(`runpy.run_path(..., run_name="__main__")`, `sys.argv` set). The hooks:
+
+- every `Model.fit` call gets a `tfdet.DeterminismCallback(trace=...)`
+  appended: one trace per `fit` call;
+- every `Model.train_on_batch` call is recorded after it returns (its logs
+  and the weights' fingerprints): one trace per model;
+- every eager optimizer update outside those (a custom `GradientTape` loop:
+  Keras 3 `Optimizer.apply`, which `apply_gradients` calls; tf_keras
+  `apply_gradients`) is recorded with the updated variables' fingerprints
+  (the loss is not known there): one trace per optimizer. An update traced
+  inside a `tf.function` cannot be recorded per step; only its variables'
+  final digests are compared.
+
+At exit the final digest of every variable trained is taken. The result
+(written atomically at `spec["result"]`) lists the traces, the final
+digests, the entry points exercised, the step count, the XLA facts and how
+the script ended. A script that raises or exits non-zero makes this process
+exit non-zero (1, or the script's status) after printing its traceback, so
+the parent reports the run as failed with its stderr tail.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+import warnings
+from typing import Any
+
+from tfdet._runs._worker import report_progress, run_facts, write_result
+
+FIT = "fit"
+TRAIN_ON_BATCH = "train_on_batch"
+CUSTOM = "custom loop (optimizer)"
+CUSTOM_COMPILED = "custom loop (optimizer in a tf.function: final weights only)"
+
+
+class _MaxStepsReached(BaseException):
+    """Raised from a hook at --max-steps; a BaseException, so that a script's
+    own `except Exception` does not swallow it."""
+
+
+class _Trace:
+    """One recorded training: a fit call, a model's train_on_batch, a loop."""
+
+    def __init__(self, name: str, kind: str, path: str, variables: Any) -> None:
+        self.name = name
+        self.kind = kind
+        self.path = path
+        self.variables = variables  # A callable returning the variables.
+        self.writer: Any = None
+        self.steps = 0
+        self.callback: Any = None
+        self.key: Any = None
+
+    def record(self, logs: dict[str, Any]) -> None:
+        from tfdet._pin import _enable, _environment
+        from tfdet._record import _bits, _trace
+
+        variables = list(self.variables())
+        if self.writer is None:
+            header = _trace.make_header(
+                _enable.observed_profile(),
+                _environment.fingerprint(),
+                _bits.variable_names(variables),
+                every=1,
+                variables_every=1,
+                training=self.name,
+            )
+            self.writer = _trace.TraceWriter(self.path, header)
+        checksums = _bits.weight_checksums(variables)
+        self.writer.write_step(_trace.step_record(self.steps, logs, checksums))
+        self.steps += 1
+
+    def steps_recorded(self) -> int:
+        if self.callback is not None:
+            return self.callback.steps_recorded_total
+        return self.steps
+
+    def to_dict(self) -> dict[str, Any]:
+        entry = {
+            "name": self.name,
+            "kind": self.kind,
+            "trace": self.path if os.path.exists(self.path) else None,
+            "steps": self.steps_recorded(),
+        }
+        if self.kind == CUSTOM_COMPILED:
+            # Not recorded one by one, but counted by the optimizer.
+            iterations = getattr(self.key, "iterations", None)
+            try:
+                entry["updates"] = int(iterations.numpy())
+            except (AttributeError, TypeError, ValueError):
+                entry["updates"] = None
+        return entry
+
+
+class Recorder:
+    """The hooks' shared state: traces, step count, --max-steps."""
+
+    def __init__(self, base: str, max_steps: int | None) -> None:
+        self.base = base
+        self.max_steps = max_steps
+        self.traces: list[_Trace] = []
+        self.entry_points: list[str] = []
+        self.models: list[Any] = []
+        self.total = 0
+        self.depth = 0  # > 0 inside fit / train_on_batch: no optimizer records.
+        self._by_key: dict[int, _Trace] = {}
+
+    def entry(self, name: str) -> None:
+        if name not in self.entry_points:
+            self.entry_points.append(name)
+
+    def new_trace(self, kind: str, label: str, variables: Any) -> _Trace:
+        """A new trace, named e.g. `fit #2 (model sequential)`."""
+        index = len(self.traces)
+        number = sum(t.kind == kind for t in self.traces) + 1
+        trace = _Trace(
+            f"{kind.split(' (')[0]} #{number} ({label})",
+            kind,
+            f"{self.base}.{index}.jsonl",
+            variables,
+        )
+        self.traces.append(trace)
+        return trace
+
+    def trace_for(self, key: Any, kind: str, label: str, variables: Any) -> _Trace:
+        trace = self._by_key.get(id(key))
+        if trace is None:
+            trace = self._by_key[id(key)] = self.new_trace(kind, label, variables)
+            # Kept alive, so that its id() is never another object's.
+            trace.key = key
+        return trace
+
+    def model_trained(self, model: Any) -> None:
+        if all(m is not model for m in self.models):
+            self.models.append(model)
+
+    def step_done(self) -> None:
+        self.total += 1
+        report_progress(self.total, self.max_steps or 0)
+        if self.max_steps is not None and self.total >= self.max_steps:
+            raise _MaxStepsReached
+
+
+def _logs(model: Any, outputs: Any) -> dict[str, Any]:
+    """train_on_batch's return value as a logs dict, whatever the caller asked."""
+    if isinstance(outputs, dict):
+        return dict(outputs)
+    values = outputs if isinstance(outputs, list | tuple) else [outputs]
+    names = list(getattr(model, "metrics_names", None) or [])
+    if len(names) != len(values):
+        names = ["loss", *(f"output_{k}" for k in range(1, len(values)))]
+    return dict(zip(names, values, strict=False))
+
+
+def _callback_class(recorder: Recorder) -> type:
+    """`DeterminismCallback` (its tf_keras flavour when in use) that counts steps."""
+    from tfdet._record import _callback
+
+    base = (
+        _callback._tf_keras_class()
+        if _callback._tf_keras_in_use()
+        else _callback.DeterminismCallback
+    )
+
+    def on_train_batch_end(self: Any, batch: int, logs: Any = None) -> None:
+        base.on_train_batch_end(self, batch, logs)
+        self.steps_recorded_total = self.steps_recorded
+        recorder.step_done()
+
+    return type(
+        "_RecordingCallback",
+        (base,),
+        {
+            "on_train_batch_end": on_train_batch_end,
+            "steps_recorded_total": 0,
+        },
+    )
+
+
+def _wrap_fit(model_class: Any, recorder: Recorder) -> None:
+    original = model_class.fit
+
+    @functools.wraps(original)
+    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        recorder.entry(FIT)
+        trace = recorder.new_trace(FIT, f"model {self.name}", lambda: self.weights)
+        callback = _callback_class(recorder)(trace=trace.path)
+        trace.callback = callback
+        args = list(args)
+        if len(args) > 5:  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
+            args[5] = [*(args[5] or []), callback]
+        else:
+            kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), callback]
+        recorder.model_trained(self)
+        recorder.depth += 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            recorder.depth -= 1
+            callback._close()
+
+    model_class.fit = fit
+
+
+def _wrap_train_on_batch(model_class: Any, recorder: Recorder) -> None:
+    original = model_class.train_on_batch
+
+    @functools.wraps(original)
+    def train_on_batch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        recorder.entry(TRAIN_ON_BATCH)
+        recorder.model_trained(self)
+        recorder.depth += 1
+        try:
+            outputs = original(self, *args, **kwargs)
+        finally:
+            recorder.depth -= 1
+        trace = recorder.trace_for(
+            self, TRAIN_ON_BATCH, f"model {self.name}", lambda: self.weights
+        )
+        trace.record(_logs(self, outputs))
+        recorder.step_done()
+        return outputs
+
+    model_class.train_on_batch = train_on_batch
+
+
+def _wrap_optimizer(
+    optimizer_class: Any, method: str, recorder: Recorder, variables_of: Any
+) -> None:
+    import tensorflow as tf
+
+    original = getattr(optimizer_class, method)
+
+    @functools.wraps(original)
+    def apply(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if recorder.depth:  # fit / train_on_batch record their own steps.
+            return original(self, *args, **kwargs)
+        recorder.depth += 1
+        try:
+            result = original(self, *args, **kwargs)
+        finally:
+            recorder.depth -= 1
+        variables = variables_of(self, args, kwargs)
+        label = f"optimizer {getattr(self, 'name', type(self).__name__)}"
+        if not tf.executing_eagerly():
+            # Traced inside a tf.function: Python runs once, not per step.
+            recorder.entry(CUSTOM_COMPILED)
+            recorder.trace_for(self, CUSTOM_COMPILED, label, lambda: variables)
+            return result
+        recorder.entry(CUSTOM)
+        trace = recorder.trace_for(self, CUSTOM, label, lambda: variables)
+        trace.record({})
+        recorder.step_done()
+        return result
+
+    setattr(optimizer_class, method, apply)
+
+
+def _keras3_variables(optimizer: Any, args: tuple, kwargs: dict) -> list[Any]:
+    variables = kwargs.get("trainable_variables", args[1] if len(args) > 1 else None)
+    return (
+        list(variables)
+        if variables is not None
+        else list(optimizer._trainable_variables)
+    )
+
+
+def _tf_keras_variables(optimizer: Any, args: tuple, kwargs: dict) -> list[Any]:
+    pairs = kwargs.get("grads_and_vars", args[0] if args else [])
+    return [variable for _, variable in pairs]
+
+
+def install(recorder: Recorder) -> None:
+    """Installs the hooks on Keras 3, and on tf_keras when it is in use."""
+    import keras
+
+    from tfdet._pin import _versions
+    from tfdet._runs import _xla
+
+    _xla.install()
+    _wrap_fit(keras.Model, recorder)
+    _wrap_train_on_batch(keras.Model, recorder)
+    _wrap_optimizer(keras.optimizers.Optimizer, "apply", recorder, _keras3_variables)
+    if _versions.uses_legacy_keras():
+        import tf_keras
+
+        _wrap_fit(tf_keras.Model, recorder)
+        _wrap_train_on_batch(tf_keras.Model, recorder)
+        _wrap_optimizer(
+            tf_keras.optimizers.Optimizer,
+            "apply_gradients",
+            recorder,
+            _tf_keras_variables,
+        )
+
+
+def final_digests(recorder: Recorder) -> dict[str, dict[str, str]]:
+    """`{trace name: {variable: digest}}` for every training recorded."""
+    import numpy as np
+
+    from tfdet._record import _bits
+
+    digests = {}
+    for trace in recorder.traces:
+        variables = list(trace.variables())
+        digests[trace.name] = _bits.weights_digests(
+            variables, [np.asarray(v) for v in variables]
+        )
+    return digests
+
+
+def _print_script_traceback(error: BaseException, script: str) -> None:
+    """The traceback as `python script.py` prints it: from the script's frame."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != script:
+        tb = tb.tb_next
+    traceback.print_exception(type(error), error, tb or error.__traceback__)
+    sys.stderr.flush()
+
+
+def _enable(spec: dict[str, Any]) -> None:
+    import tfdet
+
+    with warnings.catch_warnings():
+        # The parent sets each run's PYTHONHASHSEED on purpose.
+        warnings.filterwarnings("ignore", "PYTHONHASHSEED", UserWarning)
+        tfdet.enable(spec["seed"], threads=spec["threads"], cpu_isa=spec["cpu_isa"])
+
+
+def run(spec: dict[str, Any]) -> int:
+    """Runs the script under the hooks; writes the result; returns the exit status.
+
+    Args:
+        spec: script, args, seed, enable, threads, cpu_isa, max_steps,
+            result, trace (the base path of the trace files).
+    """
+    started = time.perf_counter()
+    if spec["enable"]:
+        _enable(spec)
+    recorder = Recorder(spec["trace"], spec.get("max_steps"))
+    install(recorder)
+    script = spec["script"]
+    sys.argv = [script, *spec.get("args", [])]
+    # As `python script.py`: sys.path[0] is the script's directory.
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    end, status = "completed", 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except _MaxStepsReached:
+        end = f"stopped at --max-steps {recorder.max_steps}"
+    except SystemExit as exit_:
+        code = exit_.code
+        if code not in (None, 0):
+            end = f"called sys.exit({code!r})"
+            status = code if isinstance(code, int) else 1
+            if not isinstance(code, int):
+                print(code, file=sys.stderr)
+    except BaseException as error:  # noqa: BLE001 - the script's failure is the report
+        _print_script_traceback(error, script)
+        from tfdet._errors import ProfileMismatchError
+
+        if isinstance(error, ProfileMismatchError):
+            # The script's own enable() asks for other settings than the
+            # runs pinned: say which flags make them agree.
+            from tfdet._pin._launch import mismatch_message
+
+            hint = mismatch_message(error).replace("tfdet run", "tfdet check --script")
+            print(f"tfdet: {hint}", file=sys.stderr, flush=True)
+        end = "raised"
+        status = 1
+    if status:
+        sys.stderr.flush()
+        return status
+    from tfdet._runs import _xla
+
+    result = {
+        **(run_facts(spec["seed"]) if spec["enable"] else {"profile": None}),
+        "script": script,
+        "args": spec.get("args", []),
+        "end": end,
+        "traces": [trace.to_dict() for trace in recorder.traces],
+        "entry_points": recorder.entry_points,
+        "steps_recorded": sum(t.steps_recorded() for t in recorder.traces),
+        "final_weights": final_digests(recorder),
+        "xla": _xla.facts(recorder.models),
+        "seconds": time.perf_counter() - started,
+    }
+    write_result(spec["result"], result)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    return run(json.loads(argv[1]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
