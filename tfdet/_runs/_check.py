@@ -138,15 +138,7 @@ def _nonfinite(trace: _trace.Trace) -> list[str]:
 
 def _run_report(run: _Run) -> dict[str, Any]:
     outcome = run.outcome
-    report: dict[str, Any] = {
-        "index": outcome.setup.index,
-        "perturbations": outcome.setup.labels,
-        "ok": outcome.ok,
-        "reason": outcome.reason,
-        "returncode": outcome.returncode,
-        "timed_out": outcome.timed_out,
-        "seconds": round(outcome.seconds, 3),
-    }
+    report = outcome.facts()
     if outcome.ok and run.trace is not None:
         steps = run.trace.steps
         report["profile"] = outcome.result["profile"]

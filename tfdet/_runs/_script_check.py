@@ -159,15 +159,7 @@ def compare_runs(a: _Run, b: _Run) -> dict[str, Any] | None:
 
 def _run_report(run: _Run) -> dict[str, Any]:
     outcome = run.outcome
-    report: dict[str, Any] = {
-        "index": outcome.setup.index,
-        "perturbations": outcome.setup.labels,
-        "ok": outcome.ok,
-        "reason": outcome.reason,
-        "returncode": outcome.returncode,
-        "timed_out": outcome.timed_out,
-        "seconds": round(outcome.seconds, 3),
-    }
+    report = outcome.facts()
     if outcome.ok:
         result = outcome.result
         report.update(

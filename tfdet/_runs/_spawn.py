@@ -103,6 +103,18 @@ class RunOutcome:
     seconds: float
     failure: str | None = None
 
+    def facts(self) -> dict[str, Any]:
+        """What a report says of every run, whatever it trained."""
+        return {
+            "index": self.setup.index,
+            "perturbations": self.setup.labels,
+            "ok": self.ok,
+            "reason": self.reason,
+            "returncode": self.returncode,
+            "timed_out": self.timed_out,
+            "seconds": round(self.seconds, 3),
+        }
+
     @property
     def ok(self) -> bool:
         return self.returncode == 0 and self.result is not None and not self.timed_out

@@ -64,6 +64,43 @@ def swap_everywhere(
     return original
 
 
+def portable_op(
+    x: Any,
+    name: str | None,
+    scope: str,
+    original: Callable[..., Any],
+    forward: Callable[[Any], Any],
+    gradient: Callable[[Any, Any, Any], Any],
+    dtypes: tuple[str, ...] = FLOATS,
+) -> Any:
+    """Runs a portable replacement of a one-input op, with its gradient.
+
+    Args:
+        x: The op's input.
+        name: The caller's name scope, or None for `scope`.
+        scope: The default name scope.
+        original: The original op wrapper, for inputs the replacement leaves
+            alone (not a dense tensor of one of `dtypes`).
+        forward: `value -> result`, from correctly rounded operations.
+        gradient: `(value, result, upstream) -> input gradient`: the original
+            op's registered formula, so that only the forward changes.
+        dtypes: The dtypes computed here.
+    """
+    import tensorflow as tf
+
+    tensor = dense_float(x)
+    if tensor is None or tensor.dtype.name not in dtypes:
+        return original(x, name=name)
+
+    @tf.custom_gradient
+    def run(value: Any) -> Any:
+        result = forward(value)
+        return result, lambda upstream: gradient(value, result, upstream)
+
+    with tf.name_scope(name or scope):
+        return run(tensor)
+
+
 def dense_float(x: Any) -> Any:
     """`x` as a dense float tensor, or None when the original op should run."""
     import tensorflow as tf

@@ -228,29 +228,32 @@ def crop_and_resize_grad_boxes(
         grad_x = grad_x * grads * mask
         rows = tf.cast(tf.range(geo["crop_h"]), tf.float32)[None, :, None, None]
         cols = tf.cast(tf.range(geo["crop_w"]), tf.float32)[None, None, :, None]
-        h_m1 = tf.cast(height - 1, tf.float32)
-        w_m1 = tf.cast(width - 1, tf.float32)
-        single_h = tf.cast(0.5 * tf.cast(height - 1, tf.float64), tf.float32)
-        single_w = tf.cast(0.5 * tf.cast(width - 1, tf.float64), tf.float32)
-        dy1 = tf.where(
-            geo["crop_h"] > 1,
-            grad_y * (h_m1 - rows * geo["height_ratio"]),
-            grad_y * single_h,
+        dy1, dy2 = _box_gradients(
+            grad_y, rows, geo["crop_h"], geo["height_ratio"], height
         )
-        dy2 = tf.where(
-            geo["crop_h"] > 1, grad_y * (rows * geo["height_ratio"]), grad_y * single_h
-        )
-        dx1 = tf.where(
-            geo["crop_w"] > 1,
-            grad_x * (w_m1 - cols * geo["width_ratio"]),
-            grad_x * single_w,
-        )
-        dx2 = tf.where(
-            geo["crop_w"] > 1, grad_x * (cols * geo["width_ratio"]), grad_x * single_w
+        dx1, dx2 = _box_gradients(
+            grad_x, cols, geo["crop_w"], geo["width_ratio"], width
         )
         return tf.stack(
             [tf.reduce_sum(t, axis=[1, 2, 3]) for t in (dy1, dx1, dy2, dx2)], axis=1
         )
+
+
+def _box_gradients(
+    grad: Any, index: Any, crop_size: Any, ratio: Any, image_size: Any
+) -> tuple[Any, Any]:
+    """Gradients for a box's two coordinates along one axis (y or x).
+
+    The same arithmetic as the kernel: with a crop of one pixel the sample is
+    at the box's centre, so both coordinates get half the image extent.
+    """
+    import tensorflow as tf
+
+    extent = tf.cast(image_size - 1, tf.float32)
+    single = tf.cast(0.5 * tf.cast(image_size - 1, tf.float64), tf.float32)
+    first = tf.where(crop_size > 1, grad * (extent - index * ratio), grad * single)
+    second = tf.where(crop_size > 1, grad * (index * ratio), grad * single)
+    return first, second
 
 
 def _gradient(op: Any, grad: Any) -> list[Any]:

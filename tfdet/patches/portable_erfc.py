@@ -35,6 +35,11 @@ from tfdet.patches._swap import Swap
 _ORIGINAL: list[Any] = []
 _OPS = "tensorflow.python.ops.gen_math_ops"
 
+
+def _apply(swap: Swap) -> None:
+    _ORIGINAL[:] = [_exact_math.swap_everywhere(swap, _OPS, "erfc", erfc)]
+
+
 # Eigen's generic_fast_erfc<float> (SpecialFunctionsImpl.h), highest degree first.
 _CLAMP = 11.0
 _ALPHA = (
@@ -99,29 +104,27 @@ def erfc(x: Any, name: str | None = None) -> Any:
             by the original.
         name: Name scope.
     """
+    return _exact_math.portable_op(
+        x, name, "PortableErfc", _ORIGINAL[0], _forward, _gradient, _COMPUTED_HERE
+    )
+
+
+# float64 stays with the original: the algorithm here is Eigen's float32 one.
+_COMPUTED_HERE = ("bfloat16", "float16", "float32")
+
+
+def _forward(value: Any) -> Any:
     import tensorflow as tf
 
-    tensor = _exact_math.dense_float(x)
-    if tensor is None or tensor.dtype == tf.float64:
-        return _ORIGINAL[0](x, name=name)
-
-    @tf.custom_gradient
-    def forward(value: Any) -> Any:
-        result = tf.cast(erfc_float32(tf.cast(value, tf.float32)), value.dtype)
-
-        def gradient(upstream: Any) -> Any:
-            # TensorFlow's registered Erfc gradient (math_grad._ErfcGrad).
-            factor = tf.constant(-2 / math.sqrt(math.pi), dtype=upstream.dtype)
-            return upstream * factor * tf.exp(-tf.square(value))
-
-        return result, gradient
-
-    with tf.name_scope(name or "PortableErfc"):
-        return forward(tensor)
+    return tf.cast(erfc_float32(tf.cast(value, tf.float32)), value.dtype)
 
 
-def _apply(swap: Swap) -> None:
-    _ORIGINAL[:] = [_exact_math.swap_everywhere(swap, _OPS, "erfc", erfc)]
+def _gradient(value: Any, result: Any, upstream: Any) -> Any:
+    import tensorflow as tf
+
+    # TensorFlow's registered Erfc gradient (math_grad._ErfcGrad).
+    factor = tf.constant(-2 / math.sqrt(math.pi), dtype=upstream.dtype)
+    return upstream * factor * tf.exp(-tf.square(value))
 
 
 PATCH = Patch(

@@ -22,20 +22,19 @@ _ORIGINAL: dict[str, Any] = {}
 
 
 def _portable(x: Any, name: str | None, original: str) -> Any:
-    import tensorflow as tf
+    return _exact_math.portable_op(
+        x, name, "PortableReciprocal", _ORIGINAL[original], _forward, _gradient
+    )
+
+
+def _forward(value: Any) -> Any:
+    return _exact_math.divide(_exact_math.ones(value), value)
+
+
+def _gradient(value: Any, result: Any, upstream: Any) -> Any:
     from tensorflow.python.ops import gen_math_ops
 
-    tensor = _exact_math.dense_float(x)
-    if tensor is None:
-        return _ORIGINAL[original](x, name=name)
-
-    @tf.custom_gradient
-    def forward(value: Any) -> Any:
-        result = _exact_math.divide(_exact_math.ones(value), value)
-        return result, lambda upstream: gen_math_ops.reciprocal_grad(result, upstream)
-
-    with tf.name_scope(name or "PortableReciprocal"):
-        return forward(tensor)
+    return gen_math_ops.reciprocal_grad(result, upstream)
 
 
 def reciprocal(x: Any, name: str | None = None) -> Any:

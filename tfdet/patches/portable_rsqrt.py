@@ -24,6 +24,10 @@ _ORIGINAL: list[Any] = []
 _OPS = "tensorflow.python.ops.gen_math_ops"
 
 
+def _apply(swap: Swap) -> None:
+    _ORIGINAL[:] = [_exact_math.swap_everywhere(swap, _OPS, "rsqrt", rsqrt)]
+
+
 def rsqrt(x: Any, name: str | None = None) -> Any:
     """`1 / sqrt(x)` with correctly rounded operations (`tf.raw_ops.Rsqrt`).
 
@@ -36,26 +40,22 @@ def rsqrt(x: Any, name: str | None = None) -> Any:
         x: A tensor; float dtypes are computed here, others by the original.
         name: Name scope.
     """
+    return _exact_math.portable_op(
+        x, name, "PortableRsqrt", _ORIGINAL[0], _forward, _gradient
+    )
+
+
+def _forward(value: Any) -> Any:
     import tensorflow as tf
+
+    sqrt = _exact_math.opaque(tf.sqrt(value))
+    return _exact_math.divide(_exact_math.ones(value), sqrt)
+
+
+def _gradient(value: Any, result: Any, upstream: Any) -> Any:
     from tensorflow.python.ops import gen_math_ops
 
-    tensor = _exact_math.dense_float(x)
-    if tensor is None:
-        return _ORIGINAL[0](x, name=name)
-
-    @tf.custom_gradient
-    def forward(value: Any) -> Any:
-        result = _exact_math.divide(
-            _exact_math.ones(value), _exact_math.opaque(tf.sqrt(value))
-        )
-        return result, lambda upstream: gen_math_ops.rsqrt_grad(result, upstream)
-
-    with tf.name_scope(name or "PortableRsqrt"):
-        return forward(tensor)
-
-
-def _apply(swap: Swap) -> None:
-    _ORIGINAL[:] = [_exact_math.swap_everywhere(swap, _OPS, "rsqrt", rsqrt)]
+    return gen_math_ops.rsqrt_grad(result, upstream)
 
 
 PATCH = Patch(

@@ -24,6 +24,10 @@ _ORIGINAL: list[Any] = []
 _OPS = "tensorflow.python.ops.gen_nn_ops"
 
 
+def _apply(swap: Swap) -> None:
+    _ORIGINAL[:] = [_exact_math.swap_everywhere(swap, _OPS, "softmax", softmax)]
+
+
 def softmax(logits: Any, name: str | None = None) -> Any:
     """Softmax over the last axis, division correctly rounded (`tf.raw_ops.Softmax`).
 
@@ -36,31 +40,24 @@ def softmax(logits: Any, name: str | None = None) -> Any:
         logits: A float tensor of rank 1 or more.
         name: Name scope.
     """
+    return _exact_math.portable_op(
+        logits, name, "PortableSoftmax", _ORIGINAL[0], _forward, _gradient
+    )
+
+
+def _forward(value: Any) -> Any:
     import tensorflow as tf
 
-    tensor = _exact_math.dense_float(logits)
-    if tensor is None:
-        return _ORIGINAL[0](logits, name=name)
-
-    @tf.custom_gradient
-    def forward(value: Any) -> Any:
-        shifted = value - tf.reduce_max(value, axis=-1, keepdims=True)
-        exps = tf.exp(shifted)
-        result = _exact_math.divide(exps, tf.reduce_sum(exps, axis=-1, keepdims=True))
-
-        def gradient(upstream: Any) -> Any:
-            # TensorFlow's registered Softmax gradient (nn_grad._SoftmaxGrad).
-            total = tf.reduce_sum(upstream * result, axis=-1, keepdims=True)
-            return (upstream - total) * result
-
-        return result, gradient
-
-    with tf.name_scope(name or "PortableSoftmax"):
-        return forward(tensor)
+    exps = tf.exp(value - tf.reduce_max(value, axis=-1, keepdims=True))
+    return _exact_math.divide(exps, tf.reduce_sum(exps, axis=-1, keepdims=True))
 
 
-def _apply(swap: Swap) -> None:
-    _ORIGINAL[:] = [_exact_math.swap_everywhere(swap, _OPS, "softmax", softmax)]
+def _gradient(value: Any, result: Any, upstream: Any) -> Any:
+    import tensorflow as tf
+
+    # TensorFlow's registered Softmax gradient (nn_grad._SoftmaxGrad).
+    total = tf.reduce_sum(upstream * result, axis=-1, keepdims=True)
+    return (upstream - total) * result
 
 
 PATCH = Patch(
