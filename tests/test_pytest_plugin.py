@@ -207,7 +207,8 @@ def test_reproducible_fixture(pytester: pytest.Pytester):
         [
             "*test_noisy*",
             "*bits diverged.",
-            "*first divergence (run 0 vs run 1): step 0, loss: * (0x* float32) vs * (0x* float32) (* ulps)",
+            "*first divergence (run 0 vs run 1): *step 0, loss: expected "
+            "'* [[]float32 0x*[]]', received '* [[]float32 0x*[]]' (* ulps apart).",
         ]
     )
     # A failed run is a failure with its stderr, never a pass.
