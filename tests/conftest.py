@@ -21,6 +21,7 @@ from hypothesis import settings
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from tfdet._pin._environment import DETERMINISM_VARIABLES
+from tfdet._runs._spawn import child_environment
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,12 +39,7 @@ def clean_env(**overrides: str | None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(REPO), env.get("PYTHONPATH")])
     )
-    for key, value in overrides.items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    return env
+    return child_environment(env, overrides)
 
 
 def run_python(

@@ -113,4 +113,5 @@ def test_worker_spec_and_environment_come_from_the_options():
 
 
 def test_the_spec_of_every_run_is_json():
-    json.dumps(_spawn.make_worker_spec(_options.RunOptions()))
+    spec = _spawn.make_worker_spec(_options.RunOptions())
+    assert json.loads(json.dumps(spec)) == spec
