@@ -53,7 +53,8 @@ class Patch:
             the first `after_import` function).
         replaces: TensorFlow op types the patch keeps out of the graph. The
             hazard table's rows for them decide the TensorFlow versions that
-            need the patch, and `tfdet scan` names the patch for them.
+            need the patch, and `tfdet scan` names the patch for them. Empty
+            for a patch that fixes Keras code rather than replacing an op.
         summary: What it replaces and with what, one line.
         upstream: The upstream issue or pull request the patch answers.
         apply: Makes the replacements now, recording each in the `Swap` it
@@ -109,10 +110,14 @@ class Patch:
         """Whether the running versions need the patch.
 
         Needed when the installed TensorFlow has a hazardous row in the
-        hazard table for one of `replaces`, and every `requires` holds.
+        hazard table for one of `replaces`, and every `requires` holds. A
+        patch that replaces no op (a fix of Keras itself) is needed when
+        every `requires` holds.
         """
         found = _versions.tensorflow_distribution()
-        if found is None or not _hazards.hazardous_in(self.replaces, found[1]):
+        if found is None:
+            return False
+        if self.replaces and not _hazards.hazardous_in(self.replaces, found[1]):
             return False
         return all(_holds(key, wanted) for key, wanted in self.requires.items())
 
