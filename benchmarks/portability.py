@@ -4,7 +4,7 @@ Usage:
     python benchmarks/portability.py [--models NAME,...] [--json FILE] [--record]
 
 Trains a fixed reference set under the default profile (`tfdet.enable(seed=7)`:
-one thread per pool, oneDNN capped at AVX2 on x86-64), each model for 4
+one thread per pool, oneDNN custom ops on and capped at AVX2 on x86-64), each model for 4
 `train_on_batch` steps in a fresh `sys.executable` process (tfdet's check
 worker, so the training loop is `tfdet check`'s), and prints the sha256 of
 its final weights' bytes (16 hex digits) with the CPU facts that can decide
@@ -92,7 +92,7 @@ def _environment_for(name: str) -> dict[str, str]:
     # What `tfdet run` sets before the interpreter starts (PYTHONHASHSEED,
     # pools, the cap); the worker's enable() then pins the rest.
     cap = "AVX2" if _isa.applies() else None
-    env.update(_enable.pinned_environment(SEED, 1, cap, None))
+    env.update(_enable.pinned_environment(SEED, 1, cap, _enable.DEFAULT_ONEDNN))
     env.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="-1")
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(REPO), env.get("PYTHONPATH")])
@@ -240,7 +240,13 @@ def record(
             "cpu": facts,
             "software": soft,
             "date": datetime.date.today().isoformat(),
-            "profile": {"seed": SEED, "threads": 1, "cpu_isa": "AVX2", "steps": STEPS},
+            "profile": {
+                "seed": SEED,
+                "threads": 1,
+                "cpu_isa": "AVX2",
+                "onednn": _enable.DEFAULT_ONEDNN,
+                "steps": STEPS,
+            },
             "digests": dict(sorted(digests.items())),
         }
     )

@@ -182,7 +182,14 @@ def test_against_a_reference_with_another_thread_count(tmp_path):
     # "stop": the first diverging step, quantity and both values, logged;
     # training stopped right after it.
     divergence = stop["divergence"]
-    assert divergence["step"] == 0 and divergence["quantity"].startswith("weights:")
+    # Which quantity differs first depends on the CPU's kernels: where the
+    # forward pass follows the pool size (Eigen's, with oneDNN custom ops
+    # off by TensorFlow's default on AVX2-only CPUs) the loss of step 0 does;
+    # where only the gradients do, the weights after it.
+    weights_first = divergence["quantity"].startswith("weights:")
+    assert divergence["step"] == 0 and (
+        weights_first or divergence["quantity"] == "loss"
+    )
     assert stop["steps"] == divergence["step"] + 1 < 4
     log = [line for line in other["stderr"].splitlines() if "Bits diverged" in line]
     assert log and "Stopping training" in log[0]
@@ -207,7 +214,9 @@ def test_against_a_reference_with_another_thread_count(tmp_path):
     # "warn": warns once and trains on.
     assert warn["steps"] == 4 and warn["divergence"] == divergence
     assert sum("Bits diverged" in w for w in warn["warnings"]) == 1
-    assert json.loads(json.dumps(divergence))["ulps"] is None
+    # A fingerprint has no distance in ulps; a float loss has one.
+    ulps = json.loads(json.dumps(divergence))["ulps"]
+    assert ulps is None if weights_first else ulps > 0
 
 
 _TF_KERAS_FIT = """
@@ -323,9 +332,9 @@ def test_bad_trace_and_reference_paths_fail_at_construction(tmp_path):
 _SUMMARY = """
 import json, logging, sys
 import numpy as np
-import keras
 import tfdet
-tfdet.enable(seed=3)
+tfdet.enable(seed=3)  # Before `import keras`, which imports TensorFlow.
+import keras
 logging.basicConfig(level=logging.WARNING, format="LOG %(levelname)s %(message)s")
 
 

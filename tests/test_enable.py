@@ -289,6 +289,36 @@ out["env"] = os.environ.get("ONEDNN_MAX_CPU_ISA")
 # --- Too late: after TensorFlow started. ---
 
 
+def test_onednn_is_pinned_on_before_import_whatever_the_cpu_would_choose() -> None:
+    # TensorFlow's own choice follows the CPU (off on CPUs without AVX-512
+    # VNNI/BF16 or AMX); enable() before the import pins it on. The second
+    # child imitates such a CPU's choice (TF_ENABLE_ONEDNN_OPTS=0 at import):
+    # the default profile is refused, naming the ways out, and onednn=None
+    # records the CPU's choice instead.
+    pinned = _child(
+        """
+out["profile"] = tfdet.enable().to_dict()
+from tensorflow.python.util import _pywrap_util_port
+out["tensorflow_says"] = bool(_pywrap_util_port.IsMklEnabled())
+"""
+    )
+    assert pinned["profile"]["onednn_opts"] is True
+    assert pinned["tensorflow_says"] is True
+    chosen_off = _child(
+        """
+import tensorflow as tf
+attempt("default")
+out["profile"] = tfdet.enable(onednn=None).to_dict()
+""",
+        TF_ENABLE_ONEDNN_OPTS="0",
+    )
+    error = chosen_off["default"]
+    assert error["type"] == "TooLateError" and error["setting"] == "onednn", error
+    assert "oneDNN custom ops off" in error["message"]
+    assert "onednn=None" in error["message"]
+    assert chosen_off["profile"]["onednn_opts"] is False
+
+
 def test_too_late_threads_and_onednn_are_refused_even_with_strict_false() -> None:
     # Both always change the bits: strict=False does not soften them.
     out = _child(
@@ -306,6 +336,9 @@ out["isa_env_after_refusals"] = os.environ.get("ONEDNN_MAX_CPU_ISA")
 out["threads_env_after_refusals"] = os.environ.get("TF_NUM_INTRAOP_THREADS")
 """,
         PYTHONHASHSEED="7",
+        # oneDNN on at import, whatever this CPU's default: the default
+        # profile's state, so only `onednn=False` and the threads are late.
+        TF_ENABLE_ONEDNN_OPTS="1",
     )
     for name in ("onednn_after_import", "onednn_after_import_lenient"):
         error = out[name]
@@ -355,7 +388,12 @@ finish()
 """
     )
     result = run_python(
-        code, env=clean_env(ONEDNN_VERBOSE="1", PYTHONHASHSEED="0"), timeout=240
+        code,
+        # TensorFlow is imported first: oneDNN in the default profile's state.
+        env=clean_env(
+            ONEDNN_VERBOSE="1", PYTHONHASHSEED="0", TF_ENABLE_ONEDNN_OPTS="1"
+        ),
+        timeout=240,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = last_json_line(result.stdout)
@@ -428,7 +466,10 @@ print(json.dumps({{
     results = {}
     for before in (True, False):
         result = run_python(
-            script.format(before=before), env=clean_env(PYTHONHASHSEED="0")
+            script.format(before=before),
+            # `import tf_keras` imports TensorFlow: oneDNN must already be in
+            # the default profile's state for enable() to accept it.
+            env=clean_env(PYTHONHASHSEED="0", TF_ENABLE_ONEDNN_OPTS="1"),
         )
         assert result.returncode == 0, result.stderr[-3000:]
         results[before] = last_json_line(result.stdout)

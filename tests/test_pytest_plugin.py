@@ -111,9 +111,13 @@ def test_flag_enables_before_conftest_and_reseeds_each_test(pytester: pytest.Pyt
 
 
 @pytest.mark.slow
-def test_too_late_fails_session_with_message(pytester: pytest.Pytester):
+def test_too_late_fails_session_with_message(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+):
     # A plugin that runs a TensorFlow op when pytest imports it, before
-    # conftests: enable() cannot pin the thread pools any more.
+    # conftests: enable() cannot pin the thread pools any more. (oneDNN is
+    # set as the profile wants at import, so the threads are what is late.)
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1")
     pytester.makepyfile(
         early_tf="""
         import tensorflow as tf

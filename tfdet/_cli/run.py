@@ -44,8 +44,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--onednn",
         dest="onednn",
         action="store_true",
-        default=None,
-        help="Require TensorFlow's oneDNN custom ops on.",
+        default=_settings.DEFAULT_ONEDNN,
+        help="Require TensorFlow's oneDNN custom ops on (the default).",
     )
     onednn.add_argument(
         "--no-onednn",

@@ -147,11 +147,6 @@ def execute(args: argparse.Namespace) -> int:
     from tfdet._graph import _scan
     from tfdet._pin import _devices
 
-    # the first refused op under determinism instead of listing it.
-    try:
-        _devices.hide_gpus()
-    except RuntimeError as error:
-        raise RunFailedError(str(error)) from error
     if not args.no_enable:
         import tfdet
 
@@ -172,6 +167,13 @@ def execute(args: argparse.Namespace) -> int:
         # it on themselves.
         tf.config.experimental.enable_op_determinism()
         tf.random.set_seed(args.seed)
+    # On the CPU only: on a GPU the warm-up step would raise at the first op
+    # refused under determinism instead of listing it. After enable(), which
+    # must come before `import tensorflow` (oneDNN).
+    try:
+        _devices.hide_gpus()
+    except RuntimeError as error:
+        raise RunFailedError(str(error)) from error
 
     built = _target.build(spec.text, seed=args.seed)
     try:

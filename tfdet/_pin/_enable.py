@@ -4,8 +4,9 @@ Environment variables this module reads or writes (children inherit writes):
 
 - `PYTHONHASHSEED`: read (only takes effect at interpreter start; a mismatch
   is a warning naming `tfdet run`), then written as `str(seed)`.
-- `TF_ENABLE_ONEDNN_OPTS`: read; written before `import tensorflow` when
-  `onednn=` asks for a value. Too late once TensorFlow is imported.
+- `TF_ENABLE_ONEDNN_OPTS`: written before `import tensorflow` (on, by
+  default; `onednn=None` leaves TensorFlow's CPU-dependent choice). Too late
+  once TensorFlow is imported with the other state.
 - `ONEDNN_MAX_CPU_ISA`: written on x86-64 (oneDNN reads it at its first
   primitive). A lower cap already set is kept as the machine's ceiling.
 - `TF_NUM_INTRAOP_THREADS`, `TF_NUM_INTEROP_THREADS`: written, for children.
@@ -25,10 +26,11 @@ from typing import Any
 
 from tfdet._errors import ProfileMismatchError, TooLateError
 from tfdet._graph import _patching
-from tfdet._pin import _isa, _versions
+from tfdet._pin import _environment, _isa, _versions
 from tfdet._pin._profile import Profile
 from tfdet._pin._settings import (  # noqa: F401  (re-exported)
     DEFAULT_CPU_ISA,
+    DEFAULT_ONEDNN,
     DEFAULT_SEED,
     DEFAULT_THREADS,
     MAX_SEED,
@@ -74,12 +76,19 @@ def _parse_onednn(value: str | None) -> bool | None:
 
 
 def _onednn_in_force() -> bool:
-    """Whether oneDNN custom ops are on, as TensorFlow decided at import."""
+    """Whether oneDNN custom ops are on, as TensorFlow decided at import.
+
+    Once TensorFlow is imported, TensorFlow itself is asked: unset, its
+    choice follows the CPU's extensions (measured: on with AVX-512 BF16, off
+    on the same AMD EPYC model exposing AVX2 only), so no rule here could
+    predict it. Before the import, the variable says what it will decide.
+    """
+    if _versions.tensorflow_imported():
+        decided = _environment.onednn_custom_ops()
+        if decided is not None:
+            return decided
     explicit = _parse_onednn(os.environ.get("TF_ENABLE_ONEDNN_OPTS"))
-    if explicit is not None:
-        return explicit
-    # TF 2.21 turns them on by default on x86-64 Linux and Windows.
-    return _isa.applies()
+    return bool(explicit)
 
 
 def pinned_environment(
@@ -228,7 +237,7 @@ def enable(
     *,
     threads: int = DEFAULT_THREADS,
     cpu_isa: str | None = DEFAULT_CPU_ISA,
-    onednn: bool | None = None,
+    onednn: bool | None = DEFAULT_ONEDNN,
     patches: str | list[str] | tuple[str, ...] | None = "auto",
     strict: bool = True,
 ) -> Profile:
@@ -257,8 +266,11 @@ def enable(
             AVX2 default costs speed on CPUs with AVX-512 (measured ~1.4x per
             step on a 2-core Xeon; see benchmarks/cost_of_determinism.py
             --explain): pass a higher level when every machine has it.
-        onednn: Require oneDNN custom ops on (True) or off (False); None keeps
-            TensorFlow's default. Only possible before `import tensorflow`.
+        onednn: Require oneDNN custom ops on (True, the default) or off
+            (False); None keeps TensorFlow's default, which follows the CPU
+            (on only with AVX-512 VNNI/BF16 or AMX), so the bits then differ
+            between machines. Set before `import tensorflow`: call enable()
+            first, or start the script with `tfdet run`.
         patches: "auto" (the patches these versions need), None (none), or a
             list of names from `tfdet.patches`.
         strict: True or False (nothing else). When False, two refusals whose outcome may leave the bits
@@ -342,10 +354,16 @@ def enable(
         if _versions.tensorflow_imported():
             if _onednn_in_force() != onednn:
                 # Always an error, also with strict=False: it decides the bits.
+                state = "on" if _onednn_in_force() else "off"
                 raise TooLateError(
                     "onednn",
                     "TF_ENABLE_ONEDNN_OPTS is read at `import tensorflow`, which "
-                    "already ran.",
+                    f"already ran with oneDNN custom ops {state} (unset, TensorFlow "
+                    "chooses by the CPU), so for this setting enable() must come "
+                    f"before `import tensorflow`. Or set TF_ENABLE_ONEDNN_OPTS="
+                    f"{int(onednn)} before Python starts, or pass onednn=None to keep "
+                    "this CPU's choice (its bits then differ from machines that "
+                    "choose otherwise).",
                 )
         else:
             os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if onednn else "0"

@@ -274,11 +274,11 @@ def _tensorflow_facts() -> dict[str, Any]:
         "cudnn_version": build.get("cudnn_version"),
         "gpus": gpus,
         "op_determinism": _enable.op_determinism_enabled(),
-        "onednn_custom_ops": _onednn_custom_ops(),
+        "onednn_custom_ops": onednn_custom_ops(),
     }
 
 
-def _onednn_custom_ops() -> bool | None:
+def onednn_custom_ops() -> bool | None:
     """Whether TensorFlow runs its oneDNN custom ops, as it decided at import.
 
     Unset `TF_ENABLE_ONEDNN_OPTS` leaves the choice to TensorFlow, which

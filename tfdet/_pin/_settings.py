@@ -22,6 +22,13 @@ DEFAULT_THREADS = 1
 MAX_THREADS = 1024
 # AVX2: the bits of every x86-64 CPU generation from Haswell on.
 DEFAULT_CPU_ISA = "AVX2"
+# oneDNN custom ops on. Left to TensorFlow, the choice follows the CPU (2.21
+# turns them on only where it finds AVX-512 VNNI/BF16 or AMX) and decides the
+# bits: measured, one AMD EPYC model exposing AVX-512 BF16 and the same model
+# exposing AVX2 only gave other weights for all seven built-in targets under
+# the AVX2 cap, and the same weights once both ran with oneDNN on. On is also
+# TensorFlow's choice on current server CPUs, and the faster one.
+DEFAULT_ONEDNN = True
 
 
 def check_int(name: str, value: Any, low: int, high: int | None) -> int:

@@ -21,7 +21,7 @@ import tempfile
 from typing import Any
 
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, TraceFormatError
-from tfdet._pin import _enable, _isa
+from tfdet._pin import _enable, _isa, _settings
 from tfdet._record import _diff, _trace
 from tfdet._runs import _perturb, _spawn, _target
 from tfdet._runs._check import VERDICTS
@@ -79,7 +79,10 @@ def _environment(options: ScriptOptions) -> dict[str, str]:
     if run.enable:
         env.update(
             _enable.pinned_environment(
-                run.seed, run.threads, run.cpu_isa if _isa.applies() else None, None
+                run.seed,
+                run.threads,
+                run.cpu_isa if _isa.applies() else None,
+                _settings.DEFAULT_ONEDNN,
             )
         )
     return env

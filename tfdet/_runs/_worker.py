@@ -59,7 +59,7 @@ def start(spec: dict[str, Any]) -> Any:
     """
     import tfdet
     from tfdet._pin import _versions
-    from tfdet._runs import _target
+    from tfdet._runs import _target, _xla
 
     seed = spec["seed"]
     if spec["enable"]:
@@ -71,6 +71,9 @@ def start(spec: dict[str, Any]) -> Any:
             tfdet.enable(seed, threads=spec["threads"], cpu_isa=spec["cpu_isa"])
     else:
         _seed_without_tfdet(seed, _versions.uses_legacy_keras())
+    # After enable(), which must precede `import tensorflow` (oneDNN), and
+    # before the TARGET compiles: what it asked of XLA.
+    _xla.install()
     return _target.build(spec["target"], seed=seed)
 
 
@@ -115,7 +118,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     from tfdet._runs import _xla
 
     started = time.perf_counter()
-    _xla.install()  # Before the TARGET compiles: what it asked of XLA.
     built = start(spec)
     model = built.model
     facts = run_facts(spec["seed"])
