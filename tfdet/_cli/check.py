@@ -37,6 +37,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--device", default=_options.DEFAULT_DEVICE, choices=_options.DEVICES
     )
     parser.add_argument(
+        "--workers",
+        type=int,
+        default=_options.DEFAULT_WORKERS,
+        help="Make each run a MultiWorkerMirroredStrategy job of N worker "
+        "processes on loopback (127.0.0.1, free ports); TARGET is built inside "
+        "the strategy's scope and trained with model.fit. Every worker of every "
+        "run is compared; CPU only (default 1: one process, no strategy).",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=_options.DEFAULT_REPLICAS,
+        help="Train each run under a MirroredStrategy of N logical CPU devices "
+        "in one process (default 1: no strategy).",
+    )
+    parser.add_argument(
         "--traces",
         metavar="DIR",
         help="Keep each run's trace as DIR/DEVICE/runN.jsonl (run0 is the "
@@ -77,14 +93,28 @@ def _run_line(run: dict[str, Any]) -> str:
         state = "ok" if loss is None else f"ok, final loss {loss}"
     else:
         state = run.get("reason") or "failed"
-    return f"  run {run['index']} ({state}, {run['seconds']:.1f}s): {labels}"
+    return f"  {_name(run)} ({state}, {run['seconds']:.1f}s): {labels}"
+
+
+def _name(run: dict[str, Any]) -> str:
+    """`run 1`, or `run 1 worker 0` (reports of older versions lack `name`)."""
+    return run.get("name") or f"run {run['index']}"
+
+
+def _distribution(workers: int, replicas: int) -> str:
+    if workers > 1:
+        return f" ({workers} workers each, MultiWorkerMirroredStrategy on loopback)"
+    if replicas > 1:
+        return f" ({replicas} replicas each, MirroredStrategy on logical CPUs)"
+    return ""
 
 
 def format_header(options: _options.RunOptions) -> str:
     """What is about to run: printed before anything starts."""
     mode = "with tfdet.enable()" if options.enable else "without tfdet (--no-enable)"
     return (
-        f"tfdet check {options.target_spec.text} {mode}: {options.runs} runs x "
+        f"tfdet check {options.target_spec.text} {mode}: {options.runs} runs"
+        f"{_distribution(options.workers, options.replicas)} x "
         f"{options.steps} steps on {options.device}; perturbations: "
         f"{', '.join(options.perturb) or 'none'}"
     )
@@ -112,7 +142,8 @@ def format_report(report: dict[str, Any]) -> str:
     """The short human report: per device, runs, perturbations, verdict."""
     mode = "with tfdet.enable()" if report["enable"] else "without tfdet (--no-enable)"
     lines = [
-        f"tfdet check {report['target']} {mode}: {report['runs']} runs x "
+        f"tfdet check {report['target']} {mode}: {report['runs']} runs"
+        f"{_distribution(report.get('workers', 1), report.get('replicas', 1))} x "
         f"{report['steps']} steps"
     ]
     for device, result in report["devices"].items():
@@ -136,7 +167,7 @@ def format_report(report: dict[str, Any]) -> str:
             for run in result["runs"]:
                 if not run["ok"]:
                     lines.append(
-                        f"  run {run['index']} failed ({run.get('reason')}); stderr tail:"
+                        f"  {_name(run)} failed ({run.get('reason')}); stderr tail:"
                     )
                     lines.extend(
                         f"    {line}"
@@ -145,6 +176,12 @@ def format_report(report: dict[str, Any]) -> str:
         divergence = result.get("divergence")
         if divergence:
             a, b = divergence["runs"]
+            workers = divergence.get("workers")
+            if workers:  # Two workers of one run disagree.
+                a, b = f"{a} worker {workers[0]}", f"{b} worker {workers[1]}"
+            elif divergence.get("worker") is not None:
+                a = f"{a} worker {divergence['worker']}"
+                b = f"{b} worker {divergence['worker']}"
             for name, (left, right) in divergence.get(
                 "profile_differences", {}
             ).items():
@@ -160,8 +197,15 @@ def format_report(report: dict[str, Any]) -> str:
                 for name, outcome in attribution["alone"].items():
                     lines.append(f"    {name} alone: {outcome}")
         elif result["verdict"] == "identical":
+            processes = len(result["runs"])
+            across = f"{processes} runs"
+            if result.get("workers", 1) > 1:
+                across = (
+                    f"{processes // result['workers']} runs x "
+                    f"{result['workers']} workers"
+                )
             lines.append(
-                f"  every loss, metric and weight bit identical across {len(result['runs'])} runs"
+                f"  every loss, metric and weight bit identical across {across}"
             )
             if nonfinite:
                 lines.append(
@@ -235,6 +279,8 @@ def execute(args: argparse.Namespace) -> int:
         device=args.device,
         attribute=args.attribute,
         traces=args.traces,
+        workers=args.workers,
+        replicas=args.replicas,
     )
     display = _output.StepsDisplay()
     # The header first: TensorFlow takes seconds to start in the runs.

@@ -49,6 +49,9 @@ def format_comparison(comparison: _diff.TraceComparison) -> str:
     """Human-readable report, explanations first."""
     lines = _pairs("profile fields", comparison.profile_differences)
     lines += _pairs("environment facts", comparison.fingerprint_differences)
+    if comparison.distribution_differences:
+        # Only traces of distributed runs have these facts.
+        lines += _pairs("tf.distribute facts", comparison.distribution_differences)
     if comparison.cpu_differences:
         lines.append("CPU facts that differ, and whether they change bits:")
         lines.extend(

@@ -172,7 +172,7 @@ class _DeterminismHooks:
         self.steps_recorded = 0
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        from tfdet._pin import _enable, _environment
+        from tfdet._pin import _distribution, _enable, _environment
 
         self.divergence = None
         self.stopped_on_divergence = False
@@ -220,6 +220,9 @@ class _DeterminismHooks:
                 self._names,
                 every=self.every,
                 variables_every=self.variables_every,
+                distribution=_distribution.describe(
+                    getattr(self.model, "distribute_strategy", None)
+                ),
             )
             self._writer = _trace.TraceWriter(self.trace, header)
 

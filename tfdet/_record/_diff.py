@@ -237,6 +237,21 @@ def fingerprint_differences(a: Trace, b: Trace) -> dict[str, tuple[Any, Any]]:
     }
 
 
+def distribution_differences(a: Trace, b: Trace) -> dict[str, tuple[Any, Any]]:
+    """`{key: (A, B)}` for the `tf.distribute` facts that differ.
+
+    Two workers of one run differ in `worker` (their task index) and agree
+    in everything else; a trace without a strategy has none of the keys.
+    """
+    flat_a = _flatten(a.header.get("distribution") or {})
+    flat_b = _flatten(b.header.get("distribution") or {})
+    return {
+        name: (flat_a.get(name), flat_b.get(name))
+        for name in sorted(set(flat_a) | set(flat_b))
+        if flat_a.get(name) != flat_b.get(name)
+    }
+
+
 @dataclasses.dataclass(frozen=True)
 class TraceComparison:
     """The result of comparing trace A with trace B.
@@ -253,6 +268,8 @@ class TraceComparison:
             expected to change bits and why (`_environment.compare_cpus`).
         variables: `(variables in A, variables in B)`: traces of two
             different models cannot agree.
+        distribution_differences: `{key: (A, B)}` of the `tf.distribute`
+            facts (strategy, replicas, workers, worker).
     """
 
     profile_differences: dict[str, tuple[Any, Any]]
@@ -263,6 +280,9 @@ class TraceComparison:
     truncated: tuple[bool, bool]
     cpu_differences: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     variables: tuple[int, int] = (0, 0)
+    distribution_differences: dict[str, tuple[Any, Any]] = dataclasses.field(
+        default_factory=dict
+    )
 
     @property
     def empty(self) -> bool:
@@ -297,6 +317,9 @@ class TraceComparison:
             "truncated": list(self.truncated),
             "cpu_differences": self.cpu_differences,
             "variables": list(self.variables),
+            "distribution_differences": {
+                k: list(v) for k, v in self.distribution_differences.items()
+            },
         }
 
 
@@ -349,4 +372,5 @@ def compare(a: Trace, b: Trace) -> TraceComparison:
         truncated=(a.truncated, b.truncated),
         cpu_differences=_environment.compare_cpus(a.environment, b.environment),
         variables=(len(a.variables), len(b.variables)),
+        distribution_differences=distribution_differences(a, b),
     )

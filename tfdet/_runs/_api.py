@@ -58,6 +58,8 @@ class RunFacts:
         seconds: How long the run took.
         reason: Why it failed (None when ok).
         trace: The kept trace file (with `traces=`), or None.
+        worker: The worker's task index in a multi-worker run (`workers=N`),
+            or None.
     """
 
     device: str
@@ -68,6 +70,7 @@ class RunFacts:
     seconds: float
     reason: str | None
     trace: str | None
+    worker: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +80,7 @@ class CheckReport:
     Attributes:
         verdict: `"identical"`, `"diverged"` or `"failed"`.
         exit_code: `tfdet check`'s exit code for it: 0, 1 or 3.
-        divergence: The first divergence (`device`, `runs`, `step`,
+        divergence: The first divergence (`device`, `runs`, `worker`, `step`,
             `quantity`, `expected`, `received`, `description`, and with
             attribution the perturbation responsible), or None.
         runs: Every run's facts, device by device.
@@ -116,6 +119,7 @@ class CheckReport:
                         seconds=run["seconds"],
                         reason=run.get("reason"),
                         trace=run.get("trace") if report.get("traces") else None,
+                        worker=run.get("worker"),
                     )
                 )
             if divergence is None and result.get("divergence"):
@@ -163,8 +167,8 @@ def check(
     What `tfdet check` does, from Python (a notebook, a test): the same runs,
     verdict and exit code. Options and their defaults are those of
     `tfdet check` (`runs`, `steps`, `device`, `perturb`, `enable`, `seed`,
-    `threads`, `cpu_isa`, `timeout`, `attribute`, `traces`; see the
-    signature).
+    `threads`, `cpu_isa`, `timeout`, `attribute`, `traces`, `workers`,
+    `replicas`; see the signature).
 
     Example:
 

@@ -121,6 +121,52 @@ def compare_runs(a: _Run, b: _Run) -> _diff.Divergence | None:
     return dataclasses.replace(divergence, detail=detail)
 
 
+# One run: its processes (one, or each worker of a multi-worker run).
+_Job = list[_Run]
+
+
+def _setups(job: _Job) -> list[_perturb.RunSetup]:
+    return [run.outcome.setup for run in job]
+
+
+def _first(divergences: list[tuple[int, _diff.Divergence]]) -> tuple[int, Any]:
+    """The earliest `(worker, divergence)`; the lowest worker on a tie."""
+    if not divergences:
+        return 0, None
+    return min(divergences, key=lambda found: (found[1].step, found[0]))
+
+
+def compare_jobs(a: _Job, b: _Job) -> tuple[int, _diff.Divergence | None]:
+    """`(worker, first difference)` between two runs, worker by worker.
+
+    Worker k of one run is compared with worker k of the other; the
+    earliest divergence of any worker is the run's.
+    """
+    return _first(
+        [
+            (k, divergence)
+            for k, (run_a, run_b) in enumerate(zip(a, b, strict=True))
+            if (divergence := compare_runs(run_a, run_b)) is not None
+        ]
+    )
+
+
+def _disagreeing_workers(job: _Job) -> tuple[int, _diff.Divergence | None]:
+    """`(worker, first difference from worker 0)` within one run.
+
+    The workers of a `MultiWorkerMirroredStrategy` run hold mirrored
+    variables and log all-reduced values: any difference between them is a
+    divergence, whatever the other runs did.
+    """
+    return _first(
+        [
+            (k, divergence)
+            for k, run in enumerate(job[1:], start=1)
+            if (divergence := compare_runs(job[0], run)) is not None
+        ]
+    )
+
+
 def _nonfinite(trace: _trace.Trace) -> list[str]:
     """`"loss nan from step 3"` for each logged quantity that is NaN or Inf."""
     found: dict[str, str] = {}
@@ -157,37 +203,48 @@ def _run_report(run: _Run) -> dict[str, Any]:
     return report
 
 
+def _expand(setup: _perturb.RunSetup, workers: int) -> list[_perturb.RunSetup]:
+    """The processes of one run: itself, or its workers."""
+    return _perturb.workers_of(setup, workers) if workers > 1 else [setup]
+
+
 def _attribute(
-    baseline: _Run,
-    other: _Run,
+    baseline: _perturb.RunSetup,
+    other: _perturb.RunSetup,
     spec: dict[str, Any],
     env: dict[str, str],
-    timeout: float,
+    options: RunOptions,
     workdir: str,
+    baseline_job: _Job,
 ) -> dict[str, Any]:
     """Re-runs the baseline with each of `other`'s perturbations alone."""
     differing = [
         name
-        for name, label in other.outcome.setup.labels.items()
-        if baseline.outcome.setup.labels.get(name) != label
+        for name, label in other.labels.items()
+        if baseline.labels.get(name) != label
     ]
     candidates: list[str | None] = [None, *differing]
     setups = [
         dataclasses.replace(
-            baseline.outcome.setup.with_perturbation_of(
-                other.outcome.setup, name, 100 + k
-            ),
-            delay=0.0,
+            baseline.with_perturbation_of(other, name, 100 + k), delay=0.0
         )
         for k, name in enumerate(candidates)
     ]
-    outcomes = _spawn.run_all(setups, spec, workdir, base_env=env, timeout=timeout)
+    outcomes = _spawn.run_jobs(
+        [_expand(setup, options.workers) for setup in setups],
+        spec,
+        workdir,
+        base_env=env,
+        timeout=options.timeout,
+    )
     alone: dict[str, str] = {}
-    for name, rerun in zip(candidates, _read_runs(outcomes), strict=True):
+    for name, job in zip(candidates, outcomes, strict=True):
         key = RERUN if name is None else name
-        if not rerun.outcome.ok:
-            alone[key] = f"run failed ({rerun.outcome.reason})"
-        elif compare_runs(baseline, rerun) is None:
+        rerun = _read_runs(job)
+        failed = next((run for run in rerun if not run.outcome.ok), None)
+        if failed is not None:
+            alone[key] = f"run failed ({failed.outcome.reason})"
+        elif compare_jobs(baseline_job, rerun)[1] is None:
             alone[key] = "same bits"
         else:
             alone[key] = "differs"
@@ -207,16 +264,34 @@ def _attribute(
 def _keep_traces(
     runs: list[_Run], reports: list[dict[str, Any]], directory: str
 ) -> None:
-    """Copies each finished run's trace to `directory/runN.jsonl`."""
+    """Copies each finished process's trace to `directory/runN[-workerK].jsonl`."""
     for run, report in zip(runs, reports, strict=True):
         if run.outcome.ok:
-            kept = os.path.join(directory, f"run{run.outcome.setup.index}.jsonl")
+            kept = os.path.join(directory, f"{run.outcome.setup.file_stem}.jsonl")
             shutil.copyfile(run.outcome.result["trace"], kept)
             report["trace"] = kept
 
 
 # Called as `on_step(device, run_index, steps_done, steps_total)`.
 StepFn = Callable[[str, int, int, int], None]
+
+
+def _divergence_report(
+    a: _Run, b: _Run, divergence: _diff.Divergence, worker: int | None
+) -> dict[str, Any]:
+    comparison = _diff.compare(a.trace, b.trace)
+    return {
+        "runs": [a.outcome.setup.index, b.outcome.setup.index],
+        # Multi-worker runs: which worker's bits parted (None: one process).
+        "worker": worker,
+        **divergence.to_dict(),
+        "description": divergence.describe(),
+        # Reported first: a setting that differs usually explains the bits.
+        "profile_differences": {
+            name: list(values)
+            for name, values in comparison.profile_differences.items()
+        },
+    }
 
 
 def _check_device(
@@ -232,10 +307,14 @@ def _check_device(
     )
     env = _spawn.run_environment(options.target_spec, device)
     worker_spec = _spawn.make_worker_spec(options)
+    workers = options.workers
     if progress is not None:
         # TensorFlow takes seconds to start: say so before the first step.
+        processes = f"{len(setups)} processes"
+        if workers > 1:
+            processes = f"{len(setups)} runs of {workers} worker processes"
         progress(
-            f"[{device}] starting TensorFlow in {len(setups)} processes "
+            f"[{device}] starting TensorFlow in {processes} "
             f"({options.steps} steps each)"
         )
 
@@ -245,19 +324,22 @@ def _check_device(
         elif progress is not None:
             progress(f"[{device}] run {index}: step {done}/{total}")
 
-    outcomes = _spawn.run_all(
-        setups,
+    outcomes = _spawn.run_jobs(
+        [_expand(setup, workers) for setup in setups],
         worker_spec,
         workdir,
         base_env=env,
         timeout=options.timeout,
         progress=on_step,
     )
-    runs = _read_runs(outcomes)
+    jobs = [_read_runs(job) for job in outcomes]
+    runs = [run for job in jobs for run in job]
     report: dict[str, Any] = {
         "status": "ran",
         "runs": [_run_report(run) for run in runs],
         "steps": options.steps,
+        "workers": workers,
+        "replicas": options.replicas,
         "perturbations": names,
         "perturbations_skipped": _perturb.skipped(names, _perturb.pinned_cap(options)),
         "divergence": None,
@@ -266,29 +348,38 @@ def _check_device(
         _keep_traces(runs, report["runs"], os.path.join(options.traces, device))
     if any(not run.outcome.ok for run in runs):
         return {**report, **_verdict(EXIT_RUN_FAILED)}
-    baseline = runs[0]
-    for other in runs[1:]:
-        divergence = compare_runs(baseline, other)
+    for job in jobs:
+        worker, divergence = _disagreeing_workers(job)
+        if divergence is not None:
+            report["divergence"] = {
+                **_divergence_report(job[0], job[worker], divergence, worker),
+                "workers": [0, worker],
+            }
+            return {**report, **_verdict(EXIT_DIVERGED)}
+    baseline = jobs[0]
+    for other in jobs[1:]:
+        worker, divergence = compare_jobs(baseline, other)
         if divergence is None:
             continue
-        comparison = _diff.compare(baseline.trace, other.trace)
-        report["divergence"] = {
-            "runs": [baseline.outcome.setup.index, other.outcome.setup.index],
-            **divergence.to_dict(),
-            "description": divergence.describe(),
-            # Reported first: a setting that differs usually explains the bits.
-            "profile_differences": {
-                name: list(values)
-                for name, values in comparison.profile_differences.items()
-            },
-        }
+        report["divergence"] = _divergence_report(
+            baseline[worker],
+            other[worker],
+            divergence,
+            worker if workers > 1 else None,
+        )
         if options.attribute:
             if progress is not None:
                 progress(
                     f"[{device}] diverged; re-running to find the perturbation responsible"
                 )
             report["divergence"]["attribution"] = _attribute(
-                baseline, other, worker_spec, env, options.timeout, workdir
+                setups[0],
+                setups[other[0].outcome.setup.index],
+                worker_spec,
+                env,
+                options,
+                workdir,
+                baseline,
             )
         return {**report, **_verdict(EXIT_DIVERGED)}
     return {**report, **_verdict(EXIT_OK)}
@@ -319,8 +410,15 @@ def check(
     when given (a display that updates in place), else to `progress`.
 
     With `options.traces`, each finished run's trace is kept as
-    `TRACES/DEVICE/runN.jsonl` (N from 0, the baseline): `tfdet diff` of two
-    of them reaches the verdict the check reached for their steps.
+    `TRACES/DEVICE/runN.jsonl` (N from 0, the baseline; `runN-workerK.jsonl`
+    for each worker of a multi-worker run): `tfdet diff` of two of them
+    reaches the verdict the check reached for their steps.
+
+    With `options.workers > 1`, each run is a `MultiWorkerMirroredStrategy`
+    job of that many fresh worker processes on loopback; worker K of every
+    run is compared with worker K of the baseline, and the workers of each
+    run with each other. With `options.replicas > 1`, each run is one
+    process training under a `MirroredStrategy` of that many logical CPUs.
 
     Raises:
         TargetError: the TARGET cannot be built (before anything is spawned).
@@ -346,6 +444,12 @@ def check(
             if device == "gpu" and not gpu:
                 devices["gpu"] = {"status": "skipped", "reason": "no GPU visible"}
                 continue
+            if device == "gpu" and options.distributed:
+                devices["gpu"] = {
+                    "status": "skipped",
+                    "reason": "--workers and --replicas are checked on the CPU only",
+                }
+                continue
             device_dir = os.path.join(workdir, device)
             os.makedirs(device_dir)
             devices[device] = _check_device(
@@ -361,6 +465,8 @@ def check(
         "threads": options.threads,
         "runs": options.runs,
         "steps": options.steps,
+        "workers": options.workers,
+        "replicas": options.replicas,
         "traces": options.traces,
         "devices": devices,
         # The runs are imitations of other machines on this one: say which

@@ -20,6 +20,8 @@ DEFAULT_RUNS = 2
 DEFAULT_STEPS = 3
 DEFAULT_TIMEOUT = 600.0
 DEFAULT_DEVICE = "all"
+DEFAULT_WORKERS = 1
+DEFAULT_REPLICAS = 1
 DEVICES = ("cpu", "gpu", "all")
 
 
@@ -43,8 +45,13 @@ class RunOptions:
         cpu_isa: `tfdet.enable(cpu_isa=...)`.
         timeout: Seconds before a run is killed (finite, > 0).
         attribute: On divergence, re-run to find the perturbation responsible.
-        traces: Directory that keeps every run's trace (`DEVICE/runN.jsonl`),
-            or None.
+        traces: Directory that keeps every run's trace (`DEVICE/runN.jsonl`,
+            `DEVICE/runN-workerK.jsonl` for multi-worker runs), or None.
+        workers: Processes per run (>= 1): more than one makes each run a
+            `MultiWorkerMirroredStrategy` job of that many workers on
+            loopback. CPU only.
+        replicas: Replicas per process (>= 1): more than one trains under a
+            `MirroredStrategy` over that many logical CPU devices. CPU only.
 
     Raises:
         ValueError: a field out of range, naming its flag.
@@ -63,16 +70,32 @@ class RunOptions:
     timeout: float = DEFAULT_TIMEOUT
     attribute: bool = True
     traces: str | None = None
+    workers: int = DEFAULT_WORKERS
+    replicas: int = DEFAULT_REPLICAS
 
     def __post_init__(self) -> None:
         if not isinstance(self.target, _target.TargetSpec):
             self._set("target", _target.parse(self.target))
         self._set("runs", _flag_int("runs", self.runs, 2))
         self._set("steps", _flag_int("steps", self.steps, 1))
+        self._set("workers", _flag_int("workers", self.workers, 1))
+        self._set("replicas", _flag_int("replicas", self.replicas, 1))
         if self.device not in DEVICES:
             raise ValueError(
                 f"Expected --device to be one of {', '.join(DEVICES)}. Received: "
                 f"device={self.device!r}"
+            )
+        if self.workers > 1 and self.replicas > 1:
+            raise ValueError(
+                "Expected --workers or --replicas, not both: a worker of a "
+                "MultiWorkerMirroredStrategy job trains one CPU replica. Received: "
+                f"workers={self.workers}, replicas={self.replicas}"
+            )
+        if self.distributed and self.device == "gpu":
+            raise ValueError(
+                "Expected --device cpu (or all) with --workers or --replicas: "
+                "distributed runs are checked on the CPU only. Received: "
+                "device='gpu'"
             )
         self._set("perturb", tuple(_perturb.validate(self.perturb)))
         for name in ("enable", "attribute"):
@@ -102,6 +125,11 @@ class RunOptions:
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the runs train under a `tf.distribute` strategy."""
+        return self.workers > 1 or self.replicas > 1
 
     @property
     def target_spec(self) -> _target.TargetSpec:

@@ -105,6 +105,8 @@ class RunSetup:
         threads: Thread-pool size this run's `enable()` pins instead of the
             profile's (None: the profile's); the spawner puts it in the worker
             spec.
+        worker: Task index of this process in a multi-worker run (see
+            `workers_of`), or None for a run of one process.
     """
 
     index: int
@@ -114,6 +116,19 @@ class RunSetup:
     neighbour: bool
     labels: dict[str, str]
     threads: int | None = None
+    worker: int | None = None
+
+    @property
+    def name(self) -> str:
+        """`run 2`, or `run 2 worker 1` for one process of a multi-worker run."""
+        suffix = "" if self.worker is None else f" worker {self.worker}"
+        return f"run {self.index}{suffix}"
+
+    @property
+    def file_stem(self) -> str:
+        """`run2` or `run2-worker1`: the stem of this process's files."""
+        suffix = "" if self.worker is None else f"-worker{self.worker}"
+        return f"run{self.index}{suffix}"
 
     def with_perturbation_of(
         self, other: RunSetup, name: str | None, index: int
@@ -367,6 +382,45 @@ def plan(
             RunSetup(index, env, run_cpus, delay, neighbour, labels, run_threads)
         )
     return setups
+
+
+def workers_of(setup: RunSetup, workers: int) -> list[RunSetup]:
+    """The processes of a `workers`-worker run perturbed as `setup` says.
+
+    Every worker gets the run's perturbations, and what only a cluster has:
+    each worker its own hash seed (workers of a real cluster do not share
+    one), and in a perturbed run with `stagger`, the workers start in reverse
+    order, `STAGGER_SECONDS` apart. The baseline starts its workers together,
+    in order.
+    """
+    gang = []
+    for worker in range(workers):
+        env = dict(setup.env)
+        labels = dict(setup.labels)
+        delay = setup.delay
+        if HASHSEED in labels:
+            env["PYTHONHASHSEED"] = str(int(setup.env["PYTHONHASHSEED"]) + worker)
+            labels[HASHSEED] = f"PYTHONHASHSEED={env['PYTHONHASHSEED']}"
+        if setup.neighbour and worker > 0:
+            labels[NEIGHBOUR] = "CPU-burning neighbour (started beside worker 0)"
+        if STAGGER in labels and setup.index > 0:
+            delay += (workers - 1 - worker) * STAGGER_SECONDS
+            labels[STAGGER] = (
+                f"started +{delay:.2f}s (workers in reverse order, "
+                f"{STAGGER_SECONDS}s apart)"
+            )
+        gang.append(
+            dataclasses.replace(
+                setup,
+                env=env,
+                labels=labels,
+                delay=delay,
+                # One CPU-burning neighbour per run is enough to disturb it.
+                neighbour=setup.neighbour and worker == 0,
+                worker=worker,
+            )
+        )
+    return gang
 
 
 def skipped(names: list[str], pinned_isa: str | None = "AVX2") -> dict[str, str]:

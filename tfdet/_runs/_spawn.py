@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -77,6 +78,8 @@ def make_worker_spec(options: RunOptions) -> dict[str, Any]:
         "enable": options.enable,
         "threads": options.threads,
         "cpu_isa": options.cpu_isa,
+        "workers": options.workers,
+        "replicas": options.replicas,
     }
 
 
@@ -107,6 +110,8 @@ class RunOutcome:
         """What a report says of every run, whatever it trained."""
         return {
             "index": self.setup.index,
+            "worker": self.setup.worker,
+            "name": self.setup.name,
             "perturbations": self.setup.labels,
             "ok": self.ok,
             "reason": self.reason,
@@ -149,17 +154,21 @@ def child_environment(
 
 
 class _ProcessGroup:
-    """Every process a `run_all` call starts, so that all can be killed.
+    """The processes of one run (one, or every worker of a multi-worker run).
 
-    Each child starts in its own session (process group), so killing the
-    group also kills anything the TARGET spawned; an interrupt or an error in
-    the parent kills them all, CPU-burning neighbours included.
+    Each child starts in its own session (process group), so killing it also
+    kills anything the TARGET spawned. The first process of the group that
+    fails stops the others: the workers of a multi-worker run wait on each
+    other in collectives, so one dead worker would leave the rest hanging
+    until the timeout. An interrupt or an error in the parent stops every
+    group, CPU-burning neighbours included.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._processes: list[subprocess.Popen] = []
         self.stopped = threading.Event()
+        self.first_failure: RunSetup | None = None
 
     def start(self, command: list[str], **kwargs: Any) -> subprocess.Popen:
         with self._lock:
@@ -168,6 +177,13 @@ class _ProcessGroup:
             process = subprocess.Popen(command, start_new_session=True, **kwargs)
             self._processes.append(process)
             return process
+
+    def fail(self, setup: RunSetup) -> None:
+        """Records that `setup`'s process failed (if first) and stops the rest."""
+        with self._lock:
+            if self.first_failure is None and not self.stopped.is_set():
+                self.first_failure = setup
+        self.stop_all()
 
     def stop_all(self) -> None:
         with self._lock:
@@ -232,12 +248,12 @@ def _run_one(
 ) -> RunOutcome:
     spec = dict(
         spec,
-        result=os.path.join(workdir, f"run{setup.index}.json"),
-        trace=os.path.join(workdir, f"run{setup.index}.jsonl"),
+        result=os.path.join(workdir, f"{setup.file_stem}.json"),
+        trace=os.path.join(workdir, f"{setup.file_stem}.jsonl"),
     )
     if setup.threads is not None:  # The `threads` perturbation: enable()'s pool.
         spec["threads"] = setup.threads
-    stderr_path = os.path.join(workdir, f"run{setup.index}.stderr")
+    stderr_path = os.path.join(workdir, f"{setup.file_stem}.stderr")
     env = child_environment(base_env, setup.env)
     cpus = set(setup.cpus) if setup.cpus else None
 
@@ -279,7 +295,12 @@ def _run_one(
     seconds = time.perf_counter() - started
     timed_out = killed.is_set()
     result, failure = None, None
-    if process.returncode == 0 and not timed_out:
+    if process.returncode != 0 or timed_out:
+        group.fail(setup)
+        if group.first_failure is not None and group.first_failure != setup:
+            failure = f"stopped after {group.first_failure.name} failed"
+            timed_out = False
+    elif process.returncode == 0:
         try:
             with open(spec["result"], encoding="utf-8") as handle:
                 result = json.load(handle)
@@ -312,6 +333,128 @@ def _failed(setup: RunSetup, error: BaseException) -> RunOutcome:
     )
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports on 127.0.0.1 that are free right now.
+
+    All are held open until all are chosen, so none repeats; another
+    program could still take one before a worker binds it (the run then
+    fails, it is never compared).
+    """
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def cluster_config(ports: list[int], worker: int) -> str:
+    """The `TF_CONFIG` of worker `worker` of a loopback cluster on `ports`."""
+    return json.dumps(
+        {
+            "cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
+            "task": {"type": "worker", "index": worker},
+        }
+    )
+
+
+def _with_cluster(job: list[RunSetup]) -> list[RunSetup]:
+    """A multi-worker job's setups with each worker's `TF_CONFIG` (loopback)."""
+    if len(job) == 1 and job[0].worker is None:
+        return job
+    ports = free_ports(len(job))
+    return [
+        dataclasses.replace(
+            setup,
+            env={**setup.env, "TF_CONFIG": cluster_config(ports, setup.worker or 0)},
+        )
+        for setup in job
+    ]
+
+
+def run_jobs(
+    jobs: list[list[RunSetup]],
+    spec: dict[str, Any],
+    workdir: str,
+    *,
+    module: str = "tfdet._runs._worker",
+    base_env: dict[str, str] | None = None,
+    timeout: float,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> list[list[RunOutcome]]:
+    """Starts every process of every job at once and waits for all of them.
+
+    A job is one run: a single process, or the workers of a multi-worker
+    run (setups with `worker` set, from `_perturb.workers_of`), which get a
+    loopback `TF_CONFIG` on free ports. When a process of a job fails or
+    times out, the job's other processes are killed at once (they would wait
+    for it in a collective) and reported as stopped after it.
+
+    Args:
+        jobs: The runs, each a list of process setups (their `delay`
+            staggers the starts).
+        spec: The JSON spec every process gets (`result` and `trace` paths
+            are filled in per process).
+        workdir: Where results, weights and stderr files go.
+        module: The module run as `python -m module SPEC_JSON`.
+        base_env: The environment the setups' overrides apply to.
+        timeout: Seconds before a process is killed and reported as timed out
+            (`RunOptions.timeout`, validated there).
+        progress: Called as `progress(run_index, steps_done, steps_total)`,
+            from the first process of each run.
+
+    Returns:
+        One list of `RunOutcome`s per job, one per setup, in order. Anything
+        that goes wrong while starting or following a process makes it a
+        failure, never a missing entry (a missing run could otherwise pass
+        as "equal").
+    """
+    base_env = dict(os.environ if base_env is None else base_env)
+    groups = [_ProcessGroup() for _ in jobs]
+    outcomes = [[_failed(s, RuntimeError("did not run")) for s in job] for job in jobs]
+
+    def target(slot: int, member: int, setup: RunSetup) -> None:
+        group = groups[slot]
+        try:
+            outcomes[slot][member] = _run_one(
+                setup,
+                module,
+                spec,
+                base_env,
+                workdir,
+                timeout,
+                progress if member == 0 else None,
+                group,
+            )
+        except Exception as error:  # noqa: BLE001 - reported as a failed run
+            failed = _failed(setup, error)
+            if group.first_failure is not None:  # Not started: another failed.
+                failed.failure = f"not started: {group.first_failure.name} failed"
+            outcomes[slot][member] = failed
+            group.fail(setup)
+
+    threads = []
+    try:
+        for slot, job in enumerate(jobs):
+            for member, setup in enumerate(_with_cluster(job)):
+                thread = threading.Thread(
+                    target=target, args=(slot, member, setup), daemon=True
+                )
+                threads.append(thread)
+                thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        # On an interrupt (or any error here), no child may outlive us.
+        for group in groups:
+            group.stop_all()
+    return outcomes
+
+
 def run_all(
     setups: list[RunSetup],
     spec: dict[str, Any],
@@ -322,48 +465,14 @@ def run_all(
     timeout: float,
     progress: Callable[[int, int, int], None] | None = None,
 ) -> list[RunOutcome]:
-    """Starts one process per setup, all at once, and waits for all of them.
-
-    Args:
-        setups: One per run (their `delay` staggers the starts).
-        spec: The JSON spec every run gets (`result` and `trace` paths are
-            filled in per run).
-        workdir: Where results, weights and stderr files go.
-        module: The module run as `python -m module SPEC_JSON`.
-        base_env: The environment the setups' overrides apply to.
-        timeout: Seconds before a run is killed and reported as timed out
-            (`RunOptions.timeout`, validated there).
-        progress: Called as `progress(run_index, steps_done, steps_total)`.
-
-    Returns:
-        Exactly one `RunOutcome` per setup, in order. Anything that goes wrong
-        while starting or following a run makes that run a failure, never a
-        missing entry (a missing run could otherwise pass as "equal").
-    """
-    base_env = dict(os.environ if base_env is None else base_env)
-    group = _ProcessGroup()
-    outcomes: list[RunOutcome] = [
-        _failed(s, RuntimeError("did not run")) for s in setups
-    ]
-
-    def target(slot: int, setup: RunSetup) -> None:
-        try:
-            outcomes[slot] = _run_one(
-                setup, module, spec, base_env, workdir, timeout, progress, group
-            )
-        except Exception as error:  # noqa: BLE001 - reported as a failed run
-            outcomes[slot] = _failed(setup, error)
-
-    threads = [
-        threading.Thread(target=target, args=(slot, setup), daemon=True)
-        for slot, setup in enumerate(setups)
-    ]
-    try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    finally:
-        # On an interrupt (or any error here), no child may outlive us.
-        group.stop_all()
-    return outcomes
+    """`run_jobs` for runs of one process each: one `RunOutcome` per setup."""
+    jobs = run_jobs(
+        [[setup] for setup in setups],
+        spec,
+        workdir,
+        module=module,
+        base_env=base_env,
+        timeout=timeout,
+        progress=progress,
+    )
+    return [job[0] for job in jobs]

@@ -259,7 +259,7 @@ class Built:
 
     def _element(self, step: int) -> tuple[Any, ...]:
         if self.dataset is None:
-            count = _num_samples(self.x)
+            count = num_samples(self.x)
             batches = max(1, count // self.batch_size)
             start = (step % batches) * self.batch_size
             end = min(start + self.batch_size, count)
@@ -284,7 +284,8 @@ class Built:
         return self._batches[step]
 
 
-def _num_samples(data: Any) -> int:
+def num_samples(data: Any) -> int:
+    """Length of the first axis of `data` (an array, or a list/dict of them)."""
     if isinstance(data, dict):
         data = next(iter(data.values()))
     if isinstance(data, list | tuple):
@@ -345,7 +346,7 @@ def _check_arrays(text: str, x: Any, y: Any) -> None:
     counts = []
     for name, data in (("x", x), ("y", y)):
         try:
-            counts.append(_num_samples(data))
+            counts.append(num_samples(data))
         except (TypeError, IndexError, StopIteration, ValueError):
             raise TargetError(
                 f"Expected TARGET {text!r} to return (model, x, y) with arrays "
@@ -444,7 +445,7 @@ def build(text: str | None, seed: int = 0) -> Built:
         x, y = synthesize(model, seed)
         return Built(model, x, y, DEFAULT_BATCH_SIZE, synthesized=True)
     _check_arrays(spec.text, x, y)
-    batch_size = min(DEFAULT_BATCH_SIZE, _num_samples(x))
+    batch_size = min(DEFAULT_BATCH_SIZE, num_samples(x))
     return Built(model, x, y, batch_size, synthesized=False)
 
 

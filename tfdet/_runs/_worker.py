@@ -23,7 +23,7 @@ from typing import Any
 PROGRESS_PREFIX = "tfdet-progress"
 
 
-def _seed_without_tfdet(seed: int, legacy: bool) -> None:
+def _seed_without_tfdet(seed: int, legacy: bool, workers: int) -> None:
     """What a careful user does without tfdet: Keras' own seeding only."""
     import keras
 
@@ -32,6 +32,36 @@ def _seed_without_tfdet(seed: int, legacy: bool) -> None:
         import tf_keras
 
         tf_keras.utils.set_random_seed(seed)
+    elif workers > 1:
+        # Keras 3 cannot train multi-worker at all without this fix
+        # (keras-team/keras#20585); it changes which value Keras reads
+        # shapes from, not the bits of any step.
+        from tfdet.patches import keras_multi_worker
+
+        keras_multi_worker.PATCH.install()
+
+
+def _strategy(workers: int, replicas: int) -> Any:
+    """The `tf.distribute` strategy of a distributed run, or None.
+
+    Several workers: a `MultiWorkerMirroredStrategy` over the loopback
+    cluster the parent put in `TF_CONFIG`. Several replicas: a
+    `MirroredStrategy` over as many logical CPU devices, split from the one
+    physical CPU before TensorFlow's runtime starts.
+    """
+    if workers == 1 and replicas == 1:
+        return None
+    import tensorflow as tf
+
+    if workers > 1:
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * replicas
+    )
+    return tf.distribute.MirroredStrategy(
+        [f"/cpu:{index}" for index in range(replicas)]
+    )
 
 
 def _train_step(model: Any, x: Any, y: Any, weights: Any = None) -> dict[str, Any]:
@@ -62,6 +92,7 @@ def start(spec: dict[str, Any]) -> Any:
     from tfdet._runs import _target, _xla
 
     seed = spec["seed"]
+    workers, replicas = spec.get("workers", 1), spec.get("replicas", 1)
     if spec["enable"]:
         with warnings.catch_warnings():
             # The parent sets each run's PYTHONHASHSEED on purpose (it is one
@@ -70,11 +101,17 @@ def start(spec: dict[str, Any]) -> Any:
             warnings.filterwarnings("ignore", "PYTHONHASHSEED", UserWarning)
             tfdet.enable(seed, threads=spec["threads"], cpu_isa=spec["cpu_isa"])
     else:
-        _seed_without_tfdet(seed, _versions.uses_legacy_keras())
+        _seed_without_tfdet(seed, _versions.uses_legacy_keras(), workers)
     # After enable(), which must precede `import tensorflow` (oneDNN), and
     # before the TARGET compiles: what it asked of XLA.
     _xla.install()
-    return _target.build(spec["target"], seed=seed)
+    strategy = _strategy(workers, replicas)
+    if strategy is None:
+        return _target.build(spec["target"], seed=seed)
+    # The TARGET builds and compiles its model under the strategy, as a
+    # user's `with strategy.scope():` block does.
+    with strategy.scope():
+        return _target.build(spec["target"], seed=seed)
 
 
 def run_facts(seed: int) -> dict[str, Any]:
@@ -101,26 +138,12 @@ def write_result(path: str, result: dict[str, Any]) -> None:
     os.replace(partial, path)
 
 
-def run(spec: dict[str, Any]) -> dict[str, Any]:
-    """Trains `spec["target"]` for `spec["steps"]` steps and records the bits.
-
-    Args:
-        spec: target, seed, steps, enable, threads, cpu_isa, result, trace
-            (the paths of the result and trace files).
-
-    Returns:
-        The result dict (also written to `spec["result"]`).
-    """
-    import numpy as np
-
+def _train_on_batches(built: Any, spec: dict[str, Any]) -> None:
+    """Trains one `train_on_batch` step at a time, recording each in the trace."""
     from tfdet._pin import _enable, _environment
     from tfdet._record import _bits, _trace
-    from tfdet._runs import _xla
 
-    started = time.perf_counter()
-    built = start(spec)
     model = built.model
-    facts = run_facts(spec["seed"])
     writer = None
     try:
         for step in range(spec["steps"]):
@@ -141,6 +164,91 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         if writer is not None:
             writer.close()
+
+
+def _fit_distributed(built: Any, spec: dict[str, Any]) -> None:
+    """Trains with `model.fit` under the model's strategy, as users do.
+
+    The TARGET's batches for `spec["steps"]` steps become one `tf.data`
+    dataset of global batches, which Keras and `tf.distribute` split among
+    the replicas and workers; `tfdet.DeterminismCallback` records the trace
+    (with the strategy's replica and worker facts in its header).
+
+    Raises:
+        TargetError: the batches differ in size, or a batch does not split
+            evenly among the replicas.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    from tfdet._errors import TargetError
+    from tfdet._pin import _versions
+    from tfdet._record import _callback
+    from tfdet._runs import _target
+
+    model, steps = built.model, spec["steps"]
+    batches = [(*built.batch(step), built.sample_weight(step)) for step in range(steps)]
+    sizes = sorted({_target.num_samples(batch[0]) for batch in batches})
+    replicas = model.distribute_strategy.num_replicas_in_sync
+    if len(sizes) > 1 or sizes[0] % replicas:
+        raise TargetError(
+            f"Expected batches of one size that splits evenly among {replicas} "
+            f"replicas. Received: batch sizes {sizes}"
+        )
+
+    def stack(parts: list[Any]) -> Any:
+        return tf.nest.map_structure(
+            lambda *arrays: np.concatenate([np.asarray(a) for a in arrays]), *parts
+        )
+
+    columns = [stack([batch[k] for batch in batches]) for k in range(2)]
+    if batches[0][2] is not None:
+        columns.append(stack([batch[2] for batch in batches]))
+    dataset = tf.data.Dataset.from_tensor_slices(tuple(columns)).batch(sizes[0])
+    if _versions.uses_legacy_keras():
+        from tf_keras.callbacks import LambdaCallback
+    else:
+        from keras.callbacks import LambdaCallback
+    model.fit(
+        dataset,
+        epochs=1,
+        steps_per_epoch=steps,
+        verbose=0,
+        shuffle=False,
+        callbacks=[
+            _callback.DeterminismCallback(spec["trace"]),
+            LambdaCallback(
+                on_train_batch_end=lambda batch, logs: report_progress(batch + 1, steps)
+            ),
+        ],
+    )
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """Trains `spec["target"]` for `spec["steps"]` steps and records the bits.
+
+    Args:
+        spec: target, seed, steps, enable, threads, cpu_isa, workers,
+            replicas, result, trace (the paths of the result and trace files).
+
+    Returns:
+        The result dict (also written to `spec["result"]`).
+    """
+    import numpy as np
+
+    from tfdet._record import _bits
+    from tfdet._runs import _xla
+
+    started = time.perf_counter()
+    built = start(spec)
+    model = built.model
+    facts = run_facts(spec["seed"])
+    if spec.get("workers", 1) > 1 or spec.get("replicas", 1) > 1:
+        _fit_distributed(built, spec)
+        entry_point = "fit"
+    else:
+        _train_on_batches(built, spec)
+        entry_point = "train_on_batch"
     final = model.get_weights()
     final_weights = _bits.weights_digests(model.weights, final)
     weights_path = spec["result"] + ".npz"
@@ -154,7 +262,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "weights_file": weights_path,
         "synthesized_data": built.synthesized,
         # What ran: the entry point tfdet drove, and whether XLA compiled it.
-        "entry_points": ["train_on_batch"],
+        "entry_points": [entry_point],
         "xla": _xla.facts([model]),
         "seconds": time.perf_counter() - started,
     }
