@@ -445,6 +445,8 @@ def test_json_is_written_before_the_report_and_a_closed_stdout_is_harmless(
         device="cpu",
         attribute=True,
         traces=None,
+        workers=1,
+        replicas=1,
         json=str(path),
     )
     assert cli_check.execute(args) == 0

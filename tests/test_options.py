@@ -60,6 +60,13 @@ def test_lists_become_tuples_and_numbers_are_normalized():
         ({"enable": "no"}, "enable"),
         ({"attribute": 1}, "attribute"),
         ({"traces": 3}, "--traces"),
+        ({"workers": 0}, "--workers"),
+        ({"workers": 65}, r"--workers in \[1, 64\]"),
+        ({"replicas": 0}, "--replicas"),
+        ({"replicas": 1.5}, "--replicas"),
+        ({"workers": 2, "replicas": 2}, "not both"),
+        ({"workers": 2, "device": "gpu"}, "--device cpu"),
+        ({"replicas": 2, "device": "gpu"}, "--device cpu"),
     ],
 )
 def test_bad_values_are_refused_when_made(fields, message):

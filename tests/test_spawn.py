@@ -93,7 +93,7 @@ def test_a_progress_callback_that_raises_does_not_fail_the_run(child, tmp_path):
 
 def test_worker_spec_and_environment_come_from_the_options():
     options = _options.RunOptions(
-        target="builtin:cnn", steps=2, seed=7, threads=2, enable=True
+        target="builtin:cnn", steps=2, seed=7, threads=2, enable=True, workers=3
     )
     assert _spawn.make_worker_spec(options) == {
         "target": "builtin:cnn",
@@ -102,6 +102,8 @@ def test_worker_spec_and_environment_come_from_the_options():
         "enable": True,
         "threads": 2,
         "cpu_isa": options.cpu_isa,
+        "workers": 3,
+        "replicas": 1,
     }
     cpu = _spawn.run_environment(_target.TargetSpec("x:y", legacy_keras=True), "cpu")
     assert cpu["CUDA_VISIBLE_DEVICES"] == "-1" and cpu["TF_USE_LEGACY_KERAS"] == "1"

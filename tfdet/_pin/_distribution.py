@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
+# TensorFlow's classes whose `tf.distribute` name is another: the trace says
+# what the user wrote.
+_PUBLIC_NAMES = {"CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy"}
+
 
 def describe(strategy: Any) -> dict[str, Any] | None:
     """The cluster facts of `strategy`, or None for no strategy (one device).
 
     Returns:
-        `{"strategy": class name, "replicas": replicas in sync, "workers":
+        `{"strategy": its `tf.distribute` name, "replicas": replicas in sync, "workers":
         worker processes, "worker": this process's task index (None for a
         one-process strategy)}`.
     """
@@ -29,7 +33,7 @@ def describe(strategy: Any) -> dict[str, Any] | None:
         workers = sum(len(cluster.get(job, ())) for job in ("chief", "worker"))
         worker = resolver.task_id
     return {
-        "strategy": name,
+        "strategy": _PUBLIC_NAMES.get(name, name),
         "replicas": int(strategy.num_replicas_in_sync),
         "workers": workers,
         "worker": worker,

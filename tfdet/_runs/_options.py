@@ -22,6 +22,9 @@ DEFAULT_TIMEOUT = 600.0
 DEFAULT_DEVICE = "all"
 DEFAULT_WORKERS = 1
 DEFAULT_REPLICAS = 1
+# Each worker is a TensorFlow process and each replica a logical CPU device;
+# beyond this many a typo (--workers 200) would exhaust the machine, not test it.
+MAX_WORKERS = 64
 DEVICES = ("cpu", "gpu", "all")
 
 
@@ -78,8 +81,8 @@ class RunOptions:
             self._set("target", _target.parse(self.target))
         self._set("runs", _flag_int("runs", self.runs, 2))
         self._set("steps", _flag_int("steps", self.steps, 1))
-        self._set("workers", _flag_int("workers", self.workers, 1))
-        self._set("replicas", _flag_int("replicas", self.replicas, 1))
+        self._set("workers", _flag_int("workers", self.workers, 1, MAX_WORKERS))
+        self._set("replicas", _flag_int("replicas", self.replicas, 1, MAX_WORKERS))
         if self.device not in DEVICES:
             raise ValueError(
                 f"Expected --device to be one of {', '.join(DEVICES)}. Received: "
@@ -138,9 +141,9 @@ class RunOptions:
         return self.target
 
 
-def _flag_int(name: str, value: Any, low: int) -> int:
+def _flag_int(name: str, value: Any, low: int, high: int | None = None) -> int:
     try:
-        return _settings.check_int(name, value, low, None)
+        return _settings.check_int(name, value, low, high)
     except ValueError as error:
         raise ValueError(str(error).replace(f"`{name}`", f"--{name}")) from None
 
