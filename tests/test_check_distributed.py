@@ -85,6 +85,10 @@ def test_diff_of_two_workers_shows_their_strategy_facts(two_worker_check, tmp_pa
         "replicas": 2,
         "workers": 2,
         "worker": 1,
+        # enable() pinned TensorFlow's AUTO all-reduce to RING.
+        "collective": "RING",
+        "collective_chosen_by": "tfdet",
+        "bytes_per_pack": 0,
     }
 
 

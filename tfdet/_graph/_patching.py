@@ -64,7 +64,8 @@ class Patch:
             is skipped. For patches of a library a script may import later
             (tf_keras), without importing it just to patch it.
         requires: Further conditions for `needed()`: version specifiers of
-            installed distributions (`{"tf_keras": ">=2.16"}`), and
+            installed distributions (`{"tf_keras": ">=2.16"}`; "tensorflow"
+            means whichever TensorFlow distribution is installed), and
             `keras_in_use` ("tf_keras": tf_keras is installed, whether or not
             imported yet or selected by `TF_USE_LEGACY_KERAS`, so the result
             does not depend on import order; "keras3": `tf.keras` is Keras 3).
@@ -160,7 +161,11 @@ def _holds(key: str, wanted: str) -> bool:
             # depend on import order. Its patches wait for its import.
             return _tf_keras_importable()
         return not _versions.uses_legacy_keras()
-    version = _versions.distribution_version(key)
+    if key == "tensorflow":  # Whichever distribution (tensorflow-cpu, ...).
+        found = _versions.tensorflow_distribution()
+        version = found[1] if found else None
+    else:
+        version = _versions.distribution_version(key)
     return version is not None and _hazards.version_matches(version, wanted)
 
 

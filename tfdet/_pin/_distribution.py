@@ -12,6 +12,10 @@ from typing import Any
 # TensorFlow's classes whose `tf.distribute` name is another: the trace says
 # what the user wrote.
 _PUBLIC_NAMES = {"CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy"}
+# Attribute of a multi-worker strategy's extended object that says who chose
+# its collective implementation: "tfdet" (the collective_ring patch pinned
+# AUTO to RING) or "user" (absent: the user, or TensorFlow's AUTO).
+CHOSEN_BY = "_tfdet_collective_chosen_by"
 
 
 def describe(strategy: Any) -> dict[str, Any] | None:
@@ -20,7 +24,8 @@ def describe(strategy: Any) -> dict[str, Any] | None:
     Returns:
         `{"strategy": its `tf.distribute` name, "replicas": replicas in sync, "workers":
         worker processes, "worker": this process's task index (None for a
-        one-process strategy)}`.
+        one-process strategy)}`, and for a multi-worker strategy its
+        collective implementation, who chose it and its `bytes_per_pack`.
     """
     # TensorFlow's default strategy (no `strategy.scope()`): one replica.
     name = type(strategy).__name__
@@ -37,4 +42,19 @@ def describe(strategy: Any) -> dict[str, Any] | None:
         "replicas": int(strategy.num_replicas_in_sync),
         "workers": workers,
         "worker": worker,
+        **_collectives(strategy.extended),
+    }
+
+
+def _collectives(extended: Any) -> dict[str, Any]:
+    """The all-reduce a multi-worker strategy runs: implementation, packing,
+    and who chose the implementation ("tfdet" where enable() pinned AUTO to
+    RING, "user" otherwise); empty for strategies without these options."""
+    options = getattr(extended, "_communication_options", None)
+    if options is None:
+        return {}
+    return {
+        "collective": options.implementation.name,
+        "collective_chosen_by": getattr(extended, CHOSEN_BY, "user"),
+        "bytes_per_pack": options.bytes_per_pack,
     }
