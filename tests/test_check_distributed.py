@@ -14,18 +14,16 @@ import time
 import pytest
 
 from tests.conftest import REPO, run_tfdet
+from tests.test_check import _check as check_with_report
 from tests.test_check import _children_of_this_check
 
 TARGETS = REPO / "tests" / "targets"
 CHECK_MODELS = f"{TARGETS / 'check_models.py'}"
-DISTRIBUTE_MODELS = TARGETS / "distribute_models.py"
 
 
 def _check(*args: str, tmp_path) -> tuple[int, dict, str]:
-    report_path = tmp_path / "report.json"
-    proc = run_tfdet("check", *args, "--device", "cpu", "--json", str(report_path))
-    report = json.loads(report_path.read_text()) if report_path.exists() else {}
-    return proc.returncode, report, proc.stdout + proc.stderr
+    """`tfdet check` on the CPU only: distributed runs are checked there."""
+    return check_with_report(*args, "--device", "cpu", tmp_path=tmp_path)
 
 
 @pytest.fixture(scope="module")
