@@ -21,6 +21,7 @@ random values (a Dropout mask per replica, in `strategy.run`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -92,7 +93,7 @@ def _child(config: dict[str, Any]) -> None:
     rng = np.random.default_rng(0)
     x = rng.random((steps * GLOBAL_BATCH, 16, 16, 3), dtype=np.float32)
     y = rng.integers(0, 10, steps * GLOBAL_BATCH)
-    with strategy.scope() if strategy else _nothing():
+    with strategy.scope() if strategy else contextlib.nullcontext():
         model = keras.Sequential(
             [
                 keras.Input((16, 16, 3)),
@@ -129,14 +130,6 @@ def _child(config: dict[str, Any]) -> None:
             }
         )
     )
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _strategy(tf: Any, config: dict[str, Any]) -> Any:

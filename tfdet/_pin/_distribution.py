@@ -27,9 +27,10 @@ def describe(strategy: Any) -> dict[str, Any] | None:
         one-process strategy)}`, and for a multi-worker strategy its
         collective implementation, who chose it and its `bytes_per_pack`.
     """
-    # TensorFlow's default strategy (no `strategy.scope()`): one replica.
+    if strategy is None:
+        return None
     name = type(strategy).__name__
-    if strategy is None or name.startswith("_Default"):
+    if name.startswith("_Default"):  # No `strategy.scope()`: one replica.
         return None
     workers, worker = 1, None
     resolver = getattr(strategy, "cluster_resolver", None)

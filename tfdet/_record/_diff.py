@@ -210,15 +210,20 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def _differing(
+    a: Mapping[str, Any], b: Mapping[str, Any]
+) -> dict[str, tuple[Any, Any]]:
+    """`{key: (A, B)}` for the keys whose values differ (absent: None)."""
+    return {
+        name: (a.get(name), b.get(name))
+        for name in sorted(set(a) | set(b))
+        if a.get(name) != b.get(name)
+    }
+
+
 def profile_differences(a: Trace, b: Trace) -> dict[str, tuple[Any, Any]]:
     """`{field: (A, B)}` for the profile fields that differ."""
-    profile_a = a.header.get("profile") or {}
-    profile_b = b.header.get("profile") or {}
-    return {
-        name: (profile_a.get(name), profile_b.get(name))
-        for name in sorted(set(profile_a) | set(profile_b))
-        if profile_a.get(name) != profile_b.get(name)
-    }
+    return _differing(a.header.get("profile") or {}, b.header.get("profile") or {})
 
 
 def fingerprint_differences(a: Trace, b: Trace) -> dict[str, tuple[Any, Any]]:
@@ -229,12 +234,7 @@ def fingerprint_differences(a: Trace, b: Trace) -> dict[str, tuple[Any, Any]]:
     env_b = {
         k: v for k, v in b.environment.items() if k not in _VOLATILE_FINGERPRINT_KEYS
     }
-    flat_a, flat_b = _flatten(env_a), _flatten(env_b)
-    return {
-        name: (flat_a.get(name), flat_b.get(name))
-        for name in sorted(set(flat_a) | set(flat_b))
-        if flat_a.get(name) != flat_b.get(name)
-    }
+    return _differing(_flatten(env_a), _flatten(env_b))
 
 
 def distribution_differences(a: Trace, b: Trace) -> dict[str, tuple[Any, Any]]:
@@ -243,13 +243,10 @@ def distribution_differences(a: Trace, b: Trace) -> dict[str, tuple[Any, Any]]:
     Two workers of one run differ in `worker` (their task index) and agree
     in everything else; a trace without a strategy has none of the keys.
     """
-    flat_a = _flatten(a.header.get("distribution") or {})
-    flat_b = _flatten(b.header.get("distribution") or {})
-    return {
-        name: (flat_a.get(name), flat_b.get(name))
-        for name in sorted(set(flat_a) | set(flat_b))
-        if flat_a.get(name) != flat_b.get(name)
-    }
+    return _differing(
+        _flatten(a.header.get("distribution") or {}),
+        _flatten(b.header.get("distribution") or {}),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,7 +266,7 @@ class TraceComparison:
         variables: `(variables in A, variables in B)`: traces of two
             different models cannot agree.
         distribution_differences: `{key: (A, B)}` of the `tf.distribute`
-            facts (strategy, replicas, workers, worker).
+            facts (strategy, replicas, workers, worker, collective).
     """
 
     profile_differences: dict[str, tuple[Any, Any]]

@@ -300,7 +300,7 @@ def _run_one(
         if group.first_failure is not None and group.first_failure != setup:
             failure = f"stopped after {group.first_failure.name} failed"
             timed_out = False
-    elif process.returncode == 0:
+    else:
         try:
             with open(spec["result"], encoding="utf-8") as handle:
                 result = json.load(handle)

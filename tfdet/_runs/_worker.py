@@ -41,7 +41,12 @@ def _seed_without_tfdet(seed: int, legacy: bool, workers: int) -> None:
         keras_multi_worker.PATCH.install()
 
 
-def _strategy(workers: int, replicas: int) -> Any:
+def _distribution(spec: dict[str, Any]) -> tuple[int, int]:
+    """`(workers, replicas)` of a run (specs of older parents lack them)."""
+    return spec.get("workers", 1), spec.get("replicas", 1)
+
+
+def _strategy(spec: dict[str, Any]) -> Any:
     """The `tf.distribute` strategy of a distributed run, or None.
 
     Several workers: a `MultiWorkerMirroredStrategy` over the loopback
@@ -49,6 +54,7 @@ def _strategy(workers: int, replicas: int) -> Any:
     `MirroredStrategy` over as many logical CPU devices, split from the one
     physical CPU before TensorFlow's runtime starts.
     """
+    workers, replicas = _distribution(spec)
     if workers == 1 and replicas == 1:
         return None
     import tensorflow as tf
@@ -92,7 +98,6 @@ def start(spec: dict[str, Any]) -> Any:
     from tfdet._runs import _target, _xla
 
     seed = spec["seed"]
-    workers, replicas = spec.get("workers", 1), spec.get("replicas", 1)
     if spec["enable"]:
         with warnings.catch_warnings():
             # The parent sets each run's PYTHONHASHSEED on purpose (it is one
@@ -101,11 +106,11 @@ def start(spec: dict[str, Any]) -> Any:
             warnings.filterwarnings("ignore", "PYTHONHASHSEED", UserWarning)
             tfdet.enable(seed, threads=spec["threads"], cpu_isa=spec["cpu_isa"])
     else:
-        _seed_without_tfdet(seed, _versions.uses_legacy_keras(), workers)
+        _seed_without_tfdet(seed, _versions.uses_legacy_keras(), _distribution(spec)[0])
     # After enable(), which must precede `import tensorflow` (oneDNN), and
     # before the TARGET compiles: what it asked of XLA.
     _xla.install()
-    strategy = _strategy(workers, replicas)
+    strategy = _strategy(spec)
     if strategy is None:
         return _target.build(spec["target"], seed=seed)
     # The TARGET builds and compiles its model under the strategy, as a
@@ -182,7 +187,6 @@ def _fit_distributed(built: Any, spec: dict[str, Any]) -> None:
     import tensorflow as tf
 
     from tfdet._errors import TargetError
-    from tfdet._pin import _versions
     from tfdet._record import _callback
     from tfdet._runs import _target
 
@@ -205,10 +209,6 @@ def _fit_distributed(built: Any, spec: dict[str, Any]) -> None:
     if batches[0][2] is not None:
         columns.append(stack([batch[2] for batch in batches]))
     dataset = tf.data.Dataset.from_tensor_slices(tuple(columns)).batch(sizes[0])
-    if _versions.uses_legacy_keras():
-        from tf_keras.callbacks import LambdaCallback
-    else:
-        from keras.callbacks import LambdaCallback
     model.fit(
         dataset,
         epochs=1,
@@ -217,7 +217,8 @@ def _fit_distributed(built: Any, spec: dict[str, Any]) -> None:
         shuffle=False,
         callbacks=[
             _callback.DeterminismCallback(spec["trace"]),
-            LambdaCallback(
+            # tf.keras is the Keras the model was built with (tf_keras or 3).
+            tf.keras.callbacks.LambdaCallback(
                 on_train_batch_end=lambda batch, logs: report_progress(batch + 1, steps)
             ),
         ],
@@ -243,7 +244,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     built = start(spec)
     model = built.model
     facts = run_facts(spec["seed"])
-    if spec.get("workers", 1) > 1 or spec.get("replicas", 1) > 1:
+    if _distribution(spec) != (1, 1):
         _fit_distributed(built, spec)
         entry_point = "fit"
     else:
