@@ -54,7 +54,8 @@ class Patch:
         replaces: TensorFlow op types the patch keeps out of the graph. The
             hazard table's rows for them decide the TensorFlow versions that
             need the patch, and `tfdet scan` names the patch for them. Empty
-            for a patch that fixes Keras code rather than replacing an op.
+            (the default) for a patch that fixes Keras code or decides a
+            `tf.distribute` setting rather than replacing an op.
         summary: What it replaces and with what, one line.
         upstream: The upstream issue or pull request the patch answers.
         apply: Makes the replacements now, recording each in the `Swap` it
@@ -75,7 +76,7 @@ class Patch:
     """
 
     name: str = ""
-    replaces: tuple[str, ...]
+    replaces: tuple[str, ...] = ()
     summary: str
     upstream: str
     apply: Apply | None = None

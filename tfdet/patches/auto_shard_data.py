@@ -48,11 +48,9 @@ def _apply(swap: Swap) -> None:
 
 
 PATCH = Patch(
-    replaces=(),
     summary="tf.distribute dataset auto-shard policy AUTO (FILE or DATA, by "
     "how the data are stored) -> DATA; a policy set on the dataset is kept",
     upstream="https://www.tensorflow.org/api_docs/python/tf/data/experimental/AutoShardPolicy",
     apply=_apply,
-    requires={"tensorflow": ">=2.4"},
     distribution={"auto_shard_policy": "DATA"},
 )

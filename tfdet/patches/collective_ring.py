@@ -59,11 +59,9 @@ def _apply(swap: Swap) -> None:
 
 
 PATCH = Patch(
-    replaces=(),
     summary="MultiWorkerMirroredStrategy collective implementation AUTO "
     "(RING on CPU, NCCL on GPU) -> RING; an explicit choice is kept",
     upstream="https://github.com/tensorflow/tensorflow/issues/121429",
     apply=_apply,
-    requires={"tensorflow": ">=2.4"},
     distribution={"collective": "RING"},
 )

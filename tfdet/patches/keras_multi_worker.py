@@ -82,7 +82,6 @@ def _apply(swap: Swap) -> None:
 
 
 PATCH = Patch(
-    replaces=(),
     summary="Keras 3 fit/train_on_batch under MultiWorkerMirroredStrategy "
     "(eager PerReplica reduce, axis=0 mean of scalars) -> local shapes, axis=None",
     upstream="https://github.com/keras-team/keras/issues/20585",

@@ -59,7 +59,6 @@ def _apply(swap: Swap) -> None:
 
 
 PATCH = Patch(
-    replaces=(),
     summary="Keras 3 random ops under tf.distribute (every replica draws the "
     "same seed) -> seed folded with the replica id",
     upstream="https://github.com/keras-team/keras/issues/18426",

@@ -76,12 +76,10 @@ def _apply(swap: Swap) -> None:
 
 
 PATCH = Patch(
-    replaces=(),
     summary="ParameterServerStrategy (asynchronous updates) and tf.data service "
     "DYNAMIC sharding (order follows timing) -> NondeterministicError",
     upstream="https://www.tensorflow.org/api_docs/python/tf/config/experimental/enable_op_determinism",
     apply=_apply,
-    requires={"tensorflow": ">=2.4"},
     distribution={
         "refused": "ParameterServerStrategy, tf.data service DYNAMIC sharding"
     },
