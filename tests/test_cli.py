@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import json
 import os
@@ -71,6 +72,17 @@ def test_help_lists_every_subcommand(capsys):
     out = capsys.readouterr().out
     for name in ("check", "run", "env", "diff", "locate", "scan"):
         assert name in out
+
+
+@pytest.mark.parametrize("name", _cli.SUBCOMMANDS)
+def test_each_subcommand_help_is_its_module_docstring_with_exit_codes(name, capsys):
+    doc = importlib.import_module(f"tfdet._cli.{name}").__doc__
+    summary = " ".join(doc.partition("\n\n")[0].split())
+    assert _cli.main(["tfdet", name, "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Exit codes: " in out and summary not in out
+    assert _cli.main(["tfdet", "--help"]) == 0
+    assert summary in " ".join(capsys.readouterr().out.split())
 
 
 def test_version_prints_the_package_version(capsys):

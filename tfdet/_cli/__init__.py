@@ -1,7 +1,9 @@
 """The `tfdet` command line: one module per subcommand in this package.
 
-Each subcommand module defines `add_parser(subparsers)`, which registers its
-flags and `set_defaults(func=execute)`, and `execute(args) -> int`. Library
+Each subcommand module is its own `--help`: its docstring's first paragraph is
+the one-line help in `tfdet --help`, the rest (ending with what its exit codes
+mean) its description; `add_arguments(parser)` adds its flags (flags only
+parse: the library validates); `execute(args) -> int` runs it. Library
 exceptions become exit codes here, in one place (see `tfdet._errors`).
 """
 
@@ -80,13 +82,26 @@ def build_parser() -> argparse.ArgumentParser:
     # Not -v: absl takes it (--verbosity).
     parser.add_argument("--verbose", **_VERBOSE)
     for name in SUBCOMMANDS:
-        importlib.import_module(f"tfdet._cli.{name}").add_parser(subparsers)
-        # Also after the subcommand (`tfdet env --verbose`); SUPPRESS keeps a
-        # flag given before it.
-        subparsers.choices[name].add_argument(
-            "--verbose", **{**_VERBOSE, "default": argparse.SUPPRESS}
-        )
+        _add_subcommand(subparsers, name)
     return parser
+
+
+def _add_subcommand(subparsers: argparse._SubParsersAction, name: str) -> None:
+    """Registers `tfdet NAME` from the module `tfdet._cli.NAME`."""
+    module = importlib.import_module(f"tfdet._cli.{name}")
+    summary, _, description = module.__doc__.partition("\n\n")
+    parser = subparsers.add_parser(
+        name,
+        help=" ".join(summary.split()),
+        description=description.strip(),
+        # Descriptions and epilogs hold lists (usage lines, built-in targets).
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    module.add_arguments(parser)
+    # Also after the subcommand (`tfdet env --verbose`); SUPPRESS keeps a flag
+    # given before it.
+    parser.add_argument("--verbose", **{**_VERBOSE, "default": argparse.SUPPRESS})
+    parser.set_defaults(func=module.execute)
 
 
 _VERBOSE: dict[str, Any] = {

@@ -17,30 +17,33 @@ from absl import app
 
 from tfdet._cli import _output
 from tfdet._pin import _settings
-from tfdet._runs import _builtins, _options, _perturb
+from tfdet._runs import _builtins, _options, _perturb, _target
 
 TARGET_HELP = (
-    "TARGET is package.module:function, path/to/file.py:function or "
-    "builtin:NAME; the function returns a compiled Keras model or "
-    "(model, x, y). Without data, seeded batches are synthesized."
+    "package.module:function, path/to/file.py:function or builtin:NAME "
+    f"(default {_target.DEFAULT_TARGET}); the function returns a compiled Keras "
+    "model or (model, x, y). Without data, seeded batches are synthesized."
 )
 
 
-def epilog(exit_codes: str) -> str:
-    """Built-in targets, perturbations and the subcommand's exit codes."""
+def _values() -> str:
+    """The built-in targets and the perturbations, for the epilog."""
     return (
         "Built-in targets:\n"
         + _builtins.describe()
         + "\n\nPerturbations:\n"
         + "\n".join(f"{n}: {d}" for n, d in _perturb.DESCRIPTIONS.items())
-        + f"\n\nExit codes: {exit_codes}"
     )
 
 
 def add(parser: argparse.ArgumentParser) -> None:
     """Adds TARGET, --steps, --perturb, --no-enable, --seed, --threads,
-    --json and --timeout, with the defaults of `RunOptions`."""
-    parser.add_argument("target", nargs="?", default=None, help="Default: builtin:cnn.")
+    --json and --timeout, with the defaults of `RunOptions`, and lists the
+    built-in targets and perturbations after them."""
+    parser.epilog = _values()
+    parser.add_argument(
+        "target", nargs="?", default=None, metavar="TARGET", help=TARGET_HELP
+    )
     parser.add_argument(
         "--steps",
         type=int,

@@ -1,4 +1,14 @@
-"""`tfdet check`: the two-process bit-equality smoke test."""
+"""Train in fresh processes that imitate different machines; compare every bit.
+
+Trains TARGET with train_on_batch in N fresh processes, started together,
+each perturbed to imitate another machine, and compares every step's loss and
+metric bits and every weight bit. Each run records a trace (the format of
+tfdet.DeterminismCallback) that is compared as `tfdet diff` compares traces;
+--traces DIR keeps them.
+
+Exit codes: 0 bit-identical, 1 diverged, 2 bad input, 3 a run failed or timed
+out, 4 device not available.
+"""
 
 from __future__ import annotations
 
@@ -9,23 +19,7 @@ from tfdet._cli import _output, _training_flags, write_json
 from tfdet._runs import _api, _options
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "check",
-        help="Train in fresh processes that look like different machines; "
-        "compare every bit.",
-        description="Trains TARGET with train_on_batch in N fresh processes, "
-        "started together, each perturbed to look like another machine, and "
-        "compares every step's loss and metric bits and every weight bit. Each "
-        "run records a trace (the format of tfdet.DeterminismCallback) that is "
-        "compared as `tfdet diff` compares traces; --traces DIR keeps them. "
-        + _training_flags.TARGET_HELP,
-        epilog=_training_flags.epilog(
-            "0 bit-identical, 1 diverged, 2 bad input, 3 a run failed or timed "
-            "out, 4 device not available."
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     _training_flags.add(parser)
     parser.add_argument(
         "--runs",
@@ -83,7 +77,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="With --script: stop each run after N recorded training steps "
         "(default: let the script finish).",
     )
-    parser.set_defaults(func=execute)
 
 
 def _run_line(run: dict[str, Any]) -> str:

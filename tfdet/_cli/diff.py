@@ -1,4 +1,14 @@
-"""`tfdet diff A B`: where two step traces part, and what explains it."""
+"""Compare two step traces: first diverging step and quantity.
+
+Compares two traces written by tfdet.DeterminismCallback (or kept by `tfdet
+check --traces`). Prints the profile fields and environment facts that
+differ (they usually explain the bits), then the first step and quantity
+whose bits differ.
+
+Exit codes: 0 every step is bit-identical, 1 the traces differ, 2 a file is not
+a readable trace or neither trace holds a step (nothing compared is not
+equality).
+"""
 
 from __future__ import annotations
 
@@ -13,17 +23,7 @@ from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_USAGE
 from tfdet._record import _diff, _plot, _trace
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "diff",
-        help="Compare two step traces: first diverging step and quantity.",
-        description="Compares two traces written by tfdet.DeterminismCallback. "
-        "Prints the profile fields and environment facts that differ (they "
-        "usually explain the bits), then the first step and quantity whose bits "
-        "differ. Exit 0 when every step is bit-identical, 1 when the traces "
-        "differ, 2 when a file is not a readable trace or neither trace holds "
-        "a step (nothing compared is not equality).",
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("a", metavar="A", help="The expected trace (reference).")
     parser.add_argument("b", metavar="B", help="The trace to compare with A.")
     parser.add_argument("--json", metavar="FILE", help="Also write the report as JSON.")
@@ -34,7 +34,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "which weight fingerprints differ, first divergence marked (needs "
         "matplotlib: pip install 'tfdet[plot]').",
     )
-    parser.set_defaults(func=execute)
 
 
 def _pairs(title: str, differences: dict[str, tuple[Any, Any]]) -> list[str]:

@@ -1,4 +1,11 @@
-"""`tfdet env`: the environment fingerprint."""
+"""Print the environment fingerprint (versions, CPU, GPUs, variables).
+
+Prints what can explain a difference in bits between two machines: versions,
+TensorFlow build, CPU model and ISA flags, cores and affinity, GPUs,
+determinism-relevant environment variables.
+
+Exit codes: 0 printed, 2 the --json file cannot be written.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +15,8 @@ from tfdet._cli import _output, write_json
 from tfdet._pin import _environment
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "env",
-        help="Print the environment fingerprint (versions, CPU, GPUs, variables).",
-        description="Prints what can explain a difference in bits between two "
-        "machines: versions, TensorFlow build, CPU model and ISA flags, cores "
-        "and affinity, GPUs, determinism-relevant environment variables.",
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="Also write the report as JSON.")
-    parser.set_defaults(func=execute)
 
 
 def format_fingerprint(facts: dict) -> str:

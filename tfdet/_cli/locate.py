@@ -1,4 +1,14 @@
-"""`tfdet locate`: the first layer whose bits differ between two processes."""
+"""Find the first layer whose output or gradient bits differ between two runs.
+
+Trains TARGET in two fresh processes perturbed as `tfdet check` does,
+fingerprinting at every step each layer's forward output, the loss, the
+gradient reaching each layer and each variable's gradient. Reports the first
+layer, in execution order, whose bits differ at the first diverging step,
+with the TensorFlow op types inside it.
+
+Exit codes: 0 no layer differs, 1 a layer differs, 2 bad input, 3 a run failed
+or timed out.
+"""
 
 from __future__ import annotations
 
@@ -9,25 +19,8 @@ from tfdet._cli import _output, _training_flags, write_json
 from tfdet._runs import _locate
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "locate",
-        help="Find the first layer whose output or gradient bits differ between "
-        "two processes.",
-        description="Trains TARGET in two fresh processes perturbed as `tfdet "
-        "check` does, fingerprinting at every step each layer's forward output, "
-        "the loss, the gradient reaching each layer and each variable's "
-        "gradient. Reports the first layer, in execution order, whose bits "
-        "differ at the first diverging step, with the TensorFlow op types "
-        "inside it. " + _training_flags.TARGET_HELP,
-        epilog=_training_flags.epilog(
-            "0 no layer differs, 1 a layer differs, 2 bad input, 3 a run failed "
-            "or timed out."
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     _training_flags.add(parser)
-    parser.set_defaults(func=execute)
 
 
 def format_report(report: dict[str, Any]) -> str:

@@ -1,4 +1,16 @@
-"""`tfdet run`: pin what must be set before Python and TensorFlow start."""
+"""Run a script or module with every determinism setting pinned.
+
+Sets PYTHONHASHSEED, ONEDNN_MAX_CPU_ISA, thread counts, TF_DETERMINISTIC_OPS
+and XLA_FLAGS before the interpreter starts, calls tfdet.enable() with the
+same settings, then runs the script as __main__.
+
+Forms: tfdet run [flags] script.py [args]
+       tfdet run [flags] -m module [args]
+       tfdet run [flags] -- python script.py [args]
+
+Exit codes: the script's own exit status, as a shell reports it (128 + N when
+it was stopped by signal N); 2 bad flags or no script to run.
+"""
 
 from __future__ import annotations
 
@@ -21,17 +33,7 @@ from tfdet._cli import _training_flags
 from tfdet._pin import _enable, _isa, _settings
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "run",
-        help="Run a script or module with every determinism setting pinned.",
-        description="Sets PYTHONHASHSEED, ONEDNN_MAX_CPU_ISA, thread counts, "
-        "TF_DETERMINISTIC_OPS and XLA_FLAGS before the interpreter starts, "
-        "calls tfdet.enable() with the same settings, then runs the script as "
-        "__main__. Usage: tfdet run [flags] script.py [args] | tfdet run "
-        "[flags] -m module [args] | tfdet run [flags] -- python script.py [args]. "
-        "The script's exit status is passed through.",
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     _training_flags.add_seed_and_threads(parser)
     parser.add_argument(
         "--cpu-isa",
@@ -62,7 +64,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="Run a module as __main__, like python -m; the rest are its arguments.",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="script.py [args]")
-    parser.set_defaults(func=execute)
 
 
 # `python`, `python3`, `python3.11`, `python.exe`; not `python_utils.py`.

@@ -1,4 +1,18 @@
-"""`tfdet scan`: which ops of a training step are hazards on GPU."""
+"""List the ops of TARGET's training step that raise, fall back to the host,
+or are nondeterministic on GPU under op determinism.
+
+Traces TARGET's real training step (forward, loss, gradients, optimizer
+update, metric updates) on this machine (no GPU needed), walks every op
+including nested and gradient functions, and lists each GPU determinism
+hazard with the Keras layer, metric or optimizer it comes from and whether a
+tfdet patch covers it. By default the trace runs under tfdet.enable(), so it
+shows what remains with tfdet's patches. The scan runs on the CPU only: any
+GPU is hidden from TensorFlow in the scan process before it starts, so a
+refused op is listed rather than raised.
+
+Exit codes: 0 no hazard remains, 1 a hazard remains, 2 bad input, 3 the
+training step itself fails or building the TARGET times out.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +23,7 @@ import warnings
 from absl import app
 
 from tfdet._cli import _output, write_json
+from tfdet._cli._training_flags import TARGET_HELP
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError
 from tfdet._runs import _options, _target
 
@@ -21,30 +36,9 @@ _BEHAVIOUR = {
 }
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "scan",
-        help="List the ops of TARGET's training step that raise, fall back to "
-        "the host, or are nondeterministic on GPU under op determinism.",
-        description="Traces TARGET's real training step (forward, loss, "
-        "gradients, optimizer update, metric updates) on this machine (no GPU "
-        "needed), walks every op including nested and gradient functions, and "
-        "lists each GPU determinism hazard with the Keras layer, metric or "
-        "optimizer it comes from and whether a tfdet patch covers it. By "
-        "default the trace runs under tfdet.enable(), so it shows what remains "
-        "with tfdet's patches. The scan runs on the CPU only: any GPU is "
-        "hidden from TensorFlow in the scan process before it starts, so a "
-        "refused op is listed rather than raised. Exit 1 if a hazard remains, "
-        "0 otherwise, 2 for bad input, 3 if the training step itself fails "
-        "or building the TARGET times out.",
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "target",
-        nargs="?",
-        default=None,
-        metavar="TARGET",
-        help="`package.module:function`, `path/to/file.py:function` or "
-        f"`builtin:NAME` (default {_target.DEFAULT_TARGET}).",
+        "target", nargs="?", default=None, metavar="TARGET", help=TARGET_HELP
     )
     parser.add_argument(
         "--no-enable",
@@ -58,7 +52,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="Seed for enable() and data, in [0, 2**32 - 1] (default 0).",
     )
     parser.add_argument("--json", metavar="FILE", help="Also write the report as JSON.")
-    parser.set_defaults(func=execute)
 
 
 def _source(finding) -> str:
