@@ -117,3 +117,18 @@ def test_worker_spec_and_environment_come_from_the_options():
 def test_the_spec_of_every_run_is_json():
     spec = _spawn.make_worker_spec(_options.RunOptions())
     assert json.loads(json.dumps(spec)) == spec
+
+
+@pytest.mark.parametrize(
+    ("label", "total", "line"),
+    [
+        ("cpu", 3, "[cpu] run 1: step 2/3"),
+        ("", 3, "run 1: step 2/3"),
+        ("script", 0, "[script] run 1: step 2"),  # A script's total is unknown.
+    ],
+)
+def test_step_lines_say_run_step_and_total(label, total, line):
+    lines = []
+    _spawn.step_lines(lines.append, label)(1, 2, total)
+    assert lines == [line]
+    assert _spawn.step_lines(None, label) is None

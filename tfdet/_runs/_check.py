@@ -14,6 +14,7 @@ that is nondeterministic by itself).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import tempfile
@@ -317,13 +318,11 @@ def _check_device(
             f"[{device}] starting TensorFlow in {processes} "
             f"({options.steps} steps each)"
         )
-
-    def on_step(index: int, done: int, total: int) -> None:
-        if step is not None:
-            step(device, index, done, total)
-        elif progress is not None:
-            progress(f"[{device}] run {index}: step {done}/{total}")
-
+    # A caller's `step` gets the numbers; otherwise `progress` gets lines.
+    if step is None:
+        on_step = _spawn.step_lines(progress, device)
+    else:
+        on_step = functools.partial(step, device)
     outcomes = _spawn.run_jobs(
         [_expand(setup, workers) for setup in setups],
         worker_spec,

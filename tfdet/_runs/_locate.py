@@ -225,10 +225,6 @@ def locate(options: RunOptions, progress: ProgressFn | None = None) -> dict[str,
     setups = _perturb.plan(2, names, _perturb.pinned_cap(options), options.threads)
     worker_spec = _spawn.make_worker_spec(options)
 
-    def on_step(index: int, done: int, total: int) -> None:
-        if progress is not None:
-            progress(f"run {index}: step {done}/{total}")
-
     with tempfile.TemporaryDirectory(prefix="tfdet-locate-") as workdir:
         outcomes = _spawn.run_all(
             setups,
@@ -238,7 +234,7 @@ def locate(options: RunOptions, progress: ProgressFn | None = None) -> dict[str,
             # Layer fingerprints are taken on the CPU: GPUs are hidden.
             base_env=_spawn.run_environment(spec, "cpu"),
             timeout=options.timeout,
-            progress=on_step,
+            progress=_spawn.step_lines(progress),
         )
     failed = [outcome for outcome in outcomes if not outcome.ok]
     if failed:

@@ -199,11 +199,6 @@ def check_script(
         "max_steps": options.max_steps,
     }
 
-    def on_step(index: int, done: int, total: int) -> None:
-        if progress is not None:
-            of = f"/{total}" if total else ""
-            progress(f"[script] run {index}: step {done}{of}")
-
     with tempfile.TemporaryDirectory(prefix="tfdet-script-") as workdir:
         outcomes = _spawn.run_all(
             setups,
@@ -212,7 +207,7 @@ def check_script(
             module=MODULE,
             base_env=_environment(options),
             timeout=run.timeout,
-            progress=on_step,
+            progress=_spawn.step_lines(progress, "script"),
         )
         runs = [_read(outcome) for outcome in outcomes]
         divergence = None

@@ -456,23 +456,30 @@ def run_jobs(
 
 
 def run_all(
-    setups: list[RunSetup],
-    spec: dict[str, Any],
-    workdir: str,
-    *,
-    module: str = "tfdet._runs._worker",
-    base_env: dict[str, str] | None = None,
-    timeout: float,
-    progress: Callable[[int, int, int], None] | None = None,
+    setups: list[RunSetup], spec: dict[str, Any], workdir: str, **options: Any
 ) -> list[RunOutcome]:
-    """`run_jobs` for runs of one process each: one `RunOutcome` per setup."""
-    jobs = run_jobs(
-        [[setup] for setup in setups],
-        spec,
-        workdir,
-        module=module,
-        base_env=base_env,
-        timeout=timeout,
-        progress=progress,
-    )
-    return [job[0] for job in jobs]
+    """`run_jobs` for runs of one process each: one `RunOutcome` per setup.
+
+    `options` are `run_jobs`'s keyword arguments.
+    """
+    jobs = run_jobs([[setup] for setup in setups], spec, workdir, **options)
+    return [outcome for (outcome,) in jobs]
+
+
+def step_lines(
+    progress: ProgressFn | None, label: str = ""
+) -> Callable[[int, int, int], None] | None:
+    """A `run_jobs` progress callback that tells `progress` each run's steps.
+
+    Lines read `[label] run I: step D/T`, without `[label] ` when it is empty
+    and without `/T` when the total is unknown (0: a script's own loop).
+    """
+    if progress is None:
+        return None
+    prefix = f"[{label}] " if label else ""
+
+    def on_step(index: int, done: int, total: int) -> None:
+        of = f"/{total}" if total else ""
+        progress(f"{prefix}run {index}: step {done}{of}")
+
+    return on_step
