@@ -33,6 +33,24 @@ from tfdet.patches._swap import Swap
 FLOATS = ("bfloat16", "float16", "float32", "float64")
 
 
+class GeneratedOp:
+    """A generated op wrapper (`gen_math_ops.rsqrt`) that a patch replaces.
+
+    Attributes:
+        original: The wrapper as TensorFlow defined it, once `replace` ran:
+            the replacement calls it for the inputs it leaves alone.
+    """
+
+    def __init__(self, module: str, function: str) -> None:
+        self._module = module
+        self._function = function
+        self.original: Callable[..., Any] | None = None
+
+    def replace(self, swap: Swap, replacement: Callable[..., Any]) -> None:
+        """Binds `replacement` wherever TensorFlow binds the wrapper."""
+        self.original = swap_everywhere(swap, self._module, self._function, replacement)
+
+
 def swap_everywhere(
     swap: Swap, module: str, function: str, replacement: Callable[..., Any]
 ) -> Callable[..., Any]:

@@ -30,14 +30,8 @@ from typing import Any
 
 from tfdet._graph._patching import Patch
 from tfdet.patches import _exact_math
-from tfdet.patches._swap import Swap
 
-_ORIGINAL: list[Any] = []
-_OPS = "tensorflow.python.ops.gen_math_ops"
-
-
-def _apply(swap: Swap) -> None:
-    _ORIGINAL[:] = [_exact_math.swap_everywhere(swap, _OPS, "erfc", erfc)]
+_ERFC = _exact_math.GeneratedOp("tensorflow.python.ops.gen_math_ops", "erfc")
 
 
 # Eigen's generic_fast_erfc<float> (SpecialFunctionsImpl.h), highest degree first.
@@ -105,7 +99,7 @@ def erfc(x: Any, name: str | None = None) -> Any:
         name: Name scope.
     """
     return _exact_math.portable_op(
-        x, name, "PortableErfc", _ORIGINAL[0], _forward, _gradient, _COMPUTED_HERE
+        x, name, "PortableErfc", _ERFC.original, _forward, _gradient, _COMPUTED_HERE
     )
 
 
@@ -131,5 +125,5 @@ PATCH = Patch(
     replaces=("Erfc",),
     summary="Erfc (RCPPS inside, CPU-model dependent) -> Eigen's algorithm with a true division",
     upstream="https://gitlab.com/libeigen/eigen/-/blob/master/unsupported/Eigen/src/SpecialFunctions/SpecialFunctionsImpl.h",
-    apply=_apply,
+    apply=lambda swap: _ERFC.replace(swap, erfc),
 )

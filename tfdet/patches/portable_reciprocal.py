@@ -18,12 +18,14 @@ from tfdet._graph._patching import Patch
 from tfdet.patches import _exact_math
 from tfdet.patches._swap import Swap
 
-_ORIGINAL: dict[str, Any] = {}
+_OPS = "tensorflow.python.ops.gen_math_ops"
+_RECIPROCAL = _exact_math.GeneratedOp(_OPS, "reciprocal")
+_INV = _exact_math.GeneratedOp(_OPS, "inv")
 
 
-def _portable(x: Any, name: str | None, original: str) -> Any:
+def _portable(x: Any, name: str | None, op: _exact_math.GeneratedOp) -> Any:
     return _exact_math.portable_op(
-        x, name, "PortableReciprocal", _ORIGINAL[original], _forward, _gradient
+        x, name, "PortableReciprocal", op.original, _forward, _gradient
     )
 
 
@@ -49,20 +51,17 @@ def reciprocal(x: Any, name: str | None = None) -> Any:
         x: A tensor; float dtypes are computed here, others by the original.
         name: Name scope.
     """
-    return _portable(x, name, "reciprocal")
+    return _portable(x, name, _RECIPROCAL)
 
 
 def inv(x: Any, name: str | None = None) -> Any:
     """`1 / x` (`tf.raw_ops.Inv`, the deprecated name of Reciprocal)."""
-    return _portable(x, name, "inv")
+    return _portable(x, name, _INV)
 
 
 def _apply(swap: Swap) -> None:
-    module = "tensorflow.python.ops.gen_math_ops"
-    _ORIGINAL["reciprocal"] = _exact_math.swap_everywhere(
-        swap, module, "reciprocal", reciprocal
-    )
-    _ORIGINAL["inv"] = _exact_math.swap_everywhere(swap, module, "inv", inv)
+    _RECIPROCAL.replace(swap, reciprocal)
+    _INV.replace(swap, inv)
 
 
 PATCH = Patch(

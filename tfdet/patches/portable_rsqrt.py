@@ -18,14 +18,8 @@ from typing import Any
 
 from tfdet._graph._patching import Patch
 from tfdet.patches import _exact_math
-from tfdet.patches._swap import Swap
 
-_ORIGINAL: list[Any] = []
-_OPS = "tensorflow.python.ops.gen_math_ops"
-
-
-def _apply(swap: Swap) -> None:
-    _ORIGINAL[:] = [_exact_math.swap_everywhere(swap, _OPS, "rsqrt", rsqrt)]
+_RSQRT = _exact_math.GeneratedOp("tensorflow.python.ops.gen_math_ops", "rsqrt")
 
 
 def rsqrt(x: Any, name: str | None = None) -> Any:
@@ -41,7 +35,7 @@ def rsqrt(x: Any, name: str | None = None) -> Any:
         name: Name scope.
     """
     return _exact_math.portable_op(
-        x, name, "PortableRsqrt", _ORIGINAL[0], _forward, _gradient
+        x, name, "PortableRsqrt", _RSQRT.original, _forward, _gradient
     )
 
 
@@ -62,5 +56,5 @@ PATCH = Patch(
     replaces=("Rsqrt",),
     summary="Rsqrt (RSQRTPS, CPU-model dependent) -> 1 / Sqrt",
     upstream="https://gitlab.com/libeigen/eigen/-/blob/master/Eigen/src/Core/arch/AVX/MathFunctions.h",
-    apply=_apply,
+    apply=lambda swap: _RSQRT.replace(swap, rsqrt),
 )

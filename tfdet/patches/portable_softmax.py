@@ -18,14 +18,8 @@ from typing import Any
 
 from tfdet._graph._patching import Patch
 from tfdet.patches import _exact_math
-from tfdet.patches._swap import Swap
 
-_ORIGINAL: list[Any] = []
-_OPS = "tensorflow.python.ops.gen_nn_ops"
-
-
-def _apply(swap: Swap) -> None:
-    _ORIGINAL[:] = [_exact_math.swap_everywhere(swap, _OPS, "softmax", softmax)]
+_SOFTMAX = _exact_math.GeneratedOp("tensorflow.python.ops.gen_nn_ops", "softmax")
 
 
 def softmax(logits: Any, name: str | None = None) -> Any:
@@ -41,7 +35,7 @@ def softmax(logits: Any, name: str | None = None) -> Any:
         name: Name scope.
     """
     return _exact_math.portable_op(
-        logits, name, "PortableSoftmax", _ORIGINAL[0], _forward, _gradient
+        logits, name, "PortableSoftmax", _SOFTMAX.original, _forward, _gradient
     )
 
 
@@ -64,5 +58,5 @@ PATCH = Patch(
     replaces=("Softmax",),
     summary="Softmax (RCPPS in sum.inverse(), CPU-model dependent) -> Exp / Sum",
     upstream="https://github.com/tensorflow/tensorflow/blob/master/tensorflow/core/kernels/softmax_op_functor.h",
-    apply=_apply,
+    apply=lambda swap: _SOFTMAX.replace(swap, softmax),
 )
