@@ -17,8 +17,7 @@ from tfdet._errors import (
 )
 from tfdet._pin._enable import enable, is_enabled, profile
 from tfdet._pin._profile import Profile
-
-__version__ = "0.1.0"
+from tfdet._version import __version__
 
 __all__ = [
     "CheckReport",

@@ -26,6 +26,7 @@ from absl.flags import argparse_flags
 from tfdet import _notices
 from tfdet._cli import _output
 from tfdet._errors import EXIT_RUN_FAILED, EXIT_USAGE, Error
+from tfdet._version import __version__
 
 # Subcommand modules, in the order `tfdet --help` lists them.
 SUBCOMMANDS = ("check", "run", "env", "diff", "locate", "scan")
@@ -78,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    parser.add_argument("--version", action="version", version=f"tfdet {_version()}")
+    parser.add_argument("--version", action="version", version=f"tfdet {__version__}")
     # Not -v: absl takes it (--verbosity).
     parser.add_argument("--verbose", **_VERBOSE)
     for name in SUBCOMMANDS:
@@ -110,12 +111,6 @@ _VERBOSE: dict[str, Any] = {
     "help": "Also show TensorFlow's C++ start-up notices (absl, oneDNN, CUDA "
     "plugin registration), hidden by default.",
 }
-
-
-def _version() -> str:
-    from tfdet import __version__
-
-    return __version__
 
 
 def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
@@ -153,7 +148,7 @@ def write_json(path: str | None, data: Any) -> None:
     if not path:
         return
     if isinstance(data, dict):
-        data = {**data, "tfdet_version": _version()}
+        data = {**data, "tfdet_version": __version__}
     text = json.dumps(data, indent=2, sort_keys=True)
     if path == "-":
         _output.json_out(text)

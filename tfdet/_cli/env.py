@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from tfdet._cli import _output, write_json
-from tfdet._pin import _environment
+from tfdet._pin import _enable, _environment
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +43,7 @@ def format_fingerprint(facts: dict) -> str:
 
 
 def execute(args: argparse.Namespace) -> int:
-    facts = _environment.fingerprint()
+    facts = _environment.fingerprint(_enable.profile())
     _output.out(format_fingerprint(facts))
     write_json(args.json, facts)
     return 0

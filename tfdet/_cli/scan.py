@@ -141,7 +141,7 @@ def execute(args: argparse.Namespace) -> int:
     from tfdet._pin import _devices
 
     if not args.no_enable:
-        import tfdet
+        from tfdet._pin._enable import enable
 
         with warnings.catch_warnings():
             # The hash seed orders sets and dicts in training scripts; a
@@ -150,7 +150,7 @@ def execute(args: argparse.Namespace) -> int:
                 "ignore", message="PYTHONHASHSEED", category=UserWarning
             )
             try:
-                tfdet.enable(seed=args.seed)
+                enable(seed=args.seed)
             except ValueError as error:
                 raise app.UsageError(str(error)) from error
     else:

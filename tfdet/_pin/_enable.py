@@ -473,13 +473,6 @@ def _threads_in_force(configured: int, variable: str) -> int:
         return 0
 
 
-def op_determinism_enabled() -> bool:
-    """Whether `tf.config.experimental.enable_op_determinism()` is in force."""
-    from tensorflow.python.framework import config
-
-    return bool(config.is_op_determinism_enabled())
-
-
 def observed_profile(seed: int | None = None) -> Profile:
     """Describes the settings in force now, without changing anything.
 
@@ -504,7 +497,7 @@ def observed_profile(seed: int | None = None) -> Profile:
         cpu_isa=(_isa.current_cap() or "ALL")
         if _isa.applies()
         else _isa.NOT_APPLICABLE,
-        op_determinism=op_determinism_enabled(),
+        op_determinism=_environment.op_determinism_enabled(),
         xla_determinism=_xla_determinism_in_force(),
         python_hash_seed=_STARTUP_HASH_SEED,
         **_software_facts(_patching.installed()),

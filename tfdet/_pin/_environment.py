@@ -7,6 +7,8 @@ import platform
 from typing import Any
 
 from tfdet._pin import _isa, _versions
+from tfdet._pin._profile import Profile
+from tfdet._version import __version__
 
 DETERMINISM_VARIABLES = (
     "PYTHONHASHSEED",
@@ -262,8 +264,6 @@ def compare_cpus(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, An
 def _tensorflow_facts() -> dict[str, Any]:
     import tensorflow as tf
 
-    from tfdet._pin import _enable
-
     build = dict(tf.sysconfig.get_build_info())
     gpus = [device.name for device in tf.config.list_physical_devices("GPU")]
     return {
@@ -273,9 +273,16 @@ def _tensorflow_facts() -> dict[str, Any]:
         "cuda_version": build.get("cuda_version"),
         "cudnn_version": build.get("cudnn_version"),
         "gpus": gpus,
-        "op_determinism": _enable.op_determinism_enabled(),
+        "op_determinism": op_determinism_enabled(),
         "onednn_custom_ops": onednn_custom_ops(),
     }
+
+
+def op_determinism_enabled() -> bool:
+    """Whether `tf.config.experimental.enable_op_determinism()` is in force."""
+    from tensorflow.python.framework import config
+
+    return bool(config.is_op_determinism_enabled())
 
 
 def onednn_custom_ops() -> bool | None:
@@ -292,18 +299,20 @@ def onednn_custom_ops() -> bool | None:
         return None
 
 
-def fingerprint(include_tensorflow: bool = True) -> dict[str, Any]:
+def fingerprint(
+    profile: Profile | None = None, include_tensorflow: bool = True
+) -> dict[str, Any]:
     """The machine and software facts that can explain a difference in bits.
 
     Args:
+        profile: The profile `enable()` put in force in this process
+            (`tfdet.profile()`), recorded with the facts; None when tfdet is
+            not enabled.
         include_tensorflow: Import TensorFlow to report its build and GPUs.
 
     Returns:
         A JSON-ready dict.
     """
-    from tfdet import __version__
-    from tfdet._pin._enable import profile
-
     facts: dict[str, Any] = {
         "tfdet": __version__,
         "python": _versions.python_version(),
@@ -318,6 +327,5 @@ def fingerprint(include_tensorflow: bool = True) -> dict[str, Any]:
     }
     if include_tensorflow:
         facts.update(_tensorflow_facts())
-    active = profile()
-    facts["profile"] = None if active is None else active.to_dict()
+    facts["profile"] = None if profile is None else profile.to_dict()
     return facts

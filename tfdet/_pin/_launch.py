@@ -43,13 +43,13 @@ def mismatch_message(error: ProfileMismatchError) -> str:
 def main(argv: list[str]) -> None:
     """Enables tfdet with the JSON settings, then runs the script or module."""
     settings, kind, target, *args = argv[1:]
-    import tfdet
     from tfdet import _notices
+    from tfdet._pin._enable import enable
 
     if os.environ.get(_notices.VERBOSE_VARIABLE) != "1":  # `tfdet --verbose run`
         _notices.hide_at_import()
 
-    tfdet.enable(**json.loads(settings))
+    enable(**json.loads(settings))
     sys.argv = [target, *args]
     try:
         _run(kind, target)

@@ -216,7 +216,7 @@ class _DeterminismHooks:
         if self.trace is not None:
             header = _trace.make_header(
                 profile,
-                _environment.fingerprint(),
+                _environment.fingerprint(_enable.profile()),
                 self._names,
                 every=self.every,
                 variables_every=self.variables_every,

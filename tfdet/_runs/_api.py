@@ -40,6 +40,7 @@ from tfdet._errors import TargetError
 from tfdet._runs import _check, _perturb
 from tfdet._runs._options import RunOptions
 from tfdet._runs._spawn import ProgressFn
+from tfdet._version import __version__
 
 # The file-level name of the callable in the module written for it.
 _ENTRY = "tfdet_target"
@@ -98,8 +99,6 @@ class CheckReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The full report, as `tfdet check --json FILE` writes it."""
-        from tfdet import __version__
-
         return {**copy.deepcopy(self._report), "tfdet_version": __version__}
 
     @classmethod

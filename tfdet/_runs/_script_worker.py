@@ -34,10 +34,9 @@ import runpy
 import sys
 import time
 import traceback
-import warnings
 from typing import Any
 
-from tfdet._runs._worker import report_progress, run_facts, write_result
+from tfdet._runs._worker import enable, report_progress, run_facts, write_result
 
 FIT = "fit"
 TRAIN_ON_BATCH = "train_on_batch"
@@ -71,7 +70,7 @@ class _Trace:
         if self.writer is None:
             header = _trace.make_header(
                 _enable.observed_profile(),
-                _environment.fingerprint(),
+                _environment.fingerprint(_enable.profile()),
                 _bits.variable_names(variables),
                 every=1,
                 variables_every=1,
@@ -330,15 +329,6 @@ def _print_script_traceback(error: BaseException, script: str) -> None:
     sys.stderr.flush()
 
 
-def _enable(spec: dict[str, Any]) -> None:
-    import tfdet
-
-    with warnings.catch_warnings():
-        # The parent sets each run's PYTHONHASHSEED on purpose.
-        warnings.filterwarnings("ignore", "PYTHONHASHSEED", UserWarning)
-        tfdet.enable(spec["seed"], threads=spec["threads"], cpu_isa=spec["cpu_isa"])
-
-
 def run(spec: dict[str, Any]) -> int:
     """Runs the script under the hooks; writes the result; returns the exit status.
 
@@ -348,7 +338,7 @@ def run(spec: dict[str, Any]) -> int:
     """
     started = time.perf_counter()
     if spec["enable"]:
-        _enable(spec)
+        enable(spec)
     recorder = Recorder(spec["trace"], spec.get("max_steps"))
     install(recorder)
     script = spec["script"]

@@ -85,6 +85,18 @@ def report_progress(done: int, total: int) -> None:
     print(f"{PROGRESS_PREFIX} {done} {total}", flush=True)
 
 
+def enable(spec: dict[str, Any]) -> None:
+    """`tfdet.enable()` with the run's seed, threads and ISA cap."""
+    from tfdet._pin._enable import enable
+
+    with warnings.catch_warnings():
+        # The parent sets each run's PYTHONHASHSEED on purpose (it is one of
+        # the perturbations); the warning would fill the stderr tail a failed
+        # run is reported with.
+        warnings.filterwarnings("ignore", "PYTHONHASHSEED", UserWarning)
+        enable(spec["seed"], threads=spec["threads"], cpu_isa=spec["cpu_isa"])
+
+
 def start(spec: dict[str, Any]) -> Any:
     """Seeds (with or without tfdet, as the spec says) and builds the TARGET.
 
@@ -93,18 +105,12 @@ def start(spec: dict[str, Any]) -> Any:
     Returns:
         The `tfdet._runs._target.Built` target.
     """
-    import tfdet
     from tfdet._pin import _versions
     from tfdet._runs import _target, _xla
 
     seed = spec["seed"]
     if spec["enable"]:
-        with warnings.catch_warnings():
-            # The parent sets each run's PYTHONHASHSEED on purpose (it is one
-            # of the perturbations); the warning would fill the stderr tail
-            # a failed run is reported with.
-            warnings.filterwarnings("ignore", "PYTHONHASHSEED", UserWarning)
-            tfdet.enable(seed, threads=spec["threads"], cpu_isa=spec["cpu_isa"])
+        enable(spec)
     else:
         _seed_without_tfdet(seed, _versions.uses_legacy_keras(), _distribution(spec)[0])
     # After enable(), which must precede `import tensorflow` (oneDNN), and
@@ -157,7 +163,7 @@ def _train_on_batches(built: Any, spec: dict[str, Any]) -> None:
                 # After the first step: a model may create its weights then.
                 header = _trace.make_header(
                     _enable.observed_profile(spec["seed"]),
-                    _environment.fingerprint(),
+                    _environment.fingerprint(_enable.profile()),
                     _bits.variable_names(model.weights),
                     every=1,
                     variables_every=1,

@@ -16,6 +16,8 @@ import inspect
 import warnings
 from typing import Any
 
+from tfdet._pin import _environment
+
 NOTICE = (
     "tfdet: jit_compile=True was turned off by Keras because TensorFlow op "
     "determinism is on (XLA has no deterministic MaxPool gradient); the XLA "
@@ -28,14 +30,6 @@ NOTICE = (
 compiled: list[dict[str, Any]] = []
 _noticed = False
 _installed = False
-
-
-def _op_determinism() -> bool:
-    try:
-        from tensorflow.python.framework.config import is_op_determinism_enabled
-    except ImportError:  # pragma: no cover - a TensorFlow without it
-        return False
-    return bool(is_op_determinism_enabled())
 
 
 def _layers_support_jit(model: Any) -> bool:
@@ -63,7 +57,7 @@ def note_compile(model: Any, asked: Any) -> dict[str, Any]:
     dropped = (
         asked is True
         and effective is False
-        and _op_determinism()
+        and _environment.op_determinism_enabled()
         and _layers_support_jit(model)
         and not getattr(model, "run_eagerly", False)
     )
