@@ -174,8 +174,3 @@ def test_progress_that_would_block_is_dropped():
     finally:
         os.close(read_end)
         os.close(write_end)
-
-
-def test_removed_indirections_are_gone():
-    assert not hasattr(_cli, "_available_subcommands")
-    assert not hasattr(_cli, "_app_main")

@@ -36,9 +36,24 @@ def test_synthesized_data_is_seeded_and_fits_embeddings():
     b = _target.build("builtin:embedding", seed=1)
     c = _target.build("builtin:embedding", seed=2)
     assert a.synthesized and a.x.dtype == np.int32
-    assert a.x.min() >= 0 and a.x.max() < 1000
+    # The Embedding's vocabulary of 1000, not the default of 2.
+    assert a.x.min() >= 0 and 2 < a.x.max() < 1000
     assert np.array_equal(a.x, b.x) and not np.array_equal(a.x, c.x)
     assert set(np.unique(a.y)) <= {0.0, 1.0}
+
+
+def test_synthesized_integers_fit_the_smallest_embedding_nested_ones_included():
+    import keras
+
+    inner = keras.Sequential(
+        [keras.layers.Embedding(7, 4), keras.layers.GlobalAveragePooling1D()]
+    )
+    model = keras.Sequential(
+        [keras.Input((64,), dtype="int32"), inner, keras.layers.Dense(1)]
+    )
+    model.compile(optimizer="sgd", loss="mse")
+    x, _ = _target.synthesize(model, seed=0)
+    assert x.min() == 0 and x.max() == 6
 
 
 def test_categorical_labels_are_one_hot():
@@ -136,4 +151,5 @@ def test_preflight_survives_targets_that_exit_hang_or_do_not_fit(
 
 
 def test_preflight_accepts_a_good_target():
+    # The assertion is preflight's own: it raises on a TARGET it refuses.
     _target.preflight(_target.parse(f"{FAULTS}:tf_dataset"), timeout=300)

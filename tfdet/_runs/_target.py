@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from tfdet._errors import RunFailedError, TargetError
+from tfdet._graph import _layers
 from tfdet._runs import _builtins
 
 DEFAULT_TARGET = "builtin:cnn"
@@ -598,19 +599,10 @@ def _loss_name(model: Any) -> str:
 def _vocabulary_size(model: Any) -> int:
     sizes = [
         int(layer.input_dim)
-        for layer in _all_layers(model)
+        for layer in _layers.descendants(model)
         if type(layer).__name__ == "Embedding" and hasattr(layer, "input_dim")
     ]
     return min(sizes) if sizes else 2
-
-
-def _all_layers(model: Any) -> list[Any]:
-    layers = []
-    for layer in getattr(model, "layers", []):
-        layers.append(layer)
-        if hasattr(layer, "layers"):
-            layers.extend(_all_layers(layer))
-    return layers
 
 
 def synthesize(model: Any, seed: int) -> tuple[Any, Any]:
