@@ -22,7 +22,10 @@ _PRELUDE = """
 import json, os, sys, warnings
 warnings.simplefilter("always")
 _caught = []
-warnings.showwarning = lambda message, *args, **kwargs: _caught.append(str(message))
+# Each message with where it points: the caller of enable(), not tfdet.
+warnings.showwarning = lambda message, category, filename, *args, **kwargs: (
+    _caught.append(f"{message} [at {filename}]")
+)
 import tfdet
 out = {}
 
@@ -244,6 +247,7 @@ def test_unset_pythonhashseed_is_a_warning_naming_tfdet_run() -> None:
     (warning,) = _matching(out["warnings"], "PYTHONHASHSEED")
     assert "None" in warning and "'0'" in warning
     assert "tfdet run" in warning
+    assert warning.endswith("[at <string>]")
 
 
 def test_matching_pythonhashseed_numpy_seed_and_onednn_off() -> None:
@@ -442,6 +446,7 @@ out["tf_threads"] = tf.config.threading.get_intra_op_parallelism_threads()
     (warning,) = _matching(out["warnings"], "already called with other arguments")
     assert "strict=False" in warning and "stays in force" in warning
     assert "threads=1 vs 2" in warning and "seed=0 vs 5" in warning
+    assert warning.endswith("[at <string>]")
 
 
 @pytest.mark.skipif(

@@ -309,70 +309,12 @@ def enable(
             arguments (a warning instead with strict=False).
     """
     global _active
-    request = {
-        "seed": check_seed(seed),
-        "threads": check_threads(threads),
-        "cpu_isa": check_isa_supported(cpu_isa),
-        "onednn": onednn,
-        "patches": _normalize_patch_request(patches),
-        "strict": strict,
-    }
-    if not isinstance(strict, bool):
-        raise ValueError(
-            f"Expected `strict` to be True or False. Received: strict={strict!r} "
-            f"(of type {type(strict).__name__})"
-        )
-    if onednn is not None and not isinstance(onednn, bool):
-        raise ValueError(
-            f"Expected `onednn` to be True, False or None. Received: onednn={onednn!r}"
-        )
+    request = _request(seed, threads, cpu_isa, onednn, patches, strict)
     if _active is not None:
-        previous, profile = _active
-        # `strict` only decides how refusals are reported, so it is not
-        # compared: a script under `tfdet run` may pass its own.
-        changed = {
-            key: (previous[key], request[key])
-            for key in request
-            if key != "strict" and previous[key] != request[key]
-        }
-        if not changed:
-            return profile
-        error = ProfileMismatchError(
-            "tfdet.enable() was already called with other arguments; a process "
-            "has one profile. Differences (active, requested): "
-            + ", ".join(
-                f"{key}={old!r} vs {new!r}" for key, (old, new) in changed.items()
-            )
-            + ". Call enable() once, or start a new process.",
-            changed,
-        )
-        if request["strict"]:
-            raise error
-        warnings.warn(
-            f"{error} (strict=False: the active profile stays in force.)",
-            stacklevel=2,
-        )
-        return profile
+        return _repeat_call(request, *_active)
 
     _versions.tensorflow_version()  # Clear ImportError when TF is missing/old.
-    if onednn is not None:
-        if _versions.tensorflow_imported():
-            if _onednn_in_force() != onednn:
-                # Always an error, also with strict=False: it decides the bits.
-                state = "on" if _onednn_in_force() else "off"
-                raise TooLateError(
-                    "onednn",
-                    "TF_ENABLE_ONEDNN_OPTS is read at `import tensorflow`, which "
-                    f"already ran with oneDNN custom ops {state} (unset, TensorFlow "
-                    "chooses by the CPU), so for this setting enable() must come "
-                    f"before `import tensorflow`. Or set TF_ENABLE_ONEDNN_OPTS="
-                    f"{int(onednn)} before Python starts, or pass onednn=None to keep "
-                    "this CPU's choice (its bits then differ from machines that "
-                    "choose otherwise).",
-                )
-        else:
-            os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if onednn else "0"
-
+    _pin_onednn(onednn)
     seed, threads = request["seed"], request["threads"]
     started = _runtime_started()
     # Threads first: once the runtime started they always change the bits, so
@@ -383,17 +325,7 @@ def enable(
     import tensorflow as tf
 
     tf.config.experimental.enable_op_determinism()
-    env = pinned_environment(seed, threads, None, None)
-    if env["PYTHONHASHSEED"] != _STARTUP_HASH_SEED:
-        warnings.warn(
-            f"PYTHONHASHSEED was {_STARTUP_HASH_SEED!r} at interpreter start; the "
-            f"profile wants {env['PYTHONHASHSEED']!r}. It only takes effect at "
-            "start: run the script as `tfdet run script.py` so that set and dict "
-            "iteration orders are pinned too.",
-            stacklevel=2,
-        )
-    os.environ.update(env)
-
+    _pin_variables(seed, threads)
     _seed_everything(seed)
     installed = _patching.install(_patching.resolve(request["patches"]))
 
@@ -411,6 +343,100 @@ def enable(
     _active = (request, profile)
     _LOG.info("tfdet: enabled %s", profile)
     return profile
+
+
+def _request(
+    seed: Any,
+    threads: Any,
+    cpu_isa: Any,
+    onednn: Any,
+    patches: Any,
+    strict: Any,
+) -> dict[str, Any]:
+    """`enable()`'s arguments, validated and normalized (ValueError if not)."""
+    request = {
+        "seed": check_seed(seed),
+        "threads": check_threads(threads),
+        "cpu_isa": check_isa_supported(cpu_isa),
+        "onednn": onednn,
+        "patches": _normalize_patch_request(patches),
+        "strict": strict,
+    }
+    if not isinstance(strict, bool):
+        raise ValueError(
+            f"Expected `strict` to be True or False. Received: strict={strict!r} "
+            f"(of type {type(strict).__name__})"
+        )
+    if onednn is not None and not isinstance(onednn, bool):
+        raise ValueError(
+            f"Expected `onednn` to be True, False or None. Received: onednn={onednn!r}"
+        )
+    return request
+
+
+def _repeat_call(
+    request: dict[str, Any], previous: dict[str, Any], profile: Profile
+) -> Profile:
+    """A second `enable()`: the active profile, or a refusal if it asks otherwise."""
+    # `strict` only decides how refusals are reported, so it is not
+    # compared: a script under `tfdet run` may pass its own.
+    changed = {
+        key: (previous[key], request[key])
+        for key in request
+        if key != "strict" and previous[key] != request[key]
+    }
+    if not changed:
+        return profile
+    error = ProfileMismatchError(
+        "tfdet.enable() was already called with other arguments; a process "
+        "has one profile. Differences (active, requested): "
+        + ", ".join(f"{key}={old!r} vs {new!r}" for key, (old, new) in changed.items())
+        + ". Call enable() once, or start a new process.",
+        changed,
+    )
+    if request["strict"]:
+        raise error
+    warnings.warn(
+        f"{error} (strict=False: the active profile stays in force.)",
+        stacklevel=3,  # enable()'s caller.
+    )
+    return profile
+
+
+def _pin_onednn(onednn: bool | None) -> None:
+    """Sets TF_ENABLE_ONEDNN_OPTS, or refuses when TensorFlow decided otherwise."""
+    if onednn is None:
+        return
+    if not _versions.tensorflow_imported():
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if onednn else "0"
+        return
+    if _onednn_in_force() != onednn:
+        # Always an error, also with strict=False: it decides the bits.
+        state = "on" if _onednn_in_force() else "off"
+        raise TooLateError(
+            "onednn",
+            "TF_ENABLE_ONEDNN_OPTS is read at `import tensorflow`, which "
+            f"already ran with oneDNN custom ops {state} (unset, TensorFlow "
+            "chooses by the CPU), so for this setting enable() must come "
+            f"before `import tensorflow`. Or set TF_ENABLE_ONEDNN_OPTS="
+            f"{int(onednn)} before Python starts, or pass onednn=None to keep "
+            "this CPU's choice (its bits then differ from machines that "
+            "choose otherwise).",
+        )
+
+
+def _pin_variables(seed: int, threads: int) -> None:
+    """Writes the pinned environment variables; warns about a late hash seed."""
+    env = pinned_environment(seed, threads, None, None)
+    if env["PYTHONHASHSEED"] != _STARTUP_HASH_SEED:
+        warnings.warn(
+            f"PYTHONHASHSEED was {_STARTUP_HASH_SEED!r} at interpreter start; the "
+            f"profile wants {env['PYTHONHASHSEED']!r}. It only takes effect at "
+            "start: run the script as `tfdet run script.py` so that set and dict "
+            "iteration orders are pinned too.",
+            stacklevel=3,  # enable()'s caller.
+        )
+    os.environ.update(env)
 
 
 def _software_facts(installed: tuple[str, ...]) -> dict[str, Any]:
