@@ -295,19 +295,17 @@ def _divergence_report(
     }
 
 
-def _check_device(
+def _run_jobs(
     device: str,
+    setups: list[_perturb.RunSetup],
     options: RunOptions,
-    progress: ProgressFn | None,
+    env: dict[str, str],
+    worker_spec: dict[str, Any],
     workdir: str,
-    step: StepFn | None = None,
-) -> dict[str, Any]:
-    names = list(options.perturb)
-    setups = _perturb.plan(
-        options.runs, names, _perturb.pinned_cap(options), options.threads
-    )
-    env = _spawn.run_environment(options.target_spec, device)
-    worker_spec = _spawn.make_worker_spec(options)
+    progress: ProgressFn | None,
+    step: StepFn | None,
+) -> list[list[_Run]]:
+    """Starts every run on `device` at once and reads each process's result."""
     workers = options.workers
     if progress is not None:
         # TensorFlow takes seconds to start: say so before the first step.
@@ -331,7 +329,24 @@ def _check_device(
         timeout=options.timeout,
         progress=on_step,
     )
-    jobs = [_read_runs(job) for job in outcomes]
+    return [_read_runs(job) for job in outcomes]
+
+
+def _check_device(
+    device: str,
+    options: RunOptions,
+    progress: ProgressFn | None,
+    workdir: str,
+    step: StepFn | None = None,
+) -> dict[str, Any]:
+    names = list(options.perturb)
+    setups = _perturb.plan(
+        options.runs, names, _perturb.pinned_cap(options), options.threads
+    )
+    env = _spawn.run_environment(options.target_spec, device)
+    worker_spec = _spawn.make_worker_spec(options)
+    workers = options.workers
+    jobs = _run_jobs(device, setups, options, env, worker_spec, workdir, progress, step)
     runs = [run for job in jobs for run in job]
     report: dict[str, Any] = {
         "status": "ran",
