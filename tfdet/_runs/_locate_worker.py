@@ -173,6 +173,61 @@ def _build_model(model: Any, x: Any) -> None:
             build(model.trainable_variables)
 
 
+def _train_step(model: Any, recorder: _Recorder, variables: list[Any]) -> Any:
+    """A `tf.function` training step that returns what the recorder saw.
+
+    Returns `(loss, layer outputs, gradients reaching them, variable
+    gradients)`, after applying the variable gradients as `fit` would.
+    """
+    import tensorflow as tf
+
+    @tf.function
+    def train_step(x: Any, y: Any) -> tuple[Any, ...]:
+        recorder.reset()
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            recorder.model_outputs = tf.nest.flatten(y_pred)
+            loss = model.compute_loss(x=x, y=y, y_pred=y_pred)
+        outputs = list(recorder.tensors)
+        gradients = tape.gradient(loss, variables + outputs)
+        variable_grads = gradients[: len(variables)]
+        model.optimizer.apply_gradients(
+            [
+                (g, v)
+                for g, v in zip(variable_grads, variables, strict=True)
+                if g is not None
+            ]
+        )
+        return loss, outputs, gradients[len(variables) :], variable_grads
+
+    return train_step
+
+
+def _layer_records(graph: Any, recorder: _Recorder) -> list[dict[str, Any]]:
+    """One record per recorded layer call: its tensors, op types and consumers."""
+    layers = []
+    position = 0
+    consumers = recorder.consumers()
+    feeds_output = recorder.feeds_model_output()
+    for index, call in enumerate(recorder.calls):
+        forward, backward = _ops_by_scope(graph, call["scope"])
+        layers.append(
+            {
+                "name": call["name"],
+                "class": call["class"],
+                "scope": call["scope"],
+                "tensors": [position, position + call["outputs"]],
+                "ops": forward,
+                "gradient_ops": backward,
+                # Who computes the gradient arriving at this layer's output.
+                "consumers": consumers[index],
+                "model_output": feeds_output[index],
+            }
+        )
+        position += call["outputs"]
+    return layers
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Trains `spec["target"]` for `spec["steps"]` steps, fingerprinting layers.
 
@@ -203,25 +258,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     recorder = _Recorder(model)
     variables = list(model.trainable_variables)
 
-    @tf.function
-    def train_step(x: Any, y: Any) -> tuple[Any, ...]:
-        recorder.reset()
-        with tf.GradientTape() as tape:
-            y_pred = model(x, training=True)
-            recorder.model_outputs = tf.nest.flatten(y_pred)
-            loss = model.compute_loss(x=x, y=y, y_pred=y_pred)
-        outputs = list(recorder.tensors)
-        gradients = tape.gradient(loss, variables + outputs)
-        variable_grads = gradients[: len(variables)]
-        model.optimizer.apply_gradients(
-            [
-                (g, v)
-                for g, v in zip(variable_grads, variables, strict=True)
-                if g is not None
-            ]
-        )
-        return loss, outputs, gradients[len(variables) :], variable_grads
-
+    train_step = _train_step(model, recorder, variables)
     steps = []
     for step in range(spec["steps"]):
         x, y = built.batch(step)
@@ -243,29 +280,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         _worker.report_progress(step + 1, spec["steps"])
 
     graph = train_step.get_concrete_function(first_x, first_y).graph
-    layers = []
-    position = 0
-    consumers = recorder.consumers()
-    feeds_output = recorder.feeds_model_output()
-    for index, call in enumerate(recorder.calls):
-        forward, backward = _ops_by_scope(graph, call["scope"])
-        layers.append(
-            {
-                "name": call["name"],
-                "class": call["class"],
-                "scope": call["scope"],
-                "tensors": [position, position + call["outputs"]],
-                "ops": forward,
-                "gradient_ops": backward,
-                # Who computes the gradient arriving at this layer's output.
-                "consumers": consumers[index],
-                "model_output": feeds_output[index],
-            }
-        )
-        position += call["outputs"]
     result = {
         **_worker.run_facts(spec["seed"]),
-        "layers": layers,
+        "layers": _layer_records(graph, recorder),
         "variables": _bits.variable_names(variables),
         "variable_layers": [_owner(v, recorder.calls) for v in variables],
         "steps": steps,
