@@ -1,4 +1,5 @@
-"""`tfdet locate`: the first layer whose bits differ between two processes."""
+"""`tfdet locate`: the first layer whose bits differ between two processes,
+and `--record`, its layer record as a trace that `tfdet diff` compares."""
 
 from __future__ import annotations
 
@@ -7,119 +8,9 @@ import json
 import pytest
 
 from tests.conftest import REPO, run_tfdet
-from tfdet._errors import RunFailedError
-from tfdet._runs import _locate
+from tfdet._record import _trace
 
 TARGETS = str(REPO / "tests" / "targets" / "locate_models.py")
-
-
-def _result(steps: list[dict]) -> dict:
-    """A fake worker result: dense_a -> noise -> head, variables in a and head."""
-    return {
-        "layers": [
-            {"name": "dense_a", "class": "Dense", "scope": "m/dense_a", "tensors": [0, 1],
-             "ops": ["MatMul"], "gradient_ops": ["MatMul"],
-             "consumers": [1], "model_output": False},
-            {"name": "noise", "class": "Noise", "scope": "m/noise", "tensors": [1, 2],
-             "ops": ["AddV2"], "gradient_ops": [],
-             "consumers": [2], "model_output": False},
-            {"name": "head", "class": "Dense", "scope": "m/head", "tensors": [2, 3],
-             "ops": ["MatMul"], "gradient_ops": ["MatMul", "BiasAddGrad"],
-             "consumers": [], "model_output": True},
-        ],
-        "variables": ["dense_a/kernel", "head/kernel"],
-        "variable_layers": [0, 2],
-        "steps": steps,
-    }  # fmt: skip
-
-
-def _step(step=0, outputs="abc", loss="1", out_grads="xyz", grads="gh", weights="wv"):
-    return {
-        "step": step,
-        "outputs": list(outputs),
-        "loss": {"dtype": "float32", "bits": loss},
-        "output_gradients": list(out_grads),
-        "gradients": list(grads),
-        "weights": list(weights),
-    }
-
-
-@pytest.mark.parametrize(
-    ("changes", "expected"),
-    [
-        ({"outputs": "abX"}, ("forward", "head", "output")),
-        ({"outputs": "aXX"}, ("forward", "noise", "output")),
-        ({"loss": "2"}, ("loss", None, "loss")),
-        ({"out_grads": "xyZ"}, ("backward", None, "loss gradient")),
-        ({"grads": "gH"}, ("backward", "head", "gradient of head/kernel")),
-        # The gradient reaching noise's output is computed by head's backprop.
-        ({"out_grads": "xYz"}, ("backward", "head", "input gradient")),
-        ({"grads": "Gh"}, ("backward", "dense_a", "gradient of dense_a/kernel")),
-        ({"weights": "Wv"}, ("update", "dense_a", "update of dense_a/kernel")),
-    ],
-)
-def test_walk_follows_execution_order(changes, expected):
-    a = _result([_step(0), _step(1)])
-    b = _result([_step(0), _step(1, **changes)])
-    location = _locate.locate_results(a, b)
-    assert location.step == 1
-    assert (location.phase, location.layer, location.quantity) == expected
-    assert _locate.locate_results(a, _result([_step(0), _step(1)])) is None
-
-
-def _residual(steps: list[dict]) -> dict:
-    """dense_a -> (dense_b, add), dense_b -> add -> head: a residual block."""
-    result = _result(steps)
-    dense_a, noise, head = result["layers"]
-    result["layers"] = [
-        dict(dense_a, consumers=[1, 2]),
-        dict(noise, name="dense_b", consumers=[2]),
-        dict(noise, name="add", tensors=[2, 3], consumers=[3]),
-        dict(head, tensors=[3, 4]),
-    ]
-    result["variable_layers"] = [0, 3]
-    return result
-
-
-@pytest.mark.parametrize(
-    ("out_grads", "layer", "quantity"),
-    [
-        # add's output gradient: computed by head alone.
-        ("wxYz", "head", "input gradient"),
-        # dense_b's: computed by add alone (not by the next layer in call order).
-        ("wYyz", "add", "input gradient"),
-        # dense_a's: the sum of dense_b's and add's input gradients.
-        (
-            "Wxyz",
-            None,
-            "gradient flowing into the output of 'dense_a', summed from its "
-            "consumers 'dense_b', 'add'",
-        ),
-    ],
-)
-def test_walk_blames_the_consumers_of_a_branched_output(out_grads, layer, quantity):
-    a = _residual([_step(0, outputs="abcd", out_grads="wxyz")])
-    b = _residual([_step(0, outputs="abcd", out_grads=out_grads)])
-    location = _locate.locate_results(a, b)
-    assert (location.phase, location.layer, location.quantity) == (
-        "backward",
-        layer,
-        quantity,
-    )
-
-
-def test_walk_does_not_guess_without_consumers():
-    a = _result([_step(0)])
-    for layer in a["layers"]:
-        del layer["consumers"], layer["model_output"]
-    b = _result([_step(0, out_grads="xYz")])
-    b["layers"] = a["layers"]
-    location = _locate.locate_results(a, b)
-    assert location.layer is None
-    assert location.quantity == (
-        "gradient flowing into the output of 'noise' (computed by the layers that "
-        "consume it)"
-    )
 
 
 def test_recorder_maps_each_output_to_its_consumers():
@@ -156,14 +47,6 @@ def test_recorder_maps_each_output_to_its_consumers():
     assert nested["dense_a"] == ["inner_dense"]
     assert nested["inner_noise"] == ["inner_after"]
     assert nested["block"] == ["head"]
-
-
-def test_different_structures_are_a_failed_run():
-    a = _result([_step(0)])
-    b = _result([_step(0)])
-    b["layers"] = b["layers"][:2]
-    with pytest.raises(RunFailedError, match="same layers"):
-        _locate.locate_results(a, b)
 
 
 def _locate_cli(tmp_path, *args: str) -> tuple[int, dict | None, str]:
@@ -244,6 +127,42 @@ def test_thread_count_without_tfdet_names_a_thread_dependent_layer(tmp_path, two
     )
     assert code == 0, output
     assert facts["location"] is None
+
+
+def _record(tmp_path, target: str, name: str) -> str:
+    path = str(tmp_path / name)
+    code, facts, output = _locate_cli(
+        tmp_path, f"{TARGETS}:{target}", "--steps", "1", "--record", path
+    )
+    assert code == 0, output
+    assert facts["record"] == path and facts["steps"] == 1
+    return path
+
+
+def test_records_from_two_processes_diff_down_to_the_layer(tmp_path):
+    # Each record is one process: two records stand for two machines here
+    # (the urandom layer differs between any two processes).
+    a = _record(tmp_path, "urandom_sequential", "a.jsonl")
+    b = _record(tmp_path, "urandom_sequential", "b.jsonl")
+    header = _trace.read(a).header
+    assert header["environment"]["cpu_model"]  # What two machines would differ in.
+    assert [layer["name"] for layer in header["layers"]][2] == "urandom_noise"
+    result = run_tfdet("diff", a, b, "--json", str(tmp_path / "diff.json"))
+    assert result.returncode == 1, result.stdout + result.stderr
+    location = json.loads((tmp_path / "diff.json").read_text())["layer_location"]
+    assert (location["step"], location["phase"], location["layer"]) == (
+        0,
+        "forward",
+        "urandom_noise",
+    )
+    assert "first layer that differs: urandom_noise (UrandomNoise)" in result.stdout
+    assert "TensorFlow ops (forward): AddV2" in result.stdout
+
+    c = _record(tmp_path, "clean_sequential", "c.jsonl")
+    d = _record(tmp_path, "clean_sequential", "d.jsonl")
+    result = run_tfdet("diff", c, d)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "every layer bit-identical" in result.stdout
 
 
 def test_bad_input_exits_2(tmp_path):

@@ -1,9 +1,10 @@
 """Compare two step traces: first diverging step and quantity.
 
 Compares two traces written by tfdet.DeterminismCallback (or kept by `tfdet
-check --traces`). Prints the profile fields and environment facts that
-differ (they usually explain the bits), then the first step and quantity
-whose bits differ.
+check --traces`, or recorded by `tfdet locate --record`). Prints the profile
+fields and environment facts that differ (they usually explain the bits),
+then the first step and quantity whose bits differ; for two `locate --record`
+traces, also the first layer that differs and the TensorFlow ops inside it.
 
 Exit codes: 0 every step is bit-identical, 1 the traces differ, 2 a file is not
 a readable trace or neither trace holds a step (nothing compared is not
@@ -18,7 +19,7 @@ from typing import Any
 
 from absl import app
 
-from tfdet._cli import _output, write_json
+from tfdet._cli import _output, locate, write_json
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_USAGE
 from tfdet._record import _diff, _plot, _trace
 
@@ -78,6 +79,13 @@ def format_comparison(comparison: _diff.TraceComparison) -> str:
         lines.append(f"  B: {divergence.received}")
         if divergence.ulps is not None:
             lines.append(f"  distance: {divergence.ulps} ulps")
+    if comparison.layer_location is not None:
+        lines.append("layer records (tfdet locate --record):")
+        lines.extend(
+            f"  {line}" for line in locate.location_lines(comparison.layer_location)
+        )
+    elif comparison.layers_compared:
+        lines.append("layer records (tfdet locate --record): every layer bit-identical")
     elif comparison.empty:
         lines.append(
             "nothing compared: neither trace holds a step (header only: the run "

@@ -6,8 +6,13 @@ gradient reaching each layer and each variable's gradient. Reports the first
 layer, in execution order, whose bits differ at the first diverging step,
 with the TensorFlow op types inside it.
 
-Exit codes: 0 no layer differs, 1 a layer differs, 2 bad input, 3 a run failed
-or timed out.
+Across machines: `tfdet locate TARGET --record FILE` trains TARGET in one
+unperturbed process and writes the same fingerprints to FILE, a trace that
+`tfdet diff A B` compares down to the layer. Record on each machine, then
+diff the two files anywhere.
+
+Exit codes: 0 no layer differs (with --record: recorded), 1 a layer differs,
+2 bad input, 3 a run failed or timed out.
 """
 
 from __future__ import annotations
@@ -21,6 +26,13 @@ from tfdet._runs import _locate
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     _training_flags.add(parser)
+    parser.add_argument(
+        "--record",
+        metavar="FILE",
+        help="Train once, unperturbed (--perturb does not apply), and write every "
+        "step's layer fingerprints to FILE as a trace; `tfdet diff A B` of two "
+        "records (e.g. from two machines) names the first layer that differs.",
+    )
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -41,7 +53,12 @@ def format_report(report: dict[str, Any]) -> str:
             f"in all {report['steps']} steps ({len(report['layers'])} layers)."
         )
         return "\n".join(lines)
-    lines.append(f"first diverging step: {location['step']} ({location['phase']} pass)")
+    return "\n".join(lines + location_lines(location))
+
+
+def location_lines(location: dict[str, Any]) -> list[str]:
+    """Where the bits part (a `Location` dict), as `locate` and `diff` show it."""
+    lines = [f"first diverging step: {location['step']} ({location['phase']} pass)"]
     if location["layer"] is None:
         lines.append(f"  first difference: the {location['quantity']}")
     else:
@@ -58,22 +75,43 @@ def format_report(report: dict[str, Any]) -> str:
         )
     if location["agreeing"]:
         lines.append(f"  bit-identical before it: {', '.join(location['agreeing'])}")
-    return "\n".join(lines)
+    return lines
+
+
+def format_record_report(report: dict[str, Any]) -> str:
+    """The human report of `--record`: what was written, and what to do next."""
+    mode = "with tfdet.enable()" if report["enable"] else "without tfdet (--no-enable)"
+    return (
+        f"tfdet locate {report['target']} {mode}: recorded {report['steps']} steps "
+        f"of {len(report['layers'])} layers ({report['seconds']:.1f}s) to "
+        f"{report['record']}\nRecord on another machine and compare: tfdet diff "
+        "A B names the first layer that differs."
+    )
 
 
 def execute(args: argparse.Namespace) -> int:
     options = _training_flags.options(args)
     # Before anything starts: TensorFlow takes seconds to start in the runs.
+    if args.record:
+        plan = f"1 run x {options.steps} steps, recording to {args.record}"
+    else:
+        plan = (
+            f"2 runs x {options.steps} steps; perturbations: "
+            f"{', '.join(options.perturb) or 'none'}"
+        )
     _output.progress(
-        f"tfdet locate {options.target_spec.text}: 2 runs x {options.steps} steps; "
-        f"perturbations: {', '.join(options.perturb) or 'none'}; starting TensorFlow"
+        f"tfdet locate {options.target_spec.text}: {plan}; starting TensorFlow"
     )
     display = _output.StepsDisplay()
+    progress = _training_flags.routed(display, "cpu")
     try:  # Layer fingerprints are taken on the CPU.
-        report = _locate.locate(options, _training_flags.routed(display, "cpu"))
+        if args.record:
+            report = _locate.record(options, args.record, progress)
+        else:
+            report = _locate.locate(options, progress)
     finally:
         display.finish()
     # The file first: a closed stdout must not lose the machine-readable report.
     write_json(args.json, report)
-    _output.out(format_report(report))
+    _output.out((format_record_report if args.record else format_report)(report))
     return report["exit_code"]

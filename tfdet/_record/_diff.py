@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from tfdet._errors import DivergenceError
+from tfdet._errors import DivergenceError, RunFailedError
 from tfdet._pin import _environment
-from tfdet._record import _bits
+from tfdet._record import _bits, _layer_walk
 from tfdet._record._trace import Trace
 
 # Fingerprint keys that differ between any two runs and explain nothing.
@@ -267,6 +267,10 @@ class TraceComparison:
             different models cannot agree.
         distribution_differences: `{key: (A, B)}` of the `tf.distribute`
             facts (strategy, replicas, workers, worker, collective).
+        layer_location: For two `tfdet locate --record` traces, where their
+            layer records first differ (a `Location` dict), else None.
+        layers_compared: Whether both traces held layer records of the same
+            layers, so that `layer_location` None means no layer differs.
     """
 
     profile_differences: dict[str, tuple[Any, Any]]
@@ -280,6 +284,8 @@ class TraceComparison:
     distribution_differences: dict[str, tuple[Any, Any]] = dataclasses.field(
         default_factory=dict
     )
+    layer_location: dict[str, Any] | None = None
+    layers_compared: bool = False
 
     @property
     def empty(self) -> bool:
@@ -317,6 +323,8 @@ class TraceComparison:
             "distribution_differences": {
                 k: list(v) for k, v in self.distribution_differences.items()
             },
+            "layer_location": self.layer_location,
+            "layers_compared": self.layers_compared,
         }
 
 
@@ -370,4 +378,23 @@ def compare(a: Trace, b: Trace) -> TraceComparison:
         cpu_differences=_environment.compare_cpus(a.environment, b.environment),
         variables=(len(a.variables), len(b.variables)),
         distribution_differences=distribution_differences(a, b),
+        **_layer_comparison(a, b),
     )
+
+
+def _layer_comparison(a: Trace, b: Trace) -> dict[str, Any]:
+    """`layer_location` and `layers_compared` of two traces."""
+    records = (
+        _layer_walk.from_trace(a.header, a.steps),
+        _layer_walk.from_trace(b.header, b.steps),
+    )
+    if None in records:
+        return {}
+    try:
+        location = _layer_walk.locate_results(*records)
+    except RunFailedError:  # Other layers: the walk cannot pair them.
+        return {}
+    return {
+        "layer_location": None if location is None else location.to_dict(),
+        "layers_compared": True,
+    }

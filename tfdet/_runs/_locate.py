@@ -2,16 +2,14 @@
 
 Two fresh processes train TARGET under the perturbations of `tfdet check`
 (`tfdet._runs._perturb`, spawned by `tfdet._runs._spawn`), each running
-`tfdet._runs._locate_worker`, which fingerprints every layer's forward output, the
-loss, the gradient flowing into every layer's output and every variable's
-gradient, and the weights after the update, at every step.
+`tfdet._runs._locate_worker`, which fingerprints every layer's forward
+output, the loss, the gradient flowing into every layer's output and every
+variable's gradient, and the weights after the update, at every step;
+`tfdet._record._layer_walk` finds where the two records part.
 
-At the first step where anything differs, the quantities are walked in the
-order TensorFlow computes them: forward outputs in call order, the loss, then
-backward, layers in reverse call order, each with its variables' gradients
-and the gradient it passes to its input, then the optimizer's update. The
-first difference on that walk names the layer where the bits part; the
-layers before it on the walk agree bit for bit.
+`record` runs one unperturbed process that writes its record as a trace
+file instead (`tfdet locate --record FILE`): recorded on two machines, the
+two files are compared by `tfdet diff`, down to the layer.
 
 The step is tfdet's own `tf.GradientTape` replica of Keras's train step
 (`compute_loss`, gradients, `optimizer.apply_gradients`), so that layer
@@ -21,12 +19,12 @@ outputs can be watched; metrics are not computed. Graph-mode
 
 from __future__ import annotations
 
-import dataclasses
+import os
 import tempfile
-from collections.abc import Callable
 from typing import Any
 
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError, TargetError
+from tfdet._record import _layer_walk
 from tfdet._runs import _locate_worker, _perturb, _spawn
 from tfdet._runs._options import RunOptions
 from tfdet._runs._spawn import ProgressFn
@@ -38,182 +36,15 @@ LocateOptions = RunOptions
 
 WORKER_MODULE = "tfdet._runs._locate_worker"
 
-# Phases of a training step, in the order they run.
-FORWARD = "forward"
-LOSS = "loss"
-BACKWARD = "backward"
-UPDATE = "update"
 
-
-@dataclasses.dataclass(frozen=True)
-class Location:
-    """Where two runs' bits part.
-
-    Attributes:
-        step: First step (0-based) where any fingerprint differs.
-        phase: `"forward"`, `"loss"`, `"backward"` or `"update"`.
-        layer: Name of the layer, or None for the loss.
-        layer_class: Its Python class name.
-        scope: Its TensorFlow name scope in the traced step.
-        quantity: What differs: `"output"`, `"input gradient"` (the gradient
-            this layer's backward pass sends to its input, the only consumer
-            of that input), `"gradient of VARIABLE"`, `"update of VARIABLE"`,
-            `"loss"`, `"loss gradient"`, or, with `layer` None, the gradient
-            flowing into a layer's output when several layers consume it.
-        ops: TensorFlow op types of the layer's forward computation.
-        gradient_ops: Op types of its gradient computation.
-        agreeing: Layers before it, on the walk, whose bits agree.
-    """
-
-    step: int
-    phase: str
-    layer: str | None
-    layer_class: str | None
-    scope: str | None
-    quantity: str
-    ops: tuple[str, ...] = ()
-    gradient_ops: tuple[str, ...] = ()
-    agreeing: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        for key in ("ops", "gradient_ops", "agreeing"):
-            data[key] = list(data[key])
-        return data
-
-    def describe(self) -> str:
-        if self.layer is None:
-            return f"step {self.step}, {self.phase}: the {self.quantity} differs"
-        return (
-            f"step {self.step}, {self.phase}: {self.quantity} of layer "
-            f"{self.layer!r} ({self.layer_class})"
-        )
-
-
-def _slice(values: list[str], span: list[int]) -> list[str]:
-    return values[span[0] : span[1]]
-
-
-def _walk(
-    result: dict[str, Any], step_a: dict[str, Any], step_b: dict[str, Any]
-) -> Location | None:
-    """The first differing quantity of one step, in execution order."""
-    layers = result["layers"]
-    names = result["variables"]
-    owners = result["variable_layers"]
-    step = int(step_a["step"])
-    agreeing: list[str] = []
-
-    def at(index: int | None, phase: str, quantity: str) -> Location:
-        if index is None:
-            return Location(
-                step, phase, None, None, None, quantity, agreeing=tuple(agreeing)
-            )
-        layer = layers[index]
-        return Location(
-            step,
-            phase,
-            layer["name"],
-            layer["class"],
-            layer["scope"],
-            quantity,
-            tuple(layer["ops"]),
-            tuple(layer["gradient_ops"]),
-            tuple(agreeing),
-        )
-
-    for index, layer in enumerate(layers):
-        span = layer["tensors"]
-        if _slice(step_a["outputs"], span) != _slice(step_b["outputs"], span):
-            return at(index, FORWARD, "output")
-        agreeing.append(layer["name"])
-    if step_a["loss"]["bits"] != step_b["loss"]["bits"]:
-        return at(None, LOSS, "loss")
-    for index in reversed(range(len(layers))):
-        span = layers[index]["tensors"]
-        if _slice(step_a["output_gradients"], span) != _slice(
-            step_b["output_gradients"], span
-        ):
-            return _output_gradient(layers, index, at)
-        mine = [v for v, owner in enumerate(owners) if owner == index]
-        for v in mine:
-            if step_a["gradients"][v] != step_b["gradients"][v]:
-                return at(index, BACKWARD, f"gradient of {names[v]}")
-        agreeing.append(f"{layers[index]['name']} (gradient)")
-    for v, (a, b) in enumerate(
-        zip(step_a["gradients"], step_b["gradients"], strict=True)
-    ):
-        if a != b:  # A variable no called layer owns.
-            return at(owners[v], BACKWARD, f"gradient of {names[v]}")
-    for v, (a, b) in enumerate(zip(step_a["weights"], step_b["weights"], strict=True)):
-        if a != b:
-            return at(owners[v], UPDATE, f"update of {names[v]}")
-    return None
-
-
-def _output_gradient(
-    layers: list[dict[str, Any]],
-    index: int,
-    at: Callable[[int | None, str, str], Location],
-) -> Location:
-    """Blame for a differing gradient arriving at layer `index`'s output.
-
-    That gradient is computed by the backward pass of the layers consuming
-    the output (the worker records them: `consumers`), or by the loss when
-    the output is the model's. Their own outputs' gradients agree (the walk
-    checked them first), so one of them is where the bits part. With several
-    consumers (a residual or branched model) the sum cannot be split: the
-    location names them all, without picking one.
-    """
-    name = layers[index]["name"]
-    consumers = layers[index].get("consumers")
-    if consumers is not None and len(consumers) == 1:
-        return at(consumers[0], BACKWARD, "input gradient")
-    if consumers == [] and layers[index].get("model_output"):
-        return at(None, BACKWARD, "loss gradient")
-    if consumers:
-        names = ", ".join(repr(layers[c]["name"]) for c in consumers)
-        return at(
-            None,
-            BACKWARD,
-            f"gradient flowing into the output of {name!r}, summed from its "
-            f"consumers {names}",
-        )
-    return at(
-        None,
-        BACKWARD,
-        f"gradient flowing into the output of {name!r} (computed by the "
-        "layers that consume it)",
-    )
-
-
-def locate_results(a: dict[str, Any], b: dict[str, Any]) -> Location | None:
-    """Where the results of two `_locate_worker` runs first differ, or None.
-
-    Raises:
-        RunFailedError: the runs traced different layer structures.
-    """
-    structure_a = [(layer["name"], layer["tensors"]) for layer in a["layers"]]
-    structure_b = [(layer["name"], layer["tensors"]) for layer in b["layers"]]
-    if structure_a != structure_b or a["variables"] != b["variables"]:
-        raise RunFailedError(
-            "Expected both runs to trace the same layers and variables. Received "
-            f"different structures: {structure_a} vs {structure_b}. Does TARGET "
-            "build a different model in each process?"
-        )
-    for step_a, step_b in zip(a["steps"], b["steps"], strict=False):
-        found = _walk(a, step_a, step_b)
-        if found is not None:
-            return found
-    return None
-
-
-def locate(options: RunOptions, progress: ProgressFn | None = None) -> dict[str, Any]:
-    """Runs two perturbed processes and finds the first layer that differs.
-
-    Returns:
-        A JSON-ready report: target, options, the two runs' perturbations and
-        profiles, `location` (a `Location` dict or None), `exit_code`.
+def _run(
+    options: RunOptions,
+    runs: int,
+    names: list[str],
+    extra: dict[str, Any],
+    progress: ProgressFn | None,
+) -> list[_spawn.RunOutcome]:
+    """Runs the locate worker in `runs` processes; raises if one failed.
 
     Raises:
         TargetError: TARGET cannot be built.
@@ -221,14 +52,11 @@ def locate(options: RunOptions, progress: ProgressFn | None = None) -> dict[str,
     """
     spec = options.target_spec
     _spawn.preflight(spec, options.timeout)
-    names = list(options.perturb)
-    setups = _perturb.plan(2, names, _perturb.pinned_cap(options), options.threads)
-    worker_spec = _spawn.make_worker_spec(options)
-
+    setups = _perturb.plan(runs, names, _perturb.pinned_cap(options), options.threads)
     with tempfile.TemporaryDirectory(prefix="tfdet-locate-") as workdir:
         outcomes = _spawn.run_all(
             setups,
-            worker_spec,
+            {**_spawn.make_worker_spec(options), **extra},
             workdir,
             module=WORKER_MODULE,
             # Layer fingerprints are taken on the CPU: GPUs are hidden.
@@ -248,10 +76,58 @@ def locate(options: RunOptions, progress: ProgressFn | None = None) -> dict[str,
             f"locate run {outcome.setup.index} failed ({outcome.reason}); stderr "
             f"tail:\n{outcome.stderr_tail}"
         )
-    a, b = outcomes[0].result, outcomes[1].result
-    location = locate_results(a, b)
+    return outcomes
+
+
+def record(
+    options: RunOptions, path: str, progress: ProgressFn | None = None
+) -> dict[str, Any]:
+    """Trains TARGET in one unperturbed process that writes its layer record.
+
+    The file is a trace (`tfdet._record._trace`) whose header also holds the
+    layers and whose steps also hold each layer's fingerprints, written step
+    by step: `tfdet diff` compares two of them (e.g. from two machines) and
+    names the first layer that differs.
+
+    Returns:
+        A JSON-ready report: target, steps, the record's path, its layers.
+
+    Raises:
+        TargetError: TARGET cannot be built.
+        RunFailedError: the run crashed or timed out (the file then holds
+            the steps recorded before).
+    """
+    path = os.path.abspath(path)
+    (outcome,) = _run(options, 1, [], {"record": path}, progress)
     return {
-        "target": spec.text,
+        "target": options.target_spec.text,
+        "enable": options.enable,
+        "steps": options.steps,
+        "record": path,
+        "profile": outcome.result["profile"],
+        "layers": [layer["name"] for layer in outcome.result["layers"]],
+        "seconds": round(outcome.seconds, 3),
+        "exit_code": EXIT_OK,
+    }
+
+
+def locate(options: RunOptions, progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Runs two perturbed processes and finds the first layer that differs.
+
+    Returns:
+        A JSON-ready report: target, options, the two runs' perturbations and
+        profiles, `location` (a `Location` dict or None), `exit_code`.
+
+    Raises:
+        TargetError: TARGET cannot be built.
+        RunFailedError: a run crashed or timed out.
+    """
+    names = list(options.perturb)
+    outcomes = _run(options, 2, names, {}, progress)
+    a, b = outcomes[0].result, outcomes[1].result
+    location = _layer_walk.locate_results(a, b)
+    return {
+        "target": options.target_spec.text,
         "enable": options.enable,
         "steps": options.steps,
         "perturbations": names,

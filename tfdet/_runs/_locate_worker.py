@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdet._graph import _layers
+from tfdet._record import _layer_walk, _trace
 
 _PLUMBING_OPS = frozenset(
     {"Placeholder", "Const", "NoOp", "Identity", "IdentityN", "ReadVariableOp"}
@@ -232,7 +233,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Trains `spec["target"]` for `spec["steps"]` steps, fingerprinting layers.
 
     Args:
-        spec: target, seed, steps, enable, threads, cpu_isa, result.
+        spec: target, seed, steps, enable, threads, cpu_isa, result, and
+            optionally record (a trace file to write as the steps run).
 
     Returns:
         The result dict (also written to `spec["result"]`).
@@ -259,37 +261,79 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     variables = list(model.trainable_variables)
 
     train_step = _train_step(model, recorder, variables)
-    steps = []
-    for step in range(spec["steps"]):
-        x, y = built.batch(step)
-        loss, outputs, output_grads, variable_grads = train_step(x, y)
-        variable_grads = [
-            tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
-            for g in variable_grads
-        ]
-        steps.append(
-            {
-                "step": step,
-                "outputs": _fingerprints(outputs),
-                "loss": _bits.value_bits(loss.numpy()),
-                "output_gradients": _fingerprints(output_grads),
-                "gradients": _fingerprints(variable_grads),
-                "weights": _bits.checksum_hex(_bits.device_checksums(variables)),
-            }
-        )
-        _worker.report_progress(step + 1, spec["steps"])
+    names = _bits.variable_names(variables)
+    steps: list[dict[str, Any]] = []
+    layers: list[dict[str, Any]] | None = None
+    owners: list[int | None] = []
+    writer = None
+    try:
+        for step in range(spec["steps"]):
+            x, y = built.batch(step)
+            loss, outputs, output_grads, variable_grads = train_step(x, y)
+            variable_grads = [
+                tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                for g in variable_grads
+            ]
+            checksums = _bits.device_checksums(variables)
+            steps.append(
+                {
+                    "step": step,
+                    "outputs": _fingerprints(outputs),
+                    "loss": _bits.value_bits(loss.numpy()),
+                    "output_gradients": _fingerprints(output_grads),
+                    "gradients": _fingerprints(variable_grads),
+                    "weights": _bits.checksum_hex(checksums),
+                }
+            )
+            if layers is None:  # The step function was traced by this step.
+                graph = train_step.get_concrete_function(first_x, first_y).graph
+                layers = _layer_records(graph, recorder)
+                owners = [_owner(v, recorder.calls) for v in variables]
+                if spec.get("record"):
+                    writer = _trace.TraceWriter(
+                        spec["record"], _record_header(spec, layers, names, owners)
+                    )
+            if writer is not None:
+                writer.write_step(
+                    _layer_walk.trace_step(
+                        steps[-1], _trace.weights_fingerprint(checksums)
+                    )
+                )
+            _worker.report_progress(step + 1, spec["steps"])
+    finally:
+        if writer is not None:
+            writer.close()
 
-    graph = train_step.get_concrete_function(first_x, first_y).graph
     result = {
         **_worker.run_facts(spec["seed"]),
-        "layers": _layer_records(graph, recorder),
-        "variables": _bits.variable_names(variables),
-        "variable_layers": [_owner(v, recorder.calls) for v in variables],
+        "layers": layers,
+        "variables": names,
+        "variable_layers": owners,
         "steps": steps,
         "seconds": time.perf_counter() - started,
     }
     _worker.write_result(spec["result"], result)
     return result
+
+
+def _record_header(
+    spec: dict[str, Any],
+    layers: list[dict[str, Any]],
+    names: list[str],
+    owners: list[int | None],
+) -> dict[str, Any]:
+    """The header of a `tfdet locate --record` trace: the usual facts + layers."""
+    from tfdet._pin import _enable, _environment
+
+    return _trace.make_header(
+        _enable.observed_profile(spec["seed"]),
+        _environment.fingerprint(_enable.profile()),
+        names,
+        training="locate",
+        target=spec["target"],
+        layers=layers,
+        variable_layers=owners,
+    )
 
 
 TARGET_ERROR_PREFIX = "tfdet-target-error:"
