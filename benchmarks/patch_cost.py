@@ -192,7 +192,26 @@ def _cases() -> list[Case]:
 
         return step
 
+    def max_pool_xla_step() -> Callable[[], Any]:
+        x = tf.constant(rng.standard_normal((16, 32, 32, 32)), tf.float32)
+
+        # Compiled with XLA: the only place the patch changes the gradient.
+        # `x` is an argument: XLA would fold a captured constant away.
+        @tf.function(jit_compile=True)
+        def compiled(x: Any) -> Any:
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = tf.nn.max_pool2d(x, 3, 2, "SAME")
+            return tape.gradient(tf.reduce_sum(y * y), x)
+
+        return lambda: compiled(x)
+
     return [
+        Case(
+            "xla_max_pool_grad",
+            "max_pool 3x3/2 SAME fwd+bwd under XLA, [16,32,32,32]",
+            max_pool_xla_step,
+        ),
         Case(
             "portable_rsqrt",
             "rsqrt fwd+bwd, [32,32,32,64]",
