@@ -251,6 +251,18 @@ def test_scan_hides_gpus_before_tensorflow_starts() -> None:
     assert out["visible_gpus"] == []
 
 
+def test_max_pooling_under_xla_has_no_blocking_op_once_patched(tmp_path: Path) -> None:
+    # jit_compile=True is kept under tfdet.enable() (keras_xla_determinism),
+    # so the step is traced for XLA; its MaxPool gradient is the patch's.
+    target = f"{REPO / 'tests' / 'targets' / 'xla_models.py'}:jit_max_pool"
+    code, report, stdout = scan(tmp_path, target)
+    assert code == 0, stdout
+    assert report["findings"] == []
+    assert "MaxPoolGrad" not in report["op_types"]
+    assert {"LogicalAnd", "PadV2"} <= set(report["op_types"])  # The patch's form.
+    assert {"xla_max_pool_grad", "keras_xla_determinism"} <= set(report["patches"])
+
+
 def test_scan_help_says_it_runs_on_the_cpu() -> None:
     result = run_tfdet("scan", "--help")
     assert result.returncode == 0

@@ -10,7 +10,7 @@ from tests.conftest import REPO, run_python, run_tfdet
 from tfdet._errors import EXIT_OK
 from tfdet._runs import _xla
 
-TARGET = f"{REPO / 'tests' / 'targets' / 'xla_models.py'}:jit_dense"
+TARGETS = REPO / "tests" / "targets" / "xla_models.py"
 
 
 def test_compile_hook_warns_once_when_determinism_drops_xla():
@@ -66,23 +66,34 @@ def test_compile_hook_is_silent_without_determinism():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("enable", [True, False], ids=["enable", "no-enable"])
-def test_check_reports_what_ran_and_xla(tmp_path, enable):
+@pytest.mark.parametrize(
+    ("target", "enable", "xla_on"),
+    [
+        # tfdet keeps XLA where a deterministic XLA path exists...
+        ("jit_max_pool", True, True),
+        # ...and says so where it does not (MaxPool3DGrad has none).
+        ("jit_max_pool_3d", True, False),
+        ("jit_dense", False, True),
+    ],
+    ids=["enable-max-pool-2d", "enable-max-pool-3d", "no-enable"],
+)
+def test_check_reports_what_ran_and_xla(tmp_path, target, enable, xla_on):
     report_path = tmp_path / "report.json"
     flags = [] if enable else ["--no-enable"]
     proc = run_tfdet(
-        "check", TARGET, "--device", "cpu", "--perturb", "none", "--steps", "2",
-        "--json", str(report_path), *flags,
+        "check", f"{TARGETS}:{target}", "--device", "cpu", "--perturb", "none",
+        "--steps", "2", "--json", str(report_path), *flags,
     )  # fmt: skip
     output = proc.stdout + proc.stderr
     assert proc.returncode == EXIT_OK, output
     runs = json.loads(report_path.read_text())["devices"]["cpu"]["runs"]
+    dropped = enable and not xla_on
     for run in runs:
         assert run["entry_points"] == ["train_on_batch"]
         assert run["steps_recorded"] == 2
-        assert run["xla"]["on"] is (not enable)
-        assert run["xla"]["dropped_by_determinism"] is enable
-    assert "ran: 2 steps via train_on_batch; XLA " + ("off" if enable else "on") in (
+        assert run["xla"]["on"] is xla_on
+        assert run["xla"]["dropped_by_determinism"] is dropped
+    assert "ran: 2 steps via train_on_batch; XLA " + ("on" if xla_on else "off") in (
         output
     )
-    assert output.count("jit_compile=True was turned off by Keras") == int(enable)
+    assert output.count("jit_compile=True was turned off by Keras") == int(dropped)

@@ -3,10 +3,11 @@
 Keras 3 turns `jit_compile=True` off whenever TensorFlow op determinism is
 on (`model_supports_jit` in its trainer: not every op has a deterministic
 XLA kernel, e.g. MaxPool's gradient), with only "Model doesn't support
-`jit_compile=True`" to say so. Under `tfdet.enable()` op determinism is
-always on, so a user's XLA training path would silently never run in a
-check. `install()` wraps `keras.Model.compile` to notice that, say it once
-(`warnings.warn`), and keep the facts for the run's result.
+`jit_compile=True`" to say so. tfdet's `keras_xla_determinism` patch keeps
+an explicit True where a deterministic XLA path exists; where it does not
+(a layer without one, or the patches left out), the XLA path of a run would
+silently never be checked. `install()` wraps `keras.Model.compile` to notice
+that, say it once (`warnings.warn`), and keep the facts for the run's result.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from tfdet._pin import _environment
 
 NOTICE = (
     "tfdet: jit_compile=True was turned off by Keras because TensorFlow op "
-    "determinism is on (XLA has no deterministic MaxPool gradient); the XLA "
-    "path was not checked. Until a deterministic XLA path lands: run `tfdet "
-    "check --no-enable` to see whether the XLA model is repeatable, or compile "
-    "an explicit `@tf.function(jit_compile=True)` training step."
+    "determinism is on and the model has no deterministic XLA path under "
+    "tfdet (a MaxPooling3D layer, whose XLA gradient is not deterministic on "
+    "GPU, or tfdet's xla_max_pool_grad / keras_xla_determinism patches left "
+    "out); the XLA path was not checked. Run `tfdet check --no-enable` to see "
+    "whether the XLA model is repeatable, or compile an explicit "
+    "`@tf.function(jit_compile=True)` training step."
 )
 
 # One entry per `compile` call: {"model", "asked", "effective", "dropped"}.

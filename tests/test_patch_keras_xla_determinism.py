@@ -1,0 +1,59 @@
+"""`keras_xla_determinism`: Keras 3 keeps an explicit jit_compile=True under
+op determinism where tfdet has a deterministic XLA path, and only there."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import REPO, run_python
+
+CHILD = f"""
+import json, sys, warnings
+sys.path.insert(0, {str(REPO / "tests" / "targets")!r})
+warnings.simplefilter("ignore")
+import tfdet
+patches = sys.argv[1:] if len(sys.argv) > 1 else "auto"
+tfdet.enable(patches=None if patches == ["none"] else patches)
+import keras
+import xla_models
+
+def dense(jit_compile):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse", jit_compile=jit_compile)
+    return model.jit_compile
+
+print(json.dumps({{
+    "explicit": dense(True),
+    "auto": dense("auto"),
+    "max_pool_2d": xla_models.jit_max_pool().jit_compile,
+    "max_pool_3d": xla_models.jit_max_pool_3d().jit_compile,
+}}))
+"""
+
+
+def _jit(*patches: str) -> dict:
+    code = CHILD.replace(
+        "sys.argv[1:] if len(sys.argv) > 1 else", f"{list(patches)!r} or"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_explicit_jit_is_kept_where_xla_is_deterministic_and_auto_is_left_to_keras():
+    assert _jit() == {
+        "explicit": True,
+        "max_pool_2d": True,
+        # MaxPool3DGrad has no deterministic XLA form: Keras's fallback stays.
+        "max_pool_3d": False,
+        # On a CPU-only machine Keras resolves "auto" to False anyway.
+        "auto": False,
+    }
+
+
+def test_without_the_max_pool_patch_keras_drops_xla_as_before():
+    # Only the Keras patch: a MaxPool model has no deterministic XLA gradient.
+    assert _jit("keras_xla_determinism")["max_pool_2d"] is False
+    assert _jit("keras_xla_determinism")["explicit"] is True
+    # No patch at all: Keras's own answer under determinism, no XLA.
+    assert _jit("none")["explicit"] is False

@@ -1,0 +1,94 @@
+"""Keras 3 keeps an explicit `jit_compile=True` under op determinism.
+
+Keras 3 answers "does this model support XLA?" with False whenever
+TensorFlow op determinism is on (`model_supports_jit` in its trainer),
+because XLA had no deterministic MaxPool gradient (keras-team/keras#20315);
+an explicit `compile(jit_compile=True)` then silently trains without XLA.
+With `xla_max_pool_grad` installed, that gradient exists. This patch makes
+the `jit_compile` setter keep an explicit True when Keras's answer without
+determinism's veto is yes and no layer of the model builds an op that still
+has no deterministic XLA lowering (`MaxPooling3D`: `MaxPool3DGrad`, not
+covered). `jit_compile="auto"` is left to Keras (no XLA under determinism)
+until deterministic XLA training is measured on a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from tfdet._graph._patching import KERAS_IN_USE, Patch, available
+from tfdet.patches._swap import Swap
+
+# Layers whose gradient has no deterministic XLA lowering that tfdet covers.
+WITHOUT_DETERMINISTIC_XLA = frozenset({"MaxPooling3D"})
+# Layers whose gradient has one once `xla_max_pool_grad` is installed.
+NEEDING_MAX_POOL_PATCH = frozenset({"MaxPooling1D", "MaxPooling2D"})
+
+
+@contextlib.contextmanager
+def _without_determinism_veto() -> Iterator[None]:
+    """Makes Keras's check read op determinism as off, for one question."""
+    from tensorflow.python.framework import config
+
+    original = config.is_op_determinism_enabled
+    config.is_op_determinism_enabled = lambda: False
+    try:
+        yield
+    finally:
+        config.is_op_determinism_enabled = original
+
+
+def deterministic_xla_possible(model: Any) -> bool:
+    """Whether `model` can train with XLA under op determinism.
+
+    True when Keras, op determinism aside, supports XLA for the model, no
+    layer is one of `WITHOUT_DETERMINISTIC_XLA`, and the MaxPool gradient
+    patch is installed if a layer is one of `NEEDING_MAX_POOL_PATCH`.
+    """
+    from keras.src.trainers import trainer
+
+    classes = {type(layer).__name__ for layer in model._flatten_layers()}
+    if classes & WITHOUT_DETERMINISTIC_XLA:
+        return False
+    if (
+        classes & NEEDING_MAX_POOL_PATCH
+        and not available()["xla_max_pool_grad"].installed
+    ):
+        return False
+    with _without_determinism_veto():
+        return bool(trainer.model_supports_jit(model))
+
+
+def _apply(swap: Swap) -> None:
+    from keras.src.trainers import trainer
+
+    keras_property = trainer.Trainer.jit_compile
+
+    def set_jit_compile(self: Any, value: Any) -> None:
+        from tensorflow.python.framework import config
+
+        if (
+            value is True
+            and config.is_op_determinism_enabled()
+            and deterministic_xla_possible(self)
+        ):
+            self._jit_compile = True
+            return
+        keras_property.fset(self, value)
+
+    swap.attribute(
+        trainer.Trainer,
+        "jit_compile",
+        property(keras_property.fget, set_jit_compile, doc=keras_property.__doc__),
+    )
+
+
+PATCH = Patch(
+    summary="Keras 3 explicit jit_compile=True under op determinism (turned "
+    "off) -> kept where every MaxPool gradient has a deterministic XLA form",
+    upstream="https://github.com/keras-team/keras/issues/20315",
+    apply=_apply,
+    requires={"keras": ">=3.0", KERAS_IN_USE: "keras3"},
+)
