@@ -17,6 +17,7 @@ import importlib
 import importlib.util
 import logging
 import pkgutil
+import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -32,6 +33,8 @@ PACKAGE = "tfdet.patches"
 
 # `requires` key naming the Keras that must be usable ("tf_keras" or "keras3").
 KERAS_IN_USE = "keras_in_use"
+# `requires` of a patch of Keras 3's own code (read-only: patches share it).
+KERAS3 = types.MappingProxyType({"keras": ">=3.0", KERAS_IN_USE: "keras3"})
 
 Apply = Callable[[Swap], None]
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet._graph._patching import KERAS_IN_USE, Patch
+from tfdet._graph._patching import KERAS3, Patch
 from tfdet.patches._swap import Swap
 
 _TRAINER = "keras.src.backend.tensorflow.trainer"
@@ -86,5 +86,5 @@ PATCH = Patch(
     "(eager PerReplica reduce, axis=0 mean of scalars) -> local shapes, axis=None",
     upstream="https://github.com/keras-team/keras/issues/20585",
     apply=_apply,
-    requires={"keras": ">=3.0", KERAS_IN_USE: "keras3"},
+    requires=KERAS3,
 )

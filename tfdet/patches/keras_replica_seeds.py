@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet._graph._patching import KERAS_IN_USE, Patch
+from tfdet._graph._patching import KERAS3, Patch
 from tfdet.patches._swap import Swap
 
 # The TensorFlow backend modules that bind `draw_seed` at import; each calls
@@ -63,6 +63,6 @@ PATCH = Patch(
     "same seed) -> seed folded with the replica id",
     upstream="https://github.com/keras-team/keras/issues/18426",
     apply=_apply,
-    requires={"keras": ">=3.0", KERAS_IN_USE: "keras3"},
+    requires=KERAS3,
     distribution={"replica_seeds": "per replica"},
 )

@@ -18,7 +18,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from tfdet._graph._patching import KERAS_IN_USE, Patch, available
+from tfdet._graph._patching import KERAS3, Patch, available
 from tfdet.patches._swap import Swap
 
 # Layers whose gradient has no deterministic XLA lowering that tfdet covers.
@@ -90,5 +90,5 @@ PATCH = Patch(
     "off) -> kept where every MaxPool gradient has a deterministic XLA form",
     upstream="https://github.com/keras-team/keras/issues/20315",
     apply=_apply,
-    requires={"keras": ">=3.0", KERAS_IN_USE: "keras3"},
+    requires=KERAS3,
 )
