@@ -114,6 +114,15 @@ def test_worker_spec_and_environment_come_from_the_options():
     ] == os.environ.get("TF_USE_LEGACY_KERAS")
 
 
+def test_gpu_runs_keep_the_cuda_jit_cache_unless_the_user_sized_it(monkeypatch):
+    monkeypatch.delenv("CUDA_CACHE_MAXSIZE", raising=False)
+    spec = _target.TargetSpec("x:y")
+    assert _spawn.run_environment(spec, "gpu")["CUDA_CACHE_MAXSIZE"] == str(4 * 2**30)
+    assert "CUDA_CACHE_MAXSIZE" not in _spawn.run_environment(spec, "cpu")
+    monkeypatch.setenv("CUDA_CACHE_MAXSIZE", "1000")
+    assert _spawn.run_environment(spec, "gpu")["CUDA_CACHE_MAXSIZE"] == "1000"
+
+
 def test_the_spec_of_every_run_is_json():
     spec = _spawn.make_worker_spec(_options.RunOptions())
     assert json.loads(json.dumps(spec)) == spec

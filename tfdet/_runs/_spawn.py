@@ -63,7 +63,17 @@ def run_environment(spec: _target.TargetSpec, device: str) -> dict[str, str]:
     else:
         # Concurrent runs share the GPU: none may take all its memory.
         env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
+        # TensorFlow wheels may ship PTX only for a new GPU (2.21: compute_90),
+        # which the driver compiles at first use and caches on disk; its
+        # default cache (256 MiB) can be too small to keep TensorFlow's
+        # kernels, so every fresh run compiled them again. A user's own
+        # setting stays.
+        env.setdefault("CUDA_CACHE_MAXSIZE", str(CUDA_CACHE_MAXSIZE))
     return env
+
+
+# The CUDA driver's largest JIT cache, in bytes (4 GiB).
+CUDA_CACHE_MAXSIZE = 4 * 1024**3
 
 
 def make_worker_spec(options: RunOptions) -> dict[str, Any]:
