@@ -32,6 +32,26 @@ settings.load_profile("tfdet")
 set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "tfdet-hypothesis")
 
 
+def _gpu_listed() -> bool:
+    """Whether nvidia-smi lists a GPU (without importing TensorFlow here)."""
+    try:
+        listed = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return listed.returncode == 0 and "GPU" in listed.stdout
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Skips the tests marked `gpu` on a machine without an NVIDIA GPU."""
+    gpu_tests = [item for item in items if "gpu" in item.keywords]
+    if gpu_tests and not _gpu_listed():
+        skip = pytest.mark.skip(reason="needs an NVIDIA GPU (nvidia-smi lists none)")
+        for item in gpu_tests:
+            item.add_marker(skip)
+
+
 def clean_env(**overrides: str | None) -> dict[str, str]:
     """os.environ without determinism variables, plus `overrides` (None unsets)."""
     env = {k: v for k, v in os.environ.items() if k not in DETERMINISM_VARIABLES}

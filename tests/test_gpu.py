@@ -1,0 +1,69 @@
+"""What only a GPU can show: the patches' GPU paths and XLA determinism there.
+
+Marked `gpu`: skipped on a machine whose nvidia-smi lists no GPU (CI, this
+project's CPU machines). Run on a GPU machine with `pytest -m gpu`, with a
+TensorFlow GPU build installed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import REPO, clean_env, last_json_line, run_python, run_tfdet
+
+pytestmark = pytest.mark.gpu
+
+XLA_MODELS = REPO / "tests" / "targets" / "xla_models.py"
+
+# The compiled MaxPool gradient on the GPU under XLA's deterministic ops, with
+# or without tfdet's patch; prints the gradient's bits, or the error.
+MAX_POOL_XLA = """
+import hashlib, json, sys
+import numpy as np
+import tfdet
+tfdet.enable(seed=0, patches=None if sys.argv[1] == "none" else "auto")
+import tensorflow as tf
+x = tf.constant(np.random.default_rng(0).standard_normal((8, 32, 32, 16)), tf.float32)
+
+@tf.function(jit_compile=True)
+def gradient(x):
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = tf.nn.max_pool2d(x, 3, 2, "SAME")
+    return tape.gradient(tf.reduce_sum(y * y), x)
+
+try:
+    with tf.device("/GPU:0"):
+        bits = hashlib.sha256(gradient(x).numpy().tobytes()).hexdigest()
+    print(json.dumps({"bits": bits}))
+except Exception as error:
+    print(json.dumps({"error": type(error).__name__}))
+"""
+
+
+def _max_pool_xla(patches: str) -> dict:
+    code = MAX_POOL_XLA.replace("sys.argv[1]", repr(patches))
+    result = run_python(code, env=clean_env(), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return last_json_line(result.stdout)
+
+
+def test_xla_max_pool_gradient_is_deterministic_on_gpu_only_with_the_patch():
+    # enable() sets --xla_gpu_deterministic_ops: without a deterministic
+    # lowering for SelectAndScatter, XLA refuses to compile the gradient.
+    assert "error" in _max_pool_xla("none")
+    first, second = _max_pool_xla("auto"), _max_pool_xla("auto")
+    assert "bits" in first and first == second
+
+
+def test_check_on_gpu_with_xla_max_pool_model_is_identical(tmp_path):
+    report = tmp_path / "report.json"
+    result = run_tfdet(
+        "check", f"{XLA_MODELS}:jit_max_pool", "--device", "gpu", "--runs", "3",
+        "--perturb", "none", "--steps", "4", "--json", str(report), timeout=1200,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = json.loads(report.read_text())["devices"]["gpu"]["runs"]
+    assert all(run["xla"]["on"] for run in runs)
