@@ -79,13 +79,6 @@ def format_comparison(comparison: _diff.TraceComparison) -> str:
         lines.append(f"  B: {divergence.received}")
         if divergence.ulps is not None:
             lines.append(f"  distance: {divergence.ulps} ulps")
-    if comparison.layer_location is not None:
-        lines.append("layer records (tfdet locate --record):")
-        lines.extend(
-            f"  {line}" for line in locate.location_lines(comparison.layer_location)
-        )
-    elif comparison.layers_compared:
-        lines.append("layer records (tfdet locate --record): every layer bit-identical")
     elif comparison.empty:
         lines.append(
             "nothing compared: neither trace holds a step (header only: the run "
@@ -93,7 +86,18 @@ def format_comparison(comparison: _diff.TraceComparison) -> str:
         )
     else:
         lines.append(f"bit-identical: all {comparison.steps_compared} steps.")
-    return "\n".join(lines)
+    return "\n".join(lines + _layer_lines(comparison))
+
+
+def _layer_lines(comparison: _diff.TraceComparison) -> list[str]:
+    """Where two `tfdet locate --record` traces part, layer by layer."""
+    title = "layer records (tfdet locate --record)"
+    if comparison.layer_location is not None:
+        location = locate.location_lines(comparison.layer_location)
+        return [f"{title}:", *(f"  {line}" for line in location)]
+    if comparison.layers_compared:
+        return [f"{title}: every layer bit-identical"]
+    return []
 
 
 def execute(args: argparse.Namespace) -> int:
