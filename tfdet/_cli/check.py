@@ -104,7 +104,7 @@ def _distribution(workers: int, replicas: int) -> str:
 
 def format_header(options: _options.RunOptions) -> str:
     """What is about to run: printed before anything starts."""
-    mode = "with tfdet.enable()" if options.enable else "without tfdet (--no-enable)"
+    mode = _options.mode_label(options.enable)
     return (
         f"tfdet check {options.target_spec.text} {mode}: {options.runs} runs"
         f"{_distribution(options.workers, options.replicas)} x "
@@ -133,7 +133,7 @@ def _xla_notice(runs: list[dict[str, Any]]) -> list[str]:
 
 def format_report(report: dict[str, Any]) -> str:
     """The short human report: per device, runs, perturbations, verdict."""
-    mode = "with tfdet.enable()" if report["enable"] else "without tfdet (--no-enable)"
+    mode = _options.mode_label(report["enable"])
     lines = [
         f"tfdet check {report['target']} {mode}: {report['runs']} runs"
         f"{_distribution(report.get('workers', 1), report.get('replicas', 1))} x "

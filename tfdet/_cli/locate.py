@@ -21,7 +21,7 @@ import argparse
 from typing import Any
 
 from tfdet._cli import _output, _training_flags, write_json
-from tfdet._runs import _locate
+from tfdet._runs import _locate, _options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def format_report(report: dict[str, Any]) -> str:
     """The human report: runs, then the layer where the bits part."""
-    mode = "with tfdet.enable()" if report["enable"] else "without tfdet (--no-enable)"
+    mode = _options.mode_label(report["enable"])
     lines = [
         f"tfdet locate {report['target']} {mode}: 2 runs x {report['steps']} steps"
     ]
@@ -80,7 +80,7 @@ def location_lines(location: dict[str, Any]) -> list[str]:
 
 def format_record_report(report: dict[str, Any]) -> str:
     """The human report of `--record`: what was written, and what to do next."""
-    mode = "with tfdet.enable()" if report["enable"] else "without tfdet (--no-enable)"
+    mode = _options.mode_label(report["enable"])
     return (
         f"tfdet locate {report['target']} {mode}: recorded {report['steps']} steps "
         f"of {len(report['layers'])} layers ({report['seconds']:.1f}s) to "

@@ -141,6 +141,11 @@ class RunOptions:
         return self.target
 
 
+def mode_label(enable: bool) -> str:
+    """How reports name whether the runs called `tfdet.enable()`."""
+    return "with tfdet.enable()" if enable else "without tfdet (--no-enable)"
+
+
 def _flag_int(name: str, value: Any, low: int, high: int | None = None) -> int:
     try:
         return _settings.check_int(name, value, low, high)

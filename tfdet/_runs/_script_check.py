@@ -23,7 +23,7 @@ from typing import Any
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, TraceFormatError
 from tfdet._pin import _enable, _isa, _settings
 from tfdet._record import _diff, _trace
-from tfdet._runs import _perturb, _spawn, _target
+from tfdet._runs import _options, _perturb, _spawn, _target
 from tfdet._runs._check import VERDICTS
 from tfdet._runs._options import RunOptions
 from tfdet._runs._spawn import ProgressFn
@@ -251,7 +251,7 @@ def check_script(
 
 def format_report(report: dict[str, Any]) -> str:
     """The human report of `check_script`."""
-    mode = "with tfdet.enable()" if report["enable"] else "without tfdet (--no-enable)"
+    mode = _options.mode_label(report["enable"])
     args = " ".join(report["args"])
     lines = [
         f"tfdet check --script {report['script']}{' ' + args if args else ''} "

@@ -131,11 +131,17 @@ def _spread(values: Any, sh: int, sw: int) -> Any:
     return along(along(values, 1, sh), 2, sw)
 
 
+def _text(op: Any, name: str) -> str:
+    """A string attribute of `op` (graph ops return bytes)."""
+    value = op.get_attr(name)
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _supported(op: Any) -> bool:
     image, pooled = op.inputs[0], op.outputs[0]
     return (
-        op.get_attr("data_format") in (b"NHWC", "NHWC")
-        and op.get_attr("padding") in (b"VALID", b"SAME", "VALID", "SAME")
+        _text(op, "data_format") == "NHWC"
+        and _text(op, "padding") in ("VALID", "SAME")
         and image.shape.rank == 4
         and image.shape[1:3].is_fully_defined()
         and pooled.shape[1:3].is_fully_defined()
@@ -149,14 +155,13 @@ def _gradient(op: Any, grad: Any) -> Any:
     in_xla = control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())
     if not (in_xla and _supported(op)):
         return _original_gradient(op, grad)
-    padding = op.get_attr("padding")
     return max_pool_grad(
         op.inputs[0],
         op.outputs[0],
         grad,
         list(op.get_attr("ksize")),
         list(op.get_attr("strides")),
-        padding.decode() if isinstance(padding, bytes) else padding,
+        _text(op, "padding"),
     )
 
 
