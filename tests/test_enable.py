@@ -229,6 +229,7 @@ out["jit_result"] = float(jitted(tf.ones([4])))
     )
     assert out["env"]["XLA_FLAGS"] == (
         "--xla_cpu_enable_fast_math=false --xla_gpu_deterministic_ops=true"
+        + (" --xla_cpu_max_isa=AVX2" if _isa.applies() else "")
     )
     assert out["jit_result"] == 8.0
     assert out["python_random"] and out["numpy_random"]
@@ -514,3 +515,32 @@ def test_keras_flavor_follows_tensorflows_reading_of_tf_use_legacy_keras(
     else:
         monkeypatch.setenv("TF_USE_LEGACY_KERAS", value)
     assert _versions.keras_flavor() == flavor
+
+
+# --- XLA:CPU follows the profile's ISA cap. ---
+
+# One jit-compiled multiply-add: XLA:CPU fuses it into an FMA where the ISA
+# allows one (AVX2) and cannot at AVX, so its bits show the cap XLA used.
+_XLA_MULTIPLY_ADD = """
+import hashlib
+import numpy as np
+import tensorflow as tf
+x = tf.constant(np.random.default_rng(0).standard_normal(4096).astype(np.float32))
+value = tf.function(lambda: x * 1.7 + 0.3, jit_compile=True)().numpy()
+out["digest"] = hashlib.sha256(value.tobytes()).hexdigest()
+"""
+
+
+@pytest.mark.skipif(
+    not _isa.applies() or not _isa.supports("AVX2"),
+    reason="needs an x86-64 CPU with AVX2",
+)
+def test_xla_cpu_code_follows_the_cpu_isa_cap_enable_pins() -> None:
+    under_avx = _child('tfdet.enable(cpu_isa="AVX")' + _XLA_MULTIPLY_ADD)
+    under_avx2 = _child('tfdet.enable(cpu_isa="AVX2")' + _XLA_MULTIPLY_ADD)
+    # Without tfdet, XLA's own flag gives the same bits as enable()'s cap...
+    xla_flag_only = _child(_XLA_MULTIPLY_ADD, XLA_FLAGS="--xla_cpu_max_isa=AVX")
+    assert under_avx["digest"] == xla_flag_only["digest"]
+    # ...and the cap decides them: without it XLA would use this CPU's AVX2
+    # for both profiles, and a machine with another ISA would differ.
+    assert under_avx["digest"] != under_avx2["digest"]

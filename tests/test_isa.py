@@ -43,3 +43,36 @@ def test_in_force_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
 def test_unknown_cap_names_the_accepted_ones() -> None:
     with pytest.raises(ValueError, match="Received: cpu_isa='AVX9'"):
         _isa.normalize("AVX9")
+
+
+@pytest.mark.parametrize(
+    ("flags", "cap", "expected"),
+    [
+        ("", "AVX2", "--xla_cpu_max_isa=AVX2"),
+        (
+            "--xla_gpu_deterministic_ops=true",
+            "avx512_core",
+            ("--xla_gpu_deterministic_ops=true --xla_cpu_max_isa=AVX512"),
+        ),
+        ("", "SSE41", "--xla_cpu_max_isa=SSE4_2"),  # XLA's lowest level.
+        ("", "AVX10_1_512_AMX", "--xla_cpu_max_isa=AMX"),
+        # Uncapped, or no cap: the flags are left alone.
+        ("--a=1", "ALL", "--a=1"),
+        ("--a=1", None, "--a=1"),
+        # A lower XLA cap already set is the machine's ceiling: kept.
+        ("--xla_cpu_max_isa=AVX --a=1", "AVX2", "--xla_cpu_max_isa=AVX --a=1"),
+        ("--xla_cpu_max_isa=AVX2", "AVX2", "--xla_cpu_max_isa=AVX2"),
+        # A higher (or unknown) one is replaced, other flags kept in order.
+        ("--xla_cpu_max_isa=AMX --a=1", "AVX2", "--a=1 --xla_cpu_max_isa=AVX2"),
+        ("--xla_cpu_max_isa=bogus", "AVX2", "--xla_cpu_max_isa=AVX2"),
+    ],
+)
+def test_xla_gets_the_onednn_cap(flags: str, cap: str | None, expected: str) -> None:
+    assert _isa.with_xla_cap(flags, cap) == expected
+
+
+def test_every_capped_onednn_level_has_an_xla_level() -> None:
+    for name in _isa.NAMES[:-1]:
+        assert _isa.with_xla_cap("", name).startswith(_isa.XLA_FLAG + "=")
+    with pytest.raises(ValueError, match="cpu_isa"):
+        _isa.with_xla_cap("", "AVX3")

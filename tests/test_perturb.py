@@ -94,9 +94,17 @@ def _avx512_server(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_isa_presets_without_a_pinned_cap_lower_the_isa_in_force(monkeypatch):
     _avx512_server(monkeypatch)
     assert _perturb.skipped(["isa"], None) == {}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
     base, *others = _perturb.plan(4, ["isa"], None)
     assert base.env[_isa.ENV_VAR] is None
+    assert base.env["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"
     assert others[0].env[_isa.ENV_VAR] == "AVX2"
+    # XLA:CPU's generated code gets the same older generation's ISA.
+    assert others[0].env["XLA_FLAGS"] == (
+        "--xla_cpu_enable_fast_math=false --xla_cpu_max_isa=AVX2"
+    )
+    isolated = base.with_perturbation_of(others[0], "isa", 1)
+    assert isolated.env["XLA_FLAGS"] == others[0].env["XLA_FLAGS"]
     for setup in others:
         cap = setup.env[_isa.ENV_VAR]
         # Really below the CPU's best: the preset changes the ISA in force.

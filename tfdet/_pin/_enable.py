@@ -11,7 +11,9 @@ Environment variables this module reads or writes (children inherit writes):
   primitive). A lower cap already set is kept as the machine's ceiling.
 - `TF_NUM_INTRAOP_THREADS`, `TF_NUM_INTEROP_THREADS`: written, for children.
 - `TF_DETERMINISTIC_OPS`, `TF_CUDNN_DETERMINISTIC`: written as "1".
-- `XLA_FLAGS`: `--xla_gpu_deterministic_ops=true` appended, others kept.
+- `XLA_FLAGS`: `--xla_gpu_deterministic_ops=true` appended, and on x86-64
+  `--xla_cpu_max_isa` at the level of the oneDNN cap; others kept. XLA reads
+  them at its first compilation in the process.
 - `TF_USE_LEGACY_KERAS`: read, to seed tf_keras when it is the Keras in use.
 """
 
@@ -105,8 +107,9 @@ def pinned_environment(
     Args:
         seed: The profile's seed (becomes PYTHONHASHSEED).
         threads: Thread-pool size for TF's intra- and inter-op pools.
-        cpu_isa: oneDNN ISA cap, canonical name, or None off x86-64. A lower
-            cap already in `os.environ` is kept (not in the returned dict).
+        cpu_isa: oneDNN ISA cap, canonical name, or None off x86-64; XLA:CPU
+            gets the same cap. A lower cap already in `os.environ` is kept
+            (not in the returned dict).
         onednn: Requested oneDNN custom-ops state, or None for TF's default.
 
     Returns:
@@ -118,7 +121,9 @@ def pinned_environment(
         "TF_NUM_INTEROP_THREADS": str(threads),
         "TF_DETERMINISTIC_OPS": "1",
         "TF_CUDNN_DETERMINISTIC": "1",
-        "XLA_FLAGS": _with_xla_determinism(os.environ.get("XLA_FLAGS", "")),
+        "XLA_FLAGS": _isa.with_xla_cap(
+            _with_xla_determinism(os.environ.get("XLA_FLAGS", "")), cpu_isa
+        ),
     }
     if cpu_isa is not None:
         existing = _isa.current_cap()
@@ -266,7 +271,8 @@ def enable(
         threads: Size of TensorFlow's intra- and inter-op thread pools, in
             [1, 1024]. 1 (the default) is portable to any machine; any fixed N gives the same
             bits on machines with any core count and is faster on N cores.
-        cpu_isa: Cap on oneDNN's instruction set on x86-64 (e.g. "AVX2",
+        cpu_isa: Cap on the instruction set of oneDNN and of XLA:CPU's
+            generated code on x86-64 (oneDNN's names, e.g. "AVX2",
             "AVX512_CORE"; None leaves it uncapped). Ignored elsewhere. The
             AVX2 default costs speed on CPUs with AVX-512 (measured ~1.4x per
             step on a 2-core Xeon; see benchmarks/cost_of_determinism.py
@@ -325,7 +331,7 @@ def enable(
     import tensorflow as tf
 
     tf.config.experimental.enable_op_determinism()
-    _pin_variables(seed, threads)
+    _pin_variables(seed, threads, isa_cap)
     _seed_everything(seed)
     installed = _patching.install(_patching.resolve(request["patches"]))
 
@@ -425,9 +431,14 @@ def _pin_onednn(onednn: bool | None) -> None:
         )
 
 
-def _pin_variables(seed: int, threads: int) -> None:
-    """Writes the pinned environment variables; warns about a late hash seed."""
-    env = pinned_environment(seed, threads, None, None)
+def _pin_variables(seed: int, threads: int, isa_cap: str) -> None:
+    """Writes the pinned environment variables; warns about a late hash seed.
+
+    `isa_cap` is the cap `_resolve_isa` decided for oneDNN; here it also
+    reaches XLA:CPU. Uncapped ("ALL") or off x86-64, nothing is written.
+    """
+    cpu_isa = None if isa_cap in (_isa.NOT_APPLICABLE, "ALL") else isa_cap
+    env = pinned_environment(seed, threads, cpu_isa, None)
     if env["PYTHONHASHSEED"] != _STARTUP_HASH_SEED:
         warnings.warn(
             f"PYTHONHASHSEED was {_STARTUP_HASH_SEED!r} at interpreter start; the "

@@ -15,6 +15,7 @@ that `check` reported identical on each of them.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -162,7 +163,7 @@ class RunSetup:
 # without tfdet (with tfdet, `RunSetup.threads` reaches enable()).
 _THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
 _ENV_KEYS = {
-    ISA: (_isa.ENV_VAR,),
+    ISA: (_isa.ENV_VAR, "XLA_FLAGS"),
     HASHSEED: ("PYTHONHASHSEED",),
     THREADS: _THREAD_VARIABLES,
 }
@@ -343,14 +344,18 @@ def plan(
             run_cpus = tuple(cpus[(index + k) % len(cpus)] for k in range(count))
             labels[AFFINITY] = f"{count} CPU{'s' if count > 1 else ''} {list(run_cpus)}"
         if ISA in active:
+            # XLA:CPU gets the same cap as oneDNN, as enable() gives it.
+            xla_flags = os.environ.get("XLA_FLAGS")
             if index == 0:
                 env[_isa.ENV_VAR] = None
+                env["XLA_FLAGS"] = xla_flags
                 labels[ISA] = f"no cap preset (CPU best: {best})"
             else:
                 cap = caps[(index - 1) % len(caps)]
                 env[_isa.ENV_VAR] = cap
+                env["XLA_FLAGS"] = _isa.with_xla_cap(xla_flags or "", cap)
                 labels[ISA] = (
-                    f"{_isa.ENV_VAR}={cap} preset (below this CPU's {best}: "
+                    f"{_isa.ENV_VAR}={cap} preset, XLA:CPU capped alike (below this CPU's {best}: "
                     "the kernels of an older CPU generation)"
                 )
         if THREADS in active:
