@@ -1,10 +1,16 @@
-"""Wall time of `tfdet check` (defaults) against one plain training process.
+"""Wall time of `tfdet check` against one plain training process.
 
-The floor for `check` is one process: its runs go concurrently. Both are
-measured side by side, alternating, in one run of this script, and reported
-as the ratio of medians.
+The floor for `check` is one process: its runs go concurrently. Three
+commands are measured side by side, alternating, in one run of this script,
+and reported as ratios of medians:
 
-    python benchmarks/check_wall_time.py [--rounds 3]
+- one plain process: `builtin:cnn`, 3 `train_on_batch` steps, Keras seeds
+  only (what a user would run without tfdet);
+- `tfdet check` with its defaults (2 runs, every perturbation that applies);
+- `tfdet check --no-enable`: without tfdet the runs usually diverge, so this
+  is a check that also re-runs to attribute the divergence.
+
+    python benchmarks/check_wall_time.py [--rounds 3] [--device cpu|gpu]
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import sys
 import time
 
 # The same training as `tfdet check`'s default: builtin:cnn, 3 train_on_batch
-# steps, Keras seeds only (what a user would run without tfdet).
+# steps.
 PLAIN = """
 import keras
 from tfdet._runs import _target
@@ -26,33 +32,78 @@ built = _target.build("builtin:cnn")
 for step in range(3):
     built.model.train_on_batch(*built.batch(step))
 """
+COMMANDS = {
+    "one plain process": [sys.executable, "-c", PLAIN],
+    "tfdet check": [sys.executable, "-m", "tfdet", "check"],
+    "tfdet check --no-enable": [sys.executable, "-m", "tfdet", "check", "--no-enable"],
+}
 
 
-def _timed(command: list[str]) -> float:
+def _timed(command: list[str], device: str) -> tuple[float, int]:
+    """Seconds the command took, and its exit status."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = "-1"
+    if command[1:3] == ["-m", "tfdet"]:
+        command = [*command, "--device", device]
     started = time.perf_counter()
-    subprocess.run(command, env=env, check=True, capture_output=True)
-    return time.perf_counter() - started
+    process = subprocess.run(command, env=env, capture_output=True, check=False)
+    # check exits 0 (identical) or 1 (diverged); anything else is a failure.
+    if process.returncode not in (0, 1):
+        raise RuntimeError(
+            f"{' '.join(command[:4])} exited {process.returncode}:\n"
+            f"{process.stderr.decode(errors='replace')[-3000:]}"
+        )
+    return time.perf_counter() - started, process.returncode
 
 
-def main() -> None:
+def measure(rounds: int, device: str = "cpu") -> dict:
+    """Each command `rounds` times, alternating; medians and exit statuses."""
+    seconds: dict[str, list[float]] = {name: [] for name in COMMANDS}
+    statuses: dict[str, list[int]] = {name: [] for name in COMMANDS}
+    for _ in range(rounds):
+        for name, command in COMMANDS.items():
+            elapsed, status = _timed(command, device)
+            seconds[name].append(elapsed)
+            statuses[name].append(status)
+    medians = {name: statistics.median(times) for name, times in seconds.items()}
+    plain = medians["one plain process"]
+    return {
+        "device": device,
+        "cores": len(os.sched_getaffinity(0)),
+        "rounds": rounds,
+        "seconds": seconds,
+        "exit_statuses": statuses,
+        "median_seconds": medians,
+        "ratio_to_plain": {name: value / plain for name, value in medians.items()},
+    }
+
+
+def format_report(figures: dict) -> str:
+    """One line per command: median seconds, ratio, exit statuses."""
+    lines = [
+        f"builtin:cnn on {figures['device']}, {figures['cores']} cores, "
+        f"{figures['rounds']} rounds"
+    ]
+    for name, median in figures["median_seconds"].items():
+        statuses = ",".join(str(s) for s in figures["exit_statuses"][name])
+        lines.append(
+            f"{name:<26} median {median:7.2f} s  "
+            f"{figures['ratio_to_plain'][name]:5.2f}x  exit {statuses}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    plain, check, unperturbed = [], [], []
-    for _ in range(args.rounds):
-        plain.append(_timed([sys.executable, "-c", PLAIN]))
-        check.append(_timed([sys.executable, "-m", "tfdet", "check"]))
-        unperturbed.append(
-            _timed([sys.executable, "-m", "tfdet", "check", "--perturb", "none"])
-        )
-    p, c, u = (statistics.median(t) for t in (plain, check, unperturbed))
-    print(f"cores available: {len(os.sched_getaffinity(0))}, rounds: {args.rounds}")
-    print(f"one plain process (3 steps of builtin:cnn):  median {p:.2f} s")
-    print(f"tfdet check (2 runs, all perturbations):    median {c:.2f} s")
-    print(f"tfdet check --perturb none (2 runs):        median {u:.2f} s")
-    print(f"ratio check / plain: {c / p:.2f}x (--perturb none: {u / p:.2f}x)")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
+    print(format_report(measure(args.rounds, args.device)))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

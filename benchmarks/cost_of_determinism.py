@@ -4,6 +4,8 @@ Usage:
     python benchmarks/cost_of_determinism.py [--rounds 2] [--blocks 6]
         [--steps 8] [--batch-size 64] [--explain] [--json FILE]
 
+(`gpu_cost.py` runs the same measurement for other models and configurations.)
+
 Three configurations train `builtin:cnn` (the keras-team/keras#12724 CNN:
 convolutions, max-pooling, Dropout, Dense 512, RMSprop) with `train_on_batch`
 on batches of 64:
@@ -23,7 +25,9 @@ others wait, the order rotating every block. A block's ratio to plain
 TensorFlow compares steps timed seconds apart, so the load of a shared machine
 hits all configurations alike; the table reports the median over blocks of
 these ratios, and of each configuration's median ms/step. `--rounds` repeats
-this with new processes.
+this with new processes; each process reports its weights' digest at the end,
+so the table also says whether a configuration gave the same bits in every
+round.
 """
 
 from __future__ import annotations
@@ -44,9 +48,9 @@ from tfdet._pin import _isa  # noqa: E402
 from tfdet._pin._environment import DETERMINISM_VARIABLES  # noqa: E402
 
 _CHILD = """
-import json, sys, time, warnings
+import hashlib, json, sys, time, warnings
 warnings.simplefilter("ignore")
-enable, warmup, batch_size = {enable!r}, {warmup!r}, {batch_size!r}
+target, enable, warmup, batch_size = {target!r}, {enable!r}, {warmup!r}, {batch_size!r}
 if enable is None:
     import keras
     keras.utils.set_random_seed(0)
@@ -57,10 +61,15 @@ elif enable == "op_determinism_only":
     tf.config.experimental.enable_op_determinism()
 else:
     import tfdet
+    from tfdet._graph import _patching
+    enable = dict(enable)
+    without = enable.pop("patches_without", ())
+    if without:
+        enable["patches"] = [p for p in _patching.resolve("auto") if p not in without]
     tfdet.enable(**enable)
 import numpy as np
 from tfdet._runs import _target
-built = _target.build("builtin:cnn")
+built = _target.build(target)
 # The synthesized samples, repeated to the batch size.
 x = np.resize(built.x, (batch_size, *built.x.shape[1:]))
 y = np.resize(built.y, (batch_size, *built.y.shape[1:]))
@@ -68,7 +77,9 @@ for _ in range(warmup):
     built.model.train_on_batch(x, y)
 print("ready", flush=True)
 # Protocol: the parent writes a step count; the child runs that many steps and
-# answers with their times. An empty line ends it.
+# answers with their times. An empty line ends it; the child then answers
+# with the digest of its weights (every process of a configuration ran the
+# same steps, so equal digests mean repeatable bits).
 for line in sys.stdin:
     if not line.strip():
         break
@@ -78,6 +89,10 @@ for line in sys.stdin:
         built.model.train_on_batch(x, y)  # Returns host values: the step is done.
         times.append(1000 * (time.perf_counter() - start))
     print(json.dumps(times), flush=True)
+sha = hashlib.sha256()
+for weight in built.model.get_weights():
+    sha.update(np.ascontiguousarray(weight).tobytes())
+print(json.dumps({{"digest": sha.hexdigest()[:16]}}), flush=True)
 """
 
 
@@ -93,6 +108,8 @@ def _environment() -> dict[str, str]:
     # shell may leak into any configuration.
     env = {k: v for k, v in os.environ.items() if k not in DETERMINISM_VARIABLES}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    # Several processes share a GPU: none may take all of its memory.
+    env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(REPO), env.get("PYTHONPATH")])
     )
@@ -102,8 +119,12 @@ def _environment() -> dict[str, str]:
 class _Worker:
     """One configuration in its own fresh process, stepping on request."""
 
-    def __init__(self, enable: dict | str | None, warmup: int, batch_size: int) -> None:
-        code = _CHILD.format(enable=enable, warmup=warmup, batch_size=batch_size)
+    def __init__(
+        self, target: str, enable: dict | str | None, warmup: int, batch_size: int
+    ) -> None:
+        code = _CHILD.format(
+            target=target, enable=enable, warmup=warmup, batch_size=batch_size
+        )
         self._process = subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(code)],
             env=_environment(),
@@ -131,13 +152,21 @@ class _Worker:
         self._process.stdin.flush()
         return json.loads(self._read())
 
+    def finish(self) -> str:
+        """Ends the stepping; the digest of the process's weights."""
+        self._process.stdin.write("\n")
+        self._process.stdin.flush()
+        digest = json.loads(self._read())["digest"]
+        self.close()
+        return digest
+
     def close(self) -> None:
         if self._process.poll() is None:
-            self._process.stdin.write("\n")
-            self._process.stdin.flush()
             try:
+                self._process.stdin.write("\n")
+                self._process.stdin.flush()
                 self._process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
+            except (BrokenPipeError, subprocess.TimeoutExpired):
                 self._process.kill()
 
 
@@ -166,16 +195,30 @@ def measure(
     warmup: int,
     batch_size: int,
     explain: bool = False,
+    target: str = "builtin:cnn",
+    configs: dict[str, dict | str | None] | None = None,
 ) -> dict:
-    """Runs every configuration, interleaved block by block; returns the figures."""
+    """Runs every configuration, interleaved block by block; returns the figures.
+
+    Args:
+        rounds, blocks, steps, warmup, batch_size: See the module docstring.
+        explain: Adds the configurations that split the cost (when `configs`
+            is None).
+        target: The TARGET every configuration trains.
+        configs: Name -> None (seeds only), "op_determinism_only", or
+            `enable()` keyword arguments (plus "patches_without": patch
+            names left out of "auto"); the first is the baseline of the
+            ratios. None: `configurations(cores, explain)`.
+    """
     cores = _cores()
-    configs = configurations(cores, explain)
+    configs = configurations(cores, explain) if configs is None else configs
     names = list(configs)
     per_block: list[dict[str, float]] = []
+    digests: dict[str, list[str]] = {name: [] for name in names}
     for round_ in range(rounds):
         workers = {
-            name: _Worker(threads, warmup, batch_size)
-            for name, threads in configs.items()
+            name: _Worker(target, config, warmup, batch_size)
+            for name, config in configs.items()
         }
         try:
             for worker in workers.values():
@@ -188,11 +231,14 @@ def measure(
                 }
                 per_block.append(medians)
                 print(
-                    f"  round {round_ + 1}/{rounds} block {block + 1}/{blocks}: "
+                    f"  {target} round {round_ + 1}/{rounds} block {block + 1}/"
+                    f"{blocks}: "
                     + ", ".join(f"{name} {medians[name]:.1f}" for name in names)
                     + " ms/step",
                     flush=True,
                 )
+            for name, worker in workers.items():
+                digests[name].append(worker.finish())
         finally:
             for worker in workers.values():
                 worker.close()
@@ -206,9 +252,12 @@ def measure(
             # Middle half of the block ratios: how stable the figure is.
             "ratio_q1": ratios[len(ratios) // 4],
             "ratio_q3": ratios[(3 * len(ratios)) // 4],
+            # One per round (a fresh process each): all equal = repeatable.
+            "digests": digests[name],
+            "repeatable": len(set(digests[name])) == 1,
         }
     return {
-        "target": "builtin:cnn",
+        "target": target,
         "batch_size": batch_size,
         "rounds": rounds,
         "blocks_per_round": blocks,
@@ -221,21 +270,33 @@ def measure(
     }
 
 
-def format_table(figures: dict) -> str:
-    """The ratio table, plain text."""
+def format_table(figures: dict, device: str | None = None) -> str:
+    """The ratio table, plain text.
+
+    Args:
+        figures: What `measure` returned.
+        device: What ran the steps, for the heading; None: the CPU.
+    """
     blocks = figures["rounds"] * figures["blocks_per_round"]
+    device = device or f"{figures['cores']} cores ({figures['cpu_model']})"
     lines = [
-        f"builtin:cnn, batch {figures['batch_size']}, {figures['cores']} cores "
-        f"({figures['cpu_model']}); {blocks} interleaved blocks of "
-        f"{figures['steps_per_block']} steps in {figures['rounds']} rounds of fresh "
-        f"processes, after {figures['warmup_steps']} warm-up steps",
+        f"{figures['target']}, batch {figures['batch_size']}, {device}; {blocks} "
+        f"interleaved blocks of {figures['steps_per_block']} steps in "
+        f"{figures['rounds']} rounds of fresh processes, after "
+        f"{figures['warmup_steps']} warm-up steps",
         "",
-        f"{'configuration':<36}{'ms/step':>9}{'ratio':>8}  middle half of block ratios",
+        f"{'configuration':<36}{'ms/step':>9}{'ratio':>8}  middle half   "
+        "same bits in every round",
     ]
     for name, row in figures["table"].items():
+        rounds = len(row["digests"])
+        if rounds < 2:
+            same = "not compared (1 process)"
+        else:
+            same = ("yes" if row["repeatable"] else "NO") + f" ({rounds} processes)"
         lines.append(
-            f"{name:<36}{row['ms_per_step']:>9.1f}{row['ratio']:>8.2f}  "
-            f"{row['ratio_q1']:.2f}-{row['ratio_q3']:.2f}"
+            f"{name:<36}{row['ms_per_step']:>9.2f}{row['ratio']:>8.2f}  "
+            f"{row['ratio_q1']:.2f}-{row['ratio_q3']:.2f}     {same}"
         )
     return "\n".join(lines)
 

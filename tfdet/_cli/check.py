@@ -28,7 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"Processes, >= 2 (default {_options.DEFAULT_RUNS}).",
     )
     parser.add_argument(
-        "--device", default=_options.DEFAULT_DEVICE, choices=_options.DEVICES
+        "--device",
+        default=_options.DEFAULT_DEVICE,
+        choices=_options.DEVICES,
+        help="Where the runs train: 'cpu' (GPUs hidden), 'gpu' (exit 4 without "
+        "one), or 'all' (default: the CPU, then the GPU where TensorFlow sees "
+        "one).",
     )
     parser.add_argument(
         "--workers",
