@@ -10,11 +10,16 @@ worker, so the training loop is `tfdet check`'s), and prints the sha256 of
 its final weights' bytes (16 hex digits) with the CPU facts that can decide
 the bits. The reference set: every built-in target (`builtin:bn_gelu` is
 Conv2D + BatchNormalization + GELU + Adam with ExponentialDecay, the kind of
-model whose weights differed between an AMD EPYC and an Intel Xeon).
+model whose weights differed between an AMD EPYC and an Intel Xeon), and the
+op survey (`survey:NAME`, `benchmarks/survey_models.py`: one small model per
+normalization, activation, loss, optimizer, Keras schedule, pooling,
+Embedding, Dropout, attention, LSTM/GRU, `mixed_bfloat16` and `tf.data`
+pipeline), which says piece by piece what keeps its bits between machines.
 
-`--record` adds (or replaces) this machine's entry in
+`--record` adds this machine's entry to
 `benchmarks/portability_digests.json`, keyed by the CPU facts and software
-versions. Only two real machines can say whether a model's bits are portable:
+versions (the models trained now replace their digests in an existing entry;
+the others are kept). Only two real machines can say whether a model's bits are portable:
 a model counts as portable once two entries with different CPUs (same
 software) record the same digest for it. `tests/test_portability.py` checks
 this machine against the table (see `compare`).
@@ -57,11 +62,43 @@ CPU_KEYS = (
 SOFTWARE_KEYS = ("tensorflow", "keras_version", "numpy", "python")
 # Small enough for a test (about 25 s on 2 shared cores, fresh processes).
 TINY = ("bn_gelu", "embedding", "keras_issue")
+SURVEY = REPO / "benchmarks" / "survey_models.py"
+SURVEY_PREFIX = "survey:"
+
+
+def _survey_names() -> list[str]:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("survey_models", SURVEY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [SURVEY_PREFIX + name for name in module.NAMES]
 
 
 def models() -> list[str]:
-    """The reference set: every built-in target (builtin:bn_gelu included)."""
-    return _builtins.names()
+    """The reference set: every built-in target, then the op survey."""
+    return _builtins.names() + _survey_names()
+
+
+def expand(names: list[str]) -> list[str]:
+    """`names` with the groups "builtin" and "survey" replaced by their models."""
+    groups = {
+        "builtin": _builtins.names(),
+        "survey": [name for name in models() if name.startswith(SURVEY_PREFIX)],
+    }
+    return [model for name in names for model in groups.get(name, [name])]
+
+
+def label(name: str) -> str:
+    """How a model is named in reports: `builtin:cnn`, `survey:adam`."""
+    return name if name.startswith(SURVEY_PREFIX) else f"builtin:{name}"
+
+
+def target(name: str) -> str:
+    """The TARGET that trains model `name`."""
+    if name.startswith(SURVEY_PREFIX):
+        return f"{SURVEY}:{name[len(SURVEY_PREFIX) :]}"
+    return f"builtin:{name}"
 
 
 def cpu() -> dict[str, Any]:
@@ -97,7 +134,7 @@ def _environment_for(name: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(REPO), env.get("PYTHONPATH")])
     )
-    if _builtins.get(name).legacy_keras:
+    if not name.startswith(SURVEY_PREFIX) and _builtins.get(name).legacy_keras:
         env["TF_USE_LEGACY_KERAS"] = "1"
     return env
 
@@ -114,18 +151,19 @@ def digest_of(weights_file: str) -> str:
 
 
 def train(name: str, workdir: str, timeout: float = 600.0) -> dict[str, Any]:
-    """Trains `builtin:NAME` in a fresh process; its digest and seconds.
+    """Trains model `name` in a fresh process; its digest and seconds.
 
     Raises:
         RuntimeError: the process failed (its stderr tail in the message).
     """
-    result = os.path.join(workdir, f"{name}.json")
+    stem = name.replace(":", "-")
+    result = os.path.join(workdir, f"{stem}.json")
     # The default profile (enable() with its defaults): stated once, in RunOptions.
-    options = _options.RunOptions(target=f"builtin:{name}", seed=SEED, steps=STEPS)
+    options = _options.RunOptions(target=target(name), seed=SEED, steps=STEPS)
     spec = {
         **_spawn.make_worker_spec(options),
         "result": result,
-        "trace": os.path.join(workdir, f"{name}.jsonl"),
+        "trace": os.path.join(workdir, f"{stem}.jsonl"),
     }
     started = time.perf_counter()
     process = subprocess.run(
@@ -138,7 +176,7 @@ def train(name: str, workdir: str, timeout: float = 600.0) -> dict[str, Any]:
     )
     if process.returncode != 0 or not os.path.exists(result):
         raise RuntimeError(
-            f"Expected builtin:{name} to train. Received: exit status "
+            f"Expected {label(name)} to train. Received: exit status "
             f"{process.returncode}.\n{process.stderr[-3000:]}"
         )
     with open(result, encoding="utf-8") as handle:
@@ -206,13 +244,13 @@ def compare(
         recorded = {m["digests"][name] for m in same if name in m["digests"]}
         if recorded and digest not in recorded:
             failures.append(
-                f"builtin:{name}: digest {digest} on this CPU; recorded "
+                f"{label(name)}: digest {digest} on this CPU; recorded "
                 f"{', '.join(sorted(recorded))} for the same CPU and software"
             )
     for name, digest in portable_models(table, soft).items():
         if name in digests and digests[name] != digest:
             failures.append(
-                f"builtin:{name}: digest {digests[name]}; recorded {digest} on two "
+                f"{label(name)}: digest {digests[name]}; recorded {digest} on two "
                 "or more different CPUs (shown portable)"
             )
     if not same:
@@ -229,12 +267,18 @@ def record(
     soft: dict[str, Any],
     digests: dict[str, str],
 ) -> dict[str, Any]:
-    """The table with this machine's entry added or replaced (same CPU, software)."""
-    machines = [
-        m
-        for m in table["machines"]
-        if not (m["cpu"] == facts and m["software"] == soft)
-    ]
+    """The table with this machine's entry added or updated (same CPU, software).
+
+    An existing entry keeps the digests of models not trained now.
+    """
+    kept: dict[str, str] = {}
+    machines = []
+    for machine in table["machines"]:
+        if machine["cpu"] == facts and machine["software"] == soft:
+            kept.update(machine["digests"])
+        else:
+            machines.append(machine)
+    digests = {**kept, **digests}
     machines.append(
         {
             "cpu": facts,
@@ -256,7 +300,9 @@ def record(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--models", help=f"Comma-separated (default: all: {', '.join(models())})."
+        "--models",
+        help="Comma-separated names, or the groups builtin and survey (default: "
+        f"all: {', '.join(models())}).",
     )
     parser.add_argument(
         "--json", metavar="FILE", help="Also write the results as JSON."
@@ -265,11 +311,12 @@ def main(argv: list[str] | None = None) -> int:
         "--record", action="store_true", help=f"Add this machine to {TABLE.name}."
     )
     args = parser.parse_args(argv)
-    names = args.models.split(",") if args.models else models()
+    names = expand(args.models.split(",")) if args.models else models()
     unknown = [name for name in names if name not in models()]
     if unknown:
         parser.error(
-            f"Expected --models from {', '.join(models())}. Received: {', '.join(unknown)}"
+            f"Expected --models from builtin, survey, {', '.join(models())}. "
+            f"Received: {', '.join(unknown)}"
         )
     facts, soft = cpu(), software()
     for key, value in {**facts, **soft}.items():
@@ -279,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     results = measure(names)
     for name, result in results.items():
         print(
-            f"builtin:{name:28s} {result['digest']}  ({result['seconds']} s, "
+            f"{label(name):44s} {result['digest']}  ({result['seconds']} s, "
             f"threads={result['threads']}, cpu_isa={result['cpu_isa']})"
         )
     digests = {name: result["digest"] for name, result in results.items()}

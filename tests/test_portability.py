@@ -77,12 +77,28 @@ def test_a_model_identical_on_two_cpus_must_match_anywhere() -> None:
     assert portability.compare(table, third, other, {"embedding": "0000"})[0] == []
 
 
-def test_record_replaces_this_machines_entry() -> None:
-    table = _table((AMD, SOFT, {"bn_gelu": "aaaa"}), (INTEL, SOFT, {"bn_gelu": "1111"}))
+def test_record_updates_this_machines_entry() -> None:
+    table = _table(
+        (AMD, SOFT, {"bn_gelu": "aaaa", "survey:adam": "cccc"}),
+        (INTEL, SOFT, {"bn_gelu": "1111"}),
+    )
     updated = portability.record(table, AMD, SOFT, {"bn_gelu": "bbbb"})
     assert len(updated["machines"]) == 2
-    assert updated["machines"][-1]["digests"] == {"bn_gelu": "bbbb"}
+    # The model trained now is replaced; one not trained now is kept.
+    assert updated["machines"][-1]["digests"] == {
+        "bn_gelu": "bbbb",
+        "survey:adam": "cccc",
+    }
     assert updated["machines"][-1]["date"]
+    assert updated["machines"][0]["digests"] == {"bn_gelu": "1111"}
+
+
+def test_survey_models_are_named_and_trained_from_their_module() -> None:
+    names = portability.models()
+    assert "survey:batch_norm_train" in names and "bn_gelu" in names
+    assert portability.label("survey:adam") == "survey:adam"
+    assert portability.label("cnn") == "builtin:cnn"
+    assert portability.target("survey:adam").endswith("survey_models.py:adam")
 
 
 def test_the_recorded_table_is_well_formed() -> None:
@@ -117,3 +133,10 @@ def test_this_machine_repeats_its_recorded_digests(
 def test_tiny_models_are_built_in_targets() -> None:
     assert set(portability.TINY) <= set(portability.models())
     assert Path(portability.TABLE).name == "portability_digests.json"
+
+
+def test_model_groups_expand_to_their_models() -> None:
+    survey = portability.expand(["survey"])
+    assert survey and all(name.startswith("survey:") for name in survey)
+    assert portability.expand(["builtin", "survey:adam"])[-1] == "survey:adam"
+    assert "cnn" in portability.expand(["builtin"])
