@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -132,12 +133,16 @@ def test_without_tfdet_the_same_check_diverges_and_names_the_cause(tmp_path):
     if "isa" in applied:  # The unpinned ISA shows in the profiles, reported first.
         assert "cpu_isa" in divergence["profile_differences"]
     attribution = divergence["attribution"]
-    assert attribution["alone"]["none (a re-run of the baseline)"] == "same bits"
+    # The runs parted at step 0, so the re-runs stop there (of 3 steps).
+    assert attribution["steps_rerun"] == 1
+    same = "same bits through step 0"
+    assert attribution["alone"]["none (a re-run of the baseline)"] == same
     assert set(attribution["responsible"]) <= applied & {"affinity", "isa"}
     assert attribution["responsible"], attribution
     for harmless in ("hashseed", "neighbour", "stagger"):
-        assert attribution["alone"][harmless] == "same bits"
+        assert attribution["alone"][harmless] == same
     assert "first divergence" in output and "separated by" in output
+    assert re.search(r"re-running \d+ processes at once for 1 step\(s\)", output)
 
 
 def test_urandom_noise_diverges_even_with_tfdet(urandom_check):
@@ -469,3 +474,19 @@ def test_progress_never_raises(monkeypatch):
 
     monkeypatch.setattr(sys, "stderr", Closed())
     _training_flags.progress("run 0: step 1/3")  # no exception
+
+
+def test_attribution_reruns_stop_at_the_step_where_runs_parted():
+    from tfdet._record._diff import Divergence
+    from tfdet._runs import _check
+
+    assert _check._through_step(Divergence(2, 0, "loss", "a", "b")) == 2
+    assert (
+        _check._through_step(Divergence(1, 0, "weights:0:dense/kernel", "a", "b")) == 1
+    )
+    # Seen only in the final weights, or a step missing: every step is needed.
+    assert (
+        _check._through_step(Divergence(2, 0, "final weights:dense/kernel", "a", "b"))
+        is None
+    )
+    assert _check._through_step(Divergence(2, 0, "steps", "a", "b")) is None

@@ -209,16 +209,52 @@ def _expand(setup: _perturb.RunSetup, workers: int) -> list[_perturb.RunSetup]:
     return _perturb.workers_of(setup, workers) if workers > 1 else [setup]
 
 
+def _through_step(divergence: _diff.Divergence) -> int | None:
+    """The last step attribution re-runs need, or None for every step.
+
+    A divergence seen in a step record is decided by that step, so re-runs
+    can stop there; one seen only in the final weights (or a step missing
+    from one trace) needs the whole run.
+    """
+    if (
+        divergence.quantity.startswith("final weights")
+        or divergence.quantity == "steps"
+    ):
+        return None
+    return divergence.step
+
+
+def _same_through(baseline: _Job, rerun: _Job, through: int | None) -> bool:
+    """Whether a re-run has the baseline's bits (through step `through`)."""
+    if through is None:
+        return compare_jobs(baseline, rerun)[1] is None
+
+    def prefix(trace: _trace.Trace) -> _trace.Trace:
+        steps = [step for step in trace.steps if int(step.get("step", 0)) <= through]
+        return dataclasses.replace(trace, steps=steps)
+
+    return all(
+        _diff.compare(prefix(a.trace), prefix(b.trace)).divergence is None
+        for a, b in zip(baseline, rerun, strict=True)
+    )
+
+
 def _attribute(
     baseline: _perturb.RunSetup,
     other: _perturb.RunSetup,
+    divergence: _diff.Divergence,
     spec: dict[str, Any],
     env: dict[str, str],
     options: RunOptions,
     workdir: str,
     baseline_job: _Job,
+    progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
-    """Re-runs the baseline with each of `other`'s perturbations alone."""
+    """Re-runs the baseline with each of `other`'s perturbations alone.
+
+    The re-runs train only through the step where the runs parted (all of
+    them run at once, so the slowest decides the wall time).
+    """
     differing = [
         name
         for name, label in other.labels.items()
@@ -231,6 +267,15 @@ def _attribute(
         )
         for k, name in enumerate(candidates)
     ]
+    through = _through_step(divergence)
+    if through is not None:
+        spec = {**spec, "steps": through + 1}
+    if progress is not None:
+        progress(
+            f"diverged; re-running {len(setups)} processes at once for "
+            f"{spec['steps']} step(s) to find the perturbation responsible "
+            f"(each stopped after {options.timeout:.0f} s)"
+        )
     outcomes = _spawn.run_jobs(
         [_expand(setup, options.workers) for setup in setups],
         spec,
@@ -238,6 +283,7 @@ def _attribute(
         base_env=env,
         timeout=options.timeout,
     )
+    same = "same bits" if through is None else f"same bits through step {through}"
     alone: dict[str, str] = {}
     for name, job in zip(candidates, outcomes, strict=True):
         key = RERUN if name is None else name
@@ -245,8 +291,8 @@ def _attribute(
         failed = next((run for run in rerun if not run.outcome.ok), None)
         if failed is not None:
             alone[key] = f"run failed ({failed.outcome.reason})"
-        elif compare_jobs(baseline_job, rerun)[1] is None:
-            alone[key] = "same bits"
+        elif _same_through(baseline_job, rerun, through):
+            alone[key] = same
         else:
             alone[key] = "differs"
     responsible = [name for name in differing if alone.get(name) == "differs"]
@@ -259,7 +305,12 @@ def _attribute(
         verdict = "separated by " + ", ".join(responsible)
     else:
         verdict = "no single perturbation reproduces it alone (a combination, or flaky)"
-    return {"alone": alone, "responsible": responsible, "verdict": verdict}
+    return {
+        "alone": alone,
+        "responsible": responsible,
+        "verdict": verdict,
+        "steps_rerun": spec["steps"],
+    }
 
 
 def _keep_traces(
@@ -382,18 +433,18 @@ def _check_device(
             worker if workers > 1 else None,
         )
         if options.attribute:
-            if progress is not None:
-                progress(
-                    f"[{device}] diverged; re-running to find the perturbation responsible"
-                )
             report["divergence"]["attribution"] = _attribute(
                 setups[0],
                 setups[other[0].outcome.setup.index],
+                divergence,
                 worker_spec,
                 env,
                 options,
                 workdir,
                 baseline,
+                (lambda message: progress(f"[{device}] {message}"))
+                if progress
+                else None,
             )
         return {**report, **_verdict(EXIT_DIVERGED)}
     return {**report, **_verdict(EXIT_OK)}
