@@ -1,12 +1,13 @@
 """Wall time of `tfdet check` against one plain training process.
 
-The floor for `check` is one process: its runs go concurrently. Three
+The floor for `check` is one process: its runs go concurrently. Four
 commands are measured side by side, alternating, in one run of this script,
 and reported as ratios of medians:
 
 - one plain process: `builtin:cnn`, 3 `train_on_batch` steps, Keras seeds
   only (what a user would run without tfdet);
 - `tfdet check` with its defaults (2 runs, every perturbation that applies);
+- `tfdet check --perturb none`: the same two runs, unperturbed;
 - `tfdet check --no-enable`: without tfdet the runs usually diverge, so this
   is a check that also re-runs to attribute the divergence.
 
@@ -35,6 +36,10 @@ for step in range(3):
 COMMANDS = {
     "one plain process": [sys.executable, "-c", PLAIN],
     "tfdet check": [sys.executable, "-m", "tfdet", "check"],
+    "tfdet check --perturb none": [
+        *(sys.executable, "-m", "tfdet", "check"),
+        *("--perturb", "none"),
+    ],
     "tfdet check --no-enable": [sys.executable, "-m", "tfdet", "check", "--no-enable"],
 }
 

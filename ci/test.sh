@@ -2,7 +2,9 @@
 # The whole test suite, from a fresh machine with Python 3.10+ and pip:
 #   bash ci/test.sh
 # Makes its own virtual environment (.venv-ci, or $TFDET_VENV), installs tfdet
-# with the CPU build of TensorFlow and the test tools, lints, and runs pytest.
+# with the CPU build of TensorFlow and the test tools, lints, and runs pytest
+# (in parallel, pytest-xdist; extra arguments go to pytest, e.g. `-n 0` for
+# one process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,4 +22,6 @@ python="${PYTHON:-python3}"
 
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
-exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"
+# One pytest worker per core, at most 4: each test may start several
+# TensorFlow processes of its own (about 0.5 GB each).
+exec "$venv/bin/python" -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 "$@"
