@@ -301,19 +301,45 @@ def format_table(figures: dict, device: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_schedule_arguments(
+    parser: argparse.ArgumentParser,
+    rounds: int = 2,
+    blocks: int = 6,
+    steps: int = 8,
+    batch_size: int = 64,
+) -> None:
+    """The flags of `measure`'s schedule, with these defaults."""
     parser.add_argument(
-        "--rounds", type=int, default=2, help="Rounds of fresh processes."
+        "--rounds", type=int, default=rounds, help="Rounds of fresh processes."
     )
     parser.add_argument(
-        "--blocks", type=int, default=6, help="Interleaved blocks per round."
+        "--blocks", type=int, default=blocks, help="Interleaved blocks per round."
     )
-    parser.add_argument("--steps", type=int, default=8, help="Timed steps per block.")
+    parser.add_argument(
+        "--steps", type=int, default=steps, help="Timed steps per block."
+    )
     parser.add_argument(
         "--warmup", type=int, default=5, help="Untimed steps per process."
     )
-    parser.add_argument("--batch-size", type=int, default=64, help="Samples per step.")
+    parser.add_argument(
+        "--batch-size", type=int, default=batch_size, help="Samples per step."
+    )
+
+
+def check_schedule_arguments(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> None:
+    """Exits with a usage error for a schedule `measure` cannot run."""
+    if (
+        min(args.rounds, args.blocks, args.steps, args.batch_size) < 1
+        or args.warmup < 0
+    ):
+        parser.error("rounds, blocks, steps and batch size must be >= 1, warm-up >= 0")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_schedule_arguments(parser)
     parser.add_argument(
         "--explain",
         action="store_true",
@@ -323,11 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         "--json", metavar="FILE", help="Also write the figures as JSON."
     )
     args = parser.parse_args(argv)
-    if (
-        min(args.rounds, args.blocks, args.steps, args.batch_size) < 1
-        or args.warmup < 0
-    ):
-        parser.error("rounds, blocks, steps and batch size must be >= 1, warm-up >= 0")
+    check_schedule_arguments(parser, args)
     figures = measure(
         args.rounds, args.blocks, args.steps, args.warmup, args.batch_size, args.explain
     )

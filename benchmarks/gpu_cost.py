@@ -105,11 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(TARGETS),
         help=f"Comma-separated, from {', '.join(TARGETS)}.",
     )
-    parser.add_argument("--rounds", type=int, default=3, help="Fresh processes each.")
-    parser.add_argument("--blocks", type=int, default=4, help="Blocks per round.")
-    parser.add_argument("--steps", type=int, default=10, help="Timed steps per block.")
-    parser.add_argument("--warmup", type=int, default=5, help="Untimed steps first.")
-    parser.add_argument("--batch-size", type=int, default=32)
+    cost_of_determinism.add_schedule_arguments(
+        parser, rounds=3, blocks=4, steps=10, batch_size=32
+    )
     parser.add_argument(
         "--explain",
         action="store_true",
@@ -124,11 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(targets) - set(TARGETS))
     if unknown or not targets:
         parser.error(f"unknown --targets {unknown}; known: {', '.join(TARGETS)}")
-    if (
-        min(args.rounds, args.blocks, args.steps, args.batch_size) < 1
-        or args.warmup < 0
-    ):
-        parser.error("rounds, blocks, steps and batch size must be >= 1, warm-up >= 0")
+    cost_of_determinism.check_schedule_arguments(parser, args)
     device = device_name()
     results = {"device": device, "models": {}}
     for name in targets:

@@ -22,6 +22,16 @@ def _data(x_shape: tuple[int, ...], classes: int) -> tuple[np.ndarray, np.ndarra
     return x, y
 
 
+def _compiled(model, optimizer):
+    import keras
+
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
 def conv():
     """Conv2D + BatchNormalization + MaxPooling2D + Dropout, Adam."""
     import keras
@@ -42,11 +52,7 @@ def conv():
             keras.layers.Dense(10),
         ]
     )
-    model.compile(
-        optimizer=keras.optimizers.Adam(1e-3),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    return (model, *_data((32, 32, 3), 10))
+    return (_compiled(model, keras.optimizers.Adam(1e-3)), *_data((32, 32, 3), 10))
 
 
 def rnn():
@@ -61,11 +67,7 @@ def rnn():
             keras.layers.Dense(5),
         ]
     )
-    model.compile(
-        optimizer=keras.optimizers.Adam(1e-3),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    return (model, *_data((40, 16), 5))
+    return (_compiled(model, keras.optimizers.Adam(1e-3)), *_data((40, 16), 5))
 
 
 def attention():
@@ -81,8 +83,4 @@ def attention():
     )
     outputs = keras.layers.Dense(5)(keras.layers.GlobalAveragePooling1D()(hidden))
     model = keras.Model(inputs, outputs)
-    model.compile(
-        optimizer=keras.optimizers.AdamW(1e-3),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    return (model, *_data((32, 64), 5))
+    return (_compiled(model, keras.optimizers.AdamW(1e-3)), *_data((32, 64), 5))
