@@ -261,6 +261,21 @@ def test_max_pooling_under_xla_has_no_blocking_op_once_patched(tmp_path: Path) -
     assert "MaxPoolGrad" not in report["op_types"]
     assert {"LogicalAnd", "PadV2"} <= set(report["op_types"])  # The patch's form.
     assert {"xla_max_pool_grad", "keras_xla_determinism"} <= set(report["patches"])
+    assert report["xla_dropped"] is False
+
+
+def test_scan_names_what_keeps_keras_from_xla_under_determinism(tmp_path: Path) -> None:
+    # MaxPooling3D's gradient has no deterministic XLA form, so Keras drops
+    # the model's jit_compile=True; the scan traces for XLA anyway to say why.
+    target = f"{REPO / 'tests' / 'targets' / 'xla_models.py'}:jit_conv_max_pool_3d"
+    code, report, stdout = scan(tmp_path, target)
+    assert code == 1, stdout
+    assert report["xla_dropped"] is True
+    (finding,) = report["findings"]
+    assert finding["op_type"] == "MaxPool3DGrad"
+    assert finding["behaviour"] == "xla_compile_error"
+    assert finding["source"] == "max_pooling3d"
+    assert "Keras turned it off under op determinism" in stdout
 
 
 def test_scan_help_says_it_runs_on_the_cpu() -> None:

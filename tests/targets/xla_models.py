@@ -36,3 +36,19 @@ def jit_max_pool_3d():
     )
     model.compile(optimizer="sgd", loss="mse", jit_compile=True)
     return model
+
+
+def jit_conv_max_pool_3d():
+    """Conv3D before MaxPooling3D: the step needs MaxPool3DGrad, which XLA
+    cannot compile deterministically, so Keras drops jit_compile=True."""
+    model = keras.Sequential(
+        [
+            keras.Input((4, 4, 4, 1)),
+            keras.layers.Conv3D(2, 3, padding="same"),
+            keras.layers.MaxPooling3D(2),
+            keras.layers.Flatten(),
+            keras.layers.Dense(2),
+        ]
+    )
+    model.compile(optimizer="sgd", loss="mse", jit_compile=True)
+    return model

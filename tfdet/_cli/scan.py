@@ -89,6 +89,12 @@ def format_report(report) -> str:
         f"step graph and {report.functions} nested/gradient functions",
         f"op types checked: {', '.join(report.op_types)}",
     ]
+    if report.xla_dropped:
+        lines.append(
+            "XLA: the model asked for jit_compile=True and Keras turned it off "
+            "under op determinism; traced for XLA anyway, so the hazards below "
+            "marked 'fails to compile under XLA' are why"
+        )
     if report.deterministic_ops:
         lines.append(
             "known deterministic on GPU under determinism: "
@@ -168,9 +174,17 @@ def execute(args: argparse.Namespace) -> int:
     except RuntimeError as error:
         raise RunFailedError(str(error)) from error
 
-    built = _target.build(spec.text, seed=args.seed)
+    from tfdet._runs import _xla
+
+    _xla.install()
+    with warnings.catch_warnings():
+        # The scan says itself what XLA was asked for and what blocks it.
+        warnings.filterwarnings("ignore", message=_xla.NOTICE_START)
+        warnings.filterwarnings("ignore", message="Model doesn't support `jit_compile")
+        built = _target.build(spec.text, seed=args.seed)
+    xla_dropped = any(fact["dropped_by_determinism"] for fact in _xla.compiled)
     try:
-        report = _scan.scan(built, spec.text)
+        report = _scan.scan(built, spec.text, xla_dropped=xla_dropped)
     except Exception as error:  # The target's own training step failed.
         raise RunFailedError(
             f"Tracing the training step of TARGET {spec.text!r} failed: {error!r}"

@@ -104,6 +104,8 @@ class ScanReport:
             Best effort: a nested `tf.function` keeps the gradient it was
             first traced with, so a hazard inside one may be missing here
             (it is still absent from `findings` when patched).
+        xla_dropped: Keras turned off an explicit `jit_compile=True` under op
+            determinism, and the step was traced for XLA to name why.
     """
 
     target: str
@@ -117,6 +119,7 @@ class ScanReport:
     deterministic_ops: tuple[str, ...]
     findings: tuple[Finding, ...]
     covered: tuple[Finding, ...]
+    xla_dropped: bool = False
 
     @property
     def clean(self) -> bool:
@@ -382,7 +385,11 @@ def _to_tensors(data: Any) -> Any:
 
 
 def trace_train_step(
-    model: Any, x: Any, y: Any, calls: _layers.CallRecord | None = None
+    model: Any,
+    x: Any,
+    y: Any,
+    calls: _layers.CallRecord | None = None,
+    xla: bool | None = None,
 ) -> tuple[Any, bool]:
     """Traces `model.train_step` on one batch into a graph.
 
@@ -393,14 +400,17 @@ def trace_train_step(
 
     Args:
         calls: Filled with the layer whose call built each op, when given.
+        xla: Trace the step for XLA (True) or not (False); None: as the
+            model compiles it.
 
     Returns:
         `(graph_def, xla)`: the traced graph with its function library, and
-        whether the model compiles its step with XLA.
+        whether it was traced for XLA.
     """
     import tensorflow as tf
 
-    xla = bool(getattr(model, "jit_compile", False))
+    if xla is None:
+        xla = bool(getattr(model, "jit_compile", False))
     if not tf.executing_eagerly():
         # tf.compat.v1 graph mode (tf_keras): the train function is built in
         # the Keras graph when the model first trains.
@@ -499,7 +509,13 @@ def _warm_up(built: Any) -> None:
     built.model.train_on_batch(x, y)
 
 
-def scan(built: Any, target: str, *, compare_unpatched: bool = True) -> ScanReport:
+def scan(
+    built: Any,
+    target: str,
+    *,
+    compare_unpatched: bool = True,
+    xla_dropped: bool = False,
+) -> ScanReport:
     """Scans a built TARGET's training step.
 
     Args:
@@ -507,6 +523,9 @@ def scan(built: Any, target: str, *, compare_unpatched: bool = True) -> ScanRepo
         target: The TARGET text, for the report.
         compare_unpatched: When patches are installed, also trace without them
             (restoring them afterwards) to report which hazards they cover.
+        xla_dropped: Keras turned off the `jit_compile=True` the model asked
+            for (op determinism): the step is traced for XLA anyway, so that
+            the findings name what has no deterministic XLA form.
 
     Returns:
         The `ScanReport`.
@@ -520,7 +539,7 @@ def scan(built: Any, target: str, *, compare_unpatched: bool = True) -> ScanRepo
     _warm_up(built)
     x, y = built.batch(0)
     calls = _layers.CallRecord()
-    graph_def, xla = trace_train_step(model, x, y, calls)
+    graph_def, xla = trace_train_step(model, x, y, calls, xla=xla_dropped or None)
     findings, stats = find(graph_def, model, xla, version, calls)
     covered: list[Finding] = []
     installed = _patching.installed()
@@ -531,7 +550,7 @@ def scan(built: Any, target: str, *, compare_unpatched: bool = True) -> ScanRepo
         _patching.restore(installed)
         try:
             unpatched_calls = _layers.CallRecord()
-            unpatched_def, _ = trace_train_step(model, x, y, unpatched_calls)
+            unpatched_def, _ = trace_train_step(model, x, y, unpatched_calls, xla)
             before, _ = find(unpatched_def, model, xla, version, unpatched_calls)
         finally:
             _patching.install(installed)
@@ -557,5 +576,6 @@ def scan(built: Any, target: str, *, compare_unpatched: bool = True) -> ScanRepo
         patches=tuple(installed),
         findings=tuple(findings),
         covered=tuple(covered),
+        xla_dropped=xla_dropped,
         **stats,
     )

@@ -19,8 +19,9 @@ from typing import Any
 
 from tfdet._pin import _environment
 
+NOTICE_START = "tfdet: jit_compile=True was turned off by Keras"
 NOTICE = (
-    "tfdet: jit_compile=True was turned off by Keras because TensorFlow op "
+    NOTICE_START + " because TensorFlow op "
     "determinism is on and the model has no deterministic XLA path under "
     "tfdet (a MaxPooling3D layer, whose XLA gradient is not deterministic on "
     "GPU, or tfdet's xla_max_pool_grad / keras_xla_determinism patches left "
