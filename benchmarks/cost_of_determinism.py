@@ -75,6 +75,9 @@ x = np.resize(built.x, (batch_size, *built.x.shape[1:]))
 y = np.resize(built.y, (batch_size, *built.y.shape[1:]))
 for _ in range(warmup):
     built.model.train_on_batch(x, y)
+# Whether Keras trains this configuration with XLA (it may turn XLA off
+# under op determinism), then ready.
+print(json.dumps({{"jit_compile": bool(getattr(built.model, "jit_compile", False))}}))
 print("ready", flush=True)
 # Protocol: the parent writes a step count; the child runs that many steps and
 # answers with their times. An empty line ends it; the child then answers
@@ -143,9 +146,13 @@ class _Worker:
             )
         return line
 
-    def wait_ready(self) -> None:
-        while self._read().strip() != "ready":
-            pass
+    def wait_ready(self) -> bool:
+        """Waits for the warm-up; whether Keras trains with XLA."""
+        jit_compile = False
+        while (line := self._read().strip()) != "ready":
+            if line.startswith('{"jit_compile"'):
+                jit_compile = json.loads(line)["jit_compile"]
+        return jit_compile
 
     def steps(self, count: int) -> list[float]:
         self._process.stdin.write(f"{count}\n")
@@ -215,14 +222,15 @@ def measure(
     names = list(configs)
     per_block: list[dict[str, float]] = []
     digests: dict[str, list[str]] = {name: [] for name in names}
+    xla: dict[str, bool] = {}
     for round_ in range(rounds):
         workers = {
             name: _Worker(target, config, warmup, batch_size)
             for name, config in configs.items()
         }
         try:
-            for worker in workers.values():
-                worker.wait_ready()
+            for name, worker in workers.items():
+                xla[name] = worker.wait_ready()
             for block in range(blocks):
                 shift = (round_ * blocks + block) % len(names)
                 medians = {
@@ -255,6 +263,7 @@ def measure(
             # One per round (a fresh process each): all equal = repeatable.
             "digests": digests[name],
             "repeatable": len(set(digests[name])) == 1,
+            "xla": xla[name],
         }
     return {
         "target": target,
@@ -285,7 +294,7 @@ def format_table(figures: dict, device: str | None = None) -> str:
         f"{figures['rounds']} rounds of fresh processes, after "
         f"{figures['warmup_steps']} warm-up steps",
         "",
-        f"{'configuration':<36}{'ms/step':>9}{'ratio':>8}  middle half   "
+        f"{'configuration':<36}{'ms/step':>9}{'ratio':>8}  middle half  XLA  "
         "same bits in every round",
     ]
     for name, row in figures["table"].items():
@@ -296,7 +305,8 @@ def format_table(figures: dict, device: str | None = None) -> str:
             same = ("yes" if row["repeatable"] else "NO") + f" ({rounds} processes)"
         lines.append(
             f"{name:<36}{row['ms_per_step']:>9.2f}{row['ratio']:>8.2f}  "
-            f"{row['ratio_q1']:.2f}-{row['ratio_q3']:.2f}     {same}"
+            f"{row['ratio_q1']:.2f}-{row['ratio_q3']:.2f}    "
+            f"{'on ' if row['xla'] else 'off'}  {same}"
         )
     return "\n".join(lines)
 
