@@ -294,6 +294,7 @@ def test_unwritable_json_exits_2_before_any_run(tmp_path):
 
 
 def test_interrupt_leaves_no_process_behind(tmp_path):
+    # A unique path, also in the check's environment (`MARKER_VARIABLE`).
     marker = tmp_path / "interrupt_marker_model.py"
     marker.write_text(
         "from tests.targets.check_models import _dense_model\n"
@@ -309,7 +310,7 @@ def test_interrupt_leaves_no_process_behind(tmp_path):
             "--steps",
             "100000",
         ],
-        env=clean_env(),
+        env=clean_env(**{MARKER_VARIABLE: str(marker)}),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -332,18 +333,29 @@ def test_interrupt_leaves_no_process_behind(tmp_path):
     assert _children_of_this_check(marker, proc.pid) == []
 
 
+# Set in a check's environment by a test that looks for the check's processes:
+# its runs and neighbour inherit it, another test's concurrent check (pytest
+# workers run tests side by side) does not have it.
+MARKER_VARIABLE = "TFDET_TEST_CHECK_MARKER"
+
+
 def _children_of_this_check(marker, check_pid: int) -> list[list[str]]:
-    """Argument vectors of the check's runs (they name the marker file in their
-    spec argument) and of its neighbour (tfdet's NEIGHBOUR_CODE). Matching whole
-    arguments of our own interpreter, not substrings of any command line, keeps
-    unrelated processes on the machine (a CI harness's script) out."""
-    return [
-        argv
-        for pid, argv in _argvs().items()
-        if pid != check_pid
-        and argv[:1] == [sys.executable]
-        and (any(str(marker) in arg for arg in argv) or NEIGHBOUR_CODE in argv)
-    ]
+    """Argument vectors of the processes the check started with `marker` in
+    its environment (`MARKER_VARIABLE`) runs: its runs and its neighbour,
+    alive or orphaned, and no process of another check or of the CI harness."""
+    wanted = f"{MARKER_VARIABLE}={marker}".encode()
+    found = []
+    for pid, argv in _argvs().items():
+        if pid == check_pid or argv[:1] != [sys.executable]:
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                environment = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if wanted in environment:
+            found.append(argv)
+    return found
 
 
 def _argvs() -> dict[int, list[str]]:

@@ -13,17 +13,17 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, run_tfdet
+from tests.conftest import REPO, clean_env, run_tfdet
+from tests.test_check import MARKER_VARIABLE, _children_of_this_check
 from tests.test_check import _check as check_with_report
-from tests.test_check import _children_of_this_check
 
 TARGETS = REPO / "tests" / "targets"
 CHECK_MODELS = f"{TARGETS / 'check_models.py'}"
 
 
-def _check(*args: str, tmp_path) -> tuple[int, dict, str]:
+def _check(*args: str, tmp_path, env=None) -> tuple[int, dict, str]:
     """`tfdet check` on the CPU only: distributed runs are checked there."""
-    return check_with_report(*args, "--device", "cpu", tmp_path=tmp_path)
+    return check_with_report(*args, "--device", "cpu", tmp_path=tmp_path, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +127,8 @@ def test_noise_in_every_worker_diverges_at_step_0_and_names_the_worker(tmp_path)
 
 
 def test_a_dead_worker_stops_its_gang_and_the_check_fails(tmp_path):
-    # A copy of the target under a unique name lets the process matcher see
-    # this check's workers and nobody else's.
+    # A copy of the target under a unique path, also put in the check's
+    # environment: the process matcher sees this check's processes only.
     marker = tmp_path / "dead_worker_marker.py"
     marker.write_text(
         "from tests.targets.distribute_models import dies_on_worker_1\n"
@@ -146,6 +146,8 @@ def test_a_dead_worker_stops_its_gang_and_the_check_fails(tmp_path):
         "--timeout",
         "300",
         tmp_path=tmp_path,
+        # Marks this check's processes for the matcher below.
+        env=clean_env(**{MARKER_VARIABLE: str(marker)}),
     )
     assert code == 3, output
     # Worker 0 would wait in its collective until the timeout: the gang stop
