@@ -27,8 +27,9 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from tests.conftest import REPO, run_tfdet  # noqa: E402
+from tests.conftest import REPO, clean_env, last_json_line, run_python, run_tfdet  # noqa: E402
 from tfdet._graph import _patching, _scan  # noqa: E402
+from tfdet._pin import _isa  # noqa: E402
 from tfdet.patches import portable_erfc  # noqa: E402
 
 NAMES = ("portable_erfc", "portable_reciprocal", "portable_rsqrt", "portable_softmax")
@@ -330,3 +331,49 @@ def test_scan_lists_the_cpu_model_dependent_ops_and_enable_removes_them(
     code, report = scan(tmp_path)
     assert code == 0 and report["findings"] == []
     assert set(NAMES) <= set(report["patches"])
+
+
+# FusedBatchNormV3 (tf_keras's BatchNormalization) in inference mode with
+# x = 1, mean = 0, scale = 1, offset = 0 returns its normalizing factor
+# 1/sqrt(variance + epsilon) per channel. Prints how many of 100,000 channels
+# differ from float32 sqrt followed by float32 division (correctly rounded
+# IEEE operations, so the same on every CPU).
+_FUSED_BATCH_NORM = """
+import json
+import numpy as np
+import tensorflow as tf
+channels = 100_000
+variance = np.random.default_rng(0).uniform(0.01, 100.0, channels).astype(np.float32)
+epsilon = np.float32(0.001)
+zeros, ones = np.zeros(channels, np.float32), np.ones(channels, np.float32)
+factor, *_ = tf.compat.v1.nn.fused_batch_norm(
+    np.ones((1, 1, 1, channels), np.float32), ones, zeros, mean=zeros,
+    variance=variance, epsilon=float(epsilon), is_training=False,
+)
+ieee = np.float32(1) / np.sqrt(variance + epsilon)
+differ = factor.numpy().ravel().view(np.uint32) != ieee.view(np.uint32)
+print(json.dumps({"differ": int(differ.sum())}))
+"""
+
+
+def _fused_batch_norm_differences(onednn: str) -> int:
+    result = run_python(
+        _FUSED_BATCH_NORM,
+        env=clean_env(TF_ENABLE_ONEDNN_OPTS=onednn, ONEDNN_MAX_CPU_ISA="AVX2"),
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return last_json_line(result.stdout)["differ"]
+
+
+@pytest.mark.skipif(
+    not _isa.applies() or not _isa.supports("AVX2"),
+    reason="needs an x86-64 CPU with AVX2",
+)
+def test_fused_batch_norm_is_exact_with_onednn_and_approximate_without() -> None:
+    # With oneDNN's custom ops on (enable()'s default), tf_keras's fused
+    # BatchNormalization takes its normalizing factor from IEEE sqrt and
+    # division, which no CPU model changes. With them off (onednn=False)
+    # Eigen's kernel takes the approximate rsqrt: its bits follow the CPU.
+    assert _fused_batch_norm_differences("1") == 0
+    assert _fused_batch_norm_differences("0") > 1000
