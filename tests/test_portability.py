@@ -9,7 +9,8 @@ models' digests here and fails:
   CPUs, best ISA) and software versions match a recorded machine, on any
   difference: the same machine must repeat its bits;
 - on any machine with the same software, for a model recorded identical on
-  two or more different real CPUs (shown portable; none yet).
+  two or more different real CPUs (shown portable: so far the built-in
+  targets, on an AMD EPYC Zen 4 and a Zen 3).
 
 On a CPU not in the table, for models not yet shown portable, it only prints
 the digests: nothing says they should match there, so it must not fail CI on
