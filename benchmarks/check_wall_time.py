@@ -33,15 +33,17 @@ built = _target.build("builtin:cnn")
 for step in range(3):
     built.model.train_on_batch(*built.batch(step))
 """
-COMMANDS = {
-    "one plain process": [sys.executable, "-c", PLAIN],
-    "tfdet check": [sys.executable, "-m", "tfdet", "check"],
-    "tfdet check --perturb none": [
-        *(sys.executable, "-m", "tfdet", "check"),
-        *("--perturb", "none"),
-    ],
-    "tfdet check --no-enable": [sys.executable, "-m", "tfdet", "check", "--no-enable"],
-}
+
+
+def commands(device: str) -> dict[str, list[str]]:
+    """Name -> argument vector of each command measured, on `device`."""
+    check = [sys.executable, "-m", "tfdet", "check", "--device", device]
+    return {
+        "one plain process": [sys.executable, "-c", PLAIN],
+        "tfdet check": check,
+        "tfdet check --perturb none": [*check, "--perturb", "none"],
+        "tfdet check --no-enable": [*check, "--no-enable"],
+    }
 
 
 def _timed(command: list[str], device: str) -> tuple[float, int]:
@@ -49,8 +51,6 @@ def _timed(command: list[str], device: str) -> tuple[float, int]:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = "-1"
-    if command[1:3] == ["-m", "tfdet"]:
-        command = [*command, "--device", device]
     started = time.perf_counter()
     process = subprocess.run(command, env=env, capture_output=True, check=False)
     # check exits 0 (identical) or 1 (diverged); anything else is a failure.
@@ -64,10 +64,11 @@ def _timed(command: list[str], device: str) -> tuple[float, int]:
 
 def measure(rounds: int, device: str = "cpu") -> dict:
     """Each command `rounds` times, alternating; medians and exit statuses."""
-    seconds: dict[str, list[float]] = {name: [] for name in COMMANDS}
-    statuses: dict[str, list[int]] = {name: [] for name in COMMANDS}
+    measured = commands(device)
+    seconds: dict[str, list[float]] = {name: [] for name in measured}
+    statuses: dict[str, list[int]] = {name: [] for name in measured}
     for _ in range(rounds):
-        for name, command in COMMANDS.items():
+        for name, command in measured.items():
             elapsed, status = _timed(command, device)
             seconds[name].append(elapsed)
             statuses[name].append(status)

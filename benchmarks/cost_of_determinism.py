@@ -99,14 +99,16 @@ print(json.dumps({{"digest": sha.hexdigest()[:16]}}), flush=True)
 """
 
 
-def _cores() -> int:
+def cores() -> int:
+    """The CPUs this process may use."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
 
 
-def _environment() -> dict[str, str]:
+def environment() -> dict[str, str]:
+    """A benchmark child's environment: plain, GPU shared, tfdet importable."""
     # Plain TensorFlow means plain: no determinism variable from the caller's
     # shell may leak into any configuration.
     env = {k: v for k, v in os.environ.items() if k not in DETERMINISM_VARIABLES}
@@ -130,7 +132,7 @@ class _Worker:
         )
         self._process = subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(code)],
-            env=_environment(),
+            env=environment(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -215,10 +217,10 @@ def measure(
         configs: Name -> None (seeds only), "op_determinism_only", or
             `enable()` keyword arguments (plus "patches_without": patch
             names left out of "auto"); the first is the baseline of the
-            ratios. None: `configurations(cores, explain)`.
+            ratios. None: `configurations(cores(), explain)`.
     """
-    cores = _cores()
-    configs = configurations(cores, explain) if configs is None else configs
+    available = cores()
+    configs = configurations(available, explain) if configs is None else configs
     names = list(configs)
     per_block: list[dict[str, float]] = []
     digests: dict[str, list[str]] = {name: [] for name in names}
@@ -272,7 +274,7 @@ def measure(
         "blocks_per_round": blocks,
         "steps_per_block": steps,
         "warmup_steps": warmup,
-        "cores": cores,
+        "cores": available,
         "cpu_model": _isa.cpu_model(),
         "per_block_ms": per_block,
         "table": table,

@@ -27,14 +27,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import cost_of_determinism  # noqa: E402  (its child environment is reused)
+
 FLAVORS = ("keras3", "tf_keras")
 MODES = ("op_determinism", "tfdet_cudnn_kept", "tfdet")
 
@@ -122,12 +124,7 @@ print(json.dumps({{"gpu": gpu, "results": results}}))
 
 
 def _environment(flavor: str) -> dict[str, str]:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    # Several processes share the GPU.
-    env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(REPO), env.get("PYTHONPATH")])
-    )
+    env = cost_of_determinism.environment()
     env["TF_USE_LEGACY_KERAS"] = "1" if flavor == "tf_keras" else "0"
     return env
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -45,7 +44,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import check_wall_time  # noqa: E402
-import cost_of_determinism  # noqa: E402
+import cost_of_determinism  # noqa: E402  (puts the repository on sys.path)
+
+from tfdet._pin import _isa  # noqa: E402
 
 MODELS = str(HERE / "gpu_models.py")
 TARGETS = {
@@ -73,8 +74,7 @@ def device_name() -> str:
         listing = ""
     if listing:
         return f"GPU: {listing.splitlines()[0]}"
-    cores = len(os.sched_getaffinity(0))
-    return f"no GPU: CPU, {cores} cores ({cost_of_determinism._isa.cpu_model()})"
+    return f"no GPU: CPU, {cost_of_determinism.cores()} cores ({_isa.cpu_model()})"
 
 
 def configurations(explain: bool) -> dict[str, dict | str | None]:
@@ -85,7 +85,7 @@ def configurations(explain: bool) -> dict[str, dict | str | None]:
         TFDET: {},
     }
     if explain:
-        cores = len(os.sched_getaffinity(0))
+        cores = cost_of_determinism.cores()
         configs["tfdet.enable(), cuDNN RNN kept"] = {"patches_without": ["cudnn_rnn"]}
         configs[f"tfdet.enable(threads={cores})"] = {"threads": cores}
     return configs

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -66,7 +67,9 @@ SURVEY = REPO / "benchmarks" / "survey_models.py"
 SURVEY_PREFIX = "survey:"
 
 
+@functools.cache
 def _survey_names() -> list[str]:
+    """`survey:NAME` for each survey model (its module is read once)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("survey_models", SURVEY)
@@ -82,10 +85,7 @@ def models() -> list[str]:
 
 def expand(names: list[str]) -> list[str]:
     """`names` with the groups "builtin" and "survey" replaced by their models."""
-    groups = {
-        "builtin": _builtins.names(),
-        "survey": [name for name in models() if name.startswith(SURVEY_PREFIX)],
-    }
+    groups = {"builtin": _builtins.names(), "survey": _survey_names()}
     return [model for name in names for model in groups.get(name, [name])]
 
 
@@ -312,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     names = expand(args.models.split(",")) if args.models else models()
-    unknown = [name for name in names if name not in models()]
+    known = models()
+    unknown = [name for name in names if name not in known]
     if unknown:
         parser.error(
             f"Expected --models from builtin, survey, {', '.join(models())}. "

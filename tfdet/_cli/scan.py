@@ -182,7 +182,7 @@ def execute(args: argparse.Namespace) -> int:
         warnings.filterwarnings("ignore", message=_xla.NOTICE_START)
         warnings.filterwarnings("ignore", message="Model doesn't support `jit_compile")
         built = _target.build(spec.text, seed=args.seed)
-    xla_dropped = any(fact["dropped_by_determinism"] for fact in _xla.compiled)
+    xla_dropped = _xla.facts()["dropped_by_determinism"]
     try:
         report = _scan.scan(built, spec.text, xla_dropped=xla_dropped)
     except Exception as error:  # The target's own training step failed.
