@@ -112,7 +112,7 @@ def test_builtin_cnn_is_bit_identical_under_every_perturbation(cnn_check):
     # What the runs imitated, and what no run on one machine can: an
     # IDENTICAL here is no claim about another CPU vendor or cache geometry.
     assert set(report["imitated"]) == applied
-    assert {"cpu_vendor", "cache_sizes", "approximate_instructions"} <= set(
+    assert {"cpu_vendor", "cache_sizes_elsewhere", "approximate_instructions"} <= set(
         report["not_imitated"]
     )
     assert "not imitated: cpu vendor" in output
@@ -124,8 +124,8 @@ def test_without_tfdet_the_same_check_diverges_and_names_the_cause(tmp_path):
     code, report, output = _check("--no-enable", tmp_path=tmp_path)
     cpu = report["devices"]["cpu"]
     applied = set(cpu["perturbations"]) - set(cpu["perturbations_skipped"])
-    if not applied & {"affinity", "isa"}:
-        pytest.skip("neither affinity nor ISA perturbation applies on this machine")
+    if not applied & {"affinity", "isa", "caches"}:
+        pytest.skip("no affinity, ISA or caches perturbation applies on this machine")
     assert code == 1, output
     divergence = cpu["divergence"]
     assert divergence["step"] == 0
@@ -137,7 +137,7 @@ def test_without_tfdet_the_same_check_diverges_and_names_the_cause(tmp_path):
     assert attribution["steps_rerun"] == 1
     same = "same bits through step 0"
     assert attribution["alone"]["none (a re-run of the baseline)"] == same
-    assert set(attribution["responsible"]) <= applied & {"affinity", "isa"}
+    assert set(attribution["responsible"]) <= applied & {"affinity", "isa", "caches"}
     assert attribution["responsible"], attribution
     for harmless in ("hashseed", "neighbour", "stagger"):
         assert attribution["alone"][harmless] == same

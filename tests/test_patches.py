@@ -102,8 +102,9 @@ def test_declaration_names_hazardous_ops_no_other_patch_claims(name: str) -> Non
     assert sys.modules[f"tfdet.patches.{name}"].PATCH is patch
     assert patch.summary and patch.upstream.startswith("https://")
     # A patch that replaces no op fixes Keras code (it must say for which
-    # Keras) or decides tf.distribute settings (it must say which).
-    assert patch.replaces or patch.requires or patch.distribution
+    # Keras), decides tf.distribute settings (it must say which) or pins a
+    # process setting of TensorFlow's libraries (it must say where it cannot).
+    assert patch.replaces or patch.requires or patch.distribution or patch.unavailable
     for op_type in patch.replaces:
         # A typo in an op name, or an op the table does not call a hazard,
         # would make the patch cover nothing in `tfdet scan`.

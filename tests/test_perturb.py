@@ -58,7 +58,7 @@ def test_threads_is_opt_in_and_everything_is_described():
     assert set(_perturb.KNOWN) == set(_perturb.ALL) | {"threads"}
     assert set(_perturb.DESCRIPTIONS) == set(_perturb.KNOWN)
     assert set(_perturb.IMITATED) == set(_perturb.KNOWN)
-    assert {"cpu_vendor", "microarchitecture", "cache_sizes"} <= set(
+    assert {"cpu_vendor", "microarchitecture", "cache_sizes_elsewhere"} <= set(
         _perturb.NOT_IMITATED
     )
     for sentence in [*_perturb.IMITATED.values(), *_perturb.NOT_IMITATED.values()]:

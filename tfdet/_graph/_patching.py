@@ -76,6 +76,9 @@ class Patch:
         distribution: The `tf.distribute` settings the patch decides while
             installed, as the profile's `distribution` section records them
             (`{"collective": "RING"}`); empty for patches of single ops.
+        unavailable: Says why the patch cannot work in this process (None
+            when it can), for a patch that needs more than versions (a
+            platform, a symbol table); `needed()` is False while it says why.
     """
 
     name: str = ""
@@ -86,6 +89,7 @@ class Patch:
     after_import: tuple[tuple[str, Apply], ...] = ()
     requires: Mapping[str, str] = dataclasses.field(default_factory=dict)
     distribution: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    unavailable: Callable[[], str | None] | None = None
     _swap: Swap = dataclasses.field(default_factory=Swap, init=False, repr=False)
     _state: _State = dataclasses.field(default_factory=_State, init=False, repr=False)
 
@@ -127,6 +131,8 @@ class Patch:
         if found is None:
             return False
         if self.replaces and not _hazards.hazardous_in(self.replaces, found[1]):
+            return False
+        if self.unavailable is not None and self.unavailable() is not None:
             return False
         return all(_holds(key, wanted) for key, wanted in self.requires.items())
 

@@ -179,9 +179,12 @@ CPU_FACT_EFFECTS: dict[str, tuple[str, str]] = {
     ),
     "cpu_caches": (
         "may",
-        "Eigen and oneDNN size their blocks from the cache sizes, which can "
-        "change the order of additions; the two measured machines differed in "
-        "cache sizes and in bits (BatchNorm/GELU/Adam models)",
+        "Eigen and oneDNN size their blocks from the cache sizes the CPU "
+        "reports; measured by writing an Intel Xeon's sizes (L1d 48K) into an "
+        "AMD EPYC's (32K) process: Eigen's matrix products then add in "
+        "another order (other bits for Conv2D models with oneDNN's custom ops "
+        "off, and for mixed_bfloat16 with them on), oneDNN's float32 kernels "
+        "did not; enable()'s eigen_cache_sizes patch pins Eigen's sizes",
     ),
     "cpu_cache_sharing": (
         "no",

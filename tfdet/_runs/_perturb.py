@@ -19,7 +19,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from tfdet._pin import _isa
+from tfdet._pin import _cache_sizes, _isa
 from tfdet._pin._environment import affinity
 
 AFFINITY = "affinity"
@@ -28,8 +28,9 @@ HASHSEED = "hashseed"
 NEIGHBOUR = "neighbour"
 STAGGER = "stagger"
 THREADS = "threads"
+CACHES = "caches"
 # The default set ("all"): what must not change the bits under one profile.
-ALL = (AFFINITY, ISA, HASHSEED, NEIGHBOUR, STAGGER)
+ALL = (AFFINITY, ISA, CACHES, HASHSEED, NEIGHBOUR, STAGGER)
 # Named explicitly only: under `enable()` another pool size is another
 # profile, and bits follow the pool size (measured: pools of 1 and 2 gave the
 # same bits on a CNN, 3, 4, 8 and 16 each other ones), so in the default set
@@ -42,6 +43,8 @@ DESCRIPTIONS = {
     AFFINITY: "a different CPU affinity (core count)",
     ISA: "a lower ONEDNN_MAX_CPU_ISA preset (an older x86 CPU generation); "
     "only without a pinned cap (--no-enable or cpu_isa=None)",
+    CACHES: "another real CPU's cache sizes, as Eigen and oneDNN read them "
+    "(an imitation: the caches themselves are unchanged)",
     HASHSEED: "a different PYTHONHASHSEED",
     NEIGHBOUR: "a CPU-burning neighbour process during the run",
     STAGGER: "a staggered start",
@@ -57,6 +60,11 @@ IMITATED = {
     "only without tfdet).",
     ISA: "A lower oneDNN ISA cap: the kernels an older x86 CPU generation "
     "would run, when no cap is pinned.",
+    CACHES: "Another real CPU's cache sizes (e.g. an Intel Xeon's L1d 48K, L2 "
+    "2M on an AMD EPYC), written where Eigen and oneDNN keep what CPUID "
+    "reported: Eigen's L1 size decides how its matrix products split their "
+    "sums (enable() pins Eigen's sizes, so there it shows oneDNN's). The "
+    "caches themselves, and code elsewhere that reads CPUID, are unchanged.",
     HASHSEED: "Another PYTHONHASHSEED: another set and dict iteration order.",
     NEIGHBOUR: "A process burning one core: another machine's load and scheduling.",
     STAGGER: "Staggered starts: runs that do not start or reach each step together.",
@@ -76,9 +84,9 @@ NOT_IMITATED = {
     "microarchitecture": "The CPU microarchitecture (family, model, stepping): "
     "oneDNN tunes blocking and kernels to it, and one machine cannot run "
     "another's.",
-    "cache_sizes": "The cache sizes: Eigen and oneDNN size their blocks from "
-    "the L1/L2/L3 sizes the CPU reports, and an affinity mask does not change "
-    "what it reports.",
+    "cache_sizes_elsewhere": "The cache sizes as code other than Eigen's and oneDNN's "
+    "cached CPUID results sees them (any, where the caches perturbation does "
+    "not apply): an affinity mask does not change what the CPU reports.",
     "isa_above_this_cpu": "An ISA this CPU lacks: a cap can only lower the "
     "ISA, so a newer generation (e.g. AVX-512 or AMX on an AVX2 machine) "
     "cannot be imitated.",
@@ -164,6 +172,7 @@ class RunSetup:
 _THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
 _ENV_KEYS = {
     ISA: (_isa.ENV_VAR, "XLA_FLAGS"),
+    CACHES: (_cache_sizes.ENV_VAR,),
     HASHSEED: ("PYTHONHASHSEED",),
     THREADS: _THREAD_VARIABLES,
 }
@@ -243,6 +252,7 @@ def applicable(pinned_isa: str | None = "AVX2") -> dict[str, str | None]:
         reasons[ISA] = (
             f"this CPU has nothing above AVX2 to cap ({_isa.best_supported()})"
         )
+    reasons[CACHES] = _cache_sizes.imitation_unavailable()
     return reasons
 
 
@@ -357,6 +367,18 @@ def plan(
                 labels[ISA] = (
                     f"{_isa.ENV_VAR}={cap} preset, XLA:CPU capped alike (below this CPU's {best}: "
                     "the kernels of an older CPU generation)"
+                )
+        if CACHES in active:
+            if index == 0:
+                env[_cache_sizes.ENV_VAR] = None
+                labels[CACHES] = "this CPU's cache sizes"
+            else:
+                geometries = _cache_sizes.others()
+                geometry = geometries[(index - 1) % len(geometries)]
+                env[_cache_sizes.ENV_VAR] = geometry.to_env()
+                labels[CACHES] = (
+                    f"cache sizes of an {geometry.describe()}, imitated in "
+                    "Eigen's and oneDNN's CPUID results"
                 )
         if THREADS in active:
             if index == 0:

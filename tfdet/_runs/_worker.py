@@ -105,7 +105,7 @@ def start(spec: dict[str, Any]) -> Any:
     Returns:
         The `tfdet._runs._target.Built` target.
     """
-    from tfdet._pin import _versions
+    from tfdet._pin import _cache_sizes, _versions
     from tfdet._runs import _target, _xla
 
     seed = spec["seed"]
@@ -113,6 +113,9 @@ def start(spec: dict[str, Any]) -> Any:
         enable(spec)
     else:
         _seed_without_tfdet(seed, _versions.uses_legacy_keras(), _distribution(spec)[0])
+    # The `caches` perturbation: another CPU's cache sizes, before the first
+    # matrix product sizes its blocks by this one's.
+    _cache_sizes.imitate_if_requested()
     # After enable(), which must precede `import tensorflow` (oneDNN), and
     # before the TARGET compiles: what it asked of XLA.
     _xla.install()

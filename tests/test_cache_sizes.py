@@ -1,0 +1,145 @@
+"""Cache sizes: the `caches` perturbation (an imitation) and the Eigen pin.
+
+Bits cross processes here: every claim about what cache sizes do to the
+bits is a `tfdet check` of fresh processes, each paired with its control (the
+same perturbation that changes the bits where nothing pins Eigen's sizes).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import REPO, clean_env, run_python, run_tfdet
+from tfdet._pin import _cache_sizes
+
+SURVEY = REPO / "benchmarks" / "survey_models.py"
+
+pytestmark = pytest.mark.skipif(
+    _cache_sizes.imitation_unavailable() is not None,
+    reason=f"caches perturbation: {_cache_sizes.imitation_unavailable()}",
+)
+
+
+def _check(
+    target: str, *args: str, tmp_path, env: dict[str, str]
+) -> tuple[int, dict, str]:
+    report_path = tmp_path / "report.json"
+    proc = run_tfdet(
+        "check",
+        target,
+        "--perturb",
+        "caches",
+        *args,
+        "--json",
+        str(report_path),
+        env=env,
+    )
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    return proc.returncode, report, proc.stdout + proc.stderr
+
+
+# A profile written out by hand for the runs without tfdet: one thread per
+# pool and oneDNN capped at AVX2, so the runs differ in the cache sizes only.
+_ONE_THREAD = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
+
+
+def test_geometries_are_real_cpus_other_than_this_one():
+    own = _cache_sizes.this_cpu()
+    others = _cache_sizes.others()
+    assert others and all((g.l1d, g.l2) != own for g in others)
+    geometry = others[0]
+    assert _cache_sizes.Geometry.from_env(geometry.to_env()) == geometry
+    assert "L1d" in geometry.describe() and geometry.name in geometry.describe()
+
+
+def test_eigen_products_follow_the_imitated_l1_unless_enable_pins_it():
+    # One process: Eigen's sizes as CPUID gave them, an imitated Intel Xeon's,
+    # then enable()'s pin, which the imitation must leave alone; and undone.
+    proc = run_python(
+        """
+        import hashlib, json
+        import numpy as np
+        import tensorflow as tf
+        from tfdet._pin import _cache_sizes
+        from tfdet.patches import eigen_cache_sizes
+
+        a = tf.random.stateless_normal([64, 4096], seed=[1, 2])
+        w = tf.random.stateless_normal([4096, 64], seed=[3, 4])
+        def digest():
+            return hashlib.sha256(tf.matmul(a, w).numpy().tobytes()).hexdigest()
+        facts = {"cpuid": _cache_sizes.eigen_sizes(), "own": digest()}
+        intel = _cache_sizes.GEOMETRIES[0]
+        facts["imitated"] = _cache_sizes.imitate(intel)
+        facts["intel"] = digest()
+        eigen_cache_sizes.PATCH.install()
+        facts["pinned_sizes"] = _cache_sizes.eigen_sizes()
+        facts["pinned"] = digest()
+        facts["left"] = _cache_sizes.imitate(intel)
+        facts["pinned_after_imitation"] = digest()
+        eigen_cache_sizes.PATCH.restore()
+        facts["restored"] = _cache_sizes.eigen_sizes()
+        print(json.dumps(facts))
+        """,
+        env=clean_env(TF_ENABLE_ONEDNN_OPTS="0", **_ONE_THREAD),
+    )
+    assert proc.returncode == 0, proc.stderr
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    pinned = eigen_cache_sizes_values()
+    assert any(item.startswith("Eigen") for item in facts["imitated"])
+    assert any(item.startswith("oneDNN") for item in facts["imitated"])
+    if facts["cpuid"][0] != 48 * 1024:  # This CPU's L1d is not the Xeon's.
+        assert facts["intel"] != facts["own"]
+    assert facts["pinned_sizes"] == list(pinned)
+    assert all("pinned by tfdet" in item for item in facts["left"] if "Eigen" in item)
+    assert facts["pinned_after_imitation"] == facts["pinned"]
+    assert facts["restored"] == facts["cpuid"]
+
+
+def eigen_cache_sizes_values() -> tuple[int, int, int]:
+    from tfdet.patches import eigen_cache_sizes
+
+    pinned = eigen_cache_sizes.PINNED
+    return pinned.l1d, pinned.l2, pinned.l3
+
+
+def test_check_caches_separates_eigen_products_without_tfdet(tmp_path):
+    # oneDNN's custom ops off: TensorFlow's Conv2D and its gradients are
+    # Eigen's products, blocked by the L1 size they are told.
+    env = clean_env(TF_ENABLE_ONEDNN_OPTS="0", **_ONE_THREAD)
+    code, report, output = _check(
+        "builtin:cnn", "--no-enable", tmp_path=tmp_path, env=env
+    )
+    assert code == 1, output
+    cpu = report["devices"]["cpu"]
+    assert "caches" in report["imitated"]
+    assert cpu["divergence"]["step"] == 0
+    assert cpu["divergence"]["attribution"]["responsible"] == ["caches"]
+    assert "imitated in Eigen's and oneDNN's CPUID results" in output
+    # Control: the same processes without the perturbation agree.
+    none = run_tfdet(
+        "check", "builtin:cnn", "--no-enable", "--perturb", "none", env=env
+    )
+    assert none.returncode == 0, none.stdout + none.stderr
+
+
+def test_enable_pins_what_mixed_bfloat16_would_take_from_the_caches(tmp_path):
+    # Under the AVX2 cap oneDNN leaves bfloat16 products to Eigen, so without
+    # the pin the imitated sizes change this model's bits (the control), and
+    # under enable() they do not.
+    target = f"{SURVEY}:mixed_bfloat16"
+    code, report, output = _check(target, tmp_path=tmp_path, env=clean_env())
+    assert code == 0, output
+    assert (
+        "eigen_cache_sizes" in report["devices"]["cpu"]["runs"][0]["profile"]["patches"]
+    )
+    env = clean_env(TF_ENABLE_ONEDNN_OPTS="1", ONEDNN_MAX_CPU_ISA="AVX2", **_ONE_THREAD)
+    (tmp_path / "without").mkdir()
+    code, report, output = _check(
+        target, "--no-enable", tmp_path=tmp_path / "without", env=env
+    )
+    assert code == 1, output
+    assert report["devices"]["cpu"]["divergence"]["attribution"]["responsible"] == [
+        "caches"
+    ]
