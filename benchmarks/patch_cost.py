@@ -42,6 +42,12 @@ class Case:
     patch: str
     description: str
     make: Callable[[], Callable[[], Any]]  # Returns a no-argument step to time.
+    # The patch acts when the step runs, not when it is traced (a process
+    # setting): it is installed around each timing of the patched step.
+    at_run_time: bool = False
+    # Op determinism refuses the original: it is compiled without it (what a
+    # user gets who turns determinism off), then determinism is back on.
+    original_refused: bool = False
 
 
 def _cases() -> list[Case]:
@@ -192,6 +198,20 @@ def _cases() -> list[Case]:
 
         return step
 
+    def matmul_step() -> Callable[[], Any]:
+        a = tf.constant(rng.standard_normal((512, 2048)), tf.float32)
+        b = tf.constant(rng.standard_normal((2048, 512)), tf.float32)
+
+        # Arguments, not captured constants, which Grappler would fold away.
+        @tf.function
+        def step(a: Any, b: Any) -> Any:
+            with tf.GradientTape() as tape:
+                tape.watch(b)
+                loss = tf.reduce_sum(tf.square(tf.matmul(a, b)))
+            return tape.gradient(loss, b)
+
+        return lambda: step(a, b)
+
     def max_pool_xla_step() -> Callable[[], Any]:
         x = tf.constant(rng.standard_normal((16, 32, 32, 32)), tf.float32)
 
@@ -202,15 +222,20 @@ def _cases() -> list[Case]:
             with tf.GradientTape() as tape:
                 tape.watch(x)
                 y = tf.nn.max_pool2d(x, 3, 2, "SAME")
-            return tape.gradient(tf.reduce_sum(y * y), x)
+                # Inside the tape: outside, the gradient was None and only the
+                # forward pass was timed.
+                loss = tf.reduce_sum(y * y)
+            return tape.gradient(loss, x)
 
         return lambda: compiled(x)
 
     return [
         Case(
             "xla_max_pool_grad",
-            "max_pool 3x3/2 SAME fwd+bwd under XLA, [16,32,32,32]",
+            "max_pool 3x3/2 SAME fwd+bwd under XLA, [16,32,32,32] (original "
+            "compiled without op determinism, which refuses it)",
             max_pool_xla_step,
+            original_refused=True,
         ),
         Case(
             "portable_rsqrt",
@@ -228,6 +253,13 @@ def _cases() -> list[Case]:
             elementwise_step(lambda t: tf.nn.gelu(t, approximate=False)),
         ),
         Case("portable_softmax", "softmax fwd+bwd, [4096,512]", softmax_step),
+        Case(
+            "eigen_cache_sizes",
+            "matmul fwd+bwd, [512,2048]@[2048,512] (Eigen's where oneDNN's "
+            "custom ops are off)",
+            matmul_step,
+            at_run_time=True,
+        ),
         Case(
             "resize_nearest_grad",
             "resize nearest 32->64 fwd+bwd, [16,32,32,16]",
@@ -280,19 +312,34 @@ def measure(case: Case, rounds: int, iterations: int) -> dict[str, Any]:
 
     patch = _patching.available()[case.patch]
     patch.restore()
+    import tensorflow as tf
+
     original = case.make()
-    original()  # Trace and warm up with TensorFlow's op.
+    from tensorflow.python.framework import config
+
+    if case.original_refused:
+        config.disable_op_determinism()
+    try:
+        original()  # Trace and warm up with TensorFlow's op.
+    finally:
+        tf.config.experimental.enable_op_determinism()
     patch.install()
     try:
         patched = case.make()
         patched()  # Traced with the patch in place.
     finally:
         patch.restore()
-    # Both functions are traced; installing or restoring does not change them.
+    # Both functions are traced; installing or restoring does not change
+    # them, except for a patch that acts at run time.
     samples_original, samples_patched, ratios = [], [], []
     for _ in range(rounds):
         a = _time(original, iterations)
-        b = _time(patched, iterations)
+        if case.at_run_time:
+            patch.install()
+        try:
+            b = _time(patched, iterations)
+        finally:
+            patch.restore()
         samples_original.append(a)
         samples_patched.append(b)
         ratios.append(b / a)
