@@ -3,8 +3,9 @@
 Each run of `tfdet check` gets a `RunSetup`: run 0 is the baseline (all the
 CPUs this process may use, no ISA cap preset, ...), every other run differs in
 each selected perturbation. Core count (through TensorFlow's default thread
-pools) and the oneDNN ISA change the bits when they are not pinned; the hash
-seed, a busy neighbour and a staggered start must not change them at all.
+pools), the oneDNN ISA and the cache sizes Eigen blocks its products by
+change the bits when they are not pinned; the hash seed, a busy neighbour and
+a staggered start must not change them at all.
 
 These are imitations on one machine. `IMITATED` and `NOT_IMITATED` say what a
 check can and cannot stand for: measured, two real machines (an AMD EPYC and
