@@ -50,22 +50,22 @@ ENV_VAR = "TFDET_IMITATE_CACHES"
 # code (libtensorflow_framework); each may hold its own copy of each variable.
 _LIBRARIES = ("libtensorflow_cc.so.2", "libtensorflow_framework.so.2")
 # Eigen: `static CacheSizes m_cacheSizes` in `manage_caching_sizes`, three
-# ptrdiff_t (L1, L2, L3), its guard, and the constructor that fills it.
+# ptrdiff_t (L1, L2, L3), its guard, the constructor that fills it, and the
+# CPUID query it calls (to put this CPU's own sizes back after a pin).
 _EIGEN = (
     "_ZZN5Eigen8internal20manage_caching_sizesENS_6ActionEPlS2_S2_E12m_cacheSizes",
     "_ZGVZN5Eigen8internal20manage_caching_sizesENS_6ActionEPlS2_S2_E12m_cacheSizes",
-    ("_ZN5Eigen8internal10CacheSizesC2Ev", "_ZN5Eigen8internal10CacheSizesC1Ev"),
+    "_ZN5Eigen8internal10CacheSizesC2Ev",
+    "_ZN5Eigen8internal15queryCacheSizesERiS1_S1_",
 )
 # oneDNN: `static const Xbyak::util::Cpu cpu_` in `dnnl::impl::cpu::x64::cpu()`,
 # whose data cache sizes are consecutive uint32 words, L1 first.
 _ONEDNN = (
     "_ZZN4dnnl4impl3cpu3x643cpuEvE4cpu_",
     "_ZGVZN4dnnl4impl3cpu3x643cpuEvE4cpu_",
-    ("_ZN5Xbyak4util3CpuC2Ev", "_ZN5Xbyak4util3CpuC1Ev"),
+    "_ZN5Xbyak4util3CpuC2Ev",
 )
-_SYMBOLS = (_EIGEN, _ONEDNN)
-# Eigen's CPUID query, to put this CPU's own sizes back after a pin.
-_QUERY = "_ZN5Eigen8internal15queryCacheSizesERiS1_S1_"
+_QUERY = _EIGEN[3]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,11 +132,14 @@ def _tensorflow_directory() -> str | None:
     return list(spec.submodule_search_locations)[0]
 
 
-def _elf_symbols(path: str, names: set[str]) -> dict[str, tuple[int, int]]:
-    """`{name: (st_value, st_size)}` for the `names` in an ELF64 file's symbol tables.
+def _elf_symbols(path: str, names: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    """`{name: (st_value, st_size)}` for the `names` in an ELF64 file's symbols.
 
     Reads the section headers, then looks each name up in the string table
-    of `.symtab` (all symbols, where the file is not stripped) and `.dynsym`.
+    of `.symtab` (all symbols), or of `.dynsym` (the exported ones) in a
+    stripped file. Names declared together sit together in the string table
+    (libtensorflow_cc's is 175 MB), so each search starts where the last one
+    found its name.
     """
     found: dict[str, tuple[int, int]] = {}
     with (
@@ -161,19 +164,22 @@ def _elf_symbols(path: str, names: set[str]) -> dict[str, tuple[int, int]]:
                 ("size", "<u8"),
             ]
         )
+        kinds = {section[1] for section in sections}
+        kind_read = 2 if 2 in kinds else 11  # SHT_SYMTAB, else SHT_DYNSYM
         for _, kind, _, _, offset, size, link, *_ in sections:
-            if kind not in (2, 11):  # SHT_SYMTAB, SHT_DYNSYM
+            if kind != kind_read:
                 continue
-            strings_offset, strings_size = sections[link][4], sections[link][5]
+            start, end = sections[link][4], sections[link][4] + sections[link][5]
+            cursor = start
             wanted = {}
-            for name in names - found.keys():
-                at = data.find(
-                    b"\0" + name.encode() + b"\0",
-                    strings_offset,
-                    strings_offset + strings_size,
-                )
+            for name in names:
+                needle = b"\0" + name.encode() + b"\0"
+                at = data.find(needle, cursor, end)
+                if at < 0:
+                    at = data.find(needle, start, cursor + len(needle))
                 if at >= 0:
-                    wanted[at + 1 - strings_offset] = name
+                    wanted[at + 1 - start] = name
+                    cursor = at
             if not wanted:
                 continue
             table = np.frombuffer(data[offset : offset + size], dtype=symbol_type)
@@ -186,16 +192,10 @@ def _elf_symbols(path: str, names: set[str]) -> dict[str, tuple[int, int]]:
     return found
 
 
-def _all_names() -> set[str]:
-    names: set[str] = set()
-    for variable, guard, constructors in _SYMBOLS:
-        names.update((variable, guard, *constructors))
-    return names | {_QUERY}
-
-
 @functools.cache
-def _library_symbols() -> dict[str, dict[str, tuple[int, int]]]:
-    """`{library path: {symbol: (st_value, st_size)}}` for TensorFlow's libraries."""
+def _library_symbols(names: tuple[str, ...]) -> dict[str, dict[str, tuple[int, int]]]:
+    """`{library path: {symbol: (st_value, st_size)}}` of `names` in
+    TensorFlow's libraries (read once per process and set of names)."""
     directory = _tensorflow_directory()
     if directory is None:
         return {}
@@ -203,14 +203,13 @@ def _library_symbols() -> dict[str, dict[str, tuple[int, int]]]:
     for library in _LIBRARIES:
         path = os.path.realpath(os.path.join(directory, library))
         if os.path.exists(path):
-            found[path] = _elf_symbols(path, _all_names())
+            found[path] = _elf_symbols(path, names)
     return found
 
 
-def _symbols_found(which: tuple) -> bool:
-    return any(
-        which[0] in found and which[1] in found for found in _library_symbols().values()
-    )
+def _symbols_found(names: tuple[str, ...]) -> bool:
+    """Whether one of TensorFlow's libraries names all of `names`."""
+    return any(set(names) <= set(found) for found in _library_symbols(names).values())
 
 
 def pin_unavailable() -> str | None:
@@ -267,13 +266,10 @@ def _initialized(
 ) -> tuple[int, int]:
     """`(address, size)` of a function-local static, constructed as its
     function would construct it if it has not been yet."""
-    variable, guard, constructors = names
+    variable, guard, constructor = names[:3]
     address, size = base + symbols[variable][0], symbols[variable][1]
     guard_byte = ctypes.c_uint8.from_address(base + symbols[guard][0])
     if not guard_byte.value:
-        constructor = next((name for name in constructors if name in symbols), None)
-        if constructor is None:
-            raise ImitationError(f"Expected a constructor for {variable}. Found none.")
         ctypes.CFUNCTYPE(None, ctypes.c_void_p)(base + symbols[constructor][0])(address)
         # The Itanium C++ ABI: a nonzero first byte marks the static as built.
         guard_byte.value = 1
@@ -283,8 +279,8 @@ def _initialized(
 def _locations(which: tuple) -> list[tuple[str, int, int]]:
     """`(library name, address, size)` of each loaded copy of `which`, built."""
     found = []
-    for path, symbols in _library_symbols().items():
-        if which[0] in symbols and which[1] in symbols:
+    for path, symbols in _library_symbols(which).items():
+        if set(which) <= set(symbols):
             address, size = _initialized(_load_address(path), symbols, which)
             found.append((os.path.basename(path), address, size))
     if not found:
@@ -368,7 +364,7 @@ PIN = _Pin()
 
 def _query(l1: ctypes.c_int, l2: ctypes.c_int, l3: ctypes.c_int) -> None:
     """Eigen's own CPUID query (`Eigen::internal::queryCacheSizes`)."""
-    for path, symbols in _library_symbols().items():
+    for path, symbols in _library_symbols(_EIGEN).items():
         if _QUERY in symbols:
             pointer = ctypes.POINTER(ctypes.c_int)
             function = ctypes.CFUNCTYPE(None, pointer, pointer, pointer)
