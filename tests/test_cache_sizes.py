@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import REPO, clean_env, run_python, run_tfdet
 from tfdet._pin import _cache_sizes
+from tfdet.patches.eigen_cache_sizes import PINNED
 
 SURVEY = REPO / "benchmarks" / "survey_models.py"
 
@@ -86,7 +87,7 @@ def test_eigen_products_follow_the_imitated_l1_unless_enable_pins_it():
     )
     assert proc.returncode == 0, proc.stderr
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
-    pinned = eigen_cache_sizes_values()
+    pinned = (PINNED.l1d, PINNED.l2, PINNED.l3)
     assert any(item.startswith("Eigen") for item in facts["imitated"])
     assert any(item.startswith("oneDNN") for item in facts["imitated"])
     if facts["cpuid"][0] != 48 * 1024:  # This CPU's L1d is not the Xeon's.
@@ -95,13 +96,6 @@ def test_eigen_products_follow_the_imitated_l1_unless_enable_pins_it():
     assert all("pinned by tfdet" in item for item in facts["left"] if "Eigen" in item)
     assert facts["pinned_after_imitation"] == facts["pinned"]
     assert facts["restored"] == facts["cpuid"]
-
-
-def eigen_cache_sizes_values() -> tuple[int, int, int]:
-    from tfdet.patches import eigen_cache_sizes
-
-    pinned = eigen_cache_sizes.PINNED
-    return pinned.l1d, pinned.l2, pinned.l3
 
 
 def test_check_caches_separates_eigen_products_without_tfdet(tmp_path):

@@ -9,8 +9,9 @@ an ISA cap changes them.
 
 This module finds those variables in TensorFlow's shared libraries through
 their ELF symbol tables, initializes them as TensorFlow would if it has not
-yet, checks that they hold this CPU's sizes (a layout it does not know is
-refused, never overwritten), and then either
+yet, checks their layout (Eigen's by its size, oneDNN's by this CPU's sizes
+in it: a layout it does not know is refused, never overwritten), and then
+either
 
 - `pin`s Eigen's to one fixed geometry (the `eigen_cache_sizes` patch that
   `enable()` installs: every CPU then blocks Eigen's products alike), or
@@ -113,8 +114,9 @@ def _size(label: str) -> int | None:
     return None
 
 
+@functools.cache
 def this_cpu() -> tuple[int | None, int | None]:
-    """`(L1d, L2)` of this CPU in bytes, as the OS reports them."""
+    """`(L1d, L2)` of this CPU in bytes, as the OS reports them (read once)."""
     return _size("L1d"), _size("L2")
 
 
@@ -249,8 +251,13 @@ class ImitationError(RuntimeError):
     """The variables did not hold this CPU's sizes: nothing was written."""
 
 
+@functools.cache
 def _load_address(path: str) -> int:
-    """Where `path` is mapped in this process (its offset-0 mapping)."""
+    """Where `path` is mapped in this process (its offset-0 mapping).
+
+    Read once per library: a loaded library does not move (a library not
+    loaded yet raises, and raising is not cached).
+    """
     with open("/proc/self/maps", encoding="utf-8") as maps:
         for line in maps:
             fields = line.split()
