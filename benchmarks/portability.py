@@ -33,10 +33,8 @@ import functools
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tfdet._pin import _enable, _environment, _isa, _versions  # noqa: E402
-from tfdet._runs import _builtins, _options, _spawn  # noqa: E402
+from tfdet._runs import _builtins, _options, _perturb, _spawn  # noqa: E402
 
 TABLE = REPO / "benchmarks" / "portability_digests.json"
 SEED = 7
@@ -156,34 +154,26 @@ def train(name: str, workdir: str, timeout: float = 600.0) -> dict[str, Any]:
     Raises:
         RuntimeError: the process failed (its stderr tail in the message).
     """
-    stem = name.replace(":", "-")
-    result = os.path.join(workdir, f"{stem}.json")
+    run_dir = os.path.join(workdir, name.replace(":", "-"))
+    os.makedirs(run_dir)
     # The default profile (enable() with its defaults): stated once, in RunOptions.
     options = _options.RunOptions(target=target(name), seed=SEED, steps=STEPS)
-    spec = {
-        **_spawn.make_worker_spec(options),
-        "result": result,
-        "trace": os.path.join(workdir, f"{stem}.jsonl"),
-    }
-    started = time.perf_counter()
-    process = subprocess.run(
-        [sys.executable, "-m", "tfdet._runs._worker", json.dumps(spec)],
-        env=_environment_for(name),
-        capture_output=True,
-        text=True,
+    (outcome,) = _spawn.run_all(
+        [_perturb.RunSetup(0)],
+        _spawn.worker_spec(options),
+        run_dir,
+        base_env=_environment_for(name),
         timeout=timeout,
-        check=False,
     )
-    if process.returncode != 0 or not os.path.exists(result):
+    if not outcome.ok:
         raise RuntimeError(
-            f"Expected {label(name)} to train. Received: exit status "
-            f"{process.returncode}.\n{process.stderr[-3000:]}"
+            f"Expected {label(name)} to train. Received: {outcome.reason}.\n"
+            f"{outcome.stderr_tail}"
         )
-    with open(result, encoding="utf-8") as handle:
-        facts = json.load(handle)
+    facts = outcome.result
     return {
         "digest": digest_of(facts["weights_file"]),
-        "seconds": round(time.perf_counter() - started, 1),
+        "seconds": round(outcome.seconds, 1),
         "cpu_isa": facts["profile"]["cpu_isa"],
         "threads": facts["profile"]["intra_op_threads"],
     }

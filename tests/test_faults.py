@@ -23,12 +23,14 @@ import time
 import pytest
 
 from tests.conftest import REPO, clean_env, run_tfdet
+from tfdet._runs import _child
 from tfdet._runs._spawn import NEIGHBOUR_CODE
 
 FAULTS = str(REPO / "tests" / "targets" / "fault_models.py")
 DEADLINE = 300.0  # Seconds for any awaited condition, for a loaded machine.
-WORKER = "tfdet._runs._worker"
-LOCATE_WORKER = "tfdet._runs._locate_worker"
+# How a run's process is told apart in a listing: its spec names its kind.
+WORKER = '"kind": "check"'
+LOCATE_WORKER = '"kind": "locate"'
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
@@ -93,7 +95,7 @@ def _runs_and_neighbour(pid: int, module: str, processes: int = 2):
     def ready():
         found = _descendants(pid)
         argvs = list(found.values())
-        runs = sum(module in argv for argv in argvs)
+        runs = sum(any(module in arg for arg in argv) for argv in argvs)
         neighbours = sum(NEIGHBOUR_CODE in argv for argv in argvs)
         return found if runs == processes and neighbours == 1 else None
 
@@ -280,17 +282,18 @@ def test_a_failed_runs_stderr_tail_shows_the_failure_not_the_hash_seed_warning(
     tmp_path,
 ):
     # The worker of a run whose PYTHONHASHSEED was perturbed, as check starts it.
-    spec = {
-        "target": f"{REPO / 'tests' / 'targets' / 'check_models.py'}:crash_model",
-        "seed": 0,
-        "steps": 1,
-        "enable": True,
-        "threads": 1,
-        "cpu_isa": "AVX2",
-        "result": str(tmp_path / "run.json"),
-    }
+    spec = _child.WorkerSpec(
+        _child.CHECK,
+        target=f"{REPO / 'tests' / 'targets' / 'check_models.py'}:crash_model",
+        seed=0,
+        steps=1,
+        enable=True,
+        threads=1,
+        cpu_isa="AVX2",
+        result=str(tmp_path / "run.json"),
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", WORKER, json.dumps(spec)],
+        [sys.executable, "-m", _child.MODULE, spec.to_json()],
         env=clean_env(PYTHONHASHSEED="7920"),
         capture_output=True,
         text=True,

@@ -14,22 +14,23 @@ import threading
 import pytest
 
 from tests.conftest import clean_env
-from tfdet._runs import _options, _perturb, _spawn, _target
+from tfdet._runs import _child, _options, _perturb, _spawn, _target
 
 CHILD = textwrap.dedent(
     """
-    import json, sys, threading
+    import json, os, sys, threading
     spec = json.loads(sys.argv[1])
-    print("tfdet-progress 1 1", flush=True)
-    if spec["mode"] == "result":
+    os.write(spec["progress_fd"], b"1 1\\n")
+    mode = spec["target"]
+    if mode == "result":
         with open(spec["result"], "w") as out:
             json.dump({"trace": spec["trace"]}, out)
-    elif spec["mode"] == "garbage":
+    elif mode == "garbage":
         with open(spec["result"], "w") as out:
             out.write("{not json")
-    elif spec["mode"] == "exit":
+    elif mode == "exit":
         sys.exit(5)
-    elif spec["mode"] == "hang":
+    elif mode == "hang":
         threading.Event().wait()
     """
 )
@@ -42,10 +43,9 @@ def child(tmp_path):
 
 
 def _one(child, tmp_path, mode, timeout=60.0, progress=None):
-    setup = _perturb.RunSetup(0, {}, None, 0.0, False, {})
     (outcome,) = _spawn.run_all(
-        [setup],
-        {"mode": mode},
+        [_perturb.RunSetup(0)],
+        _child.WorkerSpec(_child.CHECK, target=mode),
         str(tmp_path),
         module="spawn_child",
         base_env=child,
@@ -95,16 +95,17 @@ def test_worker_spec_and_environment_come_from_the_options():
     options = _options.RunOptions(
         target="builtin:cnn", steps=2, seed=7, threads=2, enable=True, workers=3
     )
-    assert _spawn.make_worker_spec(options) == {
-        "target": "builtin:cnn",
-        "seed": 7,
-        "steps": 2,
-        "enable": True,
-        "threads": 2,
-        "cpu_isa": options.cpu_isa,
-        "workers": 3,
-        "replicas": 1,
-    }
+    assert _spawn.worker_spec(options) == _child.WorkerSpec(
+        _child.CHECK,
+        target="builtin:cnn",
+        seed=7,
+        steps=2,
+        enable=True,
+        threads=2,
+        cpu_isa=options.cpu_isa,
+        workers=3,
+        replicas=1,
+    )
     cpu = _spawn.run_environment(_target.TargetSpec("x:y", legacy_keras=True), "cpu")
     assert cpu["CUDA_VISIBLE_DEVICES"] == "-1" and cpu["TF_USE_LEGACY_KERAS"] == "1"
     gpu = _spawn.run_environment(_target.TargetSpec("x:y"), "gpu")
@@ -124,8 +125,9 @@ def test_gpu_runs_keep_the_cuda_jit_cache_unless_the_user_sized_it(monkeypatch):
 
 
 def test_the_spec_of_every_run_is_json():
-    spec = _spawn.make_worker_spec(_options.RunOptions())
-    assert json.loads(json.dumps(spec)) == spec
+    spec = _spawn.worker_spec(_options.RunOptions())
+    assert _child.WorkerSpec.from_json(spec.to_json()) == spec
+    assert json.loads(spec.to_json())["kind"] == "check"
 
 
 @pytest.mark.parametrize(

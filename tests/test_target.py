@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import REPO
 from tfdet._errors import RunFailedError, TargetError
-from tfdet._runs import _target
+from tfdet._runs import _spawn, _target
 
 MODELS = str(REPO / "tests" / "targets" / "check_models.py")
 
@@ -147,9 +147,9 @@ def test_preflight_survives_targets_that_exit_hang_or_do_not_fit(
 ):
     spec = _target.parse(f"{FAULTS}:{function}")
     with pytest.raises(error, match=message):
-        _target.preflight(spec, timeout=5 if function == "hangs" else 300)
+        _spawn.preflight(spec, timeout=5 if function == "hangs" else 300)
 
 
 def test_preflight_accepts_a_good_target():
     # The assertion is preflight's own: it raises on a TARGET it refuses.
-    _target.preflight(_target.parse(f"{FAULTS}:tf_dataset"), timeout=300)
+    _spawn.preflight(_target.parse(f"{FAULTS}:tf_dataset"), timeout=300)

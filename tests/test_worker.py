@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 from tests.conftest import REPO, clean_env
 from tfdet._record import _bits, _trace
+from tfdet._runs import _child, _perturb, _spawn
 
 MODELS = f"{REPO / 'tests' / 'targets' / 'check_models.py'}"
 
@@ -19,35 +16,31 @@ MODELS = f"{REPO / 'tests' / 'targets' / 'check_models.py'}"
 def worker_run(tmp_path_factory):
     """One worker process training `with_data` for 2 steps."""
     workdir = tmp_path_factory.mktemp("worker")
-    spec = {
-        "target": f"{MODELS}:with_data",
-        "seed": 3,
-        "steps": 2,
-        "enable": True,
-        "threads": 1,
-        "cpu_isa": "AVX2",
-        "result": str(workdir / "run0.json"),
-        "trace": str(workdir / "run0.jsonl"),
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "tfdet._runs._worker", json.dumps(spec)],
-        env=clean_env(CUDA_VISIBLE_DEVICES="-1"),
-        capture_output=True,
-        text=True,
+    steps = []
+    (outcome,) = _spawn.run_all(
+        [_perturb.RunSetup(0)],
+        _child.WorkerSpec(
+            _child.CHECK,
+            target=f"{MODELS}:with_data",
+            seed=3,
+            steps=2,
+            enable=True,
+            threads=1,
+            cpu_isa="AVX2",
+        ),
+        str(workdir),
+        base_env=clean_env(CUDA_VISIBLE_DEVICES="-1"),
         timeout=300,
-        check=False,
+        progress=lambda index, done, total: steps.append((index, done, total)),
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(spec["result"], encoding="utf-8") as handle:
-        return spec, json.load(handle), proc.stdout
+    assert outcome.ok, outcome.stderr_tail
+    spec = {"trace": str(workdir / "run0.jsonl")}
+    return spec, outcome.result, steps
 
 
-def test_progress_lines_count_the_steps(worker_run):
-    _, _, stdout = worker_run
-    assert [line for line in stdout.splitlines() if line.startswith("tfdet-")] == [
-        "tfdet-progress 1 2",
-        "tfdet-progress 2 2",
-    ]
+def test_progress_counts_the_steps_on_its_own_channel(worker_run):
+    _, _, steps = worker_run
+    assert steps == [(0, 1, 2), (0, 2, 2)]
 
 
 def test_the_trace_is_the_callbacks_format(worker_run):

@@ -50,9 +50,14 @@ def crash_model() -> keras.Model:
     return _dense_model(CrashWhenTraining())
 
 
+def _in_a_check_run() -> bool:
+    """Whether this process is one of a check's runs (not its preflight)."""
+    return sys.argv[0].endswith("_child.py") and '"kind": "check"' in sys.argv[1]
+
+
 def sleepy_model() -> keras.Model:
     """Sleeps when built by a check worker, so the run times out."""
-    if sys.argv[0].endswith("_worker.py"):
+    if _in_a_check_run():
         time.sleep(600)
     return _dense_model()
 
@@ -80,7 +85,7 @@ def crash_on_one_cpu() -> keras.Model:
     Only one of two affinity-perturbed runs fails: the other must not be
     reported as "identical" to nothing.
     """
-    if sys.argv[0].endswith("_worker.py") and len(os.sched_getaffinity(0)) == 1:
+    if _in_a_check_run() and len(os.sched_getaffinity(0)) == 1:
         sys.stdout.buffer.write(b"\xff\xfe not utf-8 \xff\n")
         sys.stdout.flush()
         os._exit(17)

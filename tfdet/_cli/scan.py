@@ -25,7 +25,7 @@ from absl import app
 from tfdet._cli import _output, write_json
 from tfdet._cli._training_flags import TARGET_HELP
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError
-from tfdet._runs import _options, _target
+from tfdet._runs import _options, _spawn, _target
 
 _BEHAVIOUR = {
     "raises": "raises on GPU",
@@ -138,7 +138,7 @@ def execute(args: argparse.Namespace) -> int:
     if not spec.text.startswith("builtin:"):
         # Built once in a child first: a TARGET that calls os._exit or hangs
         # cannot end this process with its own status, or stall it.
-        _target.preflight(spec, _options.DEFAULT_TIMEOUT)
+        _spawn.preflight(spec, _options.DEFAULT_TIMEOUT)
     if spec.legacy_keras:
         # The CLI process is fresh: tf.keras must resolve to tf_keras before
         # TensorFlow is imported.

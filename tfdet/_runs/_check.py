@@ -32,7 +32,7 @@ from tfdet._errors import (
 )
 from tfdet._pin import _devices
 from tfdet._record import _bits, _diff, _trace
-from tfdet._runs import _perturb, _spawn
+from tfdet._runs import _child, _perturb, _spawn
 from tfdet._runs._options import RunOptions
 from tfdet._runs._spawn import ProgressFn
 
@@ -243,7 +243,7 @@ def _attribute(
     baseline: _perturb.RunSetup,
     other: _perturb.RunSetup,
     divergence: _diff.Divergence,
-    spec: dict[str, Any],
+    spec: _child.WorkerSpec,
     env: dict[str, str],
     options: RunOptions,
     workdir: str,
@@ -262,18 +262,16 @@ def _attribute(
     ]
     candidates: list[str | None] = [None, *differing]
     setups = [
-        dataclasses.replace(
-            baseline.with_perturbation_of(other, name, 100 + k), delay=0.0
-        )
+        baseline.with_perturbation_of(other, name, 100 + k)
         for k, name in enumerate(candidates)
     ]
     through = _through_step(divergence)
     if through is not None:
-        spec = {**spec, "steps": through + 1}
+        spec = dataclasses.replace(spec, steps=through + 1)
     if progress is not None:
         progress(
             f"diverged; re-running {len(setups)} processes at once for "
-            f"{spec['steps']} step(s) to find the perturbation responsible "
+            f"{spec.steps} step(s) to find the perturbation responsible "
             f"(each stopped after {options.timeout:.0f} s)"
         )
     outcomes = _spawn.run_jobs(
@@ -309,7 +307,7 @@ def _attribute(
         "alone": alone,
         "responsible": responsible,
         "verdict": verdict,
-        "steps_rerun": spec["steps"],
+        "steps_rerun": spec.steps,
     }
 
 
@@ -351,7 +349,7 @@ def _run_jobs(
     setups: list[_perturb.RunSetup],
     options: RunOptions,
     env: dict[str, str],
-    worker_spec: dict[str, Any],
+    worker_spec: _child.WorkerSpec,
     workdir: str,
     progress: ProgressFn | None,
     step: StepFn | None,
@@ -380,6 +378,7 @@ def _run_jobs(
         timeout=options.timeout,
         progress=on_step,
     )
+    _spawn.raise_target_error([outcome for job in outcomes for outcome in job])
     return [_read_runs(job) for job in outcomes]
 
 
@@ -395,7 +394,7 @@ def _check_device(
         options.runs, names, _perturb.pinned_cap(options), options.threads
     )
     env = _spawn.run_environment(options.target_spec, device)
-    worker_spec = _spawn.make_worker_spec(options)
+    worker_spec = _spawn.worker_spec(options)
     workers = options.workers
     jobs = _run_jobs(device, setups, options, env, worker_spec, workdir, progress, step)
     runs = [run for job in jobs for run in job]

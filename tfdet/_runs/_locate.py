@@ -19,13 +19,14 @@ outputs can be watched; metrics are not computed. Graph-mode
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from typing import Any
 
-from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError, TargetError
+from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError
 from tfdet._record import _layer_walk
-from tfdet._runs import _locate_worker, _perturb, _spawn
+from tfdet._runs import _child, _perturb, _spawn
 from tfdet._runs._options import RunOptions
 from tfdet._runs._spawn import ProgressFn
 
@@ -34,14 +35,12 @@ from tfdet._runs._spawn import ProgressFn
 # runs two processes, on the CPU.
 LocateOptions = RunOptions
 
-WORKER_MODULE = "tfdet._runs._locate_worker"
-
 
 def _run(
     options: RunOptions,
     runs: int,
     names: list[str],
-    extra: dict[str, Any],
+    record_path: str | None,
     progress: ProgressFn | None,
 ) -> list[_spawn.RunOutcome]:
     """Runs the locate worker in `runs` processes; raises if one failed.
@@ -56,22 +55,19 @@ def _run(
     with tempfile.TemporaryDirectory(prefix="tfdet-locate-") as workdir:
         outcomes = _spawn.run_all(
             setups,
-            {**_spawn.make_worker_spec(options), **extra},
+            dataclasses.replace(
+                _spawn.worker_spec(options, _child.LOCATE), record=record_path
+            ),
             workdir,
-            module=WORKER_MODULE,
             # Layer fingerprints are taken on the CPU: GPUs are hidden.
             base_env=_spawn.run_environment(spec, "cpu"),
             timeout=options.timeout,
             progress=_spawn.step_lines(progress),
         )
+    _spawn.raise_target_error(outcomes)
     failed = [outcome for outcome in outcomes if not outcome.ok]
     if failed:
         outcome = failed[0]
-        for line in outcome.stderr_tail.splitlines():
-            if line.startswith(_locate_worker.TARGET_ERROR_PREFIX):
-                raise TargetError(
-                    line[len(_locate_worker.TARGET_ERROR_PREFIX) :].strip()
-                )
         raise RunFailedError(
             f"locate run {outcome.setup.index} failed ({outcome.reason}); stderr "
             f"tail:\n{outcome.stderr_tail}"
@@ -98,7 +94,7 @@ def record(
             the steps recorded before).
     """
     path = os.path.abspath(path)
-    (outcome,) = _run(options, 1, [], {"record": path}, progress)
+    (outcome,) = _run(options, 1, [], path, progress)
     return {
         "target": options.target_spec.text,
         "enable": options.enable,
@@ -123,7 +119,7 @@ def locate(options: RunOptions, progress: ProgressFn | None = None) -> dict[str,
         RunFailedError: a run crashed or timed out.
     """
     names = list(options.perturb)
-    outcomes = _run(options, 2, names, {}, progress)
+    outcomes = _run(options, 2, names, None, progress)
     a, b = outcomes[0].result, outcomes[1].result
     location = _layer_walk.locate_results(a, b)
     return {

@@ -1,7 +1,7 @@
 """Child side of `tfdet locate`: train a TARGET, fingerprint every layer.
 
-Started as `python -m tfdet._runs._locate_worker SPEC_JSON` by `tfdet._runs._spawn` in a
-fresh, perturbed process (the spec of `tfdet._runs._worker` plus nothing new). Each
+Runs in a fresh, perturbed process started by `tfdet._runs._child` (kind
+`locate`; it starts as the check child does, `tfdet._runs._worker.start`). Each
 step is one `tf.function` with a `tf.GradientTape`; every layer's `call` is
 wrapped so that, while the step is traced, its outputs are collected in
 execution order. The step returns those outputs, the gradient of the loss
@@ -17,14 +17,13 @@ fingerprints in the order they were computed.
 from __future__ import annotations
 
 import contextlib
-import json
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 from tfdet._graph import _layers
 from tfdet._record import _layer_walk, _trace
+from tfdet._runs._child import WorkerSpec
 
 _PLUMBING_OPS = frozenset(
     {"Placeholder", "Const", "NoOp", "Identity", "IdentityN", "ReadVariableOp"}
@@ -229,19 +228,15 @@ def _layer_records(graph: Any, recorder: _Recorder) -> list[dict[str, Any]]:
     return layers
 
 
-def run(spec: dict[str, Any]) -> dict[str, Any]:
-    """Trains `spec["target"]` for `spec["steps"]` steps, fingerprinting layers.
+def run(spec: WorkerSpec) -> None:
+    """Trains `spec.target` for `spec.steps` steps, fingerprinting layers.
 
-    Args:
-        spec: target, seed, steps, enable, threads, cpu_isa, result, and
-            optionally record (a trace file to write as the steps run).
-
-    Returns:
-        The result dict (also written to `spec["result"]`).
+    With `spec.record`, also writes the fingerprints as a trace as the steps
+    run (`tfdet locate --record`).
     """
     from tfdet._errors import TargetError
     from tfdet._record import _bits
-    from tfdet._runs import _worker
+    from tfdet._runs import _child, _worker
 
     started = time.perf_counter()
     built = _worker.start(spec)
@@ -249,7 +244,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     if not tf.executing_eagerly():
         raise TargetError(
-            f"Expected TARGET {spec['target']!r} to train eagerly (TensorFlow 2 "
+            f"Expected TARGET {spec.target!r} to train eagerly (TensorFlow 2 "
             "behaviour). Received: a model built after `disable_eager_execution()`; "
             "`tfdet locate` records layers in a `tf.function` step. Use `tfdet "
             "check` for tf.compat.v1 graph-mode targets."
@@ -267,7 +262,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     owners: list[int | None] = []
     writer = None
     try:
-        for step in range(spec["steps"]):
+        for step in range(spec.steps):
             x, y = built.batch(step)
             loss, outputs, output_grads, variable_grads = train_step(x, y)
             variable_grads = [
@@ -289,9 +284,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 graph = train_step.get_concrete_function(first_x, first_y).graph
                 layers = _layer_records(graph, recorder)
                 owners = [_owner(v, recorder.calls) for v in variables]
-                if spec.get("record"):
+                if spec.record:
                     writer = _trace.TraceWriter(
-                        spec["record"], _record_header(spec, layers, names, owners)
+                        spec.record, _record_header(spec, layers, names, owners)
                     )
             if writer is not None:
                 writer.write_step(
@@ -299,25 +294,25 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                         steps[-1], _trace.weights_fingerprint(checksums)
                     )
                 )
-            _worker.report_progress(step + 1, spec["steps"])
+            _child.report_progress(step + 1, spec.steps)
     finally:
         if writer is not None:
             writer.close()
 
-    result = {
-        **_worker.run_facts(spec["seed"]),
-        "layers": layers,
-        "variables": names,
-        "variable_layers": owners,
-        "steps": steps,
-        "seconds": time.perf_counter() - started,
-    }
-    _worker.write_result(spec["result"], result)
-    return result
+    _child.write_result(
+        {
+            **_child.run_facts(spec),
+            "layers": layers,
+            "variables": names,
+            "variable_layers": owners,
+            "steps": steps,
+            "seconds": time.perf_counter() - started,
+        }
+    )
 
 
 def _record_header(
-    spec: dict[str, Any],
+    spec: WorkerSpec,
     layers: list[dict[str, Any]],
     names: list[str],
     owners: list[int | None],
@@ -326,30 +321,11 @@ def _record_header(
     from tfdet._pin import _enable, _environment
 
     return _trace.make_header(
-        _enable.observed_profile(spec["seed"]),
+        _enable.observed_profile(spec.seed),
         _environment.fingerprint(_enable.profile()),
         names,
         training="locate",
-        target=spec["target"],
+        target=spec.target,
         layers=layers,
         variable_layers=owners,
     )
-
-
-TARGET_ERROR_PREFIX = "tfdet-target-error:"
-
-
-def main(argv: list[str]) -> int:
-    from tfdet._errors import EXIT_USAGE, TargetError
-
-    try:
-        run(json.loads(argv[1]))
-    except TargetError as error:
-        # Bad input, not a crash: the parent reports it as exit 2.
-        print(f"{TARGET_ERROR_PREFIX} {error}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

@@ -1,77 +1,396 @@
 """Perturbations that make a run look like it is on another machine.
 
-Each run of `tfdet check` gets a `RunSetup`: run 0 is the baseline (all the
-CPUs this process may use, no ISA cap preset, ...), every other run differs in
-each selected perturbation. Core count (through TensorFlow's default thread
-pools), the oneDNN ISA and the cache sizes Eigen blocks its products by
-change the bits when they are not pinned; the hash seed, a busy neighbour and
-a staggered start must not change them at all.
+Each perturbation is one `Perturbation` record: its name, what it stands
+for, when it does not apply, what it changes in each run (a `Change`:
+environment, CPU affinity, start delay, a busy neighbour, pool size), how a
+worker of a multi-worker run differs, and what a child process applies
+itself (`in_child`, run by every kind of run through
+`tfdet._runs._child.child_start`). `plan`, attribution, `applicable`, the
+reports and `--help` loop over `REGISTRY`: a new perturbation is one record.
 
-These are imitations on one machine. `IMITATED` and `NOT_IMITATED` say what a
-check can and cannot stand for: measured, two real machines (an AMD EPYC and
-an Intel Xeon) under the same profile gave different weights for some models
-that `check` reported identical on each of them.
+Run 0 of a check is the baseline; every other run differs in each selected
+perturbation. Core count (through TensorFlow's default thread pools), the
+oneDNN ISA and the cache sizes Eigen blocks its products by change the bits
+when they are not pinned; the hash seed, a busy neighbour and a staggered
+start must not change them at all.
+
+These are imitations on one machine. Each record's `imitates` and
+`NOT_IMITATED` say what a check can and cannot stand for: measured, two real
+machines (an AMD EPYC and an Intel Xeon) under the same profile gave
+different weights for some models that `check` reported identical on each.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
-from typing import Any
+import types
+from collections.abc import Callable, Mapping, Sequence
 
 from tfdet._pin import _cache_sizes, _isa
 from tfdet._pin._environment import affinity
+from tfdet._pin._settings import DEFAULT_THREADS
+
+NONE = "none"
+STAGGER_SECONDS = 0.75
+
+# TensorFlow reads these when it starts: they set the pool size for a run
+# without tfdet (with tfdet, `Change.threads` reaches enable()).
+_THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What planning a check's runs depends on.
+
+    Attributes:
+        runs: How many runs (run 0 is the baseline).
+        pinned_isa: The ISA cap the runs' profile pins, canonical; None when
+            nothing is pinned (`--no-enable`, `cpu_isa=None`, not x86-64).
+        threads: The profile's pool size.
+    """
+
+    runs: int
+    pinned_isa: str | None
+    threads: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """What one perturbation does to one process.
+
+    Attributes:
+        label: What this process had, for the report ("2 CPUs [0, 1]").
+        env: Variables to set (None: unset) on top of the runs' environment.
+        cpus: CPU affinity, or None for the parent's.
+        delay: Seconds to wait before starting.
+        neighbour: Whether a CPU-burning process runs alongside.
+        threads: The pool size the process's `enable()` pins instead of the
+            profile's (None: the profile's).
+        by_child: Whether the process applies this change itself (its
+            perturbation's `in_child`) and must confirm it in its result: a
+            run that does not is a failed run, never one the report claims
+            was perturbed.
+    """
+
+    label: str
+    env: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
+    cpus: tuple[int, ...] | None = None
+    delay: float = 0.0
+    neighbour: bool = False
+    threads: int | None = None
+    by_child: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Perturbation:
+    """One way a run is made to look like it is on another machine.
+
+    Attributes:
+        name: The `--perturb` name.
+        description: One line for `--help`.
+        imitates: The difference between machines it stands for, one
+            sentence for the report (`imitated`).
+        default: Whether `--perturb all` (the default) includes it.
+        unavailable: `(context) -> why it cannot apply here, or None`.
+        change: `(index, context) -> Change` of run `index` (0: baseline).
+        for_worker: `(change, index, worker, workers) -> Change` of one
+            worker process of a multi-worker run; None: every worker gets
+            the run's change.
+        in_child: Applied by the child process itself, before the TARGET or
+            script runs (`_child.child_start`): reads what its `Change.env`
+            set and returns what it did, or None when that run asked for
+            nothing. None for a perturbation the parent applies alone.
+    """
+
+    name: str
+    description: str
+    imitates: str
+    default: bool = True
+    unavailable: Callable[[Context], str | None] = lambda context: None
+    change: Callable[[int, Context], Change]
+    for_worker: Callable[[Change, int, int, int], Change] | None = None
+    in_child: Callable[[], str | None] | None = None
+
+
+# --- affinity ---------------------------------------------------------------
+
+
+def _affinity_unavailable(context: Context) -> str | None:
+    cpus = affinity()
+    if cpus is None:
+        return "CPU affinity is not available on this platform"
+    if len(cpus) < 2:
+        return "only one CPU is available"
+    return None
+
+
+def _affinity_change(index: int, context: Context) -> Change:
+    cpus = affinity() or []
+    count = len(cpus) if index == 0 else max(1, len(cpus) - index)
+    # Rotate which CPUs a smaller set gets, so runs do not share one.
+    chosen = tuple(cpus[(index + k) % len(cpus)] for k in range(count))
+    return Change(f"{count} CPU{'s' if count > 1 else ''} {list(chosen)}", cpus=chosen)
+
+
+# --- isa --------------------------------------------------------------------
+
+
+def _isa_presets(pinned_isa: str | None) -> list[str]:
+    """Presets that change the ISA in force here: below this CPU's best.
+
+    Empty under a pinned cap: a preset above the cap is overridden by it (no
+    change at all), one below it is kept by enable() and becomes the profile's
+    cap (a different profile, not another machine). So with the cap pinned no
+    preset imitates another CPU generation.
+    """
+    if pinned_isa is not None or not _isa.applies():
+        return []
+    best = _isa.best_supported()
+    # AVX2 first: the most common older generation still in service.
+    return [
+        name
+        for name in _isa.NAMES[:-1]
+        if _isa.rank("AVX2") <= _isa.rank(name) < _isa.rank(best)
+    ]
+
+
+def _isa_unavailable(context: Context) -> str | None:
+    if not _isa.applies():
+        return "oneDNN ISA caps only exist on x86-64"
+    if context.pinned_isa is not None:
+        return (
+            f"not applicable: the profile pins {_isa.ENV_VAR}={context.pinned_isa}, "
+            "so a preset above it is overridden and one below it is a different "
+            "profile; no preset imitates another CPU generation"
+        )
+    if not _isa_presets(None):
+        return f"this CPU has nothing above AVX2 to cap ({_isa.best_supported()})"
+    return None
+
+
+def _isa_change(index: int, context: Context) -> Change:
+    best = _isa.best_supported()
+    # XLA:CPU gets the same cap as oneDNN, as enable() gives it.
+    xla_flags = os.environ.get("XLA_FLAGS")
+    if index == 0:
+        return Change(
+            f"no cap preset (CPU best: {best})",
+            env={_isa.ENV_VAR: None, "XLA_FLAGS": xla_flags},
+        )
+    caps = _isa_presets(context.pinned_isa)
+    cap = caps[(index - 1) % len(caps)]
+    return Change(
+        f"{_isa.ENV_VAR}={cap} preset, XLA:CPU capped alike (below this CPU's "
+        f"{best}: the kernels of an older CPU generation)",
+        env={_isa.ENV_VAR: cap, "XLA_FLAGS": _isa.with_xla_cap(xla_flags or "", cap)},
+    )
+
+
+# --- caches -----------------------------------------------------------------
+
+
+def _caches_change(index: int, context: Context) -> Change:
+    if index == 0:
+        return Change("this CPU's cache sizes", env={_cache_sizes.ENV_VAR: None})
+    geometries = _cache_sizes.others()
+    geometry = geometries[(index - 1) % len(geometries)]
+    return Change(
+        f"cache sizes of an {geometry.describe()}, imitated in Eigen's and "
+        "oneDNN's CPUID results",
+        env={_cache_sizes.ENV_VAR: geometry.to_env()},
+        by_child=True,
+    )
+
+
+def _caches_in_child() -> str | None:
+    done = _cache_sizes.imitate_if_requested()
+    return "; ".join(done) if done else None
+
+
+# --- hashseed ---------------------------------------------------------------
+
+
+def _hash_seed(index: int, worker: int = 0) -> str:
+    return str(1 + index * 7919 + worker)
+
+
+def _hashseed_change(index: int, context: Context) -> Change:
+    seed = _hash_seed(index)
+    return Change(f"PYTHONHASHSEED={seed}", env={"PYTHONHASHSEED": seed})
+
+
+def _hashseed_for_worker(
+    change: Change, index: int, worker: int, workers: int
+) -> Change:
+    # Workers of a real cluster do not share one hash seed.
+    seed = _hash_seed(index, worker)
+    return Change(f"PYTHONHASHSEED={seed}", env={"PYTHONHASHSEED": seed})
+
+
+# --- neighbour --------------------------------------------------------------
+
+
+def _neighbour_change(index: int, context: Context) -> Change:
+    # One neighbour, beside the last run: it slows every run sharing the CPUs.
+    busy = index == context.runs - 1 and index > 0
+    return Change("CPU-burning neighbour" if busy else "no neighbour", neighbour=busy)
+
+
+def _neighbour_for_worker(
+    change: Change, index: int, worker: int, workers: int
+) -> Change:
+    # One CPU-burning neighbour per run is enough to disturb it.
+    if not change.neighbour or worker == 0:
+        return change
+    return Change("CPU-burning neighbour (started beside worker 0)")
+
+
+# --- stagger ----------------------------------------------------------------
+
+
+def _stagger_change(index: int, context: Context) -> Change:
+    delay = index * STAGGER_SECONDS
+    return Change(f"started +{delay:.2f}s", delay=delay)
+
+
+def _stagger_for_worker(
+    change: Change, index: int, worker: int, workers: int
+) -> Change:
+    # The baseline starts its workers together, in order; a perturbed run
+    # starts them in reverse order.
+    if index == 0:
+        return change
+    delay = change.delay + (workers - 1 - worker) * STAGGER_SECONDS
+    return Change(
+        f"started +{delay:.2f}s (workers in reverse order, {STAGGER_SECONDS}s apart)",
+        delay=delay,
+    )
+
+
+# --- threads ----------------------------------------------------------------
+
+
+def other_pool_size(threads: int | None) -> int:
+    """The pool size the other runs of a `threads` perturbation get.
+
+    3 against a baseline of 1 or 2 (measured: pools of 1 and 2 can give the
+    same bits, 3 gave other ones), 1 against any larger baseline.
+    """
+    return 3 if (threads or DEFAULT_THREADS) < 3 else 1
+
+
+def _threads_change(index: int, context: Context) -> Change:
+    if index == 0:
+        return Change(
+            f"the profile's pool size ({context.threads} under enable(); "
+            "without tfdet, TensorFlow's default)",
+            env=dict.fromkeys(_THREAD_VARIABLES),
+        )
+    pool = other_pool_size(context.threads)
+    return Change(
+        f"pool size {pool} instead of the profile's: not another machine, a "
+        "different setting; bits may follow it",
+        env=dict.fromkeys(_THREAD_VARIABLES, str(pool)),
+        threads=pool,
+    )
+
+
+# --- the registry -----------------------------------------------------------
 
 AFFINITY = "affinity"
 ISA = "isa"
+CACHES = "caches"
 HASHSEED = "hashseed"
 NEIGHBOUR = "neighbour"
 STAGGER = "stagger"
 THREADS = "threads"
-CACHES = "caches"
+
+REGISTRY: Mapping[str, Perturbation] = types.MappingProxyType(
+    {
+        record.name: record
+        for record in (
+            Perturbation(
+                name=AFFINITY,
+                description="a different CPU affinity (core count)",
+                imitates="Fewer CPUs in the affinity mask: what another core count "
+                "does to TensorFlow's default thread pools (pinned by enable(), so "
+                "it matters only without tfdet).",
+                unavailable=_affinity_unavailable,
+                change=_affinity_change,
+            ),
+            Perturbation(
+                name=ISA,
+                description="a lower ONEDNN_MAX_CPU_ISA preset (an older x86 CPU "
+                "generation); only without a pinned cap (--no-enable or "
+                "cpu_isa=None)",
+                imitates="A lower oneDNN ISA cap: the kernels an older x86 CPU "
+                "generation would run, when no cap is pinned.",
+                unavailable=_isa_unavailable,
+                change=_isa_change,
+            ),
+            Perturbation(
+                name=CACHES,
+                description="another real CPU's cache sizes, as Eigen and oneDNN "
+                "read them (an imitation: the caches themselves are unchanged)",
+                imitates="Another real CPU's cache sizes (e.g. an Intel Xeon's L1d "
+                "48K, L2 2M on an AMD EPYC), written where Eigen and oneDNN keep "
+                "what CPUID reported: Eigen's L1 size decides how its matrix "
+                "products split their sums (enable() pins Eigen's sizes, so there "
+                "it shows oneDNN's). The caches themselves, and code elsewhere "
+                "that reads CPUID, are unchanged.",
+                unavailable=lambda context: _cache_sizes.imitation_unavailable(),
+                change=_caches_change,
+                in_child=_caches_in_child,
+            ),
+            Perturbation(
+                name=HASHSEED,
+                description="a different PYTHONHASHSEED",
+                imitates="Another PYTHONHASHSEED: another set and dict iteration "
+                "order.",
+                change=_hashseed_change,
+                for_worker=_hashseed_for_worker,
+            ),
+            Perturbation(
+                name=NEIGHBOUR,
+                description="a CPU-burning neighbour process during the run",
+                imitates="A process burning one core: another machine's load and "
+                "scheduling.",
+                change=_neighbour_change,
+                for_worker=_neighbour_for_worker,
+            ),
+            Perturbation(
+                name=STAGGER,
+                description="a staggered start",
+                imitates="Staggered starts: runs that do not start or reach each "
+                "step together.",
+                change=_stagger_change,
+                for_worker=_stagger_for_worker,
+            ),
+            Perturbation(
+                name=THREADS,
+                description="another thread-pool size (not in 'all': a different "
+                "setting, not another machine; shows whether the bits follow the "
+                "pool size)",
+                imitates="Another thread-pool size (opt-in): a different setting "
+                "on the same CPU, not another machine.",
+                # Under `enable()` another pool size is another profile, and bits
+                # follow the pool size, so in the default set it would make the
+                # check fail by design.
+                default=False,
+                change=_threads_change,
+            ),
+        )
+    }
+)
+
 # The default set ("all"): what must not change the bits under one profile.
-ALL = (AFFINITY, ISA, CACHES, HASHSEED, NEIGHBOUR, STAGGER)
-# Named explicitly only: under `enable()` another pool size is another
-# profile, and bits follow the pool size (measured: pools of 1 and 2 gave the
-# same bits on a CNN, 3, 4, 8 and 16 each other ones), so in the default set
-# it would make the check fail by design.
-OPT_IN = (THREADS,)
-KNOWN = ALL + OPT_IN
-NONE = "none"
+ALL = tuple(name for name, record in REGISTRY.items() if record.default)
+OPT_IN = tuple(name for name, record in REGISTRY.items() if not record.default)
+KNOWN = tuple(REGISTRY)
+DESCRIPTIONS = {name: record.description for name, record in REGISTRY.items()}
+IMITATED = {name: record.imitates for name, record in REGISTRY.items()}
 
-DESCRIPTIONS = {
-    AFFINITY: "a different CPU affinity (core count)",
-    ISA: "a lower ONEDNN_MAX_CPU_ISA preset (an older x86 CPU generation); "
-    "only without a pinned cap (--no-enable or cpu_isa=None)",
-    CACHES: "another real CPU's cache sizes, as Eigen and oneDNN read them "
-    "(an imitation: the caches themselves are unchanged)",
-    HASHSEED: "a different PYTHONHASHSEED",
-    NEIGHBOUR: "a CPU-burning neighbour process during the run",
-    STAGGER: "a staggered start",
-    THREADS: "another thread-pool size (not in 'all': a different setting, not "
-    "another machine; shows whether the bits follow the pool size)",
-}
-
-# What `check` imitates, and what it does not: one sentence each, for the
-# report and `--json`.
-IMITATED = {
-    AFFINITY: "Fewer CPUs in the affinity mask: what another core count does "
-    "to TensorFlow's default thread pools (pinned by enable(), so it matters "
-    "only without tfdet).",
-    ISA: "A lower oneDNN ISA cap: the kernels an older x86 CPU generation "
-    "would run, when no cap is pinned.",
-    CACHES: "Another real CPU's cache sizes (e.g. an Intel Xeon's L1d 48K, L2 "
-    "2M on an AMD EPYC), written where Eigen and oneDNN keep what CPUID "
-    "reported: Eigen's L1 size decides how its matrix products split their "
-    "sums (enable() pins Eigen's sizes, so there it shows oneDNN's). The "
-    "caches themselves, and code elsewhere that reads CPUID, are unchanged.",
-    HASHSEED: "Another PYTHONHASHSEED: another set and dict iteration order.",
-    NEIGHBOUR: "A process burning one core: another machine's load and scheduling.",
-    STAGGER: "Staggered starts: runs that do not start or reach each step together.",
-    THREADS: "Another thread-pool size (opt-in): a different setting on the "
-    "same CPU, not another machine.",
-}
 NOT_IMITATED = {
     "cpu_vendor": "The CPU vendor: an AMD and an Intel CPU run different "
     "microcode and, in oneDNN and Eigen, sometimes different code paths; "
@@ -98,35 +417,61 @@ NOT_IMITATED = {
     "machine's.",
 }
 
-STAGGER_SECONDS = 0.75
-
 
 @dataclasses.dataclass(frozen=True)
 class RunSetup:
-    """How one run is made to look like another machine.
+    """How one process is made to look like another machine.
 
     Attributes:
         index: Run number; 0 is the baseline.
-        env: Variables to set (None: unset) on top of the parent's environment.
-        cpus: CPU affinity, or None for the parent's.
-        delay: Seconds to wait before starting.
-        neighbour: Whether a CPU-burning process runs alongside.
-        labels: `{perturbation: what this run had}`, for the report.
-        threads: Thread-pool size this run's `enable()` pins instead of the
-            profile's (None: the profile's); the spawner puts it in the worker
-            spec.
+        changes: `{perturbation: its Change for this process}`.
         worker: Task index of this process in a multi-worker run (see
             `workers_of`), or None for a run of one process.
+        tf_config: The `TF_CONFIG` of a multi-worker run's process (its
+            loopback cluster), or None.
     """
 
     index: int
-    env: dict[str, str | None]
-    cpus: tuple[int, ...] | None
-    delay: float
-    neighbour: bool
-    labels: dict[str, str]
-    threads: int | None = None
+    changes: Mapping[str, Change] = dataclasses.field(default_factory=dict)
     worker: int | None = None
+    tf_config: str | None = None
+
+    @property
+    def env(self) -> dict[str, str | None]:
+        """Variables to set (None: unset) on top of the runs' environment."""
+        merged: dict[str, str | None] = {}
+        for change in self.changes.values():
+            merged.update(change.env)
+        if self.tf_config is not None:
+            merged["TF_CONFIG"] = self.tf_config
+        return merged
+
+    @property
+    def cpus(self) -> tuple[int, ...] | None:
+        """CPU affinity, or None for the parent's."""
+        return next((c.cpus for c in self.changes.values() if c.cpus), None)
+
+    @property
+    def delay(self) -> float:
+        """Seconds to wait before starting."""
+        return sum(change.delay for change in self.changes.values())
+
+    @property
+    def neighbour(self) -> bool:
+        """Whether a CPU-burning process runs alongside."""
+        return any(change.neighbour for change in self.changes.values())
+
+    @property
+    def threads(self) -> int | None:
+        """The pool size this process's `enable()` pins instead of the profile's."""
+        return next(
+            (c.threads for c in self.changes.values() if c.threads is not None), None
+        )
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """`{perturbation: what this process had}`, for the report."""
+        return {name: change.label for name, change in self.changes.items()}
 
     @property
     def name(self) -> str:
@@ -148,83 +493,26 @@ class RunSetup:
         Used to find which perturbation separates two runs: the baseline with
         one of the other run's perturbations at a time.
         """
-        env = dict(self.env)
-        labels = dict(self.labels)
-        cpus, delay, neighbour = self.cpus, self.delay, self.neighbour
-        threads = self.threads
-        if name is not None:
-            for key in _ENV_KEYS.get(name, ()):
-                env[key] = other.env.get(key)
-            if name in other.labels:
-                labels[name] = other.labels[name]
-            if name == AFFINITY:
-                cpus = other.cpus
-            elif name == NEIGHBOUR:
-                neighbour = other.neighbour
-            elif name == STAGGER:
-                delay = other.delay
-            elif name == THREADS:
-                threads = other.threads
-        return RunSetup(index, env, cpus, delay, neighbour, labels, threads)
+        changes = dict(self.changes)
+        if name is not None and name in other.changes:
+            changes[name] = other.changes[name]
+        return RunSetup(index, types.MappingProxyType(changes))
 
 
-# TensorFlow reads these when it starts: they set the pool size for a run
-# without tfdet (with tfdet, `RunSetup.threads` reaches enable()).
-_THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
-_ENV_KEYS = {
-    ISA: (_isa.ENV_VAR, "XLA_FLAGS"),
-    CACHES: (_cache_sizes.ENV_VAR,),
-    HASHSEED: ("PYTHONHASHSEED",),
-    THREADS: _THREAD_VARIABLES,
-}
-# enable()'s default pool size.
-DEFAULT_THREADS = 1
-
-
-def pinned_cap(options: Any) -> str | None:
+def pinned_cap(options: object) -> str | None:
     """The ISA cap a check's or locate's runs pin: None with `enable=False`.
 
     Args:
-        options: Anything with `enable` and `cpu_isa` (`CheckOptions`,
-            `LocateOptions`).
+        options: Anything with `enable` and `cpu_isa` (`RunOptions`).
     """
-    return options.cpu_isa if options.enable else None
+    return options.cpu_isa if options.enable else None  # type: ignore[attr-defined]
 
 
-def _pinned(pinned_isa: str | None) -> str | None:
-    """The cap a profile pins, canonical; None when nothing is pinned."""
-    if pinned_isa is None or not _isa.applies():
-        return None
-    cap = _isa.normalize(pinned_isa)
-    return None if cap == "ALL" else cap
-
-
-def _isa_presets(pinned_isa: str | None) -> list[str]:
-    """Presets that change the ISA in force here: below this CPU's best.
-
-    Empty under a pinned cap: a preset above the cap is overridden by it (no
-    change at all), one below it is kept by enable() and becomes the profile's
-    cap (a different profile, not another machine). So with the cap pinned no
-    preset imitates another CPU generation.
-    """
-    if _pinned(pinned_isa) is not None or not _isa.applies():
-        return []
-    best = _isa.best_supported()
-    # AVX2 first: the most common older generation still in service.
-    return [
-        name
-        for name in _isa.NAMES[:-1]
-        if _isa.rank("AVX2") <= _isa.rank(name) < _isa.rank(best)
-    ]
-
-
-def other_pool_size(threads: int | None) -> int:
-    """The pool size the other runs of a `threads` perturbation get.
-
-    3 against a baseline of 1 or 2 (measured: pools of 1 and 2 can give the
-    same bits, 3 gave other ones), 1 against any larger baseline.
-    """
-    return 3 if (threads or DEFAULT_THREADS) < 3 else 1
+def _context(runs: int, pinned_isa: str | None, threads: int | None) -> Context:
+    cap = None
+    if pinned_isa is not None and _isa.applies():
+        cap = _isa.normalize(pinned_isa)
+    return Context(runs, None if cap == "ALL" else cap, threads or DEFAULT_THREADS)
 
 
 def applicable(pinned_isa: str | None = "AVX2") -> dict[str, str | None]:
@@ -234,27 +522,14 @@ def applicable(pinned_isa: str | None = "AVX2") -> dict[str, str | None]:
         pinned_isa: The ISA cap the runs' profile pins (`enable(cpu_isa=...)`);
             None (or "ALL") when nothing is pinned, as with `--no-enable`.
     """
-    cpus = affinity()
-    reasons: dict[str, str | None] = dict.fromkeys(KNOWN)
-    if cpus is None:
-        reasons[AFFINITY] = "CPU affinity is not available on this platform"
-    elif len(cpus) < 2:
-        reasons[AFFINITY] = "only one CPU is available"
-    pinned = _pinned(pinned_isa)
-    if not _isa.applies():
-        reasons[ISA] = "oneDNN ISA caps only exist on x86-64"
-    elif pinned is not None:
-        reasons[ISA] = (
-            f"not applicable: the profile pins {_isa.ENV_VAR}={pinned}, so a "
-            "preset above it is overridden and one below it is a different "
-            "profile; no preset imitates another CPU generation"
-        )
-    elif not _isa_presets(None):
-        reasons[ISA] = (
-            f"this CPU has nothing above AVX2 to cap ({_isa.best_supported()})"
-        )
-    reasons[CACHES] = _cache_sizes.imitation_unavailable()
-    return reasons
+    context = _context(2, pinned_isa, None)
+    return {name: record.unavailable(context) for name, record in REGISTRY.items()}
+
+
+def skipped(names: Sequence[str], pinned_isa: str | None = "AVX2") -> dict[str, str]:
+    """`{name: reason}` for requested perturbations that do not apply here."""
+    reasons = applicable(pinned_isa)
+    return {name: reasons[name] for name in names if reasons[name] is not None}
 
 
 def _duplicates(names: Sequence[str]) -> list[str]:
@@ -269,7 +544,7 @@ def validate(names: Sequence[str]) -> list[str]:
         ValueError: an unknown or repeated name, listing the known ones.
     """
     names = list(names)
-    unknown = [name for name in names if name not in KNOWN]
+    unknown = [name for name in names if name not in REGISTRY]
     if unknown:
         raise ValueError(
             f"Expected --perturb names from {', '.join(KNOWN)} (or all, none). "
@@ -319,7 +594,7 @@ def parse(text: str | None) -> list[str]:
 
 def plan(
     runs: int,
-    names: list[str],
+    names: Sequence[str],
     pinned_isa: str | None = "AVX2",
     threads: int | None = None,
 ) -> list[RunSetup]:
@@ -332,126 +607,58 @@ def plan(
         runs: How many runs (the first is the baseline).
         names: Perturbations, from `KNOWN`.
         pinned_isa: The ISA cap the profile pins; None when nothing is pinned.
-        threads: The profile's pool size (None: enable()'s default, 1); the
-            `threads` perturbation gives the other runs `other_pool_size`.
+        threads: The profile's pool size (None: enable()'s default).
     """
-    reasons = applicable(pinned_isa)
-    active = [name for name in names if reasons[name] is None]
-    cpus = affinity() or []
-    best = _isa.best_supported() if _isa.applies() else None
-    caps = _isa_presets(pinned_isa)
-    base_pool = threads or DEFAULT_THREADS
-    other_pool = other_pool_size(threads)
-    setups = []
-    for index in range(runs):
-        env: dict[str, str | None] = {}
-        labels: dict[str, str] = {}
-        run_cpus: tuple[int, ...] | None = None
-        delay, neighbour = 0.0, False
-        run_threads: int | None = None
-        if AFFINITY in active:
-            count = len(cpus) if index == 0 else max(1, len(cpus) - index)
-            # Rotate which CPUs a smaller set gets, so runs do not share one.
-            run_cpus = tuple(cpus[(index + k) % len(cpus)] for k in range(count))
-            labels[AFFINITY] = f"{count} CPU{'s' if count > 1 else ''} {list(run_cpus)}"
-        if ISA in active:
-            # XLA:CPU gets the same cap as oneDNN, as enable() gives it.
-            xla_flags = os.environ.get("XLA_FLAGS")
-            if index == 0:
-                env[_isa.ENV_VAR] = None
-                env["XLA_FLAGS"] = xla_flags
-                labels[ISA] = f"no cap preset (CPU best: {best})"
-            else:
-                cap = caps[(index - 1) % len(caps)]
-                env[_isa.ENV_VAR] = cap
-                env["XLA_FLAGS"] = _isa.with_xla_cap(xla_flags or "", cap)
-                labels[ISA] = (
-                    f"{_isa.ENV_VAR}={cap} preset, XLA:CPU capped alike (below this CPU's {best}: "
-                    "the kernels of an older CPU generation)"
-                )
-        if CACHES in active:
-            if index == 0:
-                env[_cache_sizes.ENV_VAR] = None
-                labels[CACHES] = "this CPU's cache sizes"
-            else:
-                geometries = _cache_sizes.others()
-                geometry = geometries[(index - 1) % len(geometries)]
-                env[_cache_sizes.ENV_VAR] = geometry.to_env()
-                labels[CACHES] = (
-                    f"cache sizes of an {geometry.describe()}, imitated in "
-                    "Eigen's and oneDNN's CPUID results"
-                )
-        if THREADS in active:
-            if index == 0:
-                for key in _THREAD_VARIABLES:
-                    env[key] = None
-                labels[THREADS] = (
-                    f"the profile's pool size ({base_pool} under enable(); "
-                    "without tfdet, TensorFlow's default)"
-                )
-            else:
-                run_threads = other_pool
-                for key in _THREAD_VARIABLES:
-                    env[key] = str(other_pool)
-                labels[THREADS] = (
-                    f"pool size {other_pool} instead of the profile's: not "
-                    "another machine, a different setting; bits may follow it"
-                )
-        if HASHSEED in active:
-            env["PYTHONHASHSEED"] = str(1 + index * 7919)
-            labels[HASHSEED] = f"PYTHONHASHSEED={env['PYTHONHASHSEED']}"
-        if NEIGHBOUR in active:
-            neighbour = index == runs - 1 and index > 0
-            labels[NEIGHBOUR] = "CPU-burning neighbour" if neighbour else "no neighbour"
-        if STAGGER in active:
-            delay = index * STAGGER_SECONDS
-            labels[STAGGER] = f"started +{delay:.2f}s"
-        setups.append(
-            RunSetup(index, env, run_cpus, delay, neighbour, labels, run_threads)
+    context = _context(runs, pinned_isa, threads)
+    active = [
+        REGISTRY[name] for name in names if REGISTRY[name].unavailable(context) is None
+    ]
+    return [
+        RunSetup(
+            index,
+            types.MappingProxyType(
+                {record.name: record.change(index, context) for record in active}
+            ),
         )
-    return setups
+        for index in range(runs)
+    ]
 
 
 def workers_of(setup: RunSetup, workers: int) -> list[RunSetup]:
     """The processes of a `workers`-worker run perturbed as `setup` says.
 
-    Every worker gets the run's perturbations, and what only a cluster has:
-    each worker its own hash seed (workers of a real cluster do not share
-    one), and in a perturbed run with `stagger`, the workers start in reverse
-    order, `STAGGER_SECONDS` apart. The baseline starts its workers together,
-    in order.
+    Every worker gets the run's perturbations, and what only a cluster has
+    (each record's `for_worker`: e.g. each worker its own hash seed).
     """
     gang = []
     for worker in range(workers):
-        env = dict(setup.env)
-        labels = dict(setup.labels)
-        delay = setup.delay
-        if HASHSEED in labels:
-            env["PYTHONHASHSEED"] = str(int(setup.env["PYTHONHASHSEED"]) + worker)
-            labels[HASHSEED] = f"PYTHONHASHSEED={env['PYTHONHASHSEED']}"
-        if setup.neighbour and worker > 0:
-            labels[NEIGHBOUR] = "CPU-burning neighbour (started beside worker 0)"
-        if STAGGER in labels and setup.index > 0:
-            delay += (workers - 1 - worker) * STAGGER_SECONDS
-            labels[STAGGER] = (
-                f"started +{delay:.2f}s (workers in reverse order, "
-                f"{STAGGER_SECONDS}s apart)"
-            )
-        gang.append(
-            dataclasses.replace(
-                setup,
-                env=env,
-                labels=labels,
-                delay=delay,
-                # One CPU-burning neighbour per run is enough to disturb it.
-                neighbour=setup.neighbour and worker == 0,
-                worker=worker,
-            )
-        )
+        changes = {}
+        for name, change in setup.changes.items():
+            record = REGISTRY[name]
+            if record.for_worker is not None:
+                change = record.for_worker(change, setup.index, worker, workers)
+            changes[name] = change
+        gang.append(RunSetup(setup.index, types.MappingProxyType(changes), worker))
     return gang
 
 
-def skipped(names: list[str], pinned_isa: str | None = "AVX2") -> dict[str, str]:
-    """`{name: reason}` for requested perturbations that do not apply here."""
-    reasons = applicable(pinned_isa)
-    return {name: reasons[name] for name in names if reasons[name] is not None}
+def applied_in_child() -> dict[str, str]:
+    """Applies every in-child perturbation this process's environment asks for.
+
+    Called by `tfdet._runs._child.child_start` in every kind of run.
+
+    Returns:
+        `{perturbation: what was done}` for each one applied.
+    """
+    done = {}
+    for name, record in REGISTRY.items():
+        if record.in_child is not None:
+            what = record.in_child()
+            if what is not None:
+                done[name] = what
+    return done
+
+
+def applied_by_child(setup: RunSetup) -> list[str]:
+    """The perturbations of `setup` that its process must apply and confirm."""
+    return [name for name, change in setup.changes.items() if change.by_child]

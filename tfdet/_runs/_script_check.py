@@ -23,12 +23,10 @@ from typing import Any
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, TraceFormatError
 from tfdet._pin import _enable, _isa, _settings
 from tfdet._record import _diff, _trace
-from tfdet._runs import _options, _perturb, _spawn, _target
+from tfdet._runs import _child, _options, _perturb, _spawn, _target
 from tfdet._runs._check import VERDICTS
 from tfdet._runs._options import RunOptions
 from tfdet._runs._spawn import ProgressFn
-
-MODULE = "tfdet._runs._script_worker"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,12 +171,7 @@ def _run_report(run: _Run) -> dict[str, Any]:
             xla=result["xla"],
         )
     else:
-        # TensorFlow's start-up chatter says nothing about the script.
-        report["stderr_tail"] = "".join(
-            line
-            for line in outcome.stderr_tail.splitlines(keepends=True)
-            if not _target._NOISE.match(line)
-        )
+        report["stderr_tail"] = outcome.stderr_tail
     return report
 
 
@@ -189,22 +182,22 @@ def check_script(
     run = options.run
     names = list(run.perturb)
     setups = _perturb.plan(run.runs, names, _perturb.pinned_cap(run), run.threads)
-    spec = {
-        "script": os.path.abspath(options.script),
-        "args": list(options.args),
-        "seed": run.seed,
-        "enable": run.enable,
-        "threads": run.threads,
-        "cpu_isa": run.cpu_isa,
-        "max_steps": options.max_steps,
-    }
+    spec = _child.WorkerSpec(
+        _child.SCRIPT,
+        script=os.path.abspath(options.script),
+        args=options.args,
+        seed=run.seed,
+        enable=run.enable,
+        threads=run.threads,
+        cpu_isa=run.cpu_isa,
+        max_steps=options.max_steps,
+    )
 
     with tempfile.TemporaryDirectory(prefix="tfdet-script-") as workdir:
         outcomes = _spawn.run_all(
             setups,
             spec,
             workdir,
-            module=MODULE,
             base_env=_environment(options),
             timeout=run.timeout,
             progress=_spawn.step_lines(progress, "script"),

@@ -1,10 +1,11 @@
 """Child side of `tfdet check --script`: run a user's training script as is.
 
-Started as `python -m tfdet._runs._script_worker SPEC_JSON` by
-`tfdet._runs._spawn.run_all`, in an environment the parent has pinned and
-perturbed. It enables tfdet (unless the spec says not to), installs
-recording hooks, and runs the script as `python script.py args` would
-(`runpy.run_path(..., run_name="__main__")`, `sys.argv` set). The hooks:
+Runs in a fresh process started by `tfdet._runs._child` (kind `script`), in
+an environment the parent has pinned and perturbed. It starts as every child
+does (`_child.child_start`: tfdet enabled unless the spec says not to, the
+in-child perturbations), installs recording hooks, and runs the script as
+`python script.py args` would (`runpy.run_path(..., run_name="__main__")`,
+`sys.argv` set). The hooks:
 
 - every `Model.fit` call gets a `tfdet.DeterminismCallback(trace=...)`
   appended: one trace per `fit` call;
@@ -18,9 +19,10 @@ recording hooks, and runs the script as `python script.py args` would
   final digests are compared.
 
 At exit the final digest of every variable trained is taken. The result
-(written atomically at `spec["result"]`) lists the traces, the final
+(written atomically at `spec.result`) lists the traces, the final
 digests, the entry points exercised, the step count, the XLA facts and how
-the script ended. A script that raises or exits non-zero makes this process
+the script ended; only the run's own process writes it (a process the
+script forked never does). A script that raises or exits non-zero makes this process
 exit non-zero (1, or the script's status) after printing its traceback, so
 the parent reports the run as failed with its stderr tail.
 """
@@ -28,7 +30,6 @@ the parent reports the run as failed with its stderr tail.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import runpy
 import sys
@@ -36,7 +37,8 @@ import time
 import traceback
 from typing import Any
 
-from tfdet._runs._worker import enable, report_progress, run_facts, write_result
+from tfdet._runs import _child
+from tfdet._runs._child import WorkerSpec
 
 FIT = "fit"
 TRAIN_ON_BATCH = "train_on_batch"
@@ -147,7 +149,7 @@ class Recorder:
 
     def step_done(self) -> None:
         self.total += 1
-        report_progress(self.total, self.max_steps or 0)
+        _child.report_progress(self.total, self.max_steps or 0)
         if self.max_steps is not None and self.total >= self.max_steps:
             raise _MaxStepsReached
 
@@ -286,9 +288,7 @@ def install(recorder: Recorder) -> None:
     import keras
 
     from tfdet._pin import _versions
-    from tfdet._runs import _xla
 
-    _xla.install()
     _wrap_fit(keras.Model, recorder)
     _wrap_train_on_batch(keras.Model, recorder)
     _wrap_optimizer(keras.optimizers.Optimizer, "apply", recorder, _keras3_variables)
@@ -329,20 +329,14 @@ def _print_script_traceback(error: BaseException, script: str) -> None:
     sys.stderr.flush()
 
 
-def run(spec: dict[str, Any]) -> int:
-    """Runs the script under the hooks; writes the result; returns the exit status.
-
-    Args:
-        spec: script, args, seed, enable, threads, cpu_isa, max_steps,
-            result, trace (the base path of the trace files).
-    """
+def run(spec: WorkerSpec) -> int:
+    """Runs the script under the hooks; writes the result; returns the exit status."""
     started = time.perf_counter()
-    if spec["enable"]:
-        enable(spec)
-    recorder = Recorder(spec["trace"], spec.get("max_steps"))
+    _child.child_start(spec)
+    recorder = Recorder(spec.trace, spec.max_steps)
     install(recorder)
-    script = spec["script"]
-    sys.argv = [script, *spec.get("args", [])]
+    script = spec.script
+    sys.argv = [script, *spec.args]
     # As `python script.py`: sys.path[0] is the script's directory.
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     end, status = "completed", 0
@@ -370,15 +364,21 @@ def run(spec: dict[str, Any]) -> int:
             print(f"tfdet: {hint}", file=sys.stderr, flush=True)
         end = "raised"
         status = 1
+    if not _child.is_owner():
+        # A process the script forked, ending here: only the run's own
+        # process reports (and Python's exit handlers are the parent's).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status if isinstance(status, int) else 1)
     if status:
         sys.stderr.flush()
         return status
     from tfdet._runs import _xla
 
     result = {
-        **(run_facts(spec["seed"]) if spec["enable"] else {"profile": None}),
+        **(_child.run_facts(spec) if spec.enable else {"profile": None}),
         "script": script,
-        "args": spec.get("args", []),
+        "args": list(spec.args),
         "end": end,
         "traces": [trace.to_dict() for trace in recorder.traces],
         "entry_points": recorder.entry_points,
@@ -387,13 +387,5 @@ def run(spec: dict[str, Any]) -> int:
         "xla": _xla.facts(recorder.models),
         "seconds": time.perf_counter() - started,
     }
-    write_result(spec["result"], result)
+    _child.write_result(result)
     return 0
-
-
-def main(argv: list[str]) -> int:
-    return run(json.loads(argv[1]))
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

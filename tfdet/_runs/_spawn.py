@@ -1,10 +1,16 @@
 """Spawning fresh training processes, concurrently, under perturbations.
 
-Each run is `python -m <module> SPEC_JSON` with its own environment, CPU
-affinity, start delay and optional CPU-burning neighbour. Progress lines on the
-child's stdout are forwarded to a callback; stderr goes to a file whose tail is
-kept for the report. A run that exits non-zero, writes no result, or exceeds
-the timeout is a failure: it is never compared, let alone counted as equal.
+Each process is `python -m tfdet._runs._child SPEC_JSON` (see
+`tfdet._runs._child`: one spec type, one start, one result and progress
+protocol for every kind of run) with its own environment, CPU affinity,
+start delay and optional CPU-burning neighbour. Progress lines arrive on a
+pipe of their own and go to a callback; stdout and stderr go to files, the
+stderr tail is kept for the report. A run ends when its own process ends:
+whatever it started is stopped then (its process group), and a helper it
+left holding a descriptor cannot keep the run going. A run that exits
+non-zero, writes no result, exceeds the timeout or does not confirm a
+perturbation it was to apply itself is a failure: it is never compared,
+let alone counted as equal.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -23,10 +30,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from tfdet._runs import _target
+from tfdet import _notices
+from tfdet._errors import RunFailedError, TargetError
+from tfdet._runs import _child, _perturb, _target
 from tfdet._runs._options import RunOptions
 from tfdet._runs._perturb import RunSetup
-from tfdet._runs._worker import PROGRESS_PREFIX
 
 STDERR_TAIL_LINES = 25
 
@@ -38,17 +46,62 @@ def preflight(spec: _target.TargetSpec, timeout: float) -> None:
     """Checks the TARGET before any run is spawned.
 
     Built-in targets are known to be good (parsing checked them); other
-    targets are built once in a child process (`_target.preflight`), so a
-    missing module or function, a function that exits or returns no compiled
-    model or unusable data exits 2, and one that hangs exits 3 after
-    `timeout`, before anything starts.
+    targets are built once in a child process of the `preflight` kind (the
+    same spawner and protocol as the runs), so a missing module or function,
+    a function that exits or returns no compiled model or unusable data
+    exits 2, and one that hangs exits 3 after `timeout`, before anything
+    starts.
 
     Raises:
         TargetError: the TARGET cannot be built.
         RunFailedError: building it took longer than `timeout`.
     """
-    if not spec.text.startswith("builtin:"):
-        _target.preflight(spec, timeout)
+    if spec.text.startswith("builtin:"):
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="tfdet-preflight-") as workdir:
+        (outcome,) = run_all(
+            [RunSetup(0)],
+            _child.WorkerSpec(_child.PREFLIGHT, target=spec.text),
+            workdir,
+            base_env=run_environment(spec, "cpu"),
+            timeout=timeout,
+        )
+    raise_target_error([outcome])
+    if outcome.timed_out:
+        raise RunFailedError(
+            f"Expected TARGET {spec.text!r} to be built within --timeout "
+            f"{timeout:g}s. Received: still building after {timeout:g}s, "
+            "stopped. Raise --timeout, or make the TARGET function return "
+            "sooner."
+        )
+    if not outcome.ok:
+        tail = outcome.stderr_tail.rstrip()
+        code = outcome.returncode
+        how = (
+            f"killed by signal {-code}"
+            if code is not None and code < 0
+            else f"exit status {code}"
+        )
+        raise TargetError(
+            f"Expected TARGET {spec.text!r} to return a model. Received: the "
+            f"process building it ended ({how}) before the function "
+            "returned (an `os._exit`, or a crash in native code); a TARGET "
+            "function must return a model, not exit."
+            + (f" Its output ends:\n{tail}" if tail else "")
+        )
+
+
+def raise_target_error(outcomes: list[RunOutcome]) -> None:
+    """Raises the first run's report of a bad TARGET (exit 2), if any.
+
+    Raises:
+        TargetError: a run said its TARGET cannot be built or trained.
+    """
+    for outcome in outcomes:
+        if outcome.target_error is not None:
+            raise TargetError(outcome.target_error)
 
 
 def run_environment(spec: _target.TargetSpec, device: str) -> dict[str, str]:
@@ -76,21 +129,23 @@ def run_environment(spec: _target.TargetSpec, device: str) -> dict[str, str]:
 CUDA_CACHE_MAXSIZE = 4 * 1024**3
 
 
-def make_worker_spec(options: RunOptions) -> dict[str, Any]:
-    """The JSON spec a worker gets (see `tfdet._runs._worker.start`).
+def worker_spec(options: RunOptions, kind: str = _child.CHECK) -> _child.WorkerSpec:
+    """The spec every process of a check or locate of `options` gets.
 
-    `_run_one` adds the per-run `result` and `trace` paths.
+    The spawner fills in each process's result, trace and progress channel
+    (and the pool size of a `threads` perturbation).
     """
-    return {
-        "target": options.target_spec.text,
-        "seed": options.seed,
-        "steps": options.steps,
-        "enable": options.enable,
-        "threads": options.threads,
-        "cpu_isa": options.cpu_isa,
-        "workers": options.workers,
-        "replicas": options.replicas,
-    }
+    return _child.WorkerSpec(
+        kind,
+        target=options.target_spec.text,
+        seed=options.seed,
+        steps=options.steps,
+        enable=options.enable,
+        threads=options.threads,
+        cpu_isa=options.cpu_isa,
+        workers=options.workers,
+        replicas=options.replicas,
+    )
 
 
 @dataclasses.dataclass
@@ -101,11 +156,15 @@ class RunOutcome:
         setup: The perturbations it ran under.
         returncode: Exit status (None when it timed out).
         result: The worker's JSON result, or None when it failed.
-        stderr_tail: The last lines of its stderr.
+        stderr_tail: The last lines of its stderr, without TensorFlow's
+            start-up notices.
         timed_out: Whether it was killed for exceeding the timeout.
         seconds: Wall time from start to exit.
         failure: Why a run that exited 0 still failed (its result file is
-            missing or unreadable), or why tfdet could not start it.
+            missing or unreadable, or it did not apply a perturbation it was
+            given), or why tfdet could not start it.
+        target_error: The run's report that its TARGET cannot be built or
+            trained (exit 2 for the whole command), or None.
     """
 
     setup: RunSetup
@@ -115,6 +174,7 @@ class RunOutcome:
     timed_out: bool
     seconds: float
     failure: str | None = None
+    target_error: str | None = None
 
     def facts(self) -> dict[str, Any]:
         """What a report says of every run, whatever it trained."""
@@ -132,7 +192,12 @@ class RunOutcome:
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and self.result is not None and not self.timed_out
+        return (
+            self.returncode == 0
+            and self.result is not None
+            and not self.timed_out
+            and self.failure is None
+        )
 
     @property
     def reason(self) -> str | None:
@@ -141,6 +206,8 @@ class RunOutcome:
             return None
         if self.timed_out:
             return f"timed out after {self.seconds:.0f}s"
+        if self.target_error:
+            return "its TARGET cannot be built or trained"
         if self.failure:
             return self.failure
         if self.returncode is not None and self.returncode < 0:
@@ -223,109 +290,183 @@ def _burn(group: _ProcessGroup) -> subprocess.Popen:
 
 
 def _tail(path: str, lines: int = STDERR_TAIL_LINES) -> str:
+    """The last `lines` lines of a child's stderr, TensorFlow's notices left out."""
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            return "".join(handle.readlines()[-lines:])
+            text = _notices.without_notices(handle.read())
     except OSError:
         return ""
+    return "".join(text.splitlines(keepends=True)[-lines:])
 
 
 def _forward_progress(
     raw: bytes, index: int, progress: Callable[[int, int, int], None] | None
 ) -> None:
-    """Parses a `tfdet-progress DONE TOTAL` line; anything else is ignored."""
+    """Passes one `DONE TOTAL` line on; anything else is ignored."""
     if progress is None:
         return
     parts = raw.decode("utf-8", errors="replace").split()
-    if len(parts) == 3 and parts[0] == PROGRESS_PREFIX:
-        numbers = [part for part in parts[1:] if part.isdigit()]
-        if len(numbers) == 2:
-            # Progress is for people: a failure to show it (a closed stderr)
-            # must not make the run a failure.
-            with contextlib.suppress(Exception):
-                progress(index, int(numbers[0]), int(numbers[1]))
+    if len(parts) == 2 and all(part.isdigit() for part in parts):
+        # Progress is for people: a failure to show it (a closed stderr)
+        # must not make the run a failure.
+        with contextlib.suppress(Exception):
+            progress(index, int(parts[0]), int(parts[1]))
+
+
+def _follow_progress(
+    read_fd: int,
+    index: int,
+    progress: Callable[[int, int, int], None] | None,
+    ended: threading.Event,
+) -> threading.Thread:
+    """Reads the progress pipe until it closes, or `ended` is set and it is idle.
+
+    `ended` is set when the run's own process exited: a process it started
+    (or forked) may still hold the pipe open, and must not keep the run going.
+    """
+
+    def follow() -> None:
+        pending = b""
+        try:
+            while True:
+                ready, _, _ = select.select([read_fd], [], [], 0.2)
+                if not ready:
+                    if ended.is_set():
+                        return
+                    continue
+                chunk = os.read(read_fd, 65536)
+                if not chunk:
+                    return
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    _forward_progress(line, index, progress)
+        finally:
+            os.close(read_fd)
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    return thread
+
+
+def _read_result(
+    setup: RunSetup, path: str
+) -> tuple[dict[str, Any] | None, str | None, str | None]:
+    """`(result, failure, target_error)` from a run's result file."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            result = json.load(handle)
+    except FileNotFoundError:
+        return None, None, None
+    except (OSError, ValueError) as error:
+        return None, f"exited 0 but its result is unreadable ({error})", None
+    error = result.get("error") if isinstance(result, dict) else None
+    if isinstance(error, dict) and error.get("kind") == _child.TARGET_ERROR:
+        return None, None, str(error.get("message"))
+    applied = result.get("perturbations_applied") or {}
+    missing = [name for name in _perturb.applied_by_child(setup) if name not in applied]
+    if missing:
+        return (
+            None,
+            f"did not apply the {', '.join(missing)} perturbation it was given "
+            "(it would have been reported as applied)",
+            None,
+        )
+    return result, None, None
 
 
 def _run_one(
     setup: RunSetup,
     module: str,
-    spec: dict[str, Any],
+    spec: _child.WorkerSpec,
     base_env: dict[str, str],
     workdir: str,
     timeout: float,
     progress: Callable[[int, int, int], None] | None,
     group: _ProcessGroup,
 ) -> RunOutcome:
-    spec = dict(
+    stem = os.path.join(workdir, setup.file_stem)
+    read_fd, write_fd = os.pipe()
+    spec = dataclasses.replace(
         spec,
-        result=os.path.join(workdir, f"{setup.file_stem}.json"),
-        trace=os.path.join(workdir, f"{setup.file_stem}.jsonl"),
+        result=f"{stem}.json",
+        trace=f"{stem}.jsonl",
+        progress_fd=write_fd,
+        threads=spec.threads if setup.threads is None else setup.threads,
     )
-    if setup.threads is not None:  # The `threads` perturbation: enable()'s pool.
-        spec["threads"] = setup.threads
-    stderr_path = os.path.join(workdir, f"{setup.file_stem}.stderr")
     env = child_environment(base_env, setup.env)
     cpus = set(setup.cpus) if setup.cpus else None
 
     def pin_affinity() -> None:  # Runs in the child before exec.
         os.sched_setaffinity(0, cpus)
 
-    if group.stopped.wait(setup.delay):
-        raise RuntimeError("tfdet: runs were stopped before this one started")
-    neighbour = _burn(group) if setup.neighbour else None
-    started = time.perf_counter()
+    ended = threading.Event()
+    follower = _follow_progress(read_fd, setup.index, progress, ended)
+    neighbour = None
     killed = threading.Event()
     try:
-        with open(stderr_path, "wb") as stderr:
+        if group.stopped.wait(setup.delay):
+            raise RuntimeError("tfdet: runs were stopped before this one started")
+        neighbour = _burn(group) if setup.neighbour else None
+        started = time.perf_counter()
+        with (
+            open(f"{stem}.stdout", "wb") as stdout,
+            open(f"{stem}.stderr", "wb") as stderr,
+        ):
             process = group.start(
-                [sys.executable, "-m", module, json.dumps(spec)],
+                [sys.executable, "-m", module, spec.to_json()],
                 env=env,
-                stdout=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
                 stderr=stderr,
+                pass_fds=(write_fd,),
                 preexec_fn=pin_affinity if cpus else None,
             )
+        os.close(write_fd)
+        write_fd = -1
 
-            def kill() -> None:
-                killed.set()
-                kill_tree(process)
+        def kill() -> None:
+            killed.set()
+            kill_tree(process)
 
-            timer = threading.Timer(timeout, kill)
-            timer.start()
-            try:
-                for raw in process.stdout:
-                    _forward_progress(raw, setup.index, progress)
-                process.wait()
-            finally:
-                timer.cancel()
-                process.stdout.close()
+        timer = threading.Timer(timeout, kill)
+        timer.start()
+        try:
+            process.wait()
+        finally:
+            timer.cancel()
+            # The run is over when its own process is: whatever it started
+            # and left behind (a helper, a fork) goes with it.
+            kill_tree(process)
     finally:
+        if write_fd >= 0:
+            os.close(write_fd)
+        ended.set()
         if neighbour is not None:
             kill_tree(neighbour)
             neighbour.wait()
+    follower.join(timeout=5)
     seconds = time.perf_counter() - started
     timed_out = killed.is_set()
-    result, failure = None, None
+    result, failure, target_error = _read_result(setup, spec.result)
     if process.returncode != 0 or timed_out:
+        # Its exit status says why; a result it left is not trusted.
+        result, failure = None, None
+    elif result is None and failure is None and target_error is None:
+        failure = "exited 0 without writing its result"
+    if result is None:
         group.fail(setup)
         if group.first_failure is not None and group.first_failure != setup:
             failure = f"stopped after {group.first_failure.name} failed"
             timed_out = False
-    else:
-        try:
-            with open(spec["result"], encoding="utf-8") as handle:
-                result = json.load(handle)
-        except FileNotFoundError:
-            failure = "exited 0 without writing its result"
-        except (OSError, ValueError) as error:
-            failure = f"exited 0 but its result is unreadable ({error})"
     return RunOutcome(
         setup=setup,
         returncode=None if timed_out else process.returncode,
         result=result,
-        stderr_tail=_tail(stderr_path),
+        stderr_tail=_tail(f"{stem}.stderr"),
         timed_out=timed_out,
         seconds=seconds,
         failure=failure,
+        target_error=target_error,
     )
 
 
@@ -380,7 +521,7 @@ def _with_cluster(job: list[RunSetup]) -> list[RunSetup]:
     return [
         dataclasses.replace(
             setup,
-            env={**setup.env, "TF_CONFIG": cluster_config(ports, setup.worker or 0)},
+            tf_config=cluster_config(ports, setup.worker or 0),
         )
         for setup in job
     ]
@@ -388,10 +529,10 @@ def _with_cluster(job: list[RunSetup]) -> list[RunSetup]:
 
 def run_jobs(
     jobs: list[list[RunSetup]],
-    spec: dict[str, Any],
+    spec: _child.WorkerSpec,
     workdir: str,
     *,
-    module: str = "tfdet._runs._worker",
+    module: str = _child.MODULE,
     base_env: dict[str, str] | None = None,
     timeout: float,
     progress: Callable[[int, int, int], None] | None = None,
@@ -407,10 +548,11 @@ def run_jobs(
     Args:
         jobs: The runs, each a list of process setups (their `delay`
             staggers the starts).
-        spec: The JSON spec every process gets (`result` and `trace` paths
-            are filled in per process).
-        workdir: Where results, weights and stderr files go.
-        module: The module run as `python -m module SPEC_JSON`.
+        spec: The spec every process gets (its result, trace and progress
+            channel are filled in per process).
+        workdir: Where results, weights, stdout and stderr files go.
+        module: The module run as `python -m module SPEC_JSON` (tests
+            substitute a stand-in child).
         base_env: The environment the setups' overrides apply to.
         timeout: Seconds before a process is killed and reported as timed out
             (`RunOptions.timeout`, validated there).
@@ -466,7 +608,7 @@ def run_jobs(
 
 
 def run_all(
-    setups: list[RunSetup], spec: dict[str, Any], workdir: str, **options: Any
+    setups: list[RunSetup], spec: _child.WorkerSpec, workdir: str, **options: Any
 ) -> list[RunOutcome]:
     """`run_jobs` for runs of one process each: one `RunOutcome` per setup.
 

@@ -9,40 +9,33 @@ dataset)` / `(model, dataset, None)` with a `tf.data.Dataset` or a Keras
 taken in order. Without data, batches are synthesized from the model's input
 and output specs with a seeded NumPy generator.
 
-`preflight` builds the TARGET once in a child process before any run is
-spawned, so that a TARGET that exits, hangs, or returns data tfdet cannot
-train on fails with exit 2 or 3 and a message, never with another command's
-verdict or exit code.
+`run` is the preflight: `tfdet._runs._spawn.preflight` builds the TARGET
+once in a child process before any run is spawned, so that a TARGET that
+exits, hangs, or returns data tfdet cannot train on fails with exit 2 or 3
+and a message, never with another command's verdict or exit code.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import importlib
 import importlib.util
-import json
 import os
 import re
-import signal
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from tfdet._errors import RunFailedError, TargetError
+from tfdet._errors import TargetError
 from tfdet._graph import _layers
 from tfdet._runs import _builtins
 
 DEFAULT_TARGET = "builtin:cnn"
 DEFAULT_BATCH_SIZE = 32
 _SYNTHETIC_BATCHES = 2
-PREFLIGHT_MODULE = "tfdet._runs._target"
-_STDERR_TAIL_LINES = 15
 
 
 def _exit_message(what: str, exit_: SystemExit) -> str:
@@ -490,100 +483,21 @@ def check_fits(built: Built, text: str) -> None:
             )
 
 
-# TensorFlow's C++ start-up chatter, which says nothing about the TARGET.
-_NOISE = re.compile(r"^(WARNING: All log messages before absl|[IW]\d{4} )")
+def run(spec: Any) -> None:
+    """The preflight child (`tfdet._runs._child`, kind `preflight`).
 
-
-def preflight(
-    spec: TargetSpec, timeout: float, env: dict[str, str] | None = None
-) -> None:
-    """Builds TARGET and checks its first batch in a child process.
-
-    In a child, so that a TARGET that calls `os._exit`, crashes the
-    interpreter or hangs cannot end or stall this process; it is killed, with
-    anything it started, after `timeout` seconds or when this process is
-    interrupted.
-
-    Args:
-        spec: The parsed TARGET.
-        timeout: Seconds the build may take.
-        env: The child's environment (default: this process's, GPUs hidden:
-            the GPU is for the runs).
-
-    Raises:
-        TargetError: the TARGET cannot be built or trained, or ends the process.
-        RunFailedError: the build did not finish within `timeout`.
+    Builds the TARGET and checks its first batch; a TARGET it refuses is a
+    `TargetError`, which the child reports as a bad TARGET.
     """
-    if env is None:
-        env = dict(os.environ)
-        env["CUDA_VISIBLE_DEVICES"] = "-1"
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        if spec.legacy_keras:
-            env["TF_USE_LEGACY_KERAS"] = "1"
-    with tempfile.TemporaryDirectory(prefix="tfdet-preflight-") as workdir:
-        result_path = os.path.join(workdir, "result.json")
-        log_path = os.path.join(workdir, "output.log")
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", PREFLIGHT_MODULE, result_path, spec.text],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,  # Its group is killed with anything in it.
-            )
-            try:
-                returncode = process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                raise RunFailedError(
-                    f"Expected TARGET {spec.text!r} to be built within --timeout "
-                    f"{timeout:g}s. Received: still building after {timeout:g}s, "
-                    "stopped. Raise --timeout, or make the TARGET function return "
-                    "sooner."
-                ) from None
-            finally:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        try:
-            with open(result_path, encoding="utf-8") as handle:
-                result = json.load(handle)
-        except (OSError, ValueError):
-            result = None
-        if result is None:
-            with open(log_path, encoding="utf-8", errors="replace") as handle:
-                lines = [line for line in handle if not _NOISE.match(line)]
-            tail = "".join(lines[-_STDERR_TAIL_LINES:]).rstrip()
-            how = (
-                f"killed by signal {-returncode}"
-                if returncode < 0
-                else f"exit status {returncode}"
-            )
-            raise TargetError(
-                f"Expected TARGET {spec.text!r} to return a model. Received: the "
-                f"process building it ended ({how}) before the function returned "
-                "(an `os._exit`, or a crash in native code); a TARGET function "
-                "must return a model, not exit."
-                + (f" Its output ends:\n{tail}" if tail else "")
-            )
-        if result.get("error"):
-            raise TargetError(result["error"])
-
-
-def _preflight_child(result_path: str, text: str) -> None:
-    """The preflight's child: build, train one step, write the verdict."""
     # As in the runs, where tfdet imports Keras before the TARGET: a TARGET
     # that picks its Keras too late is found here (exit 2), not in every run.
     import keras  # noqa: F401
 
-    try:
-        built = build(text)
-        check_fits(built, text)
-        result: dict[str, Any] = {"error": None}
-    except TargetError as error:
-        result = {"error": str(error)}
-    with open(result_path, "w", encoding="utf-8") as handle:
-        json.dump(result, handle)
+    from tfdet._runs import _child
+
+    built = build(spec.target)
+    check_fits(built, spec.target)
+    _child.write_result({"error": None})
 
 
 def _loss_name(model: Any) -> str:
@@ -663,7 +577,3 @@ def synthesize(model: Any, seed: int) -> tuple[Any, Any]:
         else:
             ys.append(rng.standard_normal(shape).astype(np.float32))
     return (xs[0] if len(xs) == 1 else xs), (ys[0] if len(ys) == 1 else ys)
-
-
-if __name__ == "__main__":
-    _preflight_child(sys.argv[1], sys.argv[2])

@@ -1,0 +1,260 @@
+"""The protocol between tfdet and the training processes it starts.
+
+Every process `tfdet check`, `check --script`, `locate` and the TARGET
+preflight start is `python -m tfdet._runs._child SPEC_JSON`, where SPEC_JSON
+is one `WorkerSpec`. The child:
+
+1. calls `child_start` first (every kind): `tfdet.enable()` with the spec's
+   settings, or only Keras's seeds for a TARGET run without tfdet; every
+   perturbation that acts inside the process (`_perturb.applied_in_child`,
+   deferred to `import tensorflow` where TensorFlow is not loaded yet);
+   the notice of a `jit_compile=True` that Keras dropped;
+2. runs its kind (`_worker`, `_locate_worker`, `_script_worker`, or the
+   preflight in `_target`), telling the parent its steps on a channel of
+   its own (`report_progress`: a pipe whose descriptor the spec names, never
+   stdout, which a script may redirect or close);
+3. writes one JSON result, atomically (`write_result`), from its own
+   process only (a process the script forked never writes it). The result
+   carries `perturbations_applied`, so the parent can refuse a run that did
+   not apply what the report will claim, and a bad TARGET is reported the
+   one way: `{"error": {"kind": "target", "message": ...}}` and exit 2.
+
+Environment variables a child reads (the parent sets them; see
+`tfdet._runs._perturb` and `tfdet._runs._spawn.run_environment`): those of
+`tfdet.enable()` and TensorFlow (`TF_NUM_INTRAOP_THREADS`, `ONEDNN_MAX_CPU_ISA`,
+`XLA_FLAGS`, `TF_ENABLE_ONEDNN_OPTS`, `TF_USE_LEGACY_KERAS`, `TF_CONFIG`,
+`CUDA_VISIBLE_DEVICES`, `TF_CPP_MIN_LOG_LEVEL`), `PYTHONHASHSEED` (at
+interpreter start), and `TFDET_IMITATE_CACHES` (the `caches` perturbation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import warnings
+from typing import Any
+
+# The kinds of child, each with its module (imported only in the child).
+CHECK = "check"
+LOCATE = "locate"
+SCRIPT = "script"
+PREFLIGHT = "preflight"
+KINDS = {
+    CHECK: "tfdet._runs._worker",
+    LOCATE: "tfdet._runs._locate_worker",
+    SCRIPT: "tfdet._runs._script_worker",
+    PREFLIGHT: "tfdet._runs._target",
+}
+MODULE = "tfdet._runs._child"
+
+# The result of a run whose TARGET cannot be built or trained.
+TARGET_ERROR = "target"
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a child process is told (its argv[1], as JSON).
+
+    Attributes:
+        kind: One of `KINDS`: what the process runs.
+        seed: The run's seed.
+        enable: Whether the process calls `tfdet.enable()`.
+        threads: `tfdet.enable(threads=...)` (the `threads` perturbation
+            gives some processes another one).
+        cpu_isa: `tfdet.enable(cpu_isa=...)`.
+        target: The TARGET string (check, locate, preflight).
+        steps: Training steps (check, locate).
+        workers: Processes of a multi-worker run (check).
+        replicas: Replicas of a `MirroredStrategy` in one process (check).
+        record: Path of a `tfdet locate --record` trace to write, or None.
+        script: Path of the training script (script).
+        args: The script's arguments (script).
+        max_steps: Stop the script after this many recorded steps, or None.
+        result: Path of the result file (filled in per process).
+        trace: Path of the trace file, or the base of a script's trace files
+            (filled in per process).
+        progress_fd: The descriptor of the progress channel, or None
+            (filled in per process).
+    """
+
+    kind: str
+    seed: int = 0
+    enable: bool = True
+    threads: int = 1
+    cpu_isa: str | None = None
+    target: str | None = None
+    steps: int = 0
+    workers: int = 1
+    replicas: int = 1
+    record: str | None = None
+    script: str | None = None
+    args: tuple[str, ...] = ()
+    max_steps: int | None = None
+    result: str = ""
+    trace: str = ""
+    progress_fd: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(
+                f"Expected a worker kind from {', '.join(KINDS)}. Received: "
+                f"kind={self.kind!r}"
+            )
+        object.__setattr__(self, "args", tuple(self.args))
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerSpec:
+        return cls(**json.loads(text))
+
+
+# The child's own state: its spec and the process that owns the channels.
+_spec: WorkerSpec | None = None
+_owner_pid: int | None = None
+_progress: Any = None
+_applied: dict[str, str] = {}
+
+
+def is_owner() -> bool:
+    """False in a process the script forked: only the run's own one reports."""
+    return os.getpid() == _owner_pid
+
+
+def report_progress(done: int, total: int) -> None:
+    """Tells the parent how far this run is (`total` 0: unknown)."""
+    if _progress is None or not is_owner():
+        return
+    try:
+        _progress.write(f"{done} {total}\n")
+        _progress.flush()
+    except (OSError, ValueError):
+        # Progress is for people: the parent may have stopped reading.
+        pass
+
+
+def write_result(result: dict[str, Any]) -> None:
+    """Writes the run's result atomically: a crashed run leaves none."""
+    if _spec is None or not is_owner():
+        return
+    result = {**result, "perturbations_applied": dict(_applied)}
+    partial = _spec.result + ".tmp"
+    with open(partial, "w", encoding="utf-8") as out:
+        json.dump(result, out)
+    os.replace(partial, _spec.result)
+
+
+def _seed_without_tfdet(spec: WorkerSpec) -> None:
+    """What a careful user does without tfdet: Keras's own seeding only."""
+    import keras
+
+    from tfdet._pin import _versions
+
+    keras.utils.set_random_seed(spec.seed)
+    if _versions.uses_legacy_keras():
+        import tf_keras
+
+        tf_keras.utils.set_random_seed(spec.seed)
+    elif spec.workers > 1:
+        # Keras 3 cannot train multi-worker at all without this fix
+        # (keras-team/keras#20585); it changes which value Keras reads
+        # shapes from, not the bits of any step.
+        from tfdet.patches import keras_multi_worker
+
+        keras_multi_worker.PATCH.install()
+
+
+def _enable(spec: WorkerSpec) -> None:
+    """`tfdet.enable()` with the run's seed, threads and ISA cap."""
+    from tfdet._pin._enable import enable
+
+    with warnings.catch_warnings():
+        # The parent sets each run's PYTHONHASHSEED on purpose (it is one of
+        # the perturbations); the warning would fill the stderr tail a failed
+        # run is reported with.
+        warnings.filterwarnings("ignore", "PYTHONHASHSEED", UserWarning)
+        enable(spec.seed, threads=spec.threads, cpu_isa=spec.cpu_isa)
+
+
+def _apply_perturbations() -> None:
+    from tfdet._runs import _perturb
+
+    _applied.update(_perturb.applied_in_child())
+
+
+def child_start(spec: WorkerSpec) -> None:
+    """What every child does before its TARGET or script: see the module doc.
+
+    A script run without tfdet is left to seed itself (it is the careful
+    user); TensorFlow is not imported for it here, so that the script's own
+    environment settings still come first.
+    """
+    from tfdet.patches import _import_hook
+
+    if spec.enable:
+        _enable(spec)
+    elif spec.kind != SCRIPT:
+        _seed_without_tfdet(spec)
+    # In-child perturbations (e.g. another CPU's cache sizes) act once
+    # TensorFlow's libraries are loaded and before its first op.
+    _import_hook.when_imported("tensorflow", _apply_perturbations)
+    if spec.kind != PREFLIGHT:
+        from tfdet._runs import _xla
+
+        # After enable(), which must precede `import tensorflow` (oneDNN), and
+        # before the TARGET compiles: what it asked of XLA.
+        _xla.install()
+
+
+def run_facts(spec: WorkerSpec) -> dict[str, Any]:
+    """The profile and environment facts every worker result carries."""
+    from tfdet._pin import _enable, _environment
+
+    return {
+        "profile": _enable.observed_profile(spec.seed).to_dict(),
+        "environment": {
+            "affinity": _environment.affinity(),
+            "env": {
+                name: os.environ.get(name)
+                for name in _environment.DETERMINISM_VARIABLES
+            },
+        },
+    }
+
+
+def _open_progress(fd: int | None) -> Any:
+    if fd is None:
+        return None
+    # Not inherited by programs the script starts (subprocess closes it).
+    os.set_inheritable(fd, False)
+    return os.fdopen(fd, "w", encoding="utf-8", closefd=True)
+
+
+def main(argv: list[str]) -> int:
+    """The entry point of every child: `python -m tfdet._runs._child SPEC_JSON`."""
+    import importlib
+
+    global _spec, _owner_pid, _progress
+    from tfdet._errors import EXIT_USAGE, TargetError
+
+    _spec = WorkerSpec.from_json(argv[1])
+    _owner_pid = os.getpid()
+    _progress = _open_progress(_spec.progress_fd)
+    module = importlib.import_module(KINDS[_spec.kind])
+    try:
+        return module.run(_spec) or 0
+    except TargetError as error:
+        # Bad input, not a crash: the parent reports it as exit 2.
+        write_result({"error": {"kind": TARGET_ERROR, "message": str(error)}})
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    # The state above must live in the module the workers import, not in
+    # this `__main__` copy of it.
+    from tfdet._runs import _child
+
+    sys.exit(_child.main(sys.argv))
