@@ -61,11 +61,11 @@ elif enable == "op_determinism_only":
     tf.config.experimental.enable_op_determinism()
 else:
     import tfdet
-    from tfdet._graph import _patching
+    from tfdet.patches import _registry
     enable = dict(enable)
     without = enable.pop("patches_without", ())
     if without:
-        enable["patches"] = [p for p in _patching.resolve("auto") if p not in without]
+        enable["patches"] = [p for p in _registry.resolve("auto") if p not in without]
     tfdet.enable(**enable)
 import numpy as np
 from tfdet._runs import _target

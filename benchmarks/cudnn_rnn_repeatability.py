@@ -50,10 +50,10 @@ if mode == "op_determinism":
 else:
     # enable() before `import tensorflow`: it pins oneDNN's custom ops.
     import tfdet
-    from tfdet._graph import _patching
+    from tfdet.patches import _registry
     patches = "auto"
     if mode == "tfdet_cudnn_kept":
-        patches = [p for p in _patching.resolve("auto") if p != "cudnn_rnn"]
+        patches = [p for p in _registry.resolve("auto") if p != "cudnn_rnn"]
     tfdet.enable(seed=0, patches=patches)
 import numpy as np
 import tensorflow as tf

@@ -308,9 +308,9 @@ def _time(step: Callable[[], Any], iterations: int) -> float:
 
 def measure(case: Case, rounds: int, iterations: int) -> dict[str, Any]:
     """Times the original and the patched entry point, taking turns."""
-    from tfdet._graph import _patching
+    from tfdet.patches import _registry
 
-    patch = _patching.available()[case.patch]
+    patch = _registry.available()[case.patch]
     patch.restore()
     import tensorflow as tf
 
@@ -368,10 +368,10 @@ def main(argv: list[str] | None = None) -> int:
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     tf.config.experimental.enable_op_determinism()
 
-    from tfdet._graph import _patching
+    from tfdet.patches import _registry
 
     cases = {case.patch: case for case in _cases()}
-    registered = _patching.available()
+    registered = _registry.available()
     unknown = sorted(set(cases) - set(registered))
     if unknown:
         raise SystemExit(f"Expected cases for registered patches. Received: {unknown}")

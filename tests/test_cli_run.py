@@ -318,7 +318,7 @@ def test_scripts_own_enable_with_another_seed_names_the_flag(tmp_path: Path) -> 
 
 def test_mismatch_message_names_every_flag() -> None:
     from tfdet._errors import ProfileMismatchError
-    from tfdet._pin._launch import mismatch_message
+    from tfdet._setup._launch import mismatch_message
 
     error = ProfileMismatchError(
         "x", {"threads": (1, 4), "cpu_isa": ("AVX2", None), "onednn": (None, False)}

@@ -388,7 +388,7 @@ import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 weights = tf.Variable(tf.ones([64, 64]))
-from tfdet._pin import _enable
+from tfdet._setup import _enable
 out["started"] = _enable._runtime_started()
 attempt("strict", cpu_isa="AVX2")
 out["env_after_refusal"] = os.environ.get("ONEDNN_MAX_CPU_ISA")

@@ -9,7 +9,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 from tests.conftest import run_python
-from tfdet._graph import _hazards
+from tfdet.patches import _hazards
 
 MEASURED_GPU_TABLE = {
     "Bincount": "raises",
@@ -65,7 +65,7 @@ def test_rows_are_well_formed() -> None:
 def test_the_table_holds_no_patch_names() -> None:
     # Which patch replaces an op is the patch's declaration, not the table's.
     raw = json.loads(
-        resources.files("tfdet._graph").joinpath("hazards.json").read_text("utf-8")
+        resources.files("tfdet.patches").joinpath("hazards.json").read_text("utf-8")
     )
     assert set(raw) == {"about", "confirmed_note", "hazards"}
     for row in raw["hazards"]:
@@ -141,8 +141,9 @@ def test_importing_the_patches_does_not_import_tensorflow() -> None:
     result = run_python(
         """
         import sys
-        from tfdet._graph import _patching, _hazards
-        names = sorted(_patching.available())
+        from tfdet.patches import _registry
+        from tfdet.patches import _hazards
+        names = sorted(_registry.available())
         _hazards.table()
         print(names, "tensorflow" in sys.modules)
         """

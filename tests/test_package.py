@@ -24,12 +24,16 @@ def test_public_names_are_pinned() -> None:
     assert sorted(tfdet.__all__) == [
         "CheckReport",
         "DeterminismCallback",
+        "DeviceUnavailableError",
         "DivergenceError",
         "Error",
         "NondeterministicError",
         "Profile",
         "ProfileMismatchError",
+        "RunFailedError",
+        "TargetError",
         "TooLateError",
+        "TraceFormatError",
         "__version__",
         "check",
         "enable",
@@ -99,7 +103,7 @@ def test_import_does_not_import_tensorflow_or_change_the_environment() -> None:
         import json, os, sys
         before = dict(os.environ)
         import tfdet
-        import tfdet._cli.run, tfdet._cli.env, tfdet._pin._launch
+        import tfdet._cli.run, tfdet._cli.env, tfdet._setup._launch
         # The Python API of the check spawns the runs: it needs no TensorFlow.
         tfdet.check, tfdet.CheckReport
         print(json.dumps({
@@ -155,6 +159,44 @@ def _imports_between_tfdet_modules() -> dict[str, set[str]]:
 
 def test_no_import_cycle_between_tfdet_modules() -> None:
     graph = _imports_between_tfdet_modules()
-    assert "tfdet._pin._enable" in graph["tfdet"]  # The walk sees imports.
+    assert "tfdet._setup._enable" in graph["tfdet"]  # The walk sees imports.
     # CycleError names the modules of the cycle.
     graphlib.TopologicalSorter(graph).prepare()
+
+
+# The packages, from the command line down: each may import only packages of
+# a lower layer (`_record` and `_graph` side by side, neither importing the
+# other). The entry points (`tfdet`, its `__main__`, the pytest plugin) sit
+# on top; `_errors`, `_notices` and `_version` at the bottom.
+LAYERS = {
+    "tfdet": 7,
+    "tfdet.__main__": 7,
+    "tfdet._pytest_plugin": 8,  # Calls the public API.
+    "tfdet._cli": 6,
+    "tfdet._runs": 5,
+    "tfdet._record": 4,
+    "tfdet._graph": 4,
+    "tfdet._setup": 3,
+    "tfdet.patches": 2,
+    "tfdet._pin": 1,
+    "tfdet._errors": 0,
+    "tfdet._notices": 0,
+    "tfdet._version": 0,
+}
+
+
+def _package(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_packages_import_only_the_layers_below_them() -> None:
+    graph = _imports_between_tfdet_modules()
+    assert {_package(module) for module in graph} == set(LAYERS)
+    upward = sorted(
+        f"{module} -> {other}"
+        for module, imported in graph.items()
+        for other in imported
+        if _package(module) != _package(other)
+        and LAYERS[_package(other)] >= LAYERS[_package(module)]
+    )
+    assert upward == []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfdet._graph import _patching
+from tfdet.patches import _registry
 
 tf = pytest.importorskip("tensorflow")
 
@@ -33,11 +33,11 @@ def records(tmp_path):
 
 @pytest.fixture
 def patch():
-    installed = "auto_shard_data" in _patching.installed()
-    _patching.install(["auto_shard_data"])
+    installed = "auto_shard_data" in _registry.installed()
+    _registry.install(["auto_shard_data"])
     yield
     if not installed:
-        _patching.restore(["auto_shard_data"])
+        _registry.restore(["auto_shard_data"])
 
 
 def _worker_0_of_2(dataset, policy=None):
@@ -54,7 +54,7 @@ def _worker_0_of_2(dataset, policy=None):
 
 
 def test_without_the_patch_auto_shards_files(records):
-    if "auto_shard_data" in _patching.installed():
+    if "auto_shard_data" in _registry.installed():
         pytest.skip("the patch is installed in this process")
     # Files 0 and 2: what a worker trains on follows how the data are stored.
     assert _worker_0_of_2(records) == [0, 1, 2, 6, 7, 8]

@@ -57,8 +57,8 @@ _MIRRORED = """
 """
 
 _PATCH = """
-    from tfdet._graph import _patching
-    _patching.install(["keras_multi_worker"])
+    from tfdet.patches import _registry
+    _registry.install(["keras_multi_worker"])
 """
 
 

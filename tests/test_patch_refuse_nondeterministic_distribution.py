@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import tfdet
-from tfdet._graph import _patching
+from tfdet.patches import _registry
 
 tf = pytest.importorskip("tensorflow")
 
@@ -20,11 +20,11 @@ _NAME = "refuse_nondeterministic_distribution"
 
 @pytest.fixture
 def patch():
-    installed = _NAME in _patching.installed()
-    _patching.install([_NAME])
+    installed = _NAME in _registry.installed()
+    _registry.install([_NAME])
     yield
     if not installed:
-        _patching.restore([_NAME])
+        _registry.restore([_NAME])
 
 
 @pytest.mark.parametrize(
@@ -57,13 +57,13 @@ def test_dynamic_sharding_is_refused_and_static_policies_pass(patch):
 
 
 def test_restore_gives_tensorflow_its_behaviour_back():
-    if _NAME in _patching.installed():
+    if _NAME in _registry.installed():
         pytest.skip("the patch is installed in this process")
     from tensorflow.python.data.experimental.ops import data_service_ops
 
     original = data_service_ops._get_validated_sharding_policy  # noqa: SLF001
-    _patching.install([_NAME])
-    _patching.restore([_NAME])
+    _registry.install([_NAME])
+    _registry.restore([_NAME])
     assert data_service_ops._get_validated_sharding_policy is original  # noqa: SLF001
     dynamic = tf.data.experimental.service.ShardingPolicy.DYNAMIC
     assert original("distributed_epoch") == dynamic

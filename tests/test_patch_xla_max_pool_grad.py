@@ -18,8 +18,10 @@ tf = pytest.importorskip("tensorflow")
 
 from tensorflow.python.ops import gen_nn_ops  # noqa: E402
 
-from tfdet._graph import _patching  # noqa: E402
-from tfdet.patches import xla_max_pool_grad  # noqa: E402
+from tfdet.patches import (  # noqa: E402
+    _registry,
+    xla_max_pool_grad,
+)
 
 CASES = [
     # (height, width, kernel, strides, padding): overlapping windows when a
@@ -74,7 +76,7 @@ def test_ties_go_to_the_first_maximum_as_in_the_kernel() -> None:
 
 @pytest.fixture
 def installed():
-    patch = _patching.available()["xla_max_pool_grad"]
+    patch = _registry.available()["xla_max_pool_grad"]
     was_installed = patch.installed
     patch.install()
     yield patch
@@ -103,7 +105,7 @@ def test_installed_patch_keeps_max_pool_grad_out_of_xla_only(installed) -> None:
 
 
 def test_without_the_patch_xla_gets_max_pool_grad() -> None:
-    patch = _patching.available()["xla_max_pool_grad"]
+    patch = _registry.available()["xla_max_pool_grad"]
     if patch.installed:
         pytest.skip("installed in this process by an earlier enable()")
     assert "MaxPoolGrad" in _gradient_op_types(jit_compile=True)

@@ -1,6 +1,6 @@
 """The patch registry, and each patch against the op it replaces, on CPU.
 
-The registry (`tfdet._graph._patching`): every declared patch is found, is
+The registry (`tfdet.patches._registry`): every declared patch is found, is
 named like its module, replaces ops the hazard table marks hazardous, installs
 and restores exactly and idempotently; `needed()`, `resolve()`, `install()`,
 deferral until a module's import, and discovery are tested directly on probe
@@ -38,9 +38,13 @@ tf = pytest.importorskip("tensorflow")
 from tensorflow.python.ops import gen_image_ops, gen_math_ops, gen_sparse_ops  # noqa: E402
 
 from tests.conftest import clean_env, run_python  # noqa: E402
-from tfdet._graph import _hazards, _patching, _scan  # noqa: E402
+from tfdet._graph import _scan  # noqa: E402
 from tfdet._pin import _versions  # noqa: E402
-from tfdet.patches import _import_hook  # noqa: E402
+from tfdet.patches import (  # noqa: E402
+    _hazards,
+    _import_hook,  # noqa: E402
+    _registry,
+)
 
 # No example database: the sweep is seeded per run and leaves no files behind.
 SWEEP = settings(
@@ -50,12 +54,12 @@ SWEEP = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 EPS32 = float(np.finfo(np.float32).eps)
-PATCHES = _patching.available()
+PATCHES = _registry.available()
 TF_KERAS = importlib.util.find_spec("tf_keras") is not None
 
 
 @contextlib.contextmanager
-def patched(*patches: _patching.Patch) -> Iterator[None]:
+def patched(*patches: _registry.Patch) -> Iterator[None]:
     for patch in patches:
         patch.install()
     try:
@@ -109,7 +113,7 @@ def test_declaration_names_hazardous_ops_no_other_patch_claims(name: str) -> Non
         # A typo in an op name, or an op the table does not call a hazard,
         # would make the patch cover nothing in `tfdet scan`.
         assert _hazards.hazardous_in((op_type,), tf.__version__), op_type
-        assert _patching.covering(op_type) == name, op_type
+        assert _registry.covering(op_type) == name, op_type
 
 
 def _current(owner, attribute: str):
@@ -131,14 +135,14 @@ def test_install_twice_then_restore_puts_every_original_back(name: str) -> None:
             assert _current(owner, attribute) is not original, attribute
         patch.install()  # Must not record the replacement as an original.
         assert patch.replaced() == saved
-        assert _patching.installed() == (name,)
+        assert _registry.installed() == (name,)
     finally:
         patch.restore()
         patch.restore()
     for owner, attribute, original in saved:
         assert _current(owner, attribute) is original, attribute
     assert not patch.installed and patch.replaced() == ()
-    assert _patching.installed() == ()
+    assert _registry.installed() == ()
 
 
 class _Box:
@@ -147,7 +151,7 @@ class _Box:
 
 def _probe(name: str, replaces=("ResizeNearestNeighborGrad",), **fields):
     fields.setdefault("apply", lambda swap: swap.attribute(_Box, "value", name))
-    return _patching.Patch(
+    return _registry.Patch(
         name=name, replaces=replaces, summary="probe", upstream="https://x", **fields
     )
 
@@ -156,22 +160,22 @@ def _probe(name: str, replaces=("ResizeNearestNeighborGrad",), **fields):
 def probes(monkeypatch: pytest.MonkeyPatch):
     """A registry of two probe patches in place of tfdet's."""
     registry = {"a_probe": _probe("a_probe"), "b_probe": _probe("b_probe", ("Conv2D",))}
-    monkeypatch.setattr(_patching, "_REGISTRY", dict(registry))
+    monkeypatch.setattr(_registry, "_REGISTRY", dict(registry))
     yield registry
     for patch in registry.values():
         patch.restore()
 
 
 def test_registry_installs_restores_and_covers(probes) -> None:
-    assert _patching.covering("ResizeNearestNeighborGrad") == "a_probe"
-    assert _patching.covering("Conv2D") == "b_probe"
-    assert _patching.covering("MatMul") is None
-    assert _patching.install(["a_probe"]) == ("a_probe",)
+    assert _registry.covering("ResizeNearestNeighborGrad") == "a_probe"
+    assert _registry.covering("Conv2D") == "b_probe"
+    assert _registry.covering("MatMul") is None
+    assert _registry.install(["a_probe"]) == ("a_probe",)
     assert _Box.value == "a_probe"
-    assert _patching.install(["a_probe"]) == ("a_probe",)
+    assert _registry.install(["a_probe"]) == ("a_probe",)
     assert probes["a_probe"].replaced() == ((_Box, "value", "original"),)
-    _patching.restore()
-    assert _Box.value == "original" and _patching.installed() == ()
+    _registry.restore()
+    assert _Box.value == "original" and _registry.installed() == ()
 
 
 def test_resolve(probes, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -179,16 +183,16 @@ def test_resolve(probes, monkeypatch: pytest.MonkeyPatch) -> None:
         _versions, "tensorflow_distribution", lambda: ("tensorflow", "2.21.0")
     )
     # b_probe replaces Conv2D, which the table does not call a hazard.
-    assert _patching.resolve("auto") == _patching.resolve(True) == ["a_probe"]
-    assert _patching.resolve(None) == _patching.resolve(False) == []
-    assert _patching.resolve(["b_probe", "a_probe", "b_probe"]) == [
+    assert _registry.resolve("auto") == _registry.resolve(True) == ["a_probe"]
+    assert _registry.resolve(None) == _registry.resolve(False) == []
+    assert _registry.resolve(["b_probe", "a_probe", "b_probe"]) == [
         "a_probe",
         "b_probe",
     ]
     with pytest.raises(ValueError, match=r"Received unknown: \['nope'\]"):
-        _patching.resolve(["a_probe", "nope"])
+        _registry.resolve(["a_probe", "nope"])
     with pytest.raises(ValueError, match="Received: patches='a_probe'"):
-        _patching.resolve("a_probe")
+        _registry.resolve("a_probe")
 
 
 def test_needed_follows_the_table_for_the_installed_tensorflow(
@@ -221,16 +225,16 @@ def test_tf_keras_requirement_needs_tf_keras_installed_not_imported(
     monkeypatch.setattr(
         _versions, "distribution_version", lambda name: {"tf_keras": "2.21.0"}.get(name)
     )
-    monkeypatch.setattr(_patching, "_tf_keras_importable", lambda: True)
+    monkeypatch.setattr(_registry, "_tf_keras_importable", lambda: True)
     monkeypatch.delitem(sys.modules, "tf_keras", raising=False)
     for legacy in ("0", "1"):
         monkeypatch.setenv("TF_USE_LEGACY_KERAS", legacy)
         assert patch.needed()
     monkeypatch.setitem(sys.modules, "tf_keras", types.ModuleType("tf_keras"))
     assert patch.needed()
-    monkeypatch.setattr(_patching, "_tf_keras_importable", lambda: False)
+    monkeypatch.setattr(_registry, "_tf_keras_importable", lambda: False)
     assert not patch.needed()
-    monkeypatch.setattr(_patching, "_tf_keras_importable", lambda: True)
+    monkeypatch.setattr(_registry, "_tf_keras_importable", lambda: True)
     monkeypatch.setattr(
         _versions, "distribution_version", lambda name: {"tf_keras": "2.15.0"}.get(name)
     )
@@ -293,7 +297,7 @@ def test_after_import_waits_for_the_module_and_restore_cancels(
     [
         ("PATCH = None\n", "declare `PATCH = Patch(name='broken'"),
         (
-            "from tfdet._graph._patching import Patch\n"
+            "from tfdet.patches._registry import Patch\n"
             "PATCH = Patch(name='other', replaces=(), summary='', upstream='')\n",
             "Received: PATCH=Patch(name='other'",
         ),
@@ -308,18 +312,18 @@ def test_discovery_rejects_a_module_without_its_patch(
     (package / "__init__.py").write_text("")
     (package / "_helper.py").write_text("raise AssertionError('helpers are skipped')\n")
     (package / "good.py").write_text(
-        "from tfdet._graph._patching import Patch\n"
+        "from tfdet.patches._registry import Patch\n"
         "PATCH = Patch(name='good', replaces=(), summary='', upstream='')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(_patching, "PACKAGE", "tfdet_probe_patches")
-    monkeypatch.setattr(_patching, "_REGISTRY", {})
+    monkeypatch.setattr(_registry, "PACKAGE", "tfdet_probe_patches")
+    monkeypatch.setattr(_registry, "_REGISTRY", {})
     try:
-        assert list(_patching.available()) == ["good"]
-        monkeypatch.setattr(_patching, "_REGISTRY", {})
+        assert list(_registry.available()) == ["good"]
+        monkeypatch.setattr(_registry, "_REGISTRY", {})
         (package / "broken.py").write_text(source)
         with pytest.raises(TypeError, match=message.replace("(", r"\(")):
-            _patching.available()
+            _registry.available()
     finally:
         for module in [m for m in sys.modules if m.startswith("tfdet_probe_patches")]:
             del sys.modules[module]

@@ -28,9 +28,12 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from tests.conftest import REPO, clean_env, last_json_line, run_python, run_tfdet  # noqa: E402
-from tfdet._graph import _patching, _scan  # noqa: E402
+from tfdet._graph import _scan  # noqa: E402
 from tfdet._pin import _isa  # noqa: E402
-from tfdet.patches import portable_erfc  # noqa: E402
+from tfdet.patches import (  # noqa: E402
+    _registry,
+    portable_erfc,
+)
 
 NAMES = ("portable_erfc", "portable_reciprocal", "portable_rsqrt", "portable_softmax")
 APPROXIMATE = {"Rsqrt", "Reciprocal", "Inv", "Softmax", "Erfc"}
@@ -40,7 +43,7 @@ MODELS = str(REPO / "tests" / "targets" / "cpu_model_models.py")
 
 @contextlib.contextmanager
 def patched() -> Iterator[None]:
-    patches = [_patching.available()[name] for name in NAMES]
+    patches = [_registry.available()[name] for name in NAMES]
     for patch in patches:
         patch.install()
     try:
@@ -98,7 +101,7 @@ def graph_ops(function, *args) -> set[str]:
 
 def test_patches_are_installed_by_default_on_this_tensorflow() -> None:
     # Portability is the product's promise: `enable()` installs them.
-    assert set(NAMES) <= set(_patching.resolve("auto"))
+    assert set(NAMES) <= set(_registry.resolve("auto"))
 
 
 @pytest.mark.parametrize(

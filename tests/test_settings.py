@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfdet._pin import _enable, _isa, _settings
+from tfdet._pin import _isa, _settings
+from tfdet._setup import _enable
 
 
 def test_enable_uses_these_defaults():

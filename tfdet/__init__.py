@@ -9,25 +9,33 @@ from __future__ import annotations
 from typing import Any
 
 from tfdet._errors import (
+    DeviceUnavailableError,
     DivergenceError,
     Error,
     NondeterministicError,
     ProfileMismatchError,
+    RunFailedError,
+    TargetError,
     TooLateError,
+    TraceFormatError,
 )
-from tfdet._pin._enable import enable, is_enabled, profile
 from tfdet._pin._profile import Profile
+from tfdet._setup._enable import enable, is_enabled, profile
 from tfdet._version import __version__
 
 __all__ = [
     "CheckReport",
     "DeterminismCallback",
+    "DeviceUnavailableError",
     "DivergenceError",
     "Error",
     "NondeterministicError",
     "Profile",
     "ProfileMismatchError",
+    "RunFailedError",
+    "TargetError",
     "TooLateError",
+    "TraceFormatError",
     "__version__",
     "check",
     "enable",

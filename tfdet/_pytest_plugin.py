@@ -204,7 +204,7 @@ class _Reseeder:
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         # Tests see the same generators whatever ran before them, so a test
         # selected with -k gets the bits it gets in the whole suite.
-        from tfdet._pin import _enable
+        from tfdet._setup import _enable
 
         _enable._seed_everything(self.seed)
 
@@ -286,7 +286,7 @@ def _divergences(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_check(
+def check_or_fail(
     build: Callable[..., Any] | str,
     *,
     steps: int = 3,
@@ -410,7 +410,7 @@ def tfdet_reproducible(request: pytest.FixtureRequest) -> Callable[..., dict[str
     first diverging step, quantity and both values when any bit differs, or
     with the failing run's stderr when a run fails. Seed and threads default
     to the session's `--tfdet-seed` / `--tfdet-threads` (or ini keys) when
-    given. See `run_check` for every argument.
+    given. See `check_or_fail` for every argument.
     """
     config = request.config
     defaults: dict[str, Any] = {}
@@ -432,6 +432,6 @@ def tfdet_reproducible(request: pytest.FixtureRequest) -> Callable[..., dict[str
         defaults["env"] = env
 
     def check(build: Callable[..., Any] | str, **kwargs: Any) -> dict[str, Any]:
-        return run_check(build, **{**defaults, **kwargs})
+        return check_or_fail(build, **{**defaults, **kwargs})
 
     return check

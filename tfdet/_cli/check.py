@@ -284,7 +284,7 @@ def execute(args: argparse.Namespace) -> int:
     # The header first: TensorFlow takes seconds to start in the runs.
     _output.progress(format_header(options))
     try:
-        result = _api.run_check(options, display.message, display.step)
+        result = _api.check_with_options(options, display.message, display.step)
     finally:
         display.finish()
     report = result.to_dict()

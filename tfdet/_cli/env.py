@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 
 from tfdet._cli import _output, write_json
-from tfdet._pin import _enable, _environment
+from tfdet._pin import _environment
+from tfdet._setup import _enable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

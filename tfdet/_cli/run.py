@@ -30,7 +30,8 @@ from absl import app
 
 from tfdet import _notices
 from tfdet._cli import _training_flags
-from tfdet._pin import _enable, _isa, _settings
+from tfdet._pin import _isa, _settings
+from tfdet._setup import _enable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -206,7 +207,7 @@ def execute(args: argparse.Namespace) -> int:
     command = [
         sys.executable,
         "-m",
-        "tfdet._pin._launch",
+        "tfdet._setup._launch",
         json.dumps(settings),
         kind,
         target,

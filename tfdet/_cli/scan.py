@@ -147,7 +147,7 @@ def execute(args: argparse.Namespace) -> int:
     from tfdet._pin import _devices
 
     if not args.no_enable:
-        from tfdet._pin._enable import enable
+        from tfdet._setup._enable import enable
 
         with warnings.catch_warnings():
             # The hash seed orders sets and dicts in training scripts; a

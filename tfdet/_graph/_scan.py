@@ -3,7 +3,7 @@
 `scan(built)` traces the model's real training step (forward, loss,
 gradients, optimizer update, metric updates) into a graph, walks every node,
 including those of nested and gradient functions in the function library,
-matches each op against the hazard table (`tfdet._graph._hazards`) and attributes it
+matches each op against the hazard table (`tfdet.patches._hazards`) and attributes it
 to the Keras layer, metric or optimizer whose name scope it was built in.
 Tracing needs no GPU: op types and attributes are decided at trace time.
 `tfdet scan` hides any GPU (`tfdet._pin._devices.hide_gpus`) before TensorFlow starts, so the
@@ -20,7 +20,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from tfdet._graph import _hazards, _layers, _patching
+from tfdet._graph import _layers
+from tfdet.patches import _hazards, _registry
 
 _LOG = logging.getLogger("tfdet")
 
@@ -444,7 +445,7 @@ def find(
     call built them; without it, scope names are matched to layer names.
     """
     attributor = Attributor(model, calls)
-    installed = set(_patching.installed())
+    installed = set(_registry.installed())
     groups: dict[tuple, list[Node]] = collections.defaultdict(list)
     rows: dict[tuple, _hazards.Hazard] = {}
     op_types: set[str] = set()
@@ -472,7 +473,7 @@ def find(
     for key, nodes in sorted(groups.items()):
         op_type, kind, source, source_type, gradient = key
         row = rows[key]
-        patch = _patching.covering(op_type)
+        patch = _registry.covering(op_type)
         findings.append(
             Finding(
                 op_type=op_type,
@@ -532,7 +533,7 @@ def scan(
     """
     import tensorflow as tf
 
-    from tfdet._pin import _enable
+    from tfdet._setup import _enable
 
     version = tf.__version__
     model = built.model
@@ -542,18 +543,18 @@ def scan(
     graph_def, xla = trace_train_step(model, x, y, calls, xla=xla_dropped or None)
     findings, stats = find(graph_def, model, xla, version, calls)
     covered: list[Finding] = []
-    installed = _patching.installed()
+    installed = _registry.installed()
     if installed and compare_unpatched and tf.executing_eagerly():
         # Re-installing would log each patch again; the trace is internal.
         level = _LOG.level
         _LOG.setLevel(logging.WARNING)
-        _patching.restore(installed)
+        _registry.restore(installed)
         try:
             unpatched_calls = _layers.CallRecord()
             unpatched_def, _ = trace_train_step(model, x, y, unpatched_calls, xla)
             before, _ = find(unpatched_def, model, xla, version, unpatched_calls)
         finally:
-            _patching.install(installed)
+            _registry.install(installed)
             _LOG.setLevel(level)
         remaining = {(f.op_type, f.kind, f.source, f.gradient) for f in findings}
         covered = [

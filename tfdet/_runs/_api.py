@@ -1,7 +1,7 @@
 """`tfdet.check()`: the check from Python, with the CLI's verdicts and exit codes.
 
 `tfdet check` (the CLI) and `tfdet.check()` run the same code
-(`run_check`): the same runs, the same report, the same exit code.
+(`check_with_options`): the same runs, the same report, the same exit code.
 
 A TARGET may also be a callable (a function that builds the model). One
 that the fresh processes can import (a module-level function of an
@@ -139,7 +139,7 @@ def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def run_check(
+def check_with_options(
     options: RunOptions,
     progress: ProgressFn | None = None,
     on_step: _check.StepFn | None = None,
@@ -215,7 +215,7 @@ def check(
             f"Received: {', '.join(f'{name}=' for name in unknown)}"
         )
     if target is None or isinstance(target, str):
-        return run_check(RunOptions(target=target, **options), progress)
+        return check_with_options(RunOptions(target=target, **options), progress)
     if not callable(target):
         raise TargetError(
             "Expected `target` to be a TARGET string or a function. Received: "
@@ -223,9 +223,9 @@ def check(
         )
     name = _importable_name(target)
     if name is not None:
-        return run_check(RunOptions(target=name, **options), progress)
+        return check_with_options(RunOptions(target=name, **options), progress)
     with _written(target) as text:
-        report = run_check(RunOptions(target=text, **options), progress)
+        report = check_with_options(RunOptions(target=text, **options), progress)
     # The temporary file is gone: the report names the function.
     described = f"{target.__module__}:{target.__qualname__}"
     return dataclasses.replace(report, _report={**report._report, "target": described})

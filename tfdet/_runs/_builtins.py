@@ -188,7 +188,7 @@ def keras_issue_tf_keras_graph() -> Any:
     import tensorflow as tf
     import tf_keras
 
-    from tfdet._pin._enable import profile
+    from tfdet._setup._enable import profile
 
     tf.compat.v1.disable_eager_execution()
     # A new default graph has no global seed: seed it again, as the session

@@ -36,10 +36,6 @@ from tfdet._runs import _child, _perturb, _spawn
 from tfdet._runs._options import RunOptions
 from tfdet._runs._spawn import ProgressFn
 
-# The name `tfdet check`'s callers know; one options object serves every
-# command that spawns runs.
-CheckOptions = RunOptions
-
 RERUN = "none (a re-run of the baseline)"
 
 # Verdict of each exit code: the one mapping for devices and the whole check.
@@ -56,14 +52,14 @@ def combined_exit_code(codes: list[int]) -> int:
 
 
 @dataclasses.dataclass
-class _Run:
+class _FinishedRun:
     """A finished run with its trace read back."""
 
     outcome: _spawn.RunOutcome
     trace: _trace.Trace | None
 
 
-def _read_runs(outcomes: list[_spawn.RunOutcome]) -> list[_Run]:
+def _read_runs(outcomes: list[_spawn.RunOutcome]) -> list[_FinishedRun]:
     """Reads each ok run's trace; an unreadable one makes the run a failure."""
     runs = []
     for outcome in outcomes:
@@ -75,11 +71,11 @@ def _read_runs(outcomes: list[_spawn.RunOutcome]) -> list[_Run]:
                 outcome = dataclasses.replace(
                     outcome, result=None, failure=f"its trace is unreadable ({error})"
                 )
-        runs.append(_Run(outcome, trace))
+        runs.append(_FinishedRun(outcome, trace))
     return runs
 
 
-def compare_runs(a: _Run, b: _Run) -> _diff.Divergence | None:
+def first_divergence(a: _FinishedRun, b: _FinishedRun) -> _diff.Divergence | None:
     """The first difference between two runs, or None when bit-identical.
 
     The traces are compared as `tfdet diff` compares them; when they agree,
@@ -123,7 +119,7 @@ def compare_runs(a: _Run, b: _Run) -> _diff.Divergence | None:
 
 
 # One run: its processes (one, or each worker of a multi-worker run).
-_Job = list[_Run]
+_Job = list[_FinishedRun]
 
 
 def _setups(job: _Job) -> list[_perturb.RunSetup]:
@@ -147,7 +143,7 @@ def compare_jobs(a: _Job, b: _Job) -> tuple[int, _diff.Divergence | None]:
         [
             (k, divergence)
             for k, (run_a, run_b) in enumerate(zip(a, b, strict=True))
-            if (divergence := compare_runs(run_a, run_b)) is not None
+            if (divergence := first_divergence(run_a, run_b)) is not None
         ]
     )
 
@@ -163,7 +159,7 @@ def _disagreeing_workers(job: _Job) -> tuple[int, _diff.Divergence | None]:
         [
             (k, divergence)
             for k, run in enumerate(job[1:], start=1)
-            if (divergence := compare_runs(job[0], run)) is not None
+            if (divergence := first_divergence(job[0], run)) is not None
         ]
     )
 
@@ -183,7 +179,7 @@ def _nonfinite(trace: _trace.Trace) -> list[str]:
     return list(found.values())
 
 
-def _run_report(run: _Run) -> dict[str, Any]:
+def _run_report(run: _FinishedRun) -> dict[str, Any]:
     outcome = run.outcome
     report = outcome.facts()
     if outcome.ok and run.trace is not None:
@@ -312,7 +308,7 @@ def _attribute(
 
 
 def _keep_traces(
-    runs: list[_Run], reports: list[dict[str, Any]], directory: str
+    runs: list[_FinishedRun], reports: list[dict[str, Any]], directory: str
 ) -> None:
     """Copies each finished process's trace to `directory/runN[-workerK].jsonl`."""
     for run, report in zip(runs, reports, strict=True):
@@ -327,7 +323,7 @@ StepFn = Callable[[str, int, int, int], None]
 
 
 def _divergence_report(
-    a: _Run, b: _Run, divergence: _diff.Divergence, worker: int | None
+    a: _FinishedRun, b: _FinishedRun, divergence: _diff.Divergence, worker: int | None
 ) -> dict[str, Any]:
     comparison = _diff.compare(a.trace, b.trace)
     return {
@@ -353,7 +349,7 @@ def _run_jobs(
     workdir: str,
     progress: ProgressFn | None,
     step: StepFn | None,
-) -> list[list[_Run]]:
+) -> list[list[_FinishedRun]]:
     """Starts every run on `device` at once and reads each process's result."""
     workers = options.workers
     if progress is not None:

@@ -169,7 +169,7 @@ def _seed_without_tfdet(spec: WorkerSpec) -> None:
 
 def _enable(spec: WorkerSpec) -> None:
     """`tfdet.enable()` with the run's seed, threads and ISA cap."""
-    from tfdet._pin._enable import enable
+    from tfdet._setup._enable import enable
 
     with warnings.catch_warnings():
         # The parent sets each run's PYTHONHASHSEED on purpose (it is one of
@@ -211,7 +211,8 @@ def child_start(spec: WorkerSpec) -> None:
 
 def run_facts(spec: WorkerSpec) -> dict[str, Any]:
     """The profile and environment facts every worker result carries."""
-    from tfdet._pin import _enable, _environment
+    from tfdet._pin import _environment
+    from tfdet._setup import _enable
 
     return {
         "profile": _enable.observed_profile(spec.seed).to_dict(),

@@ -30,11 +30,6 @@ from tfdet._runs import _child, _perturb, _spawn
 from tfdet._runs._options import RunOptions
 from tfdet._runs._spawn import ProgressFn
 
-# The name `tfdet locate`'s callers know. Locate uses `target`, `steps`,
-# `perturb`, `enable`, `seed`, `threads`, `cpu_isa` and `timeout`; it always
-# runs two processes, on the CPU.
-LocateOptions = RunOptions
-
 
 def _run(
     options: RunOptions,
@@ -109,6 +104,10 @@ def record(
 
 def locate(options: RunOptions, progress: ProgressFn | None = None) -> dict[str, Any]:
     """Runs two perturbed processes and finds the first layer that differs.
+
+    Of `options`, locate uses `target`, `steps`, `perturb`, `enable`, `seed`,
+    `threads`, `cpu_isa` and `timeout`; it always runs two processes, on the
+    CPU.
 
     Returns:
         A JSON-ready report: target, options, the two runs' perturbations and

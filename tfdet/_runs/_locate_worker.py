@@ -318,7 +318,8 @@ def _record_header(
     owners: list[int | None],
 ) -> dict[str, Any]:
     """The header of a `tfdet locate --record` trace: the usual facts + layers."""
-    from tfdet._pin import _enable, _environment
+    from tfdet._pin import _environment
+    from tfdet._setup import _enable
 
     return _trace.make_header(
         _enable.observed_profile(spec.seed),

@@ -21,12 +21,13 @@ import tempfile
 from typing import Any
 
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, TraceFormatError
-from tfdet._pin import _enable, _isa, _settings
+from tfdet._pin import _isa, _settings
 from tfdet._record import _diff, _trace
 from tfdet._runs import _child, _options, _perturb, _spawn, _target
 from tfdet._runs._check import VERDICTS
 from tfdet._runs._options import RunOptions
 from tfdet._runs._spawn import ProgressFn
+from tfdet._setup import _enable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,12 +88,12 @@ def _environment(options: ScriptOptions) -> dict[str, str]:
 
 
 @dataclasses.dataclass
-class _Run:
+class _ScriptRun:
     outcome: _spawn.RunOutcome
     traces: list[_trace.Trace | None]
 
 
-def _read(outcome: _spawn.RunOutcome) -> _Run:
+def _read(outcome: _spawn.RunOutcome) -> _ScriptRun:
     traces: list[_trace.Trace | None] = []
     if outcome.ok:
         try:
@@ -102,10 +103,10 @@ def _read(outcome: _spawn.RunOutcome) -> _Run:
             outcome = dataclasses.replace(
                 outcome, result=None, failure=f"a trace is unreadable ({error})"
             )
-    return _Run(outcome, traces)
+    return _ScriptRun(outcome, traces)
 
 
-def compare_runs(a: _Run, b: _Run) -> dict[str, Any] | None:
+def first_script_divergence(a: _ScriptRun, b: _ScriptRun) -> dict[str, Any] | None:
     """The first difference between two finished runs, or None."""
     entries_a, entries_b = a.outcome.result["traces"], b.outcome.result["traces"]
     names_a = [e["name"] for e in entries_a]
@@ -158,7 +159,7 @@ def compare_runs(a: _Run, b: _Run) -> dict[str, Any] | None:
     return None
 
 
-def _run_report(run: _Run) -> dict[str, Any]:
+def _run_report(run: _ScriptRun) -> dict[str, Any]:
     outcome = run.outcome
     report = outcome.facts()
     if outcome.ok:
@@ -206,7 +207,7 @@ def check_script(
         divergence = None
         if all(r.outcome.ok for r in runs):
             for other in runs[1:]:
-                divergence = compare_runs(runs[0], other)
+                divergence = first_script_divergence(runs[0], other)
                 if divergence is not None:
                     divergence["runs"] = [0, other.outcome.setup.index]
                     break

@@ -65,8 +65,9 @@ class _Trace:
         self.key: Any = None
 
     def record(self, logs: dict[str, Any]) -> None:
-        from tfdet._pin import _enable, _environment
+        from tfdet._pin import _environment
         from tfdet._record import _bits, _trace
+        from tfdet._setup import _enable
 
         variables = list(self.variables())
         if self.writer is None:
@@ -358,7 +359,7 @@ def run(spec: WorkerSpec) -> int:
         if isinstance(error, ProfileMismatchError):
             # The script's own enable() asks for other settings than the
             # runs pinned: say which flags make them agree.
-            from tfdet._pin._launch import mismatch_message
+            from tfdet._setup._launch import mismatch_message
 
             hint = mismatch_message(error).replace("tfdet run", "tfdet check --script")
             print(f"tfdet: {hint}", file=sys.stderr, flush=True)

@@ -76,8 +76,9 @@ def start(spec: WorkerSpec) -> Any:
 
 def _train_on_batches(built: Any, spec: WorkerSpec) -> None:
     """Trains one `train_on_batch` step at a time, recording each in the trace."""
-    from tfdet._pin import _enable, _environment
+    from tfdet._pin import _environment
     from tfdet._record import _bits, _trace
+    from tfdet._setup import _enable
 
     model = built.model
     writer = None

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet._graph._patching import Patch
+from tfdet.patches._registry import Patch
 from tfdet.patches._swap import Swap
 
 

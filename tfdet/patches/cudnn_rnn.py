@@ -39,7 +39,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from tfdet._graph._patching import Patch
+from tfdet.patches._registry import Patch
 from tfdet.patches._swap import Swap
 
 NAME = "cudnn_rnn"

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tfdet._graph._patching import Patch
+from tfdet.patches._registry import Patch
 from tfdet.patches._swap import Swap, registered_gradient
 
 # The forward ops whose registered gradients the patch replaces.

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet._graph._patching import KERAS3, Patch
+from tfdet.patches._registry import KERAS3, Patch
 from tfdet.patches._swap import Swap
 
 # The TensorFlow backend modules that bind `draw_seed` at import; each calls

@@ -18,7 +18,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from tfdet._graph._patching import KERAS3, Patch, available
+from tfdet.patches._registry import KERAS3, Patch, available
 from tfdet.patches._swap import Swap
 
 # Layers whose gradient has no deterministic XLA lowering that tfdet covers.

@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tfdet._graph._patching import Patch
 from tfdet.patches import _exact_math
+from tfdet.patches._registry import Patch
 
 _ERFC = _exact_math.GeneratedOp("tensorflow.python.ops.gen_math_ops", "erfc")
 

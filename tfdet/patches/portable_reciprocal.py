@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet._graph._patching import Patch
 from tfdet.patches import _exact_math
+from tfdet.patches._registry import Patch
 from tfdet.patches._swap import Swap
 
 _OPS = "tensorflow.python.ops.gen_math_ops"

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet._graph._patching import Patch
 from tfdet.patches import _exact_math
+from tfdet.patches._registry import Patch
 
 _SOFTMAX = _exact_math.GeneratedOp("tensorflow.python.ops.gen_nn_ops", "softmax")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfdet._errors import NondeterministicError
-from tfdet._graph._patching import Patch
+from tfdet.patches._registry import Patch
 from tfdet.patches._swap import Swap
 
 _PARAMETER_SERVER = (

@@ -29,7 +29,7 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tfdet._graph._patching import Patch
+from tfdet.patches._registry import Patch
 from tfdet.patches._swap import Swap
 
 NAME = "sparse_optimizer_update"

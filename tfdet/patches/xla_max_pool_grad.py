@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet._graph._patching import Patch
+from tfdet.patches._registry import Patch
 from tfdet.patches._swap import Swap
 
 # TensorFlow's MaxPool gradient, for what the patch leaves to it.

@@ -27,7 +27,6 @@ import warnings
 from typing import Any
 
 from tfdet._errors import ProfileMismatchError, TooLateError
-from tfdet._graph import _patching
 from tfdet._pin import _distribution, _environment, _isa, _versions
 from tfdet._pin._profile import Profile
 from tfdet._pin._settings import (  # noqa: F401  (re-exported)
@@ -40,6 +39,7 @@ from tfdet._pin._settings import (  # noqa: F401  (re-exported)
     check_seed,
     check_threads,
 )
+from tfdet.patches import _registry
 
 _LOG = logging.getLogger("tfdet")
 
@@ -333,7 +333,7 @@ def enable(
     tf.config.experimental.enable_op_determinism()
     _pin_variables(seed, threads, isa_cap)
     _seed_everything(seed)
-    installed = _patching.install(_patching.resolve(request["patches"]))
+    installed = _registry.install(_registry.resolve(request["patches"]))
 
     profile = Profile(
         seed=seed,
@@ -455,7 +455,7 @@ def _software_facts(installed: tuple[str, ...]) -> dict[str, Any]:
     what they pin under tf.distribute, and the versions."""
     import tensorflow as tf
 
-    patches = _patching.available()
+    patches = _registry.available()
     flavor = _versions.keras_flavor()
     return {
         "patches": installed,
@@ -475,7 +475,7 @@ def _normalize_patch_request(patches: Any) -> Any:
         return patches
     if isinstance(patches, str):
         # "auto", or a bad string: `resolve` says which names exist.
-        return patches if patches == "auto" else _patching.resolve(patches)
+        return patches if patches == "auto" else _registry.resolve(patches)
     if not isinstance(patches, list | tuple | set | frozenset) or not all(
         isinstance(name, str) for name in patches
     ):
@@ -486,7 +486,7 @@ def _normalize_patch_request(patches: Any) -> Any:
         )
     # Named patches (or a bad string) are checked now, before enable() changes
     # anything: an unknown name is a ValueError with the known ones.
-    _patching.resolve(patches)
+    _registry.resolve(patches)
     return tuple(sorted(set(patches)))
 
 
@@ -537,5 +537,5 @@ def observed_profile(seed: int | None = None) -> Profile:
         op_determinism=_environment.op_determinism_enabled(),
         xla_determinism=_xla_determinism_in_force(),
         python_hash_seed=_STARTUP_HASH_SEED,
-        **_software_facts(_patching.installed()),
+        **_software_facts(_registry.installed()),
     )

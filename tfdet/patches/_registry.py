@@ -21,9 +21,8 @@ import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from tfdet._graph import _hazards
 from tfdet._pin import _versions
-from tfdet.patches import _import_hook
+from tfdet.patches import _hazards, _import_hook
 from tfdet.patches._swap import Swap
 
 _LOG = logging.getLogger("tfdet")

@@ -4,7 +4,7 @@
 the host, or runs nondeterministically on GPU under op determinism, which
 TensorFlow versions each row applies to and the Keras entry points that reach
 it: facts about TensorFlow only. Which tfdet patch replaces an op is declared
-by the patch (`tfdet._graph._patching`). `tfdet scan` matches traced ops
+by the patch (`tfdet.patches._registry`). `tfdet scan` matches traced ops
 against the table; each patch's `needed()` asks `hazardous_in()` here whether
 the running TensorFlow has a hazard for its ops. Nothing in this module
 imports TensorFlow.
@@ -138,7 +138,7 @@ def _parse_row(raw: Mapping[str, Any]) -> Hazard:
 def table() -> Table:
     """The hazard table shipped with tfdet (parsed once)."""
     text = (
-        resources.files("tfdet._graph")
+        resources.files("tfdet.patches")
         .joinpath("hazards.json")
         .read_text(encoding="utf-8")
     )

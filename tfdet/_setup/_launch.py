@@ -1,6 +1,6 @@
 """Child side of `tfdet run`: enable tfdet, then run the user's code.
 
-Started by `tfdet run` as `python -m tfdet._pin._launch SETTINGS_JSON KIND TARGET
+Started by `tfdet run` as `python -m tfdet._setup._launch SETTINGS_JSON KIND TARGET
 [ARGS...]` in an environment that already pins what must exist before the
 interpreter starts. KIND is "script" or "module".
 """
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> None:
     """Enables tfdet with the JSON settings, then runs the script or module."""
     settings, kind, target, *args = argv[1:]
     from tfdet import _notices
-    from tfdet._pin._enable import enable
+    from tfdet._setup._enable import enable
 
     if os.environ.get(_notices.VERBOSE_VARIABLE) != "1":  # `tfdet --verbose run`
         _notices.hide_at_import()
@@ -66,7 +66,7 @@ def _run(kind: str, target: str) -> None:
         runpy.run_module(target, run_name="__main__", alter_sys=True)
     else:
         # As `python script.py`: sys.path[0] is the script's directory, not
-        # the working directory that `python -m tfdet._pin._launch` put there.
+        # the working directory that `python -m tfdet._setup._launch` put there.
         sys.path[0] = os.path.dirname(os.path.abspath(target))
         runpy.run_path(target, run_name="__main__")
 

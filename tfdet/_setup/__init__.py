@@ -1,0 +1,1 @@
+"""What a process does to itself: `enable()` (pin, seed, patch) and `tfdet run`'s launch."""
