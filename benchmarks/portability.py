@@ -41,8 +41,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tfdet._pin import _enable, _environment, _isa, _versions  # noqa: E402
+from tfdet._pin import _environment, _isa, _versions  # noqa: E402
 from tfdet._runs import _builtins, _options, _perturb, _spawn  # noqa: E402
+from tfdet._setup import _enable  # noqa: E402
 
 TABLE = REPO / "benchmarks" / "portability_digests.json"
 SEED = 7

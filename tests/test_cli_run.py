@@ -310,7 +310,7 @@ def test_scripts_own_enable_with_another_seed_names_the_flag(tmp_path: Path) -> 
     proc = run_tfdet("run", str(script), timeout=300)
     assert proc.returncode == EXIT_USAGE, proc.stderr
     assert (
-        "the script calls enable(seed=42) but tfdet run pinned seed 0; pass "
+        "the script asks for seed=42 but tfdet run pinned seed 0; pass "
         "--seed 42 to tfdet run" in proc.stderr
     )
     assert "Traceback" not in proc.stderr

@@ -116,3 +116,31 @@ class _Subclassed(keras.Model):
 def urandom_subclassed() -> Any:
     """Subclassed model (not built until called): returns (model, x, y)."""
     return (_compile(_Subclassed(name="subclassed")), *_data())
+
+
+class _OwnStep(keras.Model):
+    """A model whose `train_step` is its own (here: it halves every gradient)."""
+
+    def train_step(self, data: Any) -> dict[str, Any]:
+        import tensorflow as tf
+
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(
+            [
+                (g * 0.5, v)
+                for g, v in zip(gradients, self.trainable_variables, strict=True)
+            ]
+        )
+        return {"loss": loss}
+
+
+def custom_train_step() -> Any:
+    """A functional model with its own `train_step`, which locate cannot replay."""
+    inputs = keras.Input((FEATURES,))
+    outputs = keras.layers.Dense(4, name="head")(inputs)
+    model = _compile(_OwnStep(inputs, outputs))
+    x, y = _data()
+    return model, x, y

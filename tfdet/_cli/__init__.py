@@ -114,16 +114,24 @@ _VERBOSE: dict[str, Any] = {
 
 
 def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
-    """Parses `argv` (program name first); exits 2 on usage errors."""
-    return build_parser().parse_args(list(argv[1:]))
+    """Parses `argv` (program name first); exits 2 on usage errors.
+
+    `args.after_dashes` keeps what followed a `--` (None without one):
+    argparse hands its first word to a positional, and `check --script`
+    must tell a script's arguments from a TARGET.
+    """
+    words = list(argv[1:])
+    args = build_parser().parse_args(words)
+    args.after_dashes = words[words.index("--") + 1 :] if "--" in words else None
+    return args
 
 
 def _report_error(error: BaseException) -> None:
     _output.err(f"tfdet: error: {error}")
 
 
-def _check_json_destination(path: str | None) -> None:
-    """Fails before any work when `--json FILE` cannot be written."""
+def check_output_file(path: str | None, flag: str = "--json") -> None:
+    """Fails before any work when an output file (`--json FILE`) cannot be written."""
     if not path or path == "-":
         return
     existed = os.path.exists(path)
@@ -134,7 +142,7 @@ def _check_json_destination(path: str | None) -> None:
             os.remove(path)
     except OSError as error:
         raise app.UsageError(
-            f"Expected --json to name a writable file. Received: {path!r} ({error})"
+            f"Expected {flag} to name a writable file. Received: {path!r} ({error})"
         ) from error
 
 
@@ -167,7 +175,7 @@ def execute(args: argparse.Namespace) -> int:
     if not getattr(args, "verbose", False):
         _notices.hide_at_import()
     try:
-        _check_json_destination(getattr(args, "json", None))
+        check_output_file(getattr(args, "json", None))
         if getattr(args, "json", None) == "-":
             _output.reserve_stdout_for_json()
         return int(args.func(args))

@@ -227,15 +227,30 @@ def _execute_script(args: argparse.Namespace) -> int:
 
     from tfdet._runs import _script_check
 
-    if args.steps != _options.DEFAULT_STEPS or args.traces or args.device == "gpu":
+    if (
+        args.steps != _options.DEFAULT_STEPS
+        or args.traces
+        or args.device == "gpu"
+        or args.workers != _options.DEFAULT_WORKERS
+        or args.replicas != _options.DEFAULT_REPLICAS
+    ):
         raise app.UsageError(
-            "Expected no --steps, --traces or --device gpu with --script. Received: "
-            f"steps={args.steps}, traces={args.traces!r}, device={args.device!r}. "
-            "The script decides its steps (stop it early with --max-steps N); "
-            "its runs are on the CPU."
+            "Expected no --steps, --traces, --device gpu, --workers or --replicas "
+            f"with --script. Received: steps={args.steps}, traces={args.traces!r}, "
+            f"device={args.device!r}, workers={args.workers}, "
+            f"replicas={args.replicas}. The script decides its steps (stop it "
+            "early with --max-steps N) and its distribution strategy; its runs "
+            "are single processes on the CPU."
         )
     script_args = list(args.script_args)
+    after_dashes = getattr(args, "after_dashes", None)
     if args.target is not None:
+        if not after_dashes or after_dashes[0] != args.target:
+            raise app.UsageError(
+                "Expected a TARGET or --script, not both. Received: TARGET "
+                f"{args.target!r} and --script {args.script!r}. The script's own "
+                "arguments go after `--`: tfdet check --script train.py -- ARGS"
+            )
         # `tfdet check --script train.py -- --lr 0.1`: argparse takes the
         # first argument after `--` as TARGET.
         script_args.insert(0, args.target)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tfdet._cli import _output, _training_flags, write_json
+from tfdet._cli import _output, _training_flags, check_output_file, write_json
 from tfdet._runs import _locate, _options
 
 
@@ -91,6 +91,7 @@ def format_record_report(report: dict[str, Any]) -> str:
 
 def execute(args: argparse.Namespace) -> int:
     options = _training_flags.options(args)
+    check_output_file(args.record, "--record")
     # Before anything starts: TensorFlow takes seconds to start in the runs.
     if args.record:
         plan = f"1 run x {options.steps} steps, recording to {args.record}"

@@ -170,9 +170,12 @@ class _DeterminismHooks:
         self.stopped_on_divergence = False
         self.profile_differences: dict[str, tuple[Any, Any]] = {}
         self.steps_recorded = 0
+        # Set by `on_train_begin`; None until then (a `fit` may fail before).
+        self._writer: _trace.TraceWriter | None = None
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        from tfdet._pin import _distribution, _enable, _environment
+        from tfdet._pin import _distribution, _environment
+        from tfdet._setup import _enable
 
         self.divergence = None
         self.stopped_on_divergence = False

@@ -267,6 +267,12 @@ def _importable_name(function: Callable[..., Any]) -> str | None:
     return f"{module}:{qualname}"
 
 
+def _defined_in_main(value: Any) -> bool:
+    """Whether `value` is a class of `__main__`, or an instance of one."""
+    cls = value if isinstance(value, type) else type(value)
+    return cls.__module__ == "__main__"
+
+
 def _names(code: types.CodeType) -> Iterator[str]:
     """The global names `code` and its nested code (lambdas, ...) read."""
     yield from code.co_names
@@ -315,6 +321,18 @@ def _module_source(function: types.FunctionType) -> str:
             ):
                 if id(value) not in done:
                     define(value, name)
+            elif _defined_in_main(value):
+                # Pickled by reference to `__main__`, which in a run is
+                # tfdet's own: it would fail there with a puzzling message.
+                raise TargetError(
+                    f"Expected the globals `target` reads to be importable by a "
+                    f"fresh process. Received: {name}, "
+                    f"{'a class' if isinstance(value, type) else 'an instance of a class'}"
+                    " defined in __main__ (a notebook, `python -c` or the script "
+                    "itself), which the runs cannot import. Move it into a module "
+                    "file beside the notebook (e.g. `layers.py`) and import it "
+                    "from there, or define it inside the function."
+                )
             else:
                 try:
                     data = pickle.dumps(value)

@@ -161,6 +161,16 @@ def _fingerprints(tensors: list[Any]) -> list[str]:
     return result
 
 
+def _custom_train_step(model: Any) -> str | None:
+    """The class that overrides Keras's `train_step`, or None."""
+    for klass in type(model).__mro__:
+        if "train_step" in vars(klass):
+            if klass.__module__.split(".")[0] in ("keras", "tf_keras", "tensorflow"):
+                return None
+            return f"{klass.__module__}.{klass.__qualname__}"
+    return None
+
+
 def _build_model(model: Any, x: Any) -> None:
     if not getattr(model, "built", False):
         # A subclassed model creates its weights on its first call.
@@ -250,6 +260,15 @@ def run(spec: WorkerSpec) -> None:
             "check` for tf.compat.v1 graph-mode targets."
         )
     model = built.model
+    custom = _custom_train_step(model)
+    if custom is not None:
+        raise TargetError(
+            f"Expected TARGET {spec.target!r} to train with Keras's own train_step. "
+            f"Received: {custom} overrides train_step. `tfdet locate` replays "
+            "Keras's step with a GradientTape to watch every layer, so it would "
+            "not train what your model trains. Use `tfdet check`, which trains "
+            "through train_on_batch (your train_step)."
+        )
     first_x, first_y = built.batch(0)
     _build_model(model, first_x)
     recorder = _Recorder(model)

@@ -23,7 +23,7 @@ from typing import Any
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, TraceFormatError
 from tfdet._pin import _isa, _settings
 from tfdet._record import _diff, _trace
-from tfdet._runs import _child, _options, _perturb, _spawn, _target
+from tfdet._runs import _child, _options, _perturb, _spawn, _target, _workdir
 from tfdet._runs._check import VERDICTS
 from tfdet._runs._options import RunOptions
 from tfdet._runs._spawn import ProgressFn
@@ -167,6 +167,7 @@ def _run_report(run: _ScriptRun) -> dict[str, Any]:
         report.update(
             end=result["end"],
             entry_points=result["entry_points"],
+            keras=result["keras"],
             steps_recorded=result["steps_recorded"],
             trainings=result["traces"],
             xla=result["xla"],
@@ -176,6 +177,13 @@ def _run_report(run: _ScriptRun) -> dict[str, Any]:
     return report
 
 
+def _trained(run: _ScriptRun) -> bool:
+    """Whether a finished run recorded a step or an optimizer update."""
+    return any(
+        entry["steps"] or entry.get("updates") for entry in run.outcome.result["traces"]
+    )
+
+
 def check_script(
     options: ScriptOptions, progress: ProgressFn | None = None
 ) -> dict[str, Any]:
@@ -183,9 +191,13 @@ def check_script(
     run = options.run
     names = list(run.perturb)
     setups = _perturb.plan(run.runs, names, _perturb.pinned_cap(run), run.threads)
+    launched_in = os.getcwd()
+    # Inside the directory the check was started in, the script runs from
+    # each run's mirror of it (a relative path resolves there).
+    relative = _workdir.inside(options.script, launched_in)
     spec = _child.WorkerSpec(
         _child.SCRIPT,
-        script=os.path.abspath(options.script),
+        script=relative or os.path.abspath(options.script),
         args=options.args,
         seed=run.seed,
         enable=run.enable,
@@ -195,6 +207,14 @@ def check_script(
     )
 
     with tempfile.TemporaryDirectory(prefix="tfdet-script-") as workdir:
+        if progress is not None:
+            progress(f"giving each of {len(setups)} runs a copy of {launched_in}")
+        mirrors = {
+            setup.index: _workdir.mirror(
+                launched_in, os.path.join(workdir, f"{setup.file_stem}-cwd"), workdir
+            )
+            for setup in setups
+        }
         outcomes = _spawn.run_all(
             setups,
             spec,
@@ -202,7 +222,9 @@ def check_script(
             base_env=_environment(options),
             timeout=run.timeout,
             progress=_spawn.step_lines(progress, "script"),
+            directory=lambda setup: mirrors[setup.index].path,
         )
+        shared = _workdir.shared_writes(list(mirrors.values()))
         runs = [_read(outcome) for outcome in outcomes]
         divergence = None
         if all(r.outcome.ok for r in runs):
@@ -211,12 +233,12 @@ def check_script(
                 if divergence is not None:
                     divergence["runs"] = [0, other.outcome.setup.index]
                     break
-    if not all(r.outcome.ok for r in runs):
-        code = EXIT_RUN_FAILED
-    elif not any(r.outcome.result["traces"] for r in runs):
+    finished = all(r.outcome.ok for r in runs)
+    nothing_trained = finished and not any(_trained(r) for r in runs)
+    if not finished or shared or nothing_trained:
         # Nothing trained, nothing compared: not a verdict of equality. (A
-        # loop whose step is a tf.function records no step, only its final
-        # weights: those are compared.)
+        # loop whose step is a tf.function records no step, only its
+        # optimizer's updates and final weights: those are compared.)
         code = EXIT_RUN_FAILED
     else:
         code = EXIT_DIVERGED if divergence else EXIT_OK
@@ -236,7 +258,10 @@ def check_script(
         "perturbations_skipped": _perturb.skipped(names, _perturb.pinned_cap(run)),
         "run_reports": reports,
         "divergence": divergence,
-        "nothing_trained": code == EXIT_RUN_FAILED and all(r.outcome.ok for r in runs),
+        "nothing_trained": nothing_trained,
+        # Files outside the runs' own directories that the runs changed:
+        # they shared them, so their bits were not compared in isolation.
+        "shared_writes": shared,
         "notices": notices,
         "verdict": VERDICTS[code],
         "exit_code": code,
@@ -257,9 +282,10 @@ def format_report(report: dict[str, Any]) -> str:
         if run["ok"]:
             xla = "XLA on" if run["xla"]["on"] else "XLA off"
             ran = ", ".join(run["entry_points"]) or "no training"
+            keras = " and ".join(run["keras"]) or "no Keras model"
             lines.append(
                 f"  run {run['index']} (script {run['end']}, {run['seconds']:.1f}s): "
-                f"{run['steps_recorded']} steps via {ran}; {xla}; {labels}"
+                f"{run['steps_recorded']} steps via {ran}; {keras}; {xla}; {labels}"
             )
             for training in run["trainings"]:
                 updates = training.get("updates")
@@ -279,15 +305,22 @@ def format_report(report: dict[str, Any]) -> str:
     for notice in report["notices"]:
         lines.append(f"  {notice}")
     divergence = report["divergence"]
-    if divergence:
+    if report.get("shared_writes"):
+        lines.append(
+            "  the runs changed files they all share (linked, not copied, into "
+            "each run's directory), so they were not isolated: "
+            + ", ".join(report["shared_writes"])
+            + ". Write new files (or under a path the script takes as an argument)"
+        )
+    elif divergence:
         a, b = divergence["runs"]
         lines.append(
             f"  first divergence (run {a} vs run {b}): {divergence['description']}"
         )
     elif report["nothing_trained"]:
         lines.append(
-            "  the script trained nothing tfdet could record (no fit, "
-            "train_on_batch or eager optimizer update): nothing was compared"
+            "  the script trained nothing tfdet could record (no step of fit or "
+            "train_on_batch, no optimizer update): nothing was compared"
         )
     elif report["exit_code"] == EXIT_OK:
         lines.append(

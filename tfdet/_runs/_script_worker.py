@@ -306,6 +306,11 @@ def install(recorder: Recorder) -> None:
         )
 
 
+def _keras_of(model: Any) -> str:
+    """`"tf_keras"` or `"Keras 3"`: the Keras a model is built with."""
+    return "tf_keras" if type(model).__module__.startswith("tf_keras") else "Keras 3"
+
+
 def final_digests(recorder: Recorder) -> dict[str, dict[str, str]]:
     """`{trace name: {variable: digest}}` for every training recorded."""
     import numpy as np
@@ -383,6 +388,8 @@ def run(spec: WorkerSpec) -> int:
         "end": end,
         "traces": [trace.to_dict() for trace in recorder.traces],
         "entry_points": recorder.entry_points,
+        # Which Keras the trained models came from: the script's own choice.
+        "keras": sorted({_keras_of(model) for model in recorder.models}),
         "steps_recorded": sum(t.steps_recorded() for t in recorder.traces),
         "final_weights": final_digests(recorder),
         "xla": _xla.facts(recorder.models),

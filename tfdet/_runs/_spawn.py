@@ -37,6 +37,9 @@ from tfdet._runs._options import RunOptions
 from tfdet._runs._perturb import RunSetup
 
 STDERR_TAIL_LINES = 25
+# A failed run's traceback is kept whole up to this many lines.
+TRACEBACK_LINES = 200
+_TRACEBACK = "Traceback (most recent call last):"
 
 # Called with one line of progress for the user (`tfdet check`, `tfdet locate`).
 ProgressFn = Callable[[str], None]
@@ -290,13 +293,21 @@ def _burn(group: _ProcessGroup) -> subprocess.Popen:
 
 
 def _tail(path: str, lines: int = STDERR_TAIL_LINES) -> str:
-    """The last `lines` lines of a child's stderr, TensorFlow's notices left out."""
+    """The end of a child's stderr, TensorFlow's notices left out.
+
+    From its last traceback on, when it has one (up to `TRACEBACK_LINES`
+    lines: the error whole, not its last lines); else its last `lines`.
+    """
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             text = _notices.without_notices(handle.read())
     except OSError:
         return ""
-    return "".join(text.splitlines(keepends=True)[-lines:])
+    kept = text.splitlines(keepends=True)
+    starts = [k for k, line in enumerate(kept) if line.startswith(_TRACEBACK)]
+    if starts and len(kept) - starts[-1] <= TRACEBACK_LINES:
+        return "".join(kept[starts[-1] :])
+    return "".join(kept[-lines:])
 
 
 def _forward_progress(
@@ -383,6 +394,7 @@ def _run_one(
     timeout: float,
     progress: Callable[[int, int, int], None] | None,
     group: _ProcessGroup,
+    cwd: str | None = None,
 ) -> RunOutcome:
     stem = os.path.join(workdir, setup.file_stem)
     read_fd, write_fd = os.pipe()
@@ -420,6 +432,7 @@ def _run_one(
                 stderr=stderr,
                 pass_fds=(write_fd,),
                 preexec_fn=pin_affinity if cpus else None,
+                cwd=cwd,
             )
         os.close(write_fd)
         write_fd = -1
@@ -536,6 +549,7 @@ def run_jobs(
     base_env: dict[str, str] | None = None,
     timeout: float,
     progress: Callable[[int, int, int], None] | None = None,
+    directory: Callable[[RunSetup], str] | None = None,
 ) -> list[list[RunOutcome]]:
     """Starts every process of every job at once and waits for all of them.
 
@@ -558,6 +572,7 @@ def run_jobs(
             (`RunOptions.timeout`, validated there).
         progress: Called as `progress(run_index, steps_done, steps_total)`,
             from the first process of each run.
+        directory: The working directory of a process (None: this one's).
 
     Returns:
         One list of `RunOutcome`s per job, one per setup, in order. Anything
@@ -581,6 +596,7 @@ def run_jobs(
                 timeout,
                 progress if member == 0 else None,
                 group,
+                None if directory is None else directory(setup),
             )
         except Exception as error:  # noqa: BLE001 - reported as a failed run
             failed = _failed(setup, error)

@@ -17,12 +17,12 @@ and a message, never with another command's verdict or exit code.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
 import importlib
 import importlib.util
 import os
-import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -60,12 +60,40 @@ class TargetSpec:
     legacy_keras: bool = False
 
 
-# `os.environ["TF_USE_LEGACY_KERAS"] = "1"`, `os.environ.setdefault(
-# "TF_USE_LEGACY_KERAS", "true")`, `os.putenv(...)`: the values TensorFlow
-# itself takes as "use tf_keras" (`_versions.uses_legacy_keras`).
-_SETS_LEGACY_KERAS = re.compile(
-    r"""TF_USE_LEGACY_KERAS['"]\s*(?:\]\s*=|,)\s*['"](?:1|true|True)['"]"""
-)
+_LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
+# The values TensorFlow itself takes as "use tf_keras"
+# (`_versions.uses_legacy_keras`).
+_LEGACY_ON = frozenset({"1", "true", "True"})
+
+
+def _constant(node: ast.AST) -> Any:
+    return node.value if isinstance(node, ast.Constant) else None
+
+
+def _turns_legacy_keras_on(node: ast.AST) -> bool:
+    """Whether one statement or call sets TF_USE_LEGACY_KERAS to an "on" value.
+
+    `os.environ["TF_USE_LEGACY_KERAS"] = "1"`, `os.environ.setdefault(...,
+    "true")`, `os.putenv(...)`, `os.environ.update({...: "1"})`.
+    """
+    if isinstance(node, ast.Assign):
+        return _constant(node.value) in _LEGACY_ON and any(
+            isinstance(target, ast.Subscript)
+            and _constant(target.slice) == _LEGACY_KERAS
+            for target in node.targets
+        )
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        arguments = [_constant(argument) for argument in node.args]
+        if node.func.attr in ("setdefault", "putenv") and len(arguments) == 2:
+            return arguments[0] == _LEGACY_KERAS and arguments[1] in _LEGACY_ON
+        if node.func.attr == "update" and node.args:
+            mapping = node.args[0]
+            return isinstance(mapping, ast.Dict) and any(
+                _constant(key) == _LEGACY_KERAS and _constant(value) in _LEGACY_ON
+                for key, value in zip(mapping.keys, mapping.values, strict=True)
+                if key is not None
+            )
+    return False
 
 
 def sets_legacy_keras(path: str) -> bool:
@@ -74,13 +102,16 @@ def sets_legacy_keras(path: str) -> bool:
     Such a file chooses tf_keras before importing TensorFlow, which works
     under `python file.py` but not in a process where Keras 3 is already
     imported (tfdet imports it first): its runs must get the variable in
-    their environment instead. Read as text, never imported.
+    their environment instead. Decided from the file's code (parsed, never
+    imported): a commented-out line or a string that mentions the variable
+    does not count.
     """
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            return bool(_SETS_LEGACY_KERAS.search(handle.read()))
-    except OSError:
+            tree = ast.parse(handle.read(), filename=path)
+    except (OSError, SyntaxError, ValueError):
         return False
+    return any(_turns_legacy_keras_on(node) for node in ast.walk(tree))
 
 
 def parse(text: str | None) -> TargetSpec:

@@ -234,7 +234,43 @@ def _pin_threads(threads: int, started: bool) -> tuple[int, int]:
         )
     threading.set_intra_op_parallelism_threads(threads)
     threading.set_inter_op_parallelism_threads(threads)
+    _guard_thread_setters(threading, threads)
     return threads, threads
+
+
+def _guard_thread_setters(threading: Any, threads: int) -> None:
+    """Makes TensorFlow's pool setters refuse another size than the pinned one.
+
+    A script that calls `set_intra_op_parallelism_threads(4)` after
+    `enable()` (before its first op) would otherwise train with 4 threads
+    while the profile and every trace say 1: the bits follow the pool size.
+    Setting the pinned size again stays a no-op.
+    """
+    for name in (
+        "set_intra_op_parallelism_threads",
+        "set_inter_op_parallelism_threads",
+    ):
+        original = getattr(threading, name)
+        if getattr(original, "_tfdet_pinned", None) is not None:
+            original = original.__wrapped__
+
+        def setter(
+            num_threads: int, _original: Any = original, _name: str = name
+        ) -> None:
+            if num_threads != threads:
+                raise ProfileMismatchError(
+                    f"Expected the thread pools tfdet.enable() pinned ({threads}). "
+                    f"Received: tf.config.threading.{_name}({num_threads!r}). The "
+                    "pool size decides the bits and the profile records it: pass "
+                    f"threads={num_threads!r} to enable() (or --threads "
+                    f"{num_threads!r} to tfdet run / tfdet check --script) instead.",
+                    {"threads": (threads, num_threads)},
+                )
+            _original(num_threads)
+
+        setter.__wrapped__ = original  # type: ignore[attr-defined]
+        setter._tfdet_pinned = threads  # type: ignore[attr-defined]
+        setattr(threading, name, setter)
 
 
 def enable(

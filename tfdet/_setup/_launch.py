@@ -35,7 +35,7 @@ def mismatch_message(error: ProfileMismatchError) -> str:
         else "call enable() in the script with the settings tfdet run pinned"
     )
     return (
-        f"the script calls enable({', '.join(asked)}) but tfdet run pinned "
+        f"the script asks for {', '.join(asked)} but tfdet run pinned "
         f"{', '.join(pinned)}; {fix}."
     )
 
