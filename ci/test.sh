@@ -20,6 +20,17 @@ python="${PYTHON:-python3}"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
   --no-deps -c ci/constraints.txt tf_keras
 
+# QEMU's user-mode emulator: the emulated-CPU tests run a process on another
+# vendor's x86 CPU model. Installed where this can (root with apt-get);
+# elsewhere those tests skip and pytest's summary says why.
+if ! command -v qemu-x86_64 >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
+  && [ "$(id -u)" = 0 ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q qemu-user >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 \
+      && DEBIAN_FRONTEND=noninteractive apt-get install -y -q qemu-user >/dev/null 2>&1; } \
+    || echo "ci/test.sh: qemu-user could not be installed; emulated-CPU tests will skip"
+fi
+
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
 # One pytest worker per core, at most 4: each test may start several

@@ -53,9 +53,9 @@ def test_validate_takes_the_parsed_tuple_back():
         _perturb.validate(("isa", "isa"))
 
 
-def test_threads_is_opt_in_and_everything_is_described():
-    assert "threads" not in _perturb.ALL
-    assert set(_perturb.KNOWN) == set(_perturb.ALL) | {"threads"}
+def test_threads_and_emulation_are_opt_in_and_everything_is_described():
+    assert "threads" not in _perturb.ALL and "emulated_cpu" not in _perturb.ALL
+    assert set(_perturb.KNOWN) == set(_perturb.ALL) | {"threads", "emulated_cpu"}
     assert set(_perturb.DESCRIPTIONS) == set(_perturb.KNOWN)
     assert set(_perturb.IMITATED) == set(_perturb.KNOWN)
     assert {"cpu_vendor", "microarchitecture", "cache_sizes_elsewhere"} <= set(
@@ -191,3 +191,35 @@ def test_cli_rejects_bad_perturb_values_with_exit_2(value: str):
     result = run_tfdet("check", "--perturb", value, "--steps", "1")
     assert result.returncode == 2, result.stdout + result.stderr
     assert "--perturb" in result.stderr
+
+
+def test_an_emulated_run_is_reported_as_emulated_not_imitated():
+    sections = _perturb.what_ran(["affinity", "emulated_cpu"], "Haswell-v4")
+    assert set(sections["imitated"]) == {"affinity"}
+    assert (
+        "user-mode emulation of a Haswell-v4 CPU"
+        in sections["emulated"]["emulated_cpu"]
+    )
+    # What the emulated run stood for leaves `not_imitated`; what it did not
+    # (a vendor's own hardware) is said instead.
+    assert "cpu_vendor" not in sections["not_imitated"]
+    assert "approximate_instructions" not in sections["not_imitated"]
+    assert "vendor_hardware" in sections["not_imitated"]
+    without = _perturb.what_ran(["affinity"], None)
+    assert without["emulated"] == {}
+    assert "emulated_cpu" in without["not_imitated"]["cpu_vendor"]
+
+
+def test_an_emulated_run_gets_the_emulator_in_front_and_more_time():
+    context = _perturb.Context(2, "AVX2", 1, "Haswell-v4")
+    record = _perturb.REGISTRY["emulated_cpu"]
+    caches = _perturb.REGISTRY["caches"]
+    native = _perturb.setup_of(0, [record, caches], context)
+    emulated = _perturb.setup_of(1, [record, caches], context)
+    assert native.launcher == () and native.slowdown == 1.0
+    assert emulated.launcher[1:] == ("-cpu", "Haswell-v4")
+    assert emulated.slowdown > 10
+    # The emulated CPU reports its own cache sizes: no imitation on top.
+    assert emulated.changes["caches"].env == {}
+    assert not emulated.changes["caches"].by_child
+    assert _perturb.applied_by_child(emulated) == ["emulated_cpu"]

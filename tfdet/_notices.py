@@ -32,6 +32,8 @@ NOTICE = re.compile(
     r"|To enable the following instructions: .* rebuild TensorFlow"
     r"|[WE]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ \S+:\d+\] (Unable to register "
     r"|computation placer already registered|TF-TRT Warning: Could not find))"
+    # QEMU's emulator, for CPU features of a model its code generator lacks.
+    r"|qemu-x86_64: warning: TCG doesn't support requested feature"
 )
 
 # Set by `tfdet --verbose run` for the process that runs the script.

@@ -17,7 +17,7 @@ from absl import app
 
 from tfdet._cli import _output
 from tfdet._pin import _settings
-from tfdet._runs import _builtins, _options, _perturb, _target
+from tfdet._runs import _builtins, _emulation, _options, _perturb, _target
 
 TARGET_HELP = (
     "package.module:function, path/to/file.py:function or builtin:NAME "
@@ -64,6 +64,15 @@ def add(parser: argparse.ArgumentParser) -> None:
         help="Plain TensorFlow with only Keras seeds: what you get without tfdet.",
     )
     add_seed_and_threads(parser, threads_note="; not with --no-enable")
+    parser.add_argument(
+        "--emulate-cpu",
+        metavar="MODEL",
+        default=None,
+        help="QEMU CPU model of the emulated_cpu perturbation, which this flag "
+        "selects (default: one of the other vendor than this CPU's, Haswell-v4 "
+        "or EPYC-Rome); with locate --record, the recording run is emulated. "
+        f"Needs {_emulation.EXECUTABLE} ({_emulation.INSTALL}).",
+    )
     parser.add_argument("--json", metavar="FILE", help="Write the full report as JSON.")
     parser.add_argument(
         "--timeout",
@@ -108,6 +117,7 @@ def options(args: argparse.Namespace, **extra: Any) -> _options.RunOptions:
             seed=args.seed,
             threads=args.threads,
             timeout=args.timeout,
+            emulate_cpu=args.emulate_cpu,
             **extra,
         )
     except ValueError as error:

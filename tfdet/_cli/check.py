@@ -214,9 +214,14 @@ def format_report(report: dict[str, Any]) -> str:
     not_imitated = ", ".join(
         name.replace("_", " ") for name in report.get("not_imitated") or {}
     )
+    emulated = "".join(
+        f"; emulated: {text.split(':')[0]}"
+        for text in (report.get("emulated") or {}).values()
+    )
     lines.append(
-        f"imitated other machines on this one by: {imitated}; not imitated: "
-        f"{not_imitated} (compare traces from two real machines with tfdet diff)"
+        f"imitated other machines on this one by: {imitated}{emulated}; not "
+        f"imitated: {not_imitated} (compare traces from two real machines with "
+        "tfdet diff)"
     )
     lines.append(f"verdict: {report['verdict']} (exit {report['exit_code']})")
     return "\n".join(lines)

@@ -84,7 +84,9 @@ def format_record_report(report: dict[str, Any]) -> str:
     return (
         f"tfdet locate {report['target']} {mode}: recorded {report['steps']} steps "
         f"of {len(report['layers'])} layers ({report['seconds']:.1f}s) to "
-        f"{report['record']}\nRecord on another machine and compare: tfdet diff "
+        f"{report['record']}"
+        + (f" on {report['emulated']}" if report.get("emulated") else "")
+        + "\nRecord on another machine and compare: tfdet diff "
         "A B names the first layer that differs."
     )
 

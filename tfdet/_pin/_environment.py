@@ -6,7 +6,7 @@ import os
 import platform
 from typing import Any
 
-from tfdet._pin import _isa, _versions
+from tfdet._pin import _cpuid, _isa, _versions
 from tfdet._pin._profile import Profile
 from tfdet._version import __version__
 
@@ -152,6 +152,10 @@ def cpu_facts() -> dict[str, Any]:
         "cpu_isa_flags": _isa.relevant_flags(),
         "cpu_isa_in_force": _isa.in_force() if applies else None,
         "cpu_isa_best": _isa.best_supported() if applies else None,
+        # What CPUID tells this process (oneDNN and Eigen dispatch on it):
+        # under an emulator, the emulated model, not /proc/cpuinfo's.
+        "cpu_cpuid": _cpuid.describe(),
+        "cpu_emulated": os.environ.get(_cpuid.EMULATED_MODEL_VAR),
     }
 
 
@@ -168,6 +172,13 @@ _MICROARCHITECTURE = (
     "RCPPS) behind Eigen's rsqrt, reciprocal and erfc (exact GELU)",
 )
 CPU_FACT_EFFECTS: dict[str, tuple[str, str]] = {
+    "cpu_emulated": (
+        "may",
+        "one process ran on an emulated CPU (QEMU's user mode, named by its "
+        "model): another vendor's CPUID and cache sizes, and RSQRTPS/RCPPS "
+        "computed exactly; an emulation, not that vendor's hardware",
+    ),
+    "cpu_cpuid": _MICROARCHITECTURE,
     "cpu_vendor": _MICROARCHITECTURE,
     "cpu_model": _MICROARCHITECTURE,
     "cpu_family": _MICROARCHITECTURE,

@@ -87,6 +87,8 @@ class CheckReport:
         runs: Every run's facts, device by device.
         imitated: `{perturbation: the difference between machines it stands for}`.
         not_imitated: `{difference: why one machine cannot imitate it}`.
+        emulated: `{perturbation: the emulated CPU a run ran on, and what that
+            stands for}` (`emulated_cpu`), or empty.
     """
 
     verdict: str
@@ -96,6 +98,7 @@ class CheckReport:
     imitated: dict[str, str]
     not_imitated: dict[str, str]
     _report: dict[str, Any] = dataclasses.field(repr=False, compare=False)
+    emulated: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The full report, as `tfdet check --json FILE` writes it."""
@@ -130,6 +133,7 @@ class CheckReport:
             runs=tuple(runs),
             imitated=dict(report.get("imitated") or {}),
             not_imitated=dict(report.get("not_imitated") or {}),
+            emulated=dict(report.get("emulated") or {}),
             _report=report,
         )
 

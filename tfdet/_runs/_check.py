@@ -269,6 +269,7 @@ def _attribute(
             f"diverged; re-running {len(setups)} processes at once for "
             f"{spec.steps} step(s) to find the perturbation responsible "
             f"(each stopped after {options.timeout:.0f} s)"
+            f"{_spawn.slow_note(setups, options.timeout)}"
         )
     outcomes = _spawn.run_jobs(
         [_expand(setup, options.workers) for setup in setups],
@@ -359,7 +360,7 @@ def _run_jobs(
             processes = f"{len(setups)} runs of {workers} worker processes"
         progress(
             f"[{device}] starting TensorFlow in {processes} "
-            f"({options.steps} steps each)"
+            f"({options.steps} steps each){_spawn.slow_note(setups, options.timeout)}"
         )
     # A caller's `step` gets the numbers; otherwise `progress` gets lines.
     if step is None:
@@ -386,9 +387,7 @@ def _check_device(
     step: StepFn | None = None,
 ) -> dict[str, Any]:
     names = list(options.perturb)
-    setups = _perturb.plan(
-        options.runs, names, _perturb.pinned_cap(options), options.threads
-    )
+    setups = _perturb.plan_for(options)
     env = _spawn.run_environment(options.target_spec, device)
     worker_spec = _spawn.worker_spec(options)
     workers = options.workers
@@ -529,17 +528,20 @@ def check(
         "replicas": options.replicas,
         "traces": options.traces,
         "devices": devices,
-        # The runs are imitations of other machines on this one: say which
-        # differences they stood for, and which no run here could.
-        "imitated": {
-            name: _perturb.IMITATED[name]
-            for name in options.perturb
-            if any(
-                name not in d.get("perturbations_skipped", {})
-                for d in devices.values()
-                if d.get("status") == "ran"
-            )
-        },
-        "not_imitated": dict(_perturb.NOT_IMITATED),
+        # The runs are imitations of other machines on this one (one may be
+        # an emulated CPU): say which differences they stood for, and which
+        # no run here could.
+        **_perturb.what_ran(
+            [
+                name
+                for name in options.perturb
+                if any(
+                    name not in d.get("perturbations_skipped", {})
+                    for d in devices.values()
+                    if d.get("status") == "ran"
+                )
+            ],
+            options.emulate_cpu,
+        ),
         **_verdict(exit_code),
     }

@@ -24,21 +24,20 @@ import os
 import tempfile
 from typing import Any
 
-from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError
+from tfdet._errors import EXIT_DIVERGED, EXIT_OK, Error, RunFailedError
 from tfdet._record import _layer_walk
-from tfdet._runs import _child, _perturb, _spawn
+from tfdet._runs import _child, _emulation, _perturb, _spawn
 from tfdet._runs._options import RunOptions
 from tfdet._runs._spawn import ProgressFn
 
 
 def _run(
     options: RunOptions,
-    runs: int,
-    names: list[str],
+    setups: list[_perturb.RunSetup],
     record_path: str | None,
     progress: ProgressFn | None,
 ) -> list[_spawn.RunOutcome]:
-    """Runs the locate worker in `runs` processes; raises if one failed.
+    """Runs the locate worker in one process per setup; raises if one failed.
 
     Raises:
         TargetError: TARGET cannot be built.
@@ -46,7 +45,6 @@ def _run(
     """
     spec = options.target_spec
     _spawn.preflight(spec, options.timeout)
-    setups = _perturb.plan(runs, names, _perturb.pinned_cap(options), options.threads)
     with tempfile.TemporaryDirectory(prefix="tfdet-locate-") as workdir:
         outcomes = _spawn.run_all(
             setups,
@@ -89,12 +87,22 @@ def record(
             the steps recorded before).
     """
     path = os.path.abspath(path)
-    (outcome,) = _run(options, 1, [], path, progress)
+    setup = _perturb.RunSetup(0)
+    if options.emulate_cpu is not None:
+        # Recorded on an emulated CPU: `tfdet diff` against a native record
+        # names the first layer whose bits follow the CPU.
+        why = _emulation.unavailable(_perturb.pinned_cap(options))
+        if why is not None:
+            raise Error(f"Expected to record on an emulated CPU. Received: {why}")
+        setup = _perturb.emulated_setup(options)
+    (outcome,) = _run(options, [setup], path, progress)
     return {
         "target": options.target_spec.text,
         "enable": options.enable,
         "steps": options.steps,
         "record": path,
+        # The CPU the recording run saw, when it was an emulated one.
+        "emulated": setup.labels.get(_perturb.EMULATED_CPU),
         "profile": outcome.result["profile"],
         "layers": [layer["name"] for layer in outcome.result["layers"]],
         "seconds": round(outcome.seconds, 3),
@@ -118,7 +126,7 @@ def locate(options: RunOptions, progress: ProgressFn | None = None) -> dict[str,
         RunFailedError: a run crashed or timed out.
     """
     names = list(options.perturb)
-    outcomes = _run(options, 2, names, None, progress)
+    outcomes = _run(options, _perturb.plan_for(options, 2, names), None, progress)
     a, b = outcomes[0].result, outcomes[1].result
     location = _layer_walk.locate_results(a, b)
     return {

@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from tfdet._pin import _settings
-from tfdet._runs import _perturb, _target
+from tfdet._runs import _emulation, _perturb, _target
 
 DEFAULT_RUNS = 2
 DEFAULT_STEPS = 3
@@ -55,6 +55,9 @@ class RunOptions:
             loopback. CPU only.
         replicas: Replicas per process (>= 1): more than one trains under a
             `MirroredStrategy` over that many logical CPU devices. CPU only.
+        emulate_cpu: The QEMU CPU model of the `emulated_cpu` perturbation
+            (None: one of the other vendor than this CPU's); naming one
+            selects the perturbation.
 
     Raises:
         ValueError: a field out of range, naming its flag.
@@ -75,6 +78,7 @@ class RunOptions:
     traces: str | None = None
     workers: int = DEFAULT_WORKERS
     replicas: int = DEFAULT_REPLICAS
+    emulate_cpu: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.target, _target.TargetSpec):
@@ -119,12 +123,28 @@ class RunOptions:
         self._set("seed", seed)
         self._set("threads", threads)
         self._set("cpu_isa", cpu_isa)
+        self._check_emulated_cpu()
         self._set("timeout", check_timeout(self.timeout))
         if self.traces is not None and not isinstance(self.traces, str):
             raise ValueError(
                 f"Expected --traces to be a directory path. Received: "
                 f"traces={self.traces!r}"
             )
+
+    def _check_emulated_cpu(self) -> None:
+        if self.emulate_cpu is None:
+            return
+        if not isinstance(self.emulate_cpu, str):
+            raise ValueError(
+                "Expected --emulate-cpu to name a QEMU CPU model. Received: "
+                f"emulate_cpu={self.emulate_cpu!r}"
+            )
+        if _perturb.EMULATED_CPU not in self.perturb:
+            self._set("perturb", (*self.perturb, _perturb.EMULATED_CPU))
+        cap = _perturb.pinned_cap(self)
+        if _emulation.unavailable(cap) is None:
+            # Where emulation cannot run, the report says why instead.
+            _emulation.check_model(self.emulate_cpu, cap)
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)

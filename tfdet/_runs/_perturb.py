@@ -26,10 +26,12 @@ import dataclasses
 import os
 import types
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from tfdet._pin import _cache_sizes, _isa
+from tfdet._pin import _cache_sizes, _cpuid, _environment, _isa
 from tfdet._pin._environment import affinity
 from tfdet._pin._settings import DEFAULT_THREADS
+from tfdet._runs import _emulation
 
 NONE = "none"
 STAGGER_SECONDS = 0.75
@@ -48,11 +50,14 @@ class Context:
         pinned_isa: The ISA cap the runs' profile pins, canonical; None when
             nothing is pinned (`--no-enable`, `cpu_isa=None`, not x86-64).
         threads: The profile's pool size.
+        emulated_model: The QEMU CPU model of the `emulated_cpu` runs (None:
+            the other vendor's default).
     """
 
     runs: int
     pinned_isa: str | None
     threads: int
+    emulated_model: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +76,8 @@ class Change:
             perturbation's `in_child`) and must confirm it in its result: a
             run that does not is a failed run, never one the report claims
             was perturbed.
+        launcher: A command prefix the process runs under (an emulator).
+        slowdown: How many times longer than native the process may take.
     """
 
     label: str
@@ -80,6 +87,8 @@ class Change:
     neighbour: bool = False
     threads: int | None = None
     by_child: bool = False
+    launcher: tuple[str, ...] = ()
+    slowdown: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -101,6 +110,9 @@ class Perturbation:
             script runs (`_child.child_start`): reads what its `Change.env`
             set and returns what it did, or None when that run asked for
             nothing. None for a perturbation the parent applies alone.
+        supersedes: `(change) -> {other perturbation: its Change}` for the
+            same process: what this change decides for another one (an
+            emulated CPU reports its own cache sizes). None: nothing.
     """
 
     name: str
@@ -111,6 +123,7 @@ class Perturbation:
     change: Callable[[int, Context], Change]
     for_worker: Callable[[Change, int, int, int], Change] | None = None
     in_child: Callable[[], str | None] | None = None
+    supersedes: Callable[[Change], Mapping[str, Change]] | None = None
 
 
 # --- affinity ---------------------------------------------------------------
@@ -206,6 +219,53 @@ def _caches_change(index: int, context: Context) -> Change:
 def _caches_in_child() -> str | None:
     done = _cache_sizes.imitate_if_requested()
     return "; ".join(done) if done else None
+
+
+# --- emulated_cpu -------------------------------------------------------------
+
+
+def _emulated_model(context: Context) -> str:
+    return context.emulated_model or _emulation.default_model()
+
+
+def _emulated_change(index: int, context: Context) -> Change:
+    if index == 0:
+        return Change("native (this CPU)")
+    model = _emulated_model(context)
+    return Change(
+        f"{_emulation.describe(model)} (an emulation, not real hardware)",
+        env={_emulation.ENV_VAR: model},
+        by_child=True,
+        launcher=_emulation.launcher(model),
+        slowdown=_emulation.SLOWDOWN,
+    )
+
+
+def _emulated_in_child() -> str | None:
+    """What CPUID tells the process, when it was to run emulated."""
+    model = os.environ.get(_emulation.ENV_VAR)
+    if not model:
+        return None
+    seen = _cpuid.describe()
+    native = _cpuid_of_this_machine()
+    if seen is None or seen == native:
+        return None  # Not emulated after all: the run fails, unreported.
+    return f"CPUID: {seen} ({model}; this machine: {native})"
+
+
+def _cpuid_of_this_machine() -> str:
+    facts = _environment.cpu_facts()
+    return (
+        f"{facts.get('cpu_vendor')} family {facts.get('cpu_family')} model "
+        f"{facts.get('cpu_model_number')}"
+    )
+
+
+def _emulated_supersedes(change: Change) -> Mapping[str, Change]:
+    if not change.launcher:
+        return {}
+    # The emulated CPU reports its own cache sizes through CPUID.
+    return {CACHES: Change("the emulated CPU's own cache sizes (its CPUID)")}
 
 
 # --- hashseed ---------------------------------------------------------------
@@ -305,6 +365,7 @@ HASHSEED = "hashseed"
 NEIGHBOUR = "neighbour"
 STAGGER = "stagger"
 THREADS = "threads"
+EMULATED_CPU = "emulated_cpu"
 
 REGISTRY: Mapping[str, Perturbation] = types.MappingProxyType(
     {
@@ -380,6 +441,23 @@ REGISTRY: Mapping[str, Perturbation] = types.MappingProxyType(
                 default=False,
                 change=_threads_change,
             ),
+            Perturbation(
+                name=EMULATED_CPU,
+                description="one run on an emulated x86 CPU of another vendor "
+                "(QEMU user mode, --emulate-cpu MODEL; opt-in: 20-40x slower)",
+                imitates="Another x86 implementation, emulated: QEMU's CPU model "
+                "reports another vendor, family, model and cache sizes through "
+                "CPUID (oneDNN and Eigen dispatch and block on them), and its code "
+                "generator computes the approximate instructions (RSQRTPS, RCPPS) "
+                "exactly where AMD and Intel each approximate their own way. Not "
+                "Intel's or AMD's own tables, AVX-512/AMX paths, or real caches.",
+                # Emulation is 20-40x slower: a check would take minutes.
+                default=False,
+                unavailable=lambda context: _emulation.unavailable(context.pinned_isa),
+                change=_emulated_change,
+                in_child=_emulated_in_child,
+                supersedes=_emulated_supersedes,
+            ),
         )
     }
 )
@@ -391,16 +469,21 @@ KNOWN = tuple(REGISTRY)
 DESCRIPTIONS = {name: record.description for name, record in REGISTRY.items()}
 IMITATED = {name: record.imitates for name, record in REGISTRY.items()}
 
+_NOT_EMULATED = (
+    " Not run here: `--perturb emulated_cpu` runs one process on an emulated "
+    "CPU of the other vendor (QEMU user mode: " + _emulation.INSTALL + ")."
+)
 NOT_IMITATED = {
     "cpu_vendor": "The CPU vendor: an AMD and an Intel CPU run different "
     "microcode and, in oneDNN and Eigen, sometimes different code paths; "
-    "measured, they gave different weights for BatchNorm/GELU/Adam models.",
+    "measured, they gave different weights for BatchNorm/GELU/Adam models."
+    + _NOT_EMULATED,
     "approximate_instructions": "The CPU's own results for approximate "
     "instructions (RSQRTPS, RCPPS), which are implementation-specific: Eigen "
     "starts rsqrt, reciprocal, erfc (exact GELU) and softmax from them. "
     "enable()'s portable_* patches replace those four ops with correctly "
     "rounded ones (equal natively and under QEMU); any other kernel that uses "
-    "them is not covered.",
+    "them is not covered." + _NOT_EMULATED,
     "microarchitecture": "The CPU microarchitecture (family, model, stepping): "
     "oneDNN tunes blocking and kernels to it, and one machine cannot run "
     "another's.",
@@ -416,6 +499,44 @@ NOT_IMITATED = {
     "operating_system": "Another OS, C library or libm: every run shares this "
     "machine's.",
 }
+
+
+# What an emulated run still does not stand for (replacing the two entries
+# of NOT_IMITATED that it covers).
+NOT_EMULATED = {
+    "vendor_hardware": "Intel's and AMD's own hardware: the emulated run showed "
+    "another vendor's CPUID-driven dispatch and cache sizes and exact results "
+    "of RSQRTPS/RCPPS, not a vendor's own approximation tables, AVX-512/AMX "
+    "paths or real cache behaviour.",
+}
+
+
+def what_ran(applied: Sequence[str], emulated_model: str | None) -> dict[str, Any]:
+    """The report's `imitated`, `emulated` and `not_imitated` sections.
+
+    Args:
+        applied: The perturbations that ran on some device.
+        emulated_model: The `emulated_cpu` model asked for (None: default).
+    """
+    emulated = {}
+    if EMULATED_CPU in applied:
+        model = emulated_model or _emulation.default_model()
+        emulated[EMULATED_CPU] = (
+            f"{_emulation.describe(model)}: {REGISTRY[EMULATED_CPU].imitates}"
+        )
+        not_imitated = {
+            name: text
+            for name, text in NOT_IMITATED.items()
+            if name not in ("cpu_vendor", "approximate_instructions")
+        }
+        not_imitated.update(NOT_EMULATED)
+    else:
+        not_imitated = dict(NOT_IMITATED)
+    return {
+        "imitated": {name: IMITATED[name] for name in applied if name != EMULATED_CPU},
+        "emulated": emulated,
+        "not_imitated": not_imitated,
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -469,6 +590,16 @@ class RunSetup:
         )
 
     @property
+    def launcher(self) -> tuple[str, ...]:
+        """The command prefix the process runs under (an emulator), or ()."""
+        return next((c.launcher for c in self.changes.values() if c.launcher), ())
+
+    @property
+    def slowdown(self) -> float:
+        """How many times longer than native the process may take."""
+        return max((c.slowdown for c in self.changes.values()), default=1.0)
+
+    @property
     def labels(self) -> dict[str, str]:
         """`{perturbation: what this process had}`, for the report."""
         return {name: change.label for name, change in self.changes.items()}
@@ -508,11 +639,18 @@ def pinned_cap(options: object) -> str | None:
     return options.cpu_isa if options.enable else None  # type: ignore[attr-defined]
 
 
-def _context(runs: int, pinned_isa: str | None, threads: int | None) -> Context:
+def _context(
+    runs: int,
+    pinned_isa: str | None,
+    threads: int | None,
+    emulated_model: str | None = None,
+) -> Context:
     cap = None
     if pinned_isa is not None and _isa.applies():
         cap = _isa.normalize(pinned_isa)
-    return Context(runs, None if cap == "ALL" else cap, threads or DEFAULT_THREADS)
+    return Context(
+        runs, None if cap == "ALL" else cap, threads or DEFAULT_THREADS, emulated_model
+    )
 
 
 def applicable(pinned_isa: str | None = "AVX2") -> dict[str, str | None]:
@@ -597,6 +735,7 @@ def plan(
     names: Sequence[str],
     pinned_isa: str | None = "AVX2",
     threads: int | None = None,
+    emulated_model: str | None = None,
 ) -> list[RunSetup]:
     """One `RunSetup` per run, each non-baseline run perturbed in every name.
 
@@ -608,20 +747,49 @@ def plan(
         names: Perturbations, from `KNOWN`.
         pinned_isa: The ISA cap the profile pins; None when nothing is pinned.
         threads: The profile's pool size (None: enable()'s default).
+        emulated_model: The QEMU CPU model of `emulated_cpu` (None: default).
     """
-    context = _context(runs, pinned_isa, threads)
+    context = _context(runs, pinned_isa, threads, emulated_model)
     active = [
         REGISTRY[name] for name in names if REGISTRY[name].unavailable(context) is None
     ]
-    return [
-        RunSetup(
-            index,
-            types.MappingProxyType(
-                {record.name: record.change(index, context) for record in active}
-            ),
-        )
-        for index in range(runs)
-    ]
+    return [setup_of(index, active, context) for index in range(runs)]
+
+
+def setup_of(index: int, active: Sequence[Perturbation], context: Context) -> RunSetup:
+    """Run `index` perturbed by each of `active` (and what they supersede)."""
+    changes = {record.name: record.change(index, context) for record in active}
+    for record in active:
+        if record.supersedes is not None:
+            for name, change in record.supersedes(changes[record.name]).items():
+                if name in changes:
+                    changes[name] = change
+    return RunSetup(index, types.MappingProxyType(changes))
+
+
+def plan_for(
+    options: object, runs: int | None = None, names: Sequence[str] | None = None
+) -> list[RunSetup]:
+    """`plan` for the runs of `options` (a `RunOptions`); `runs` and `names`
+    default to its own."""
+    return plan(
+        options.runs if runs is None else runs,  # type: ignore[attr-defined]
+        options.perturb if names is None else names,  # type: ignore[attr-defined]
+        pinned_cap(options),
+        options.threads,  # type: ignore[attr-defined]
+        options.emulate_cpu,  # type: ignore[attr-defined]
+    )
+
+
+def emulated_setup(options: object) -> RunSetup:
+    """One run on the emulated CPU of `options` (`locate --record --emulate-cpu`)."""
+    context = _context(
+        2,
+        pinned_cap(options),
+        options.threads,  # type: ignore[attr-defined]
+        options.emulate_cpu,  # type: ignore[attr-defined]
+    )
+    return dataclasses.replace(setup_of(1, [REGISTRY[EMULATED_CPU]], context), index=0)
 
 
 def workers_of(setup: RunSetup, workers: int) -> list[RunSetup]:

@@ -190,7 +190,7 @@ def check_script(
     """Runs the script N times and returns the report (`--json`'s content)."""
     run = options.run
     names = list(run.perturb)
-    setups = _perturb.plan(run.runs, names, _perturb.pinned_cap(run), run.threads)
+    setups = _perturb.plan_for(run)
     launched_in = os.getcwd()
     # Inside the directory the check was started in, the script runs from
     # each run's mirror of it (a relative path resolves there).

@@ -425,7 +425,7 @@ def _run_one(
             open(f"{stem}.stderr", "wb") as stderr,
         ):
             process = group.start(
-                [sys.executable, "-m", module, spec.to_json()],
+                [*setup.launcher, sys.executable, "-m", module, spec.to_json()],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=stdout,
@@ -441,7 +441,8 @@ def _run_one(
             killed.set()
             kill_tree(process)
 
-        timer = threading.Timer(timeout, kill)
+        # An emulated run is given as many times longer as it runs slower.
+        timer = threading.Timer(timeout * setup.slowdown, kill)
         timer.start()
         try:
             process.wait()
@@ -632,6 +633,18 @@ def run_all(
     """
     jobs = run_jobs([[setup] for setup in setups], spec, workdir, **options)
     return [outcome for (outcome,) in jobs]
+
+
+def slow_note(setups: list[RunSetup], timeout: float) -> str:
+    """`; run 1 emulated: ...` for the progress line of runs that run slower."""
+    slow = [setup for setup in setups if setup.slowdown > 1]
+    if not slow:
+        return ""
+    names = ", ".join(setup.name for setup in slow)
+    return (
+        f"; {names} on an emulated CPU, far slower (minutes; stopped after "
+        f"{timeout * slow[0].slowdown:.0f} s)"
+    )
 
 
 def step_lines(

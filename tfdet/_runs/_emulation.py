@@ -1,0 +1,178 @@
+"""An emulated x86 CPU for one run: QEMU's user-mode emulator.
+
+`qemu-x86_64 -cpu MODEL python ...` runs the same TensorFlow binary on a
+third implementation of x86 (QEMU's code generator, TCG): it reports MODEL's
+vendor, family, model and cache sizes through CPUID, so oneDNN and Eigen
+dispatch and block as on that CPU, and it computes the instructions whose
+results the x86 manuals leave to each implementation (RSQRTPS, RCPPS)
+exactly, where AMD and Intel each approximate their own way. AVX2 and FMA
+run; AVX-512 does not. It is not Intel's or AMD's hardware: their own
+approximation tables, AVX-512/AMX paths and real cache behaviour are not
+reproduced. A process an emulated one starts runs natively (qemu-user does
+not follow `execve`), so the emulator is put in front of the run itself.
+
+Installed by the distribution's package (`apt-get install qemu-user`,
+Fedora's `qemu-user`); tfdet never downloads it.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import re
+import shutil
+import subprocess
+import sys
+
+from tfdet._pin import _cpuid, _environment, _isa
+
+EXECUTABLE = "qemu-x86_64"
+INSTALL = "apt-get install qemu-user (Debian/Ubuntu) or dnf install qemu-user (Fedora)"
+# Set in an emulated run's environment: the CPU model it was given.
+ENV_VAR = _cpuid.EMULATED_MODEL_VAR
+# How much longer an emulated run takes than a native one, for its time
+# bound (measured on an AMD EPYC Zen 3, TF 2.21: `import tensorflow` 48 s vs 3
+# s, a 4-step Conv/BN model 331 s vs 62 s in a whole run on a loaded machine).
+SLOWDOWN = 10.0
+# A default model of each vendor: the other vendor than the host's.
+DEFAULT_MODEL = {"AuthenticAMD": "Haswell-v4", "GenuineIntel": "EPYC-Rome"}
+# The best oneDNN ISA of QEMU's x86 models, by name prefix (first match).
+# TCG runs up to AVX2 and FMA: a model with AVX-512 cannot run emulated.
+_MODEL_ISA = (
+    ("Skylake-Server", "AVX512_CORE"),
+    ("Cascadelake", "AVX512_CORE"),
+    ("Cooperlake", "AVX512_CORE"),
+    ("Icelake", "AVX512_CORE"),
+    ("SapphireRapids", "AVX512_CORE"),
+    ("GraniteRapids", "AVX512_CORE"),
+    ("KnightsMill", "AVX512_CORE"),
+    ("EPYC-Genoa", "AVX512_CORE"),
+    ("Haswell", "AVX2"),
+    ("Broadwell", "AVX2"),
+    ("Skylake-Client", "AVX2"),
+    ("EPYC", "AVX2"),
+    ("Dhyana", "AVX2"),
+    ("SandyBridge", "AVX"),
+    ("IvyBridge", "AVX"),
+    ("Nehalem", "SSE41"),
+    ("Westmere", "SSE41"),
+)
+# The highest ISA TCG runs.
+EMULATED_ISA = "AVX2"
+
+
+@functools.cache
+def executable() -> str | None:
+    """The emulator's path, or None when it is not installed."""
+    return shutil.which(EXECUTABLE)
+
+
+@functools.cache
+def version() -> str:
+    """The emulator's version, e.g. "7.2.22"."""
+    found = executable()
+    if found is None:
+        return "not installed"
+    text = subprocess.run(
+        [found, "--version"], capture_output=True, text=True, check=False
+    ).stdout
+    match = re.search(r"version (\S+)", text)
+    return match.group(1) if match else text.strip() or "unknown"
+
+
+@functools.cache
+def known_models() -> tuple[str, ...]:
+    """The x86 CPU models this emulator knows (`qemu-x86_64 -cpu help`)."""
+    found = executable()
+    if found is None:
+        return ()
+    text = subprocess.run(
+        [found, "-cpu", "help"], capture_output=True, text=True, check=False
+    ).stdout
+    return tuple(
+        line.split()[1]
+        for line in text.splitlines()
+        if line.startswith("x86 ") and len(line.split()) > 1
+    )
+
+
+def model_isa(model: str) -> str | None:
+    """The best oneDNN ISA of QEMU model `model`, or None when not known."""
+    return next((isa for prefix, isa in _MODEL_ISA if model.startswith(prefix)), None)
+
+
+def runnable_models(cap: str | None) -> list[str]:
+    """The models that can run emulated under ISA cap `cap` (None: no cap).
+
+    TCG has no AVX-512, and a pinned cap needs the model to have it.
+    """
+    lowest = _isa.rank(cap) if cap is not None else 0
+    return [
+        model
+        for model in known_models()
+        if (isa := model_isa(model)) is not None
+        and lowest <= _isa.rank(isa) <= _isa.rank(EMULATED_ISA)
+    ]
+
+
+def default_model() -> str:
+    """A model of the other vendor than this CPU's."""
+    vendor = _environment.cpu_facts().get("cpu_vendor")
+    return DEFAULT_MODEL.get(vendor or "", DEFAULT_MODEL["AuthenticAMD"])
+
+
+def unavailable(cap: str | None) -> str | None:
+    """Why no run can be emulated here (None: one can).
+
+    Args:
+        cap: The ISA cap the runs' profile pins, or None.
+    """
+    if not sys.platform.startswith("linux") or platform.machine().lower() not in (
+        "x86_64",
+        "amd64",
+    ):
+        return "QEMU's user-mode emulation of x86-64 runs on x86-64 Linux only"
+    if executable() is None:
+        return f"{EXECUTABLE} is not installed: {INSTALL}"
+    if cap is not None and _isa.rank(cap) > _isa.rank(EMULATED_ISA):
+        return (
+            f"the profile pins {_isa.ENV_VAR}={cap}, above the {EMULATED_ISA} "
+            "that QEMU's emulator runs (it has no AVX-512): pass --cpu-isa AVX2 "
+            "or lower"
+        )
+    return None
+
+
+def check_model(model: str, cap: str | None) -> str:
+    """`model`, after checking that it can run emulated under cap `cap`.
+
+    Raises:
+        ValueError: QEMU does not know it, or it has AVX-512 (TCG has none)
+            or less than the pinned cap; the message lists the models that fit.
+    """
+    fitting = runnable_models(cap)
+    if model in fitting:
+        return model
+    if model not in known_models():
+        why = f"{EXECUTABLE} {version()} does not know it"
+    elif model_isa(model) is None:
+        why = "its instruction set is not known to tfdet"
+    elif _isa.rank(model_isa(model)) > _isa.rank(EMULATED_ISA):  # type: ignore[arg-type]
+        why = "it has AVX-512, which QEMU's emulator does not run"
+    else:
+        why = f"it lacks the pinned ISA cap {cap}"
+    raise ValueError(
+        f"Expected --emulate-cpu to name a QEMU CPU model that can run emulated "
+        f"here. Received: emulate_cpu={model!r} ({why}). Models that fit: "
+        f"{', '.join(fitting) or 'none'}"
+    )
+
+
+def launcher(model: str) -> tuple[str, ...]:
+    """The command prefix that runs a process on emulated CPU `model`."""
+    return (executable() or EXECUTABLE, "-cpu", model)
+
+
+def describe(model: str) -> str:
+    """How reports name an emulated run: an emulation, never real hardware."""
+    return f"QEMU {version()} user-mode emulation of a {model} CPU"
