@@ -42,7 +42,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tfdet._pin import _environment, _isa, _versions  # noqa: E402
-from tfdet._runs import _builtins, _options, _perturb, _spawn  # noqa: E402
+from tfdet._runs import (  # noqa: E402
+    _builtins,
+    _emulation,
+    _options,
+    _perturb,
+    _spawn,
+)
 from tfdet._setup import _enable  # noqa: E402
 
 TABLE = REPO / "benchmarks" / "portability_digests.json"
@@ -100,10 +106,22 @@ def target(name: str) -> str:
     return f"builtin:{name}"
 
 
-def cpu() -> dict[str, Any]:
-    """This machine's CPU facts that key the table."""
+def cpu(emulated: str | None = None) -> dict[str, Any]:
+    """The CPU facts that key the table: this machine's, or an emulated CPU's.
+
+    An emulated entry is named as an emulation (emulator, version, model)
+    with the host it ran on, never as the hardware it stands for.
+    """
     facts = _environment.cpu_facts()
-    return {key: facts[key] for key in CPU_KEYS}
+    host = {key: facts[key] for key in CPU_KEYS}
+    if emulated is None:
+        return host
+    return {
+        "emulated": _emulation.describe(emulated),
+        "emulated_model": emulated,
+        "emulator_version": _emulation.version(),
+        "host": host,
+    }
 
 
 def software() -> dict[str, Any]:
@@ -149,8 +167,12 @@ def digest_of(weights_file: str) -> str:
     return sha.hexdigest()[:16]
 
 
-def train(name: str, workdir: str, timeout: float = 600.0) -> dict[str, Any]:
+def train(
+    name: str, workdir: str, timeout: float = 600.0, emulated: str | None = None
+) -> dict[str, Any]:
     """Trains model `name` in a fresh process; its digest and seconds.
+
+    With `emulated` (a QEMU CPU model), the process runs on that emulated CPU.
 
     Raises:
         RuntimeError: the process failed (its stderr tail in the message).
@@ -158,9 +180,14 @@ def train(name: str, workdir: str, timeout: float = 600.0) -> dict[str, Any]:
     run_dir = os.path.join(workdir, name.replace(":", "-"))
     os.makedirs(run_dir)
     # The default profile (enable() with its defaults): stated once, in RunOptions.
-    options = _options.RunOptions(target=target(name), seed=SEED, steps=STEPS)
+    options = _options.RunOptions(
+        target=target(name), seed=SEED, steps=STEPS, emulate_cpu=emulated
+    )
+    setup = _perturb.RunSetup(0)
+    if emulated is not None:
+        setup = _perturb.emulated_setup(options)
     (outcome,) = _spawn.run_all(
-        [_perturb.RunSetup(0)],
+        [setup],
         _spawn.worker_spec(options),
         run_dir,
         base_env=_environment_for(name),
@@ -180,10 +207,10 @@ def train(name: str, workdir: str, timeout: float = 600.0) -> dict[str, Any]:
     }
 
 
-def measure(names: list[str]) -> dict[str, dict[str, Any]]:
+def measure(names: list[str], emulated: str | None = None) -> dict[str, dict[str, Any]]:
     """`{name: train(name)}`, one fresh process per model, one at a time."""
     with tempfile.TemporaryDirectory(prefix="tfdet-portability-") as workdir:
-        return {name: train(name, workdir) for name in names}
+        return {name: train(name, workdir, emulated=emulated) for name in names}
 
 
 def load_table(path: Path = TABLE) -> dict[str, Any]:
@@ -301,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--record", action="store_true", help=f"Add this machine to {TABLE.name}."
     )
+    parser.add_argument(
+        "--emulate-cpu",
+        metavar="MODEL",
+        help="Train on QEMU's emulated CPU MODEL (e.g. Haswell-v4) instead: an "
+        "entry of its own, named as an emulation.",
+    )
     args = parser.parse_args(argv)
     names = expand(args.models.split(",")) if args.models else models()
     known = models()
@@ -310,12 +343,20 @@ def main(argv: list[str] | None = None) -> int:
             f"Expected --models from builtin, survey, {', '.join(models())}. "
             f"Received: {', '.join(unknown)}"
         )
-    facts, soft = cpu(), software()
+    if args.emulate_cpu is not None:
+        why = _emulation.unavailable("AVX2")
+        if why is not None:
+            parser.error(f"Expected an emulator for --emulate-cpu. Received: {why}")
+        try:
+            _emulation.check_model(args.emulate_cpu, "AVX2")
+        except ValueError as error:
+            parser.error(str(error))
+    facts, soft = cpu(args.emulate_cpu), software()
     for key, value in {**facts, **soft}.items():
         print(
             f"{key}: {' '.join(map(str, value)) if isinstance(value, list) else value}"
         )
-    results = measure(names)
+    results = measure(names, args.emulate_cpu)
     for name, result in results.items():
         print(
             f"{label(name):44s} {result['digest']}  ({result['seconds']} s, "

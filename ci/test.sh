@@ -33,6 +33,10 @@ fi
 
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
+# The documentation site (docs/, mkdocs.yml): --strict fails on a page missing
+# from the nav or a link to a missing page or heading.
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check mkdocs
+"$venv/bin/mkdocs" build --strict --site-dir "$(mktemp -d)"
 # One pytest worker per core, at most 4: each test may start several
 # TensorFlow processes of its own (about 0.5 GB each).
 exec "$venv/bin/python" -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 "$@"

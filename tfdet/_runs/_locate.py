@@ -19,7 +19,6 @@ outputs can be watched; metrics are not computed. Graph-mode
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tempfile
 from typing import Any
@@ -48,9 +47,7 @@ def _run(
     with tempfile.TemporaryDirectory(prefix="tfdet-locate-") as workdir:
         outcomes = _spawn.run_all(
             setups,
-            dataclasses.replace(
-                _spawn.worker_spec(options, _child.LOCATE), record=record_path
-            ),
+            _spawn.worker_spec(options, _child.LOCATE, record=record_path),
             workdir,
             # Layer fingerprints are taken on the CPU: GPUs are hidden.
             base_env=_spawn.run_environment(spec, "cpu"),

@@ -195,14 +195,11 @@ def check_script(
     # Inside the directory the check was started in, the script runs from
     # each run's mirror of it (a relative path resolves there).
     relative = _workdir.inside(options.script, launched_in)
-    spec = _child.WorkerSpec(
+    spec = _spawn.worker_spec(
+        run,
         _child.SCRIPT,
         script=relative or os.path.abspath(options.script),
         args=options.args,
-        seed=run.seed,
-        enable=run.enable,
-        threads=run.threads,
-        cpu_isa=run.cpu_isa,
         max_steps=options.max_steps,
     )
 

@@ -132,22 +132,32 @@ def run_environment(spec: _target.TargetSpec, device: str) -> dict[str, str]:
 CUDA_CACHE_MAXSIZE = 4 * 1024**3
 
 
-def worker_spec(options: RunOptions, kind: str = _child.CHECK) -> _child.WorkerSpec:
-    """The spec every process of a check or locate of `options` gets.
+def worker_spec(
+    options: RunOptions, kind: str = _child.CHECK, **fields: Any
+) -> _child.WorkerSpec:
+    """The spec every process of a run of `options` gets.
 
+    The settings every kind pins (seed, enable, threads, cpu_isa) come from
+    `options`; a TARGET's runs (check, locate) also get its target, steps,
+    workers and replicas; `fields` add the rest (a script, a record path).
     The spawner fills in each process's result, trace and progress channel
     (and the pool size of a `threads` perturbation).
     """
+    if kind in (_child.CHECK, _child.LOCATE):
+        fields = {
+            "target": options.target_spec.text,
+            "steps": options.steps,
+            "workers": options.workers,
+            "replicas": options.replicas,
+            **fields,
+        }
     return _child.WorkerSpec(
         kind,
-        target=options.target_spec.text,
         seed=options.seed,
-        steps=options.steps,
         enable=options.enable,
         threads=options.threads,
         cpu_isa=options.cpu_isa,
-        workers=options.workers,
-        replicas=options.replicas,
+        **fields,
     )
 
 
