@@ -11,7 +11,7 @@ from tfdet._runs import _check, _perturb, _spawn
 NAMES = ["0:dense/kernel", "1:dense/bias"]
 
 
-def _run(tmp_path, name, losses, checksums, final) -> _check._Run:
+def _run(tmp_path, name, losses, checksums, final) -> _check._FinishedRun:
     """A finished run as `_check` sees it: its result and its trace read back."""
     weights_file = tmp_path / f"{name}.npz"
     np.savez(weights_file, *final)
@@ -30,9 +30,9 @@ def _run(tmp_path, name, losses, checksums, final) -> _check._Run:
         },
         "weights_file": str(weights_file),
     }
-    setup = _perturb.RunSetup(0, {}, None, 0.0, False, {})
+    setup = _perturb.RunSetup(0)
     outcome = _spawn.RunOutcome(setup, 0, result, "", False, 1.0)
-    return _check._Run(outcome, _trace.read(trace_path))
+    return _check._FinishedRun(outcome, _trace.read(trace_path))
 
 
 FINAL = [np.ones((2, 2), np.float32), np.zeros(2, np.float32)]
@@ -42,14 +42,14 @@ SUMS = [[[1, 2], [3, 4]], [[5, 6], [7, 8]]]
 def test_identical_runs_have_no_divergence(tmp_path):
     a = _run(tmp_path, "a", [1.0, 0.5], SUMS, FINAL)
     b = _run(tmp_path, "b", [1.0, 0.5], SUMS, FINAL)
-    assert _check.compare_runs(a, b) is None
+    assert _check.first_divergence(a, b) is None
 
 
 def test_loss_divergence_reports_step_bits_and_ulps(tmp_path):
     nudged = float(np.nextafter(np.float32(0.5), np.float32(1)))
     a = _run(tmp_path, "a", [1.0, 0.5], SUMS, FINAL)
     b = _run(tmp_path, "b", [1.0, nudged], SUMS, FINAL)
-    divergence = _check.compare_runs(a, b)
+    divergence = _check.first_divergence(a, b)
     assert (divergence.step, divergence.quantity, divergence.ulps) == (1, "loss", 1)
     assert "0.5 [float32 0x3f000000]" in divergence.describe()
 
@@ -59,7 +59,7 @@ def test_weight_divergence_names_variable_and_first_element(tmp_path):
     final_b[0][1, 0] = np.nextafter(np.float32(1), np.float32(2))
     a = _run(tmp_path, "a", [1.0, 0.5], SUMS, FINAL)
     b = _run(tmp_path, "b", [1.0, 0.5], [SUMS[0], [[9, 9], [7, 8]]], final_b)
-    divergence = _check.compare_runs(a, b)
+    divergence = _check.first_divergence(a, b)
     assert divergence.step == 1 and divergence.quantity == "weights:0:dense/kernel"
     assert divergence.detail["index"] == [1, 0]
     assert divergence.detail["variable"] == "0:dense/kernel"
@@ -73,7 +73,7 @@ def test_final_digest_difference_is_caught_even_with_equal_checksums(tmp_path):
     final_b = [FINAL[0], np.array([0.0, -0.0], np.float32)]
     a = _run(tmp_path, "a", [1.0], SUMS[:1], FINAL)
     b = _run(tmp_path, "b", [1.0], SUMS[:1], final_b)
-    divergence = _check.compare_runs(a, b)
+    divergence = _check.first_divergence(a, b)
     assert divergence.step == 0
     assert divergence.quantity == "final weights:1:dense/bias"
     assert divergence.detail["index"] == [1]
@@ -82,7 +82,7 @@ def test_final_digest_difference_is_caught_even_with_equal_checksums(tmp_path):
 def test_missing_steps_are_a_divergence(tmp_path):
     a = _run(tmp_path, "a", [1.0, 0.5], SUMS, FINAL)
     b = _run(tmp_path, "b", [1.0], SUMS[:1], FINAL)
-    assert _check.compare_runs(a, b).quantity == "steps"
+    assert _check.first_divergence(a, b).quantity == "steps"
 
 
 def test_a_run_whose_trace_is_unreadable_is_a_failure_with_a_reason(tmp_path):
@@ -110,6 +110,6 @@ def test_verdict_and_exit_code_come_from_one_mapping():
         3: "failed",
     }
     # A run that exits 0 without a result says so.
-    setup = _perturb.RunSetup(0, {}, None, 0.0, False, {})
+    setup = _perturb.RunSetup(0)
     outcome = _spawn.RunOutcome(setup, 0, None, "", False, 1.0)
     assert outcome.reason == "exited 0 without writing its result"

@@ -444,14 +444,14 @@ REGISTRY: Mapping[str, Perturbation] = types.MappingProxyType(
             Perturbation(
                 name=EMULATED_CPU,
                 description="one run on an emulated x86 CPU of another vendor "
-                "(QEMU user mode, --emulate-cpu MODEL; opt-in: 20-40x slower)",
+                "(QEMU user mode, --emulate-cpu MODEL; opt-in: 5-10x slower)",
                 imitates="Another x86 implementation, emulated: QEMU's CPU model "
                 "reports another vendor, family, model and cache sizes through "
                 "CPUID (oneDNN and Eigen dispatch and block on them), and its code "
                 "generator computes the approximate instructions (RSQRTPS, RCPPS) "
                 "exactly where AMD and Intel each approximate their own way. Not "
                 "Intel's or AMD's own tables, AVX-512/AMX paths, or real caches.",
-                # Emulation is 20-40x slower: a check would take minutes.
+                # An emulated run is 5-10x slower: a check would take minutes.
                 default=False,
                 unavailable=lambda context: _emulation.unavailable(context.pinned_isa),
                 change=_emulated_change,
