@@ -50,6 +50,7 @@ from tfdet._runs import (  # noqa: E402
     _spawn,
 )
 from tfdet._setup import _enable  # noqa: E402
+from tfdet.patches import _registry  # noqa: E402
 
 TABLE = REPO / "benchmarks" / "portability_digests.json"
 SEED = 7
@@ -65,7 +66,9 @@ CPU_KEYS = (
     "cpu_count",
     "cpu_isa_best",
 )
-SOFTWARE_KEYS = ("tensorflow", "keras_version", "numpy", "python")
+SOFTWARE_KEYS = ("tensorflow", "keras_version", "numpy", "python", "tfdet_patches")
+# The CPU facts of an entry recorded on an emulated CPU (see `cpu`).
+EMULATED_KEYS = ("emulated", "emulated_model", "emulator_version", "host")
 # Small enough for a test (about 25 s on 2 shared cores, fresh processes).
 TINY = ("bn_gelu", "embedding", "keras_issue")
 SURVEY = REPO / "benchmarks" / "survey_models.py"
@@ -125,7 +128,11 @@ def cpu(emulated: str | None = None) -> dict[str, Any]:
 
 
 def software() -> dict[str, Any]:
-    """The versions the digests depend on (read without importing TF)."""
+    """The versions and patches the digests depend on (read without importing TF).
+
+    The patches `enable()` installs are part of the profile: entries recorded
+    under another set (an older tfdet) are kept as history, never compared.
+    """
     import importlib.metadata
 
     distribution = (_versions.tensorflow_distribution() or ("tensorflow",))[0]
@@ -134,6 +141,7 @@ def software() -> dict[str, Any]:
         "keras_version": importlib.metadata.version("keras"),
         "numpy": _versions.numpy_version(),
         "python": _versions.python_version(),
+        "tfdet_patches": _registry.resolve("auto"),
     }
 
 

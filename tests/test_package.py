@@ -39,6 +39,7 @@ def test_public_names_are_pinned() -> None:
         "enable",
         "is_enabled",
         "profile",
+        "random_state",
     ]
 
 

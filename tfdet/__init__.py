@@ -41,6 +41,7 @@ __all__ = [
     "enable",
     "is_enabled",
     "profile",
+    "random_state",
 ]
 
 
@@ -51,6 +52,10 @@ def __getattr__(name: str) -> Any:
         from tfdet._record._callback import DeterminismCallback
 
         return DeterminismCallback
+    if name == "random_state":
+        from tfdet.patches.keras_backup_and_restore import random_state
+
+        return random_state
     if name in ("check", "CheckReport"):
         # Not imported with tfdet: the check's modules are not needed to
         # enable() (none of them imports TensorFlow either).

@@ -1,0 +1,99 @@
+"""A fit that BackupAndRestore resumes: Dense + Dropout, Adam with a schedule.
+
+`python resumable_fit.py OUT BACKUP [--save-freq N] [--kill E:B] [--kill-at-save K]
+[--data array|tfdata] [--unpatched]`: trains 4 epochs of 256 samples (8 batches
+of 32, shuffled) under `tfdet.enable(seed=3)` and writes the final weights'
+digest to OUT. `--kill E:B` kills the process (SIGKILL) after batch B of epoch E;
+`--kill-at-save K` kills it while it writes its K-th backup, after the weights
+and before the backup is made current; `--unpatched` leaves out tfdet's
+`keras_backup_and_restore` patch (Keras's own BackupAndRestore).
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+
+import tfdet
+from tfdet.patches import _registry
+
+parser = argparse.ArgumentParser()
+parser.add_argument("out")
+parser.add_argument("backup")
+parser.add_argument("--save-freq", default="epoch")
+parser.add_argument("--kill")
+parser.add_argument("--kill-at-save", type=int)
+parser.add_argument("--data", default="array")
+parser.add_argument("--unpatched", action="store_true")
+args = parser.parse_args()
+
+patches = [
+    name
+    for name in _registry.resolve("auto")
+    if not (args.unpatched and name == "keras_backup_and_restore")
+]
+tfdet.enable(seed=3, patches=patches)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+rng = np.random.RandomState(0)
+x = rng.standard_normal((256, 16)).astype(np.float32)
+y = keras.utils.to_categorical(rng.randint(0, 4, 256), 4)
+model = keras.Sequential(
+    [
+        keras.Input((16,)),
+        keras.layers.Dense(32, activation="relu"),
+        keras.layers.Dropout(0.3),
+        keras.layers.Dense(4, activation="softmax"),
+    ]
+)
+model.compile(
+    optimizer=keras.optimizers.Adam(
+        keras.optimizers.schedules.ExponentialDecay(1e-2, 5, 0.9)
+    ),
+    loss="categorical_crossentropy",
+    metrics=["accuracy"],
+)
+
+saves = 0
+if args.kill_at_save:
+    save_weights = keras.Model.save_weights
+
+    def killed_while_saving(self, *a, **k):
+        global saves
+        save_weights(self, *a, **k)
+        saves += 1
+        if saves == args.kill_at_save:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    keras.Model.save_weights = killed_while_saving
+
+
+class Kill(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if args.kill and [int(v) for v in args.kill.split(":")] == [self.epoch, batch]:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
+callbacks = [keras.callbacks.BackupAndRestore(args.backup, save_freq=save_freq), Kill()]
+if args.data == "tfdata":
+    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(256, seed=11).batch(32)
+    model.fit(data, epochs=4, verbose=0, callbacks=callbacks)
+else:
+    model.fit(
+        x, y, batch_size=32, epochs=4, shuffle=True, verbose=0, callbacks=callbacks
+    )
+digest = hashlib.sha256(b"".join(w.tobytes() for w in model.get_weights()))
+with open(args.out, "w") as handle:
+    json.dump({"digest": digest.hexdigest()[:16]}, handle)

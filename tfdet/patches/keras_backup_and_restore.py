@@ -1,0 +1,341 @@
+"""Exact resume with Keras 3's `BackupAndRestore`: the run you would have had.
+
+Measured (TF 2.21, Keras 3.15, under `tfdet.enable()`): a `fit` interrupted
+and resumed in a fresh process by `keras.callbacks.BackupAndRestore` gave
+other weights than the same `fit` uninterrupted. What Keras's backup loses:
+
+- every `SeedGenerator` state (Dropout's masks, `keras.random.*`): a layer
+  saves only its weights (`Layer.save_own_variables`), so the resumed epochs
+  replayed epoch 0's dropout masks; the global generator is saved nowhere;
+- the position inside an epoch: Keras writes `{"epoch", "batch"}` but reads
+  back only the epoch, so a resume after `save_freq=N` retrained the
+  epoch's first batches; and its epoch counter restarts at 0 in the resumed
+  process, so a second interruption restarted training from epoch 0;
+- the order of a `tf.data` input that reshuffles on each iteration (its seed
+  generator advances once per `iter()`, two per epoch in Keras 3.15's fit);
+- the metric accumulators of an epoch resumed in its middle;
+- Python's and NumPy's global generators and TF's eager op-seed generator,
+  for code that draws from them while training.
+
+This patch puts `ExactBackupAndRestore` (a subclass) where Keras's class is
+looked up, so `keras.callbacks.BackupAndRestore(...)` saves and restores all
+of it, and skips (pulls without training) the batches an interrupted epoch
+had already trained. Each backup is a generation of its own, made current by
+one atomic rename: a process killed while writing leaves the previous
+backup current, and a resume never mixes two. `tfdet.random_state(model)`
+gives the same seed states to a `tf.train.Checkpoint` of a custom loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import pickle
+import random
+from typing import Any
+
+from tfdet.patches._registry import KERAS3, Patch
+
+# The file that names the current generation, and each generation's files.
+CURRENT = "tfdet_current"
+_WEIGHTS = "tfdet-{n}.weights.h5"
+_STATE = "tfdet-{n}.state.pkl"
+# Iterators Keras 3's TF `fit` makes of a `tf.data` input per epoch (one at
+# the epoch's start, one made at its end and dropped), when `steps_per_epoch`
+# is None and the cardinality is known; one otherwise.
+ITERATORS_PER_EPOCH = 2
+
+
+def seed_generators(model: Any) -> list[tuple[str, Any]]:
+    """`(name, SeedGenerator)` of every layer of `model`, in layer order."""
+    found = []
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        for index, generator in enumerate(getattr(layer, "_seed_generators", [])):
+            found.append((f"{layer.name}#{index}", generator))
+    return found
+
+
+def _global_seed_generator(create: bool = False) -> Any:
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+
+    if create:
+        return seed_generator.global_seed_generator()
+    return global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
+
+
+def random_state(model: Any) -> Any:
+    """The random state of `model` that a `tf.train.Checkpoint` does not save.
+
+    Keras 3 keeps each layer's `SeedGenerator` (Dropout's masks, random
+    augmentation layers) out of a model's checkpoint, so a custom training
+    loop resumed from `tf.train.Checkpoint(model=..., optimizer=...)` draws
+    the masks of its first steps again. Add this to the checkpoint:
+
+    >>> checkpoint = tf.train.Checkpoint(                       # doctest: +SKIP
+    ...     model=model, optimizer=optimizer, iterator=iterator,
+    ...     random=tfdet.random_state(model))
+
+    Randomness inside a `tf.data` map must come from the pipeline itself
+    (`Dataset.random` seeds fed to stateless ops): a stateful random op
+    cannot be saved with the iterator.
+
+    Args:
+        model: A built Keras 3 model.
+
+    Returns:
+        A `tf.Module` tracking each layer's seed state and Keras's global one.
+    """
+    import tensorflow as tf
+
+    holder = tf.Module()
+    holder.layer_seeds = [generator.state for _, generator in seed_generators(model)]
+    holder.global_seed = _global_seed_generator(create=True).state
+    return holder
+
+
+def _eager_seed_generator() -> Any:
+    from tensorflow.python.eager import context
+
+    return getattr(context.context(), "_rng", None)
+
+
+@functools.cache
+def exact_backup_and_restore_class() -> type:
+    """The `BackupAndRestore` subclass that resumes exactly (Keras 3)."""
+    from keras.src.callbacks import backup_and_restore
+
+    base = backup_and_restore.BackupAndRestore
+    if getattr(base, "_tfdet_exact", False):  # Asked while installed.
+        return base
+
+    class ExactBackupAndRestore(base):  # type: ignore[misc, valid-type]
+        """`keras.callbacks.BackupAndRestore` that resumes bit for bit.
+
+        Same arguments as Keras's (`backup_dir`, `save_freq`,
+        `double_checkpoint` is implied, `delete_checkpoint`); see the module
+        docstring of `tfdet.patches.keras_backup_and_restore`.
+        """
+
+        _tfdet_exact = True
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._steps_done = 0  # Batches trained in the current epoch.
+            self._to_skip = 0  # Batches to pull without training (resume).
+            self._skipping = False
+            self._saved_metrics: list[Any] | None = None
+
+        # -- saving ---------------------------------------------------------
+
+        def _state(self) -> dict[str, Any]:
+            import numpy as np
+
+            model = self.model
+            glob = _global_seed_generator()
+            eager = _eager_seed_generator()
+            return {
+                "epoch": self._current_epoch,
+                "steps_done": self._steps_done,
+                "iterations": int(model.optimizer.iterations.numpy()),
+                "seeds": [
+                    (name, generator.state.numpy())
+                    for name, generator in seed_generators(model)
+                ],
+                "global_seed": None if glob is None else glob.state.numpy(),
+                "metrics": [v.numpy() for v in model.metrics_variables],
+                "python_random": random.getstate(),
+                "numpy_random": np.random.get_state(),
+                "eager_seed": None if eager is None else eager.getstate(),
+                "counters": (
+                    self._batches_seen_since_last_saving,
+                    self._last_batch_seen,
+                ),
+            }
+
+        def _save_model(self) -> None:
+            os.makedirs(self.backup_dir, exist_ok=True)
+            current = _current(self.backup_dir)
+            generation = 0 if current is None else current + 1
+            path = os.path.join(self.backup_dir, _STATE.format(n=generation))
+            with open(path + ".tmp", "wb") as out:
+                pickle.dump(self._state(), out)
+            os.replace(path + ".tmp", path)
+            self.model.save_weights(
+                os.path.join(self.backup_dir, _WEIGHTS.format(n=generation)),
+                overwrite=True,
+            )
+            # The one commit point: a kill before it leaves `current` whole.
+            pointer = os.path.join(self.backup_dir, CURRENT)
+            with open(pointer + ".tmp", "w", encoding="utf-8") as out:
+                out.write(str(generation))
+            os.replace(pointer + ".tmp", pointer)
+            if current is not None:  # Kept until the new one was current.
+                for name in (_WEIGHTS, _STATE):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(os.path.join(self.backup_dir, name.format(n=current)))
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            if not self._to_skip:
+                self._steps_done = 0
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            self._skipping = self._to_skip > 0
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if self._skipping:
+                return  # Pulled, not trained: nothing to count or save.
+            self._steps_done = batch + 1
+            super().on_train_batch_end(batch, logs)
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            self._steps_done = 0
+            super().on_epoch_end(epoch, logs)
+
+        # -- restoring ------------------------------------------------------
+
+        def _load_model(self) -> None:
+            generation = _current(self.backup_dir)
+            if generation is None:
+                super()._load_model()  # Keras's own files, or none.
+                return
+            model = self.model
+            if model.optimizer is not None and not model.optimizer.built:
+                model.optimizer.build(model.trainable_variables)
+            model.load_weights(
+                os.path.join(self.backup_dir, _WEIGHTS.format(n=generation))
+            )
+            with open(
+                os.path.join(self.backup_dir, _STATE.format(n=generation)), "rb"
+            ) as handle:
+                state = pickle.load(handle)
+            self._restore(state)
+
+        def _restore(self, state: dict[str, Any]) -> None:
+            import numpy as np
+
+            model = self.model
+            iterations = int(model.optimizer.iterations.numpy())
+            if iterations != state["iterations"]:
+                raise RuntimeError(
+                    f"Expected the backup in {self.backup_dir} to hold one "
+                    f"training state. Received: weights at optimizer step "
+                    f"{iterations}, random state at step {state['iterations']}. "
+                    "Delete the backup directory to start over."
+                )
+            names = [name for name, _ in seed_generators(model)]
+            if names != [name for name, _ in state["seeds"]]:
+                raise RuntimeError(
+                    "Expected the model's random layers to be those of the "
+                    f"backup. Received: {names} now, "
+                    f"{[name for name, _ in state['seeds']]} saved."
+                )
+            for (_, generator), (_, value) in zip(
+                seed_generators(model), state["seeds"], strict=True
+            ):
+                generator.state.assign(value)
+            if state["global_seed"] is not None:
+                _global_seed_generator(create=True).state.assign(state["global_seed"])
+            random.setstate(state["python_random"])
+            np.random.set_state(state["numpy_random"])
+            eager = _eager_seed_generator()
+            if eager is not None and state["eager_seed"] is not None:
+                eager.setstate(state["eager_seed"])
+            self._batches_seen_since_last_saving, self._last_batch_seen = state[
+                "counters"
+            ]
+            model._initial_epoch = state["epoch"]
+            # Keras restarts it at 0: a save during the first resumed epoch
+            # would say epoch 0.
+            self._current_epoch = state["epoch"]
+            self._steps_done = state["steps_done"]
+            for dataset in getattr(model, "_tfdet_fit_datasets", ()):
+                for _ in range(ITERATORS_PER_EPOCH * state["epoch"]):
+                    iter(dataset)  # Advances its reshuffle seed, as fit did.
+            if state["steps_done"]:
+                self._saved_metrics = state["metrics"]
+                self._to_skip = state["steps_done"]
+                self._skip_trained_batches()
+
+        def _skip_trained_batches(self) -> None:
+            model = self.model
+            original = model.train_function
+            callback = self
+
+            def train_function(iterator: Any) -> Any:
+                if callback._to_skip <= 0:
+                    model.train_function = original
+                    return original(iterator)
+                for _ in range(model.steps_per_execution):
+                    data = next(iterator)  # Trained on before the interruption.
+                callback._to_skip -= model.steps_per_execution
+                callback._load_metrics(data)
+                return model.get_metrics_result()
+
+            model.train_function = train_function
+
+        def _load_metrics(self, data: Any) -> None:
+            # fit() builds the compiled metrics in its first traced step and
+            # reset them at the epoch's start: build them now (symbolically:
+            # no op runs, nothing is drawn) and load the saved accumulators.
+            if self._saved_metrics is None:
+                return
+            model = self.model
+            compiled = getattr(model, "_compile_metrics", None)
+            if compiled is not None and not compiled.built:
+                model._symbolic_build(data_batch=data)
+            for variable, value in zip(
+                model.metrics_variables, self._saved_metrics, strict=True
+            ):
+                variable.assign(value)
+            self._saved_metrics = None
+
+    ExactBackupAndRestore.__module__ = base.__module__
+    return ExactBackupAndRestore
+
+
+def _current(directory: str) -> int | None:
+    try:
+        with open(os.path.join(directory, CURRENT), encoding="utf-8") as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _wrap_fit(original: Any) -> Any:
+    @functools.wraps(original)
+    def fit(self: Any, x: Any = None, *args: Any, **kwargs: Any) -> Any:
+        import tensorflow as tf
+
+        # What a resume must fast-forward: a tf.data input reshuffles on
+        # each iteration.
+        # Set past Keras's attribute tracking: tfdet's note, not model state.
+        object.__setattr__(
+            self,
+            "_tfdet_fit_datasets",
+            (x,) if isinstance(x, tf.data.Dataset) else (),
+        )
+        return original(self, x, *args, **kwargs)
+
+    return fit
+
+
+def _apply(swap: Any) -> None:
+    import keras
+    from keras.src import callbacks
+    from keras.src.callbacks import backup_and_restore
+
+    exact = exact_backup_and_restore_class()
+    for owner in (keras.callbacks, callbacks, backup_and_restore):
+        swap.attribute(owner, "BackupAndRestore", exact)
+    swap.attribute(keras.Model, "fit", _wrap_fit(keras.Model.fit))
+
+
+PATCH = Patch(
+    summary="keras.callbacks.BackupAndRestore (loses seed states, the position "
+    "in an epoch, tf.data order) -> a subclass that resumes bit for bit",
+    upstream="https://github.com/keras-team/keras/blob/master/keras/src/callbacks/backup_and_restore.py",
+    apply=_apply,
+    requires=KERAS3,
+)
