@@ -53,9 +53,10 @@ def test_validate_takes_the_parsed_tuple_back():
         _perturb.validate(("isa", "isa"))
 
 
-def test_threads_and_emulation_are_opt_in_and_everything_is_described():
-    assert "threads" not in _perturb.ALL and "emulated_cpu" not in _perturb.ALL
-    assert set(_perturb.KNOWN) == set(_perturb.ALL) | {"threads", "emulated_cpu"}
+def test_threads_emulation_and_interrupt_are_opt_in_and_everything_is_described():
+    opt_in = {"threads", "emulated_cpu", "interrupt"}
+    assert not opt_in & set(_perturb.ALL)
+    assert set(_perturb.KNOWN) == set(_perturb.ALL) | opt_in
     assert set(_perturb.DESCRIPTIONS) == set(_perturb.KNOWN)
     assert set(_perturb.IMITATED) == set(_perturb.KNOWN)
     assert {"cpu_vendor", "microarchitecture", "cache_sizes_elsewhere"} <= set(
@@ -223,3 +224,28 @@ def test_an_emulated_run_gets_the_emulator_in_front_and_more_time():
     assert emulated.changes["caches"].env == {}
     assert not emulated.changes["caches"].by_child
     assert _perturb.applied_by_child(emulated) == ["emulated_cpu"]
+
+
+@pytest.mark.parametrize(
+    ("options", "reason"),
+    [
+        ({"steps": 1}, "needs 2 steps"),
+        ({"steps": 4, "workers": 2}, "not for --workers"),
+        ({"steps": 4, "target": "builtin:cnn_tf_keras"}, "not for tf_keras"),
+        ({"steps": 4}, None),
+    ],
+)
+def test_interrupt_applies_to_single_process_keras3_runs_of_two_steps(options, reason):
+    from tfdet._runs import _options
+
+    run_options = _options.RunOptions(perturb=("interrupt",), **options)
+    skipped = _perturb.skipped_for(run_options).get("interrupt")
+    assert (skipped is None) if reason is None else reason in skipped
+    if reason is None:
+        base, other = _perturb.plan_for(run_options)
+        assert not base.resumes and other.resumes
+        assert other.env["TFDET_INTERRUPT_AFTER"] == "2"
+        assert _perturb.resumed_environment(other) == {
+            "TFDET_INTERRUPT_AFTER": None,
+            "TFDET_RESUMED_AFTER": "2",
+        }

@@ -107,3 +107,63 @@ def test_a_custom_loop_resumes_exactly_with_tfdets_random_state(tmp_path):
         tmp_path / "b", LOOP, "--without-random-state", interrupt=("--kill", "10")
     )
     assert exact == _digest(full) != replayed
+
+
+def _checks_at_once(commands: dict[str, list[str]], cwd=None) -> dict[str, dict]:
+    """Runs several `tfdet check --json` commands side by side; their reports."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as reports:
+        processes = {
+            name: subprocess.Popen(
+                [sys.executable, "-m", "tfdet", *args, "--json", f"{reports}/{name}"],
+                env=clean_env(),
+                cwd=cwd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for name, args in commands.items()
+        }
+        outputs = {
+            name: p.communicate(timeout=1800)[0] for name, p in processes.items()
+        }
+        found = {}
+        for name, process in processes.items():
+            assert process.returncode in (0, 1), outputs[name]
+            with open(f"{reports}/{name}", encoding="utf-8") as handle:
+                found[name] = json.load(handle)
+        return found
+
+
+@pytest.mark.slow
+def test_check_interrupts_a_target_run_and_resumes_it_exactly_with_tfdet():
+    # tfdet's own checkpoint of a TARGET carries the layers' seed states; the
+    # control (without tfdet: model and optimizer only) replays Dropout masks.
+    common = ["check", "builtin:cnn", "--steps", "4", "--device", "cpu",
+              "--perturb", "interrupt", "--no-attribute"]  # fmt: skip
+    reports = _checks_at_once({"tfdet": common, "plain": [*common, "--no-enable"]})
+    assert reports["tfdet"]["verdict"] == "identical"
+    resumed = reports["tfdet"]["devices"]["cpu"]["runs"][1]
+    assert "killed (SIGKILL) after 2" in resumed["perturbations"]["interrupt"]
+    assert resumed["steps_recorded"] == 4
+    divergence = reports["plain"]["devices"]["cpu"]["divergence"]
+    assert reports["plain"]["verdict"] == "diverged"
+    assert divergence["step"] == 2  # The first step after the resume.
+
+
+@pytest.mark.slow
+def test_check_script_interrupts_and_the_scripts_own_backup_resumes_it(tmp_path):
+    (tmp_path / "preemptible_fit.py").write_text(
+        (SCRIPTS / "preemptible_fit.py").read_text()
+    )
+    common = ["check", "--script", "preemptible_fit.py", "--perturb", "interrupt"]
+    reports = _checks_at_once(
+        {"tfdet": common, "plain": [*common, "--no-enable"]}, cwd=tmp_path
+    )
+    assert reports["tfdet"]["verdict"] == "identical"
+    assert reports["plain"]["verdict"] == "diverged"
+    # Keras's own BackupAndRestore retrains the resumed epoch from its start.
+    assert reports["plain"]["divergence"]["step"] == 0

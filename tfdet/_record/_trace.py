@@ -145,6 +145,8 @@ class TraceWriter:
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
         self._file: io.TextIOBase | None = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+        # Steps of a killed process this one continues (see `continued`).
+        self._kept: list[dict[str, Any]] = []
         self._write(header)
 
     def _write(self, record: Mapping[str, Any]) -> None:
@@ -159,11 +161,27 @@ class TraceWriter:
 
     def write_step(self, record: Mapping[str, Any]) -> None:
         """Appends one step line."""
+        self._write_kept(before=int(record["step"]))
         self._write(record)
+
+    def keep(self, steps: Sequence[Mapping[str, Any]]) -> None:
+        """Steps of a killed process to write before this one's first step.
+
+        Those from that step on are dropped (this process trains them again);
+        all are written at `close()` if this process writes no step.
+        """
+        self._kept = [dict(step) for step in steps]
+
+    def _write_kept(self, before: int | None = None) -> None:
+        for step in self._kept:
+            if before is None or int(step["step"]) < before:
+                self._write(step)
+        self._kept = []
 
     def close(self) -> None:
         """Closes the file; closing twice is fine."""
         if self._file is not None:
+            self._write_kept()
             self._file.close()
             self._file = None
 
@@ -172,6 +190,23 @@ class TraceWriter:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+
+def continued(path: str | os.PathLike[str], header: Mapping[str, Any]) -> TraceWriter:
+    """A writer that continues the trace a killed process left at `path`.
+
+    The new process's header replaces the old one (it records the process
+    that resumed). The old steps, as far as they were written whole, are
+    kept up to the first step the new process writes: it trains the rest
+    again (or for the first time). No old trace: a plain `TraceWriter`.
+    """
+    try:
+        kept = read(path).steps
+    except (OSError, TraceFormatError):
+        kept = []
+    writer = TraceWriter(path, header)
+    writer.keep(kept)
+    return writer
 
 
 @dataclasses.dataclass

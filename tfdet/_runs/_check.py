@@ -400,7 +400,7 @@ def _check_device(
         "workers": workers,
         "replicas": options.replicas,
         "perturbations": names,
-        "perturbations_skipped": _perturb.skipped(names, _perturb.pinned_cap(options)),
+        "perturbations_skipped": _perturb.skipped_for(options),
         "divergence": None,
     }
     if options.traces is not None:

@@ -24,7 +24,10 @@ Environment variables a child reads (the parent sets them; see
 `tfdet.enable()` and TensorFlow (`TF_NUM_INTRAOP_THREADS`, `ONEDNN_MAX_CPU_ISA`,
 `XLA_FLAGS`, `TF_ENABLE_ONEDNN_OPTS`, `TF_USE_LEGACY_KERAS`, `TF_CONFIG`,
 `CUDA_VISIBLE_DEVICES`, `TF_CPP_MIN_LOG_LEVEL`), `PYTHONHASHSEED` (at
-interpreter start), and `TFDET_IMITATE_CACHES` (the `caches` perturbation).
+interpreter start), `TFDET_IMITATE_CACHES` (the `caches` perturbation),
+`TFDET_EMULATED_CPU` (`emulated_cpu`), and `INTERRUPT_VAR` / `RESUMED_VAR`
+(`interrupt`: the first process kills itself with SIGKILL once that many
+steps are recorded; the parent starts a second one, which resumes).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import sys
 import warnings
 from typing import Any
@@ -51,6 +55,10 @@ MODULE = "tfdet._runs._child"
 
 # The result of a run whose TARGET cannot be built or trained.
 TARGET_ERROR = "target"
+# The `interrupt` perturbation: steps after which the first process is
+# killed, and (in the process that resumes) after which it was.
+INTERRUPT_VAR = "TFDET_INTERRUPT_AFTER"
+RESUMED_VAR = "TFDET_RESUMED_AFTER"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +85,8 @@ class WorkerSpec:
             (filled in per process).
         progress_fd: The descriptor of the progress channel, or None
             (filled in per process).
+        resume_dir: Where a run of the `interrupt` perturbation keeps what
+            it needs to resume (filled in per process), or None.
     """
 
     kind: str
@@ -95,6 +105,7 @@ class WorkerSpec:
     result: str = ""
     trace: str = ""
     progress_fd: int | None = None
+    resume_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -125,15 +136,30 @@ def is_owner() -> bool:
 
 
 def report_progress(done: int, total: int) -> None:
-    """Tells the parent how far this run is (`total` 0: unknown)."""
-    if _progress is None or not is_owner():
+    """Tells the parent how far this run is (`total` 0: unknown).
+
+    Called once a step is recorded (and, for a resumable run, saved): the
+    `interrupt` perturbation kills the process here, as a preemption would.
+    """
+    if not is_owner():
         return
-    try:
-        _progress.write(f"{done} {total}\n")
-        _progress.flush()
-    except (OSError, ValueError):
-        # Progress is for people: the parent may have stopped reading.
-        pass
+    if _progress is not None:
+        try:
+            _progress.write(f"{done} {total}\n")
+            _progress.flush()
+        except (OSError, ValueError):
+            # Progress is for people: the parent may have stopped reading.
+            pass
+    if os.environ.get(INTERRUPT_VAR) == str(done):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def resumed_after() -> int | None:
+    """The steps recorded before this run was killed, when it resumes; else None."""
+    value = os.environ.get(RESUMED_VAR)
+    return int(value) if value else None
 
 
 def write_result(result: dict[str, Any]) -> None:

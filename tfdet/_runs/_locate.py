@@ -123,7 +123,8 @@ def locate(options: RunOptions, progress: ProgressFn | None = None) -> dict[str,
         RunFailedError: a run crashed or timed out.
     """
     names = list(options.perturb)
-    outcomes = _run(options, _perturb.plan_for(options, 2, names), None, progress)
+    setups = _perturb.plan_for(options, 2, names, kind=_child.LOCATE)
+    outcomes = _run(options, setups, None, progress)
     a, b = outcomes[0].result, outcomes[1].result
     location = _layer_walk.locate_results(a, b)
     return {
@@ -131,7 +132,7 @@ def locate(options: RunOptions, progress: ProgressFn | None = None) -> dict[str,
         "enable": options.enable,
         "steps": options.steps,
         "perturbations": names,
-        "perturbations_skipped": _perturb.skipped(names, _perturb.pinned_cap(options)),
+        "perturbations_skipped": _perturb.skipped_for(options, kind=_child.LOCATE),
         "runs": [
             {
                 "index": outcome.setup.index,

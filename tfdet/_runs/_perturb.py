@@ -31,7 +31,7 @@ from typing import Any
 from tfdet._pin import _cache_sizes, _cpuid, _environment, _isa
 from tfdet._pin._environment import affinity
 from tfdet._pin._settings import DEFAULT_THREADS
-from tfdet._runs import _emulation
+from tfdet._runs import _child, _emulation
 
 NONE = "none"
 STAGGER_SECONDS = 0.75
@@ -52,12 +52,18 @@ class Context:
         threads: The profile's pool size.
         emulated_model: The QEMU CPU model of the `emulated_cpu` runs (None:
             the other vendor's default).
+        interrupt_after: The steps an `interrupt`ed run records before it is
+            killed.
+        not_resumable: Why these runs cannot be interrupted and resumed
+            (None: they can).
     """
 
     runs: int
     pinned_isa: str | None
     threads: int
     emulated_model: str | None = None
+    interrupt_after: int = 1
+    not_resumable: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +84,8 @@ class Change:
             was perturbed.
         launcher: A command prefix the process runs under (an emulator).
         slowdown: How many times longer than native the process may take.
+        resumes: Whether the process is killed at a step and resumed in a
+            second one (started by the spawner, with `RESUMED_VAR` set).
     """
 
     label: str
@@ -89,6 +97,7 @@ class Change:
     by_child: bool = False
     launcher: tuple[str, ...] = ()
     slowdown: float = 1.0
+    resumes: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -356,6 +365,35 @@ def _threads_change(index: int, context: Context) -> Change:
     )
 
 
+# --- interrupt ----------------------------------------------------------------
+
+
+def _interrupt_change(index: int, context: Context) -> Change:
+    if index == 0:
+        return Change("not interrupted")
+    steps = context.interrupt_after
+    return Change(
+        f"killed (SIGKILL) after {steps} recorded step{'s' if steps > 1 else ''} "
+        "and resumed in a fresh process",
+        env={_child.INTERRUPT_VAR: str(steps)},
+        by_child=True,
+        resumes=True,
+    )
+
+
+def _interrupt_in_child() -> str | None:
+    steps = _child.resumed_after()
+    if steps is None:
+        return None  # Not the process that resumes (it confirms, the first dies).
+    return f"resumed in a fresh process after a SIGKILL at {steps} recorded steps"
+
+
+def resumed_environment(setup: RunSetup) -> dict[str, str | None]:
+    """The environment changes of the process that resumes an interrupted run."""
+    steps = setup.env.get(_child.INTERRUPT_VAR)
+    return {_child.INTERRUPT_VAR: None, _child.RESUMED_VAR: steps}
+
+
 # --- the registry -----------------------------------------------------------
 
 AFFINITY = "affinity"
@@ -366,6 +404,7 @@ NEIGHBOUR = "neighbour"
 STAGGER = "stagger"
 THREADS = "threads"
 EMULATED_CPU = "emulated_cpu"
+INTERRUPT = "interrupt"
 
 REGISTRY: Mapping[str, Perturbation] = types.MappingProxyType(
     {
@@ -457,6 +496,20 @@ REGISTRY: Mapping[str, Perturbation] = types.MappingProxyType(
                 change=_emulated_change,
                 in_child=_emulated_in_child,
                 supersedes=_emulated_supersedes,
+            ),
+            Perturbation(
+                name=INTERRUPT,
+                description="run 1 killed (SIGKILL) halfway and resumed in a "
+                "fresh process: by tfdet's checkpoint of a TARGET, by the "
+                "script's own (e.g. BackupAndRestore) under --script (opt-in)",
+                imitates="A preemption: the run is killed at a step and resumed "
+                "in a fresh process from its last checkpoint, as on a "
+                "preemptible machine or a time-limited job.",
+                # Another kind of difference than another machine: asked for.
+                default=False,
+                unavailable=lambda context: context.not_resumable,
+                change=_interrupt_change,
+                in_child=_interrupt_in_child,
             ),
         )
     }
@@ -600,6 +653,11 @@ class RunSetup:
         return max((c.slowdown for c in self.changes.values()), default=1.0)
 
     @property
+    def resumes(self) -> bool:
+        """Whether the process is killed at a step and resumed in a second one."""
+        return any(change.resumes for change in self.changes.values())
+
+    @property
     def labels(self) -> dict[str, str]:
         """`{perturbation: what this process had}`, for the report."""
         return {name: change.label for name, change in self.changes.items()}
@@ -630,13 +688,13 @@ class RunSetup:
         return RunSetup(index, types.MappingProxyType(changes))
 
 
-def pinned_cap(options: object) -> str | None:
+def pinned_cap(options: Any) -> str | None:
     """The ISA cap a check's or locate's runs pin: None with `enable=False`.
 
     Args:
         options: Anything with `enable` and `cpu_isa` (`RunOptions`).
     """
-    return options.cpu_isa if options.enable else None  # type: ignore[attr-defined]
+    return options.cpu_isa if options.enable else None
 
 
 def _context(
@@ -749,11 +807,14 @@ def plan(
         threads: The profile's pool size (None: enable()'s default).
         emulated_model: The QEMU CPU model of `emulated_cpu` (None: default).
     """
-    context = _context(runs, pinned_isa, threads, emulated_model)
+    return _plan(_context(runs, pinned_isa, threads, emulated_model), names)
+
+
+def _plan(context: Context, names: Sequence[str]) -> list[RunSetup]:
     active = [
         REGISTRY[name] for name in names if REGISTRY[name].unavailable(context) is None
     ]
-    return [setup_of(index, active, context) for index in range(runs)]
+    return [setup_of(index, active, context) for index in range(context.runs)]
 
 
 def setup_of(index: int, active: Sequence[Perturbation], context: Context) -> RunSetup:
@@ -767,28 +828,74 @@ def setup_of(index: int, active: Sequence[Perturbation], context: Context) -> Ru
     return RunSetup(index, types.MappingProxyType(changes))
 
 
+# The steps a script's interrupted run records before it is killed: a
+# script's step count is not known beforehand.
+SCRIPT_INTERRUPT_AFTER = 2
+
+
+def context_for(
+    options: Any, runs: int | None = None, kind: str = _child.CHECK
+) -> Context:
+    """The planning context of the runs of `options` (a `RunOptions`).
+
+    Args:
+        options: The runs' options.
+        runs: How many runs (default: `options.runs`).
+        kind: The kind of child the runs are (`_child.CHECK`, `LOCATE`,
+            `SCRIPT`): it decides whether and when a run can be interrupted.
+    """
+    base = _context(
+        options.runs if runs is None else runs,
+        pinned_cap(options),
+        options.threads,
+        options.emulate_cpu,
+    )
+    if kind == _child.SCRIPT:
+        return dataclasses.replace(base, interrupt_after=SCRIPT_INTERRUPT_AFTER)
+    reason = None
+    if kind != _child.CHECK:
+        reason = "tfdet locate does not interrupt its runs"
+    elif options.steps < 2:
+        reason = "needs 2 steps or more: one before the interruption, one after"
+    elif options.distributed:
+        reason = "not for --workers or --replicas: tf.distribute resumes its own way"
+    elif options.target_spec.legacy_keras:
+        reason = (
+            "not for tf_keras TARGETs: tf_keras's Dropout keeps its random state "
+            "in a kernel no checkpoint can save"
+        )
+    return dataclasses.replace(
+        base, interrupt_after=max(1, options.steps // 2), not_resumable=reason
+    )
+
+
 def plan_for(
-    options: object, runs: int | None = None, names: Sequence[str] | None = None
+    options: Any,
+    runs: int | None = None,
+    names: Sequence[str] | None = None,
+    kind: str = _child.CHECK,
 ) -> list[RunSetup]:
-    """`plan` for the runs of `options` (a `RunOptions`); `runs` and `names`
-    default to its own."""
-    return plan(
-        options.runs if runs is None else runs,  # type: ignore[attr-defined]
-        options.perturb if names is None else names,  # type: ignore[attr-defined]
-        pinned_cap(options),
-        options.threads,  # type: ignore[attr-defined]
-        options.emulate_cpu,  # type: ignore[attr-defined]
-    )
+    """`plan` for the runs of `options` (see `context_for`); `names` defaults
+    to `options.perturb`."""
+    context = context_for(options, runs, kind)
+    return _plan(context, options.perturb if names is None else names)
 
 
-def emulated_setup(options: object) -> RunSetup:
+def skipped_for(
+    options: Any, names: Sequence[str] | None = None, kind: str = _child.CHECK
+) -> dict[str, str]:
+    """`{name: reason}` for the requested perturbations that do not apply here."""
+    context = context_for(options, kind=kind)
+    return {
+        name: reason
+        for name in (options.perturb if names is None else names)
+        if (reason := REGISTRY[name].unavailable(context)) is not None
+    }
+
+
+def emulated_setup(options: Any) -> RunSetup:
     """One run on the emulated CPU of `options` (`locate --record --emulate-cpu`)."""
-    context = _context(
-        2,
-        pinned_cap(options),
-        options.threads,  # type: ignore[attr-defined]
-        options.emulate_cpu,  # type: ignore[attr-defined]
-    )
+    context = context_for(options, runs=2, kind=_child.LOCATE)
     return dataclasses.replace(setup_of(1, [REGISTRY[EMULATED_CPU]], context), index=0)
 
 

@@ -190,7 +190,7 @@ def check_script(
     """Runs the script N times and returns the report (`--json`'s content)."""
     run = options.run
     names = list(run.perturb)
-    setups = _perturb.plan_for(run)
+    setups = _perturb.plan_for(run, kind=_child.SCRIPT)
     launched_in = os.getcwd()
     # Inside the directory the check was started in, the script runs from
     # each run's mirror of it (a relative path resolves there).
@@ -252,7 +252,7 @@ def check_script(
         "runs": run.runs,
         "max_steps": options.max_steps,
         "perturbations": names,
-        "perturbations_skipped": _perturb.skipped(names, _perturb.pinned_cap(run)),
+        "perturbations_skipped": _perturb.skipped_for(run, kind=_child.SCRIPT),
         "run_reports": reports,
         "divergence": divergence,
         "nothing_trained": nothing_trained,

@@ -79,7 +79,14 @@ class _Trace:
                 variables_every=1,
                 training=self.name,
             )
-            self.writer = _trace.TraceWriter(self.path, header)
+            if _child.resumed_after() is None:
+                self.writer = _trace.TraceWriter(self.path, header)
+            else:
+                # Resumed after the `interrupt` perturbation killed this run:
+                # continue its trace, numbering steps by the restored
+                # optimizer (the script's own checkpoint decides where).
+                self.writer = _trace.continued(self.path, header)
+                self.steps = _optimizer_steps(self.key, self.steps)
         checksums = _bits.weight_checksums(variables)
         self.writer.write_step(_trace.step_record(self.steps, logs, checksums))
         self.steps += 1
@@ -166,17 +173,55 @@ def _logs(model: Any, outputs: Any) -> dict[str, Any]:
     return dict(zip(names, values, strict=False))
 
 
+def _optimizer_steps(key: Any, default: int) -> int:
+    """The index of the step just taken, by the optimizer's step count."""
+    optimizer = key if hasattr(key, "iterations") else getattr(key, "optimizer", None)
+    try:
+        return int(optimizer.iterations.numpy()) - 1
+    except (AttributeError, TypeError, ValueError):
+        return default
+
+
 def _callback_class(recorder: Recorder) -> type:
-    """`DeterminismCallback` (its tf_keras flavour when in use) that counts steps."""
-    from tfdet._record import _callback
+    """`DeterminismCallback` (its tf_keras flavour when in use) that counts steps.
+
+    In a process that resumes an interrupted run, it continues the killed
+    process's trace: steps are numbered from the epoch the script's own
+    checkpoint restored, and a batch that trains nothing (one an exact resume
+    skips: the optimizer's step count does not move) is not recorded.
+    """
+    from tfdet._record import _callback, _trace
 
     base = (
         _callback._tf_keras_class()
         if _callback._tf_keras_in_use()
         else _callback.DeterminismCallback
     )
+    resuming = _child.resumed_after() is not None
+
+    def on_train_begin(self: Any, logs: Any = None) -> None:
+        kept = []
+        if resuming:
+            try:
+                kept = _trace.read(self.trace).steps
+            except (OSError, ValueError):
+                kept = []
+        base.on_train_begin(self, logs)
+        if resuming:
+            steps = (self.params or {}).get("steps")
+            if steps:
+                self._epoch_start = (
+                    getattr(self.model, "_initial_epoch", 0) or 0
+                ) * steps
+            self._writer.keep(kept)
+            self._optimizer_steps = _optimizer_steps(self.model, -1)
 
     def on_train_batch_end(self: Any, batch: int, logs: Any = None) -> None:
+        if resuming:
+            done = _optimizer_steps(self.model, -1)
+            if done == self._optimizer_steps:
+                return  # Trained before the interruption, skipped now.
+            self._optimizer_steps = done
         base.on_train_batch_end(self, batch, logs)
         self.steps_recorded_total = self.steps_recorded
         recorder.step_done()
@@ -185,6 +230,7 @@ def _callback_class(recorder: Recorder) -> type:
         "_RecordingCallback",
         (base,),
         {
+            "on_train_begin": on_train_begin,
             "on_train_batch_end": on_train_batch_end,
             "steps_recorded_total": 0,
         },

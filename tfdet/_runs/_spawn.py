@@ -395,27 +395,25 @@ def _read_result(
     return result, None, None
 
 
-def _run_one(
+def _start_and_wait(
+    command: list[str],
+    env: dict[str, str],
+    stem: str,
     setup: RunSetup,
-    module: str,
-    spec: _child.WorkerSpec,
-    base_env: dict[str, str],
-    workdir: str,
-    timeout: float,
     progress: Callable[[int, int, int], None] | None,
     group: _ProcessGroup,
-    cwd: str | None = None,
-) -> RunOutcome:
-    stem = os.path.join(workdir, setup.file_stem)
+    timeout: float,
+    cwd: str | None,
+) -> tuple[subprocess.Popen, bool]:
+    """Runs one process of a run to its end: `(process, timed out)`.
+
+    `command` ends with the spec, whose progress descriptor is replaced by
+    this process's own pipe. Output is appended to the run's files.
+    """
     read_fd, write_fd = os.pipe()
     spec = dataclasses.replace(
-        spec,
-        result=f"{stem}.json",
-        trace=f"{stem}.jsonl",
-        progress_fd=write_fd,
-        threads=spec.threads if setup.threads is None else setup.threads,
+        _child.WorkerSpec.from_json(command[-1]), progress_fd=write_fd
     )
-    env = child_environment(base_env, setup.env)
     cpus = set(setup.cpus) if setup.cpus else None
 
     def pin_affinity() -> None:  # Runs in the child before exec.
@@ -423,19 +421,14 @@ def _run_one(
 
     ended = threading.Event()
     follower = _follow_progress(read_fd, setup.index, progress, ended)
-    neighbour = None
     killed = threading.Event()
     try:
-        if group.stopped.wait(setup.delay):
-            raise RuntimeError("tfdet: runs were stopped before this one started")
-        neighbour = _burn(group) if setup.neighbour else None
-        started = time.perf_counter()
         with (
-            open(f"{stem}.stdout", "wb") as stdout,
-            open(f"{stem}.stderr", "wb") as stderr,
+            open(f"{stem}.stdout", "ab") as stdout,
+            open(f"{stem}.stderr", "ab") as stderr,
         ):
             process = group.start(
-                [*setup.launcher, sys.executable, "-m", module, spec.to_json()],
+                [*command[:-1], spec.to_json()],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=stdout,
@@ -465,12 +458,58 @@ def _run_one(
         if write_fd >= 0:
             os.close(write_fd)
         ended.set()
+    follower.join(timeout=5)
+    return process, killed.is_set()
+
+
+def _run_one(
+    setup: RunSetup,
+    module: str,
+    spec: _child.WorkerSpec,
+    base_env: dict[str, str],
+    workdir: str,
+    timeout: float,
+    progress: Callable[[int, int, int], None] | None,
+    group: _ProcessGroup,
+    cwd: str | None = None,
+) -> RunOutcome:
+    stem = os.path.join(workdir, setup.file_stem)
+    spec = dataclasses.replace(
+        spec,
+        result=f"{stem}.json",
+        trace=f"{stem}.jsonl",
+        threads=spec.threads if setup.threads is None else setup.threads,
+        resume_dir=f"{stem}.resume" if setup.resumes else None,
+    )
+    env = child_environment(base_env, setup.env)
+    command = [*setup.launcher, sys.executable, "-m", module, spec.to_json()]
+    neighbour = None
+    try:
+        if group.stopped.wait(setup.delay):
+            raise RuntimeError("tfdet: runs were stopped before this one started")
+        neighbour = _burn(group) if setup.neighbour else None
+        started = time.perf_counter()
+        process, timed_out = _start_and_wait(
+            command, env, stem, setup, progress, group, timeout, cwd
+        )
+        if setup.resumes and not timed_out and process.returncode == -signal.SIGKILL:
+            # The `interrupt` perturbation: killed as a preemption kills, now
+            # resumed in a fresh process from what the first one saved.
+            process, timed_out = _start_and_wait(
+                command,
+                child_environment(env, _perturb.resumed_environment(setup)),
+                stem,
+                setup,
+                progress,
+                group,
+                timeout,
+                cwd,
+            )
+    finally:
         if neighbour is not None:
             kill_tree(neighbour)
             neighbour.wait()
-    follower.join(timeout=5)
     seconds = time.perf_counter() - started
-    timed_out = killed.is_set()
     result, failure, target_error = _read_result(setup, spec.result)
     if process.returncode != 0 or timed_out:
         # Its exit status says why; a result it left is not trusted.

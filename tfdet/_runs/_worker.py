@@ -74,16 +74,64 @@ def start(spec: WorkerSpec) -> Any:
         return _target.build(spec.target, seed=spec.seed)
 
 
+class _Resumable:
+    """A TARGET run's checkpoint for the `interrupt` perturbation.
+
+    Saved after every step, as a careful user checkpoints a custom loop: the
+    model and optimizer in a `tf.train.Checkpoint`, and with tfdet enabled
+    also `tfdet.random_state(model)` (the layers' seed states, which Keras 3
+    keeps out of a model's checkpoint). Without tfdet, what a user writes
+    without it: the model and optimizer only.
+    """
+
+    def __init__(self, built: Any, spec: WorkerSpec) -> None:
+        import tensorflow as tf
+
+        from tfdet.patches import keras_backup_and_restore
+
+        model = built.model
+        if not getattr(model, "built", False):
+            # A subclassed model makes its weights on its first call.
+            model(built.batch(0)[0], training=False)
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        self.steps_done = tf.Variable(0, dtype=tf.int64)
+        items = {"model": model, "optimizer": model.optimizer, "steps": self.steps_done}
+        if spec.enable:
+            items["random"] = keras_backup_and_restore.random_state(model)
+        self._manager = tf.train.CheckpointManager(
+            tf.train.Checkpoint(**items), spec.resume_dir, max_to_keep=2
+        )
+
+    def save(self, steps_done: int) -> None:
+        self.steps_done.assign(steps_done)
+        self._manager.save(checkpoint_number=steps_done)
+
+    def restore(self) -> int:
+        """Restores the last checkpoint; the steps it had done."""
+        self._manager.restore_or_initialize()
+        return int(self.steps_done.numpy())
+
+
 def _train_on_batches(built: Any, spec: WorkerSpec) -> None:
-    """Trains one `train_on_batch` step at a time, recording each in the trace."""
+    """Trains one `train_on_batch` step at a time, recording each in the trace.
+
+    A run of the `interrupt` perturbation (`spec.resume_dir`) checkpoints
+    every step; the process that resumes it restores the last checkpoint,
+    keeps the killed process's trace up to there and trains the rest.
+    """
     from tfdet._pin import _environment
     from tfdet._record import _bits, _trace
     from tfdet._setup import _enable
 
     model = built.model
+    resumable = _Resumable(built, spec) if spec.resume_dir else None
+    first = 0
+    if resumable is not None and _child.resumed_after() is not None:
+        first = resumable.restore()
     writer = None
     try:
-        for step in range(spec.steps):
+        for step in range(first, spec.steps):
             logs = _train_step(model, *built.batch(step), built.sample_weight(step))
             if writer is None:
                 # After the first step: a model may create its weights then.
@@ -94,9 +142,15 @@ def _train_on_batches(built: Any, spec: WorkerSpec) -> None:
                     every=1,
                     variables_every=1,
                 )
-                writer = _trace.TraceWriter(spec.trace, header)
+                writer = (
+                    _trace.continued(spec.trace, header)
+                    if first
+                    else _trace.TraceWriter(spec.trace, header)
+                )
             checksums = _bits.weight_checksums(model.weights)
             writer.write_step(_trace.step_record(step, logs, checksums))
+            if resumable is not None:
+                resumable.save(step + 1)
             _child.report_progress(step + 1, spec.steps)
     finally:
         if writer is not None:
