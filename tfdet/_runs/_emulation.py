@@ -30,9 +30,8 @@ EXECUTABLE = "qemu-x86_64"
 INSTALL = "apt-get install qemu-user (Debian/Ubuntu) or dnf install qemu-user (Fedora)"
 # Set in an emulated run's environment: the CPU model it was given.
 ENV_VAR = _cpuid.EMULATED_MODEL_VAR
-# How much longer an emulated run takes than a native one, for its time
-# bound (measured on an AMD EPYC Zen 3, TF 2.21: `import tensorflow` 48 s vs 3
-# s, a 4-step Conv/BN model 331 s vs 62 s in a whole run on a loaded machine).
+# How much longer an emulated run may take than a native one, for its time
+# bound (measured 5-10x: docs/measurements.md, "Emulation cost").
 SLOWDOWN = 10.0
 # A default model of each vendor: the other vendor than the host's.
 DEFAULT_MODEL = {"AuthenticAMD": "Haswell-v4", "GenuineIntel": "EPYC-Rome"}

@@ -1,8 +1,8 @@
 """Exact resume with Keras 3's `BackupAndRestore`: the run you would have had.
 
-Measured (TF 2.21, Keras 3.15, under `tfdet.enable()`): a `fit` interrupted
-and resumed in a fresh process by `keras.callbacks.BackupAndRestore` gave
-other weights than the same `fit` uninterrupted. What Keras's backup loses:
+A `fit` interrupted and resumed in a fresh process by
+`keras.callbacks.BackupAndRestore` gets other weights than the same `fit`
+uninterrupted (docs/how-to/resume.md). What Keras 3's backup loses:
 
 - every `SeedGenerator` state (Dropout's masks, `keras.random.*`): a layer
   saves only its weights (`Layer.save_own_variables`), so the resumed epochs

@@ -5,9 +5,8 @@ Inside a `tf.function`, Grappler's arithmetic optimizer rewrites
 -0.5)` likewise becomes `rsqrt`). Eigen's float32 `Rsqrt` kernel starts from
 the x86 approximate instruction RSQRTPS, whose last bits depend on the CPU
 model, so the rewritten graph is not correctly rounded and not portable:
-measured with TF 2.21 on an AMD EPYC, 41,464 of 100,000 quotients differed
-from IEEE `x / sqrt(y)`, and Keras 3's RMSprop (`lr * g / sqrt(v + eps)`)
-gave other weights under QEMU's emulated Haswell than natively. The rewrite
+Keras 3's RMSprop (`lr * g / sqrt(v + eps)`) gave other weights under QEMU's
+emulated Haswell than natively (docs/measurements.md). The rewrite
 happens below Python, so `portable_rsqrt` cannot see it. This patch turns
 the arithmetic optimizer off (`tf.config.optimizer.set_experimental_options`,
 for functions traced from then on); other Grappler passes (constant folding,
