@@ -219,7 +219,7 @@ def test_an_emulated_run_gets_the_emulator_in_front_and_more_time():
     emulated = _perturb.setup_of(1, [record, caches], context)
     assert native.launcher == () and native.slowdown == 1.0
     assert emulated.launcher[1:] == ("-cpu", "Haswell-v4")
-    assert emulated.slowdown > 10
+    assert emulated.slowdown > 1
     # The emulated CPU reports its own cache sizes: no imitation on top.
     assert emulated.changes["caches"].env == {}
     assert not emulated.changes["caches"].by_child
