@@ -464,6 +464,7 @@ def test_json_is_written_before_the_report_and_a_closed_stdout_is_harmless(
         traces=None,
         workers=1,
         replicas=1,
+        emulate_cpu=None,
         json=str(path),
     )
     assert cli_check.execute(args) == 0
