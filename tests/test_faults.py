@@ -23,7 +23,7 @@ import time
 import pytest
 
 from tests.conftest import REPO, clean_env, run_tfdet
-from tfdet._runs import _child
+from tfdet._runs import _child, _protocol
 from tfdet._runs._spawn import NEIGHBOUR_CODE
 
 FAULTS = str(REPO / "tests" / "targets" / "fault_models.py")
@@ -283,7 +283,7 @@ def test_a_failed_runs_stderr_tail_shows_the_failure_not_the_hash_seed_warning(
 ):
     # The worker of a run whose PYTHONHASHSEED was perturbed, as check starts it.
     spec = _child.WorkerSpec(
-        _child.CHECK,
+        _protocol.CHECK,
         target=f"{REPO / 'tests' / 'targets' / 'check_models.py'}:crash_model",
         seed=0,
         steps=1,

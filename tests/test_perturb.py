@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import clean_env, run_tfdet
 from tfdet._pin import _isa
-from tfdet._runs import _child, _perturb, _spawn
+from tfdet._runs import _child, _perturb, _protocol, _spawn
 
 AVX512_SERVER = frozenset(
     {"sse4_1", "avx", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
@@ -158,7 +158,7 @@ def test_spawner_puts_the_threads_override_into_the_worker_spec(tmp_path: Path):
     setups = _perturb.plan(2, ["threads"], threads=1)
     outcomes = _spawn.run_all(
         setups,
-        _child.WorkerSpec(_child.CHECK, threads=1),
+        _child.WorkerSpec(_protocol.CHECK, threads=1),
         str(tmp_path),
         module="echo_worker",
         base_env=env,

@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from tests.conftest import clean_env
-from tfdet._runs import _child, _options, _perturb, _spawn, _target
+from tfdet._runs import _child, _options, _perturb, _protocol, _spawn, _target
 
 CHILD = textwrap.dedent(
     """
@@ -45,7 +45,7 @@ def child(tmp_path):
 def _one(child, tmp_path, mode, timeout=60.0, progress=None):
     (outcome,) = _spawn.run_all(
         [_perturb.RunSetup(0)],
-        _child.WorkerSpec(_child.CHECK, target=mode),
+        _child.WorkerSpec(_protocol.CHECK, target=mode),
         str(tmp_path),
         module="spawn_child",
         base_env=child,
@@ -96,7 +96,7 @@ def test_worker_spec_and_environment_come_from_the_options():
         target="builtin:cnn", steps=2, seed=7, threads=2, enable=True, workers=3
     )
     assert _spawn.worker_spec(options) == _child.WorkerSpec(
-        _child.CHECK,
+        _protocol.CHECK,
         target="builtin:cnn",
         seed=7,
         steps=2,

@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import REPO, clean_env
 from tfdet._record import _bits, _trace
-from tfdet._runs import _child, _perturb, _spawn
+from tfdet._runs import _child, _perturb, _protocol, _spawn
 
 MODELS = f"{REPO / 'tests' / 'targets' / 'check_models.py'}"
 
@@ -20,7 +20,7 @@ def worker_run(tmp_path_factory):
     (outcome,) = _spawn.run_all(
         [_perturb.RunSetup(0)],
         _child.WorkerSpec(
-            _child.CHECK,
+            _protocol.CHECK,
             target=f"{MODELS}:with_data",
             seed=3,
             steps=2,

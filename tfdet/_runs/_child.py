@@ -40,25 +40,12 @@ import sys
 import warnings
 from typing import Any
 
-# The kinds of child, each with its module (imported only in the child).
-CHECK = "check"
-LOCATE = "locate"
-SCRIPT = "script"
-PREFLIGHT = "preflight"
-KINDS = {
-    CHECK: "tfdet._runs._worker",
-    LOCATE: "tfdet._runs._locate_worker",
-    SCRIPT: "tfdet._runs._script_worker",
-    PREFLIGHT: "tfdet._runs._target",
-}
+from tfdet._runs._protocol import INTERRUPT_VAR, KINDS, PREFLIGHT, SCRIPT
+
 MODULE = "tfdet._runs._child"
 
 # The result of a run whose TARGET cannot be built or trained.
 TARGET_ERROR = "target"
-# The `interrupt` perturbation: steps after which the first process is
-# killed, and (in the process that resumes) after which it was.
-INTERRUPT_VAR = "TFDET_INTERRUPT_AFTER"
-RESUMED_VAR = "TFDET_RESUMED_AFTER"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,12 +141,6 @@ def report_progress(done: int, total: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def resumed_after() -> int | None:
-    """The steps recorded before this run was killed, when it resumes; else None."""
-    value = os.environ.get(RESUMED_VAR)
-    return int(value) if value else None
 
 
 def write_result(result: dict[str, Any]) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, Error, RunFailedError
 from tfdet._record import _layer_walk
-from tfdet._runs import _child, _emulation, _perturb, _spawn
+from tfdet._runs import _emulation, _perturb, _protocol, _spawn
 from tfdet._runs._options import RunOptions
 from tfdet._runs._spawn import ProgressFn
 
@@ -47,7 +47,7 @@ def _run(
     with tempfile.TemporaryDirectory(prefix="tfdet-locate-") as workdir:
         outcomes = _spawn.run_all(
             setups,
-            _spawn.worker_spec(options, _child.LOCATE, record=record_path),
+            _spawn.worker_spec(options, _protocol.LOCATE, record=record_path),
             workdir,
             # Layer fingerprints are taken on the CPU: GPUs are hidden.
             base_env=_spawn.run_environment(spec, "cpu"),
@@ -123,7 +123,7 @@ def locate(options: RunOptions, progress: ProgressFn | None = None) -> dict[str,
         RunFailedError: a run crashed or timed out.
     """
     names = list(options.perturb)
-    setups = _perturb.plan_for(options, 2, names, kind=_child.LOCATE)
+    setups = _perturb.plan_for(options, 2, names, kind=_protocol.LOCATE)
     outcomes = _run(options, setups, None, progress)
     a, b = outcomes[0].result, outcomes[1].result
     location = _layer_walk.locate_results(a, b)
@@ -132,7 +132,7 @@ def locate(options: RunOptions, progress: ProgressFn | None = None) -> dict[str,
         "enable": options.enable,
         "steps": options.steps,
         "perturbations": names,
-        "perturbations_skipped": _perturb.skipped_for(options, kind=_child.LOCATE),
+        "perturbations_skipped": _perturb.skipped_for(options, kind=_protocol.LOCATE),
         "runs": [
             {
                 "index": outcome.setup.index,

@@ -31,7 +31,7 @@ from typing import Any
 from tfdet._pin import _cache_sizes, _cpuid, _environment, _isa
 from tfdet._pin._environment import affinity
 from tfdet._pin._settings import DEFAULT_THREADS
-from tfdet._runs import _child, _emulation
+from tfdet._runs import _emulation, _protocol
 
 NONE = "none"
 STAGGER_SECONDS = 0.75
@@ -375,14 +375,14 @@ def _interrupt_change(index: int, context: Context) -> Change:
     return Change(
         f"killed (SIGKILL) after {steps} recorded step{'s' if steps > 1 else ''} "
         "and resumed in a fresh process",
-        env={_child.INTERRUPT_VAR: str(steps)},
+        env={_protocol.INTERRUPT_VAR: str(steps)},
         by_child=True,
         resumes=True,
     )
 
 
 def _interrupt_in_child() -> str | None:
-    steps = _child.resumed_after()
+    steps = _protocol.resumed_after()
     if steps is None:
         return None  # Not the process that resumes (it confirms, the first dies).
     return f"resumed in a fresh process after a SIGKILL at {steps} recorded steps"
@@ -390,8 +390,8 @@ def _interrupt_in_child() -> str | None:
 
 def resumed_environment(setup: RunSetup) -> dict[str, str | None]:
     """The environment changes of the process that resumes an interrupted run."""
-    steps = setup.env.get(_child.INTERRUPT_VAR)
-    return {_child.INTERRUPT_VAR: None, _child.RESUMED_VAR: steps}
+    steps = setup.env.get(_protocol.INTERRUPT_VAR)
+    return {_protocol.INTERRUPT_VAR: None, _protocol.RESUMED_VAR: steps}
 
 
 # --- the registry -----------------------------------------------------------
@@ -834,14 +834,14 @@ SCRIPT_INTERRUPT_AFTER = 2
 
 
 def context_for(
-    options: Any, runs: int | None = None, kind: str = _child.CHECK
+    options: Any, runs: int | None = None, kind: str = _protocol.CHECK
 ) -> Context:
     """The planning context of the runs of `options` (a `RunOptions`).
 
     Args:
         options: The runs' options.
         runs: How many runs (default: `options.runs`).
-        kind: The kind of child the runs are (`_child.CHECK`, `LOCATE`,
+        kind: The kind of child the runs are (`_protocol.CHECK`, `LOCATE`,
             `SCRIPT`): it decides whether and when a run can be interrupted.
     """
     base = _context(
@@ -850,10 +850,10 @@ def context_for(
         options.threads,
         options.emulate_cpu,
     )
-    if kind == _child.SCRIPT:
+    if kind == _protocol.SCRIPT:
         return dataclasses.replace(base, interrupt_after=SCRIPT_INTERRUPT_AFTER)
     reason = None
-    if kind != _child.CHECK:
+    if kind != _protocol.CHECK:
         reason = "tfdet locate does not interrupt its runs"
     elif options.steps < 2:
         reason = "needs 2 steps or more: one before the interruption, one after"
@@ -873,7 +873,7 @@ def plan_for(
     options: Any,
     runs: int | None = None,
     names: Sequence[str] | None = None,
-    kind: str = _child.CHECK,
+    kind: str = _protocol.CHECK,
 ) -> list[RunSetup]:
     """`plan` for the runs of `options` (see `context_for`); `names` defaults
     to `options.perturb`."""
@@ -882,7 +882,7 @@ def plan_for(
 
 
 def skipped_for(
-    options: Any, names: Sequence[str] | None = None, kind: str = _child.CHECK
+    options: Any, names: Sequence[str] | None = None, kind: str = _protocol.CHECK
 ) -> dict[str, str]:
     """`{name: reason}` for the requested perturbations that do not apply here."""
     context = context_for(options, kind=kind)
@@ -895,7 +895,7 @@ def skipped_for(
 
 def emulated_setup(options: Any) -> RunSetup:
     """One run on the emulated CPU of `options` (`locate --record --emulate-cpu`)."""
-    context = context_for(options, runs=2, kind=_child.LOCATE)
+    context = context_for(options, runs=2, kind=_protocol.LOCATE)
     return dataclasses.replace(setup_of(1, [REGISTRY[EMULATED_CPU]], context), index=0)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, TraceFormatError
 from tfdet._pin import _isa, _settings
 from tfdet._record import _diff, _trace
-from tfdet._runs import _child, _options, _perturb, _spawn, _target, _workdir
+from tfdet._runs import _options, _perturb, _protocol, _spawn, _target, _workdir
 from tfdet._runs._check import VERDICTS
 from tfdet._runs._options import RunOptions
 from tfdet._runs._spawn import ProgressFn
@@ -190,14 +190,14 @@ def check_script(
     """Runs the script N times and returns the report (`--json`'s content)."""
     run = options.run
     names = list(run.perturb)
-    setups = _perturb.plan_for(run, kind=_child.SCRIPT)
+    setups = _perturb.plan_for(run, kind=_protocol.SCRIPT)
     launched_in = os.getcwd()
     # Inside the directory the check was started in, the script runs from
     # each run's mirror of it (a relative path resolves there).
     relative = _workdir.inside(options.script, launched_in)
     spec = _spawn.worker_spec(
         run,
-        _child.SCRIPT,
+        _protocol.SCRIPT,
         script=relative or os.path.abspath(options.script),
         args=options.args,
         max_steps=options.max_steps,
@@ -252,7 +252,7 @@ def check_script(
         "runs": run.runs,
         "max_steps": options.max_steps,
         "perturbations": names,
-        "perturbations_skipped": _perturb.skipped_for(run, kind=_child.SCRIPT),
+        "perturbations_skipped": _perturb.skipped_for(run, kind=_protocol.SCRIPT),
         "run_reports": reports,
         "divergence": divergence,
         "nothing_trained": nothing_trained,

@@ -37,7 +37,7 @@ import time
 import traceback
 from typing import Any
 
-from tfdet._runs import _child
+from tfdet._runs import _child, _protocol
 from tfdet._runs._child import WorkerSpec
 
 FIT = "fit"
@@ -79,7 +79,7 @@ class _Trace:
                 variables_every=1,
                 training=self.name,
             )
-            if _child.resumed_after() is None:
+            if _protocol.resumed_after() is None:
                 self.writer = _trace.TraceWriter(self.path, header)
             else:
                 # Resumed after the `interrupt` perturbation killed this run:
@@ -197,7 +197,7 @@ def _callback_class(recorder: Recorder) -> type:
         if _callback._tf_keras_in_use()
         else _callback.DeterminismCallback
     )
-    resuming = _child.resumed_after() is not None
+    resuming = _protocol.resumed_after() is not None
 
     def on_train_begin(self: Any, logs: Any = None) -> None:
         kept = []

@@ -32,7 +32,7 @@ from typing import Any
 
 from tfdet import _notices
 from tfdet._errors import RunFailedError, TargetError
-from tfdet._runs import _child, _perturb, _target
+from tfdet._runs import _child, _perturb, _protocol, _target
 from tfdet._runs._options import RunOptions
 from tfdet._runs._perturb import RunSetup
 
@@ -66,7 +66,7 @@ def preflight(spec: _target.TargetSpec, timeout: float) -> None:
     with tempfile.TemporaryDirectory(prefix="tfdet-preflight-") as workdir:
         (outcome,) = run_all(
             [RunSetup(0)],
-            _child.WorkerSpec(_child.PREFLIGHT, target=spec.text),
+            _child.WorkerSpec(_protocol.PREFLIGHT, target=spec.text),
             workdir,
             base_env=run_environment(spec, "cpu"),
             timeout=timeout,
@@ -133,7 +133,7 @@ CUDA_CACHE_MAXSIZE = 4 * 1024**3
 
 
 def worker_spec(
-    options: RunOptions, kind: str = _child.CHECK, **fields: Any
+    options: RunOptions, kind: str = _protocol.CHECK, **fields: Any
 ) -> _child.WorkerSpec:
     """The spec every process of a run of `options` gets.
 
@@ -143,7 +143,7 @@ def worker_spec(
     The spawner fills in each process's result, trace and progress channel
     (and the pool size of a `threads` perturbation).
     """
-    if kind in (_child.CHECK, _child.LOCATE):
+    if kind in (_protocol.CHECK, _protocol.LOCATE):
         fields = {
             "target": options.target_spec.text,
             "steps": options.steps,

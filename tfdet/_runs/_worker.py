@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tfdet._runs import _child
+from tfdet._runs import _child, _protocol
 from tfdet._runs._child import WorkerSpec
 
 
@@ -127,7 +127,7 @@ def _train_on_batches(built: Any, spec: WorkerSpec) -> None:
     model = built.model
     resumable = _Resumable(built, spec) if spec.resume_dir else None
     first = 0
-    if resumable is not None and _child.resumed_after() is not None:
+    if resumable is not None and _protocol.resumed_after() is not None:
         first = resumable.restore()
     writer = None
     try:
