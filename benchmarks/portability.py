@@ -231,13 +231,14 @@ def load_table(path: Path = TABLE) -> dict[str, Any]:
 def portable_models(table: dict[str, Any], soft: dict[str, Any]) -> dict[str, str]:
     """`{model: digest}` for models recorded identical on >= 2 different CPUs.
 
-    Only entries with the same software versions count (other versions may
-    change the bits on any machine). A model recorded with two digests under
-    these versions is not portable.
+    Only entries of real CPUs with the same software versions count (other
+    versions may change the bits on any machine; an emulated CPU is an
+    imitation, evidence but not a machine). A model recorded with two digests
+    under these versions is not portable.
     """
     seen: dict[str, dict[str, set[str]]] = {}
     for machine in table["machines"]:
-        if machine["software"] != soft:
+        if machine["software"] != soft or "emulated" in machine["cpu"]:
             continue
         cpu_key = json.dumps(machine["cpu"], sort_keys=True)
         for name, digest in machine["digests"].items():

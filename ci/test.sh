@@ -38,5 +38,7 @@ fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check mkdocs
 "$venv/bin/mkdocs" build --strict --site-dir "$(mktemp -d)"
 # One pytest worker per core, at most 4: each test may start several
-# TensorFlow processes of its own (about 0.5 GB each).
-exec "$venv/bin/python" -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 "$@"
+# TensorFlow processes of its own (about 0.5 GB each). The 30 slowest tests are
+# listed, to keep the suite well under 30 minutes on 2 cores.
+exec "$venv/bin/python" -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
+  --durations=30 "$@"
