@@ -421,15 +421,15 @@ def _fake_report(losses=("0.5", "0.5"), nonfinite=()) -> dict:
 
 
 def test_identical_nan_losses_are_not_reported_without_a_word():
-    from tfdet._cli import check as cli_check
+    from tfdet._cli import _check_text
 
-    text = cli_check.format_report(
+    text = _check_text.format_report(
         _fake_report(("nan", "nan"), nonfinite=["loss nan from step 1"])
     )
     assert "final loss nan" in text
     assert "not finite: loss nan from step 1" in text
     assert "NaN or Inf" in text
-    assert "NaN" not in cli_check.format_report(_fake_report())
+    assert "NaN" not in _check_text.format_report(_fake_report())
 
 
 def test_json_is_written_before_the_report_and_a_closed_stdout_is_harmless(

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from tfdet._cli import as_flags
 from tfdet._errors import TargetError
 from tfdet._pin import _settings
 from tfdet._runs import _options, _perturb, _target
@@ -40,38 +41,60 @@ def test_lists_become_tuples_and_numbers_are_normalized():
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"runs": 1}, "--runs >= 2"),
-        ({"runs": 2.0}, "--runs"),
-        ({"steps": 0}, "--steps >= 1"),
-        ({"device": "tpu"}, "--device"),
-        ({"perturb": ("gravity",)}, "--perturb"),
+        ({"runs": 1}, "`runs` >= 2"),
+        ({"runs": 2.0}, "`runs`"),
+        ({"steps": 0}, "`steps` >= 1"),
+        ({"device": "tpu"}, "`device`"),
+        ({"perturb": ("gravity",)}, "`perturb`"),
         ({"seed": -1}, "seed"),
         ({"seed": 2**32}, "seed"),
         ({"threads": 0}, "threads"),
         ({"threads": 1025}, r"\[1, 1024\]"),
         ({"cpu_isa": "NOPE"}, "cpu_isa"),
-        ({"timeout": 0}, "--timeout"),
-        ({"timeout": -1.0}, "--timeout"),
-        ({"timeout": float("nan")}, "--timeout"),
-        ({"timeout": float("inf")}, "--timeout"),
-        ({"timeout": 1e300}, "--timeout"),
-        ({"timeout": "soon"}, "--timeout"),
-        ({"enable": False, "threads": 2}, "--no-enable"),
+        ({"timeout": 0}, "`timeout`"),
+        ({"timeout": -1.0}, "`timeout`"),
+        ({"timeout": float("nan")}, "`timeout`"),
+        ({"timeout": float("inf")}, "`timeout`"),
+        ({"timeout": 1e300}, "`timeout`"),
+        ({"timeout": "soon"}, "`timeout`"),
+        ({"enable": False, "threads": 2}, "`enable=False`"),
         ({"enable": "no"}, "enable"),
         ({"attribute": 1}, "attribute"),
-        ({"traces": 3}, "--traces"),
-        ({"workers": 0}, "--workers"),
-        ({"workers": 65}, r"--workers in \[1, 64\]"),
-        ({"replicas": 0}, "--replicas"),
-        ({"replicas": 1.5}, "--replicas"),
+        ({"traces": 3}, "`traces`"),
+        ({"workers": 0}, "`workers`"),
+        ({"workers": 65}, r"`workers` in \[1, 64\]"),
+        ({"replicas": 0}, "`replicas`"),
+        ({"replicas": 1.5}, "`replicas`"),
         ({"workers": 2, "replicas": 2}, "not both"),
-        ({"workers": 2, "device": "gpu"}, "--device cpu"),
-        ({"replicas": 2, "device": "gpu"}, "--device cpu"),
+        ({"workers": 2, "device": "gpu"}, "`device=cpu`"),
+        ({"replicas": 2, "device": "gpu"}, "`device=cpu`"),
     ],
 )
 def test_bad_values_are_refused_when_made(fields, message):
     with pytest.raises(ValueError, match=message):
         RunOptions(**fields)
+
+
+@pytest.mark.parametrize(
+    ("fields", "as_the_cli_says_it"),
+    [
+        ({"runs": 1}, "Expected --runs >= 2. Received: runs=1"),
+        ({"enable": False, "threads": 2}, "Received: threads=2 with --no-enable"),
+        ({"emulate_cpu": 3}, "Expected --emulate-cpu to name a QEMU CPU model"),
+        ({"perturb": ("",)}, "Expected --perturb names from"),
+        (
+            {"workers": 2, "device": "gpu"},
+            "Expected --device cpu (or all) with --workers or --replicas",
+        ),
+    ],
+)
+def test_python_callers_read_option_names_the_cli_reads_flags(
+    fields, as_the_cli_says_it
+):
+    with pytest.raises(ValueError) as error:
+        RunOptions(**fields)
+    assert "--" not in str(error.value)
+    assert as_the_cli_says_it in as_flags(str(error.value))
 
 
 def test_a_bad_target_is_a_target_error():

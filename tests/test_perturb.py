@@ -40,7 +40,7 @@ def test_parse_accepts_all_none_and_lists():
     ],
 )
 def test_parse_rejects_empty_repeated_and_mixed_names(text: str, message: str):
-    with pytest.raises(ValueError, match="--perturb") as error:
+    with pytest.raises(ValueError, match="`perturb`") as error:
         _perturb.parse(text)
     assert message in str(error.value)
 

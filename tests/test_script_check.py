@@ -148,7 +148,7 @@ def test_missing_script_is_a_usage_error(tmp_path):
 
 def test_script_options_validate_max_steps():
     script = str(SCRIPTS / "raises.py")
-    with pytest.raises(ValueError, match="--max-steps"):
+    with pytest.raises(ValueError, match="`max_steps`"):
         _script_check.ScriptOptions(script=script, max_steps=0)
     assert _script_check.ScriptOptions(script=script, max_steps=3).max_steps == 3
 

@@ -10,14 +10,17 @@ exceptions become exit codes here, in one place (see `tfdet._errors`).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import importlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from absl import app
@@ -126,8 +129,60 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+# An option as the library's messages name it: `runs`, `emulate_cpu`,
+# `enable=False`, `device=cpu`.
+_OPTION = re.compile(r"`([a-z][a-z_]*)(?:=([^`]*))?`")
+
+
+def as_flags(message: str) -> str:
+    """`message` with each option named as its flag: the CLI's spelling.
+
+    The library names options the Python way, for `tfdet.check(runs=1)` and
+    `RunOptions`; this turns `` `runs` `` into `--runs`, `` `emulate_cpu` ``
+    into `--emulate-cpu`, `` `enable=False` `` into `--no-enable` and
+    `` `device=cpu` `` into `--device cpu`. Other backticked words are kept.
+    """
+    # Imported here: only an error message needs the options' field names.
+    from tfdet._runs._options import RunOptions
+    from tfdet._runs._script_check import ScriptOptions
+
+    names = {
+        field.name
+        for options in (RunOptions, ScriptOptions)
+        for field in dataclasses.fields(options)
+    } - {"target", "args", "run"}  # Not flags: TARGET and the script's arguments.
+
+    def flag(match: re.Match[str]) -> str:
+        name, value = match.groups()
+        if name not in names:
+            return match.group(0)
+        dashed = name.replace("_", "-")
+        if value == "False":
+            return f"--no-{dashed}"
+        if value is None or value == "True":
+            return f"--{dashed}"
+        return f"--{dashed} {value.strip(chr(39))}"
+
+    return _OPTION.sub(flag, message)
+
+
+@contextlib.contextmanager
+def usage_errors() -> Iterator[None]:
+    """Turns the library's `ValueError` about an option into a usage error (exit 2).
+
+    A tfdet error that is also a ValueError (`TargetError`) keeps its own
+    exit code.
+    """
+    try:
+        yield
+    except ValueError as error:
+        if isinstance(error, app.UsageError) or hasattr(error, "exit_code"):
+            raise
+        raise app.UsageError(str(error)) from error
+
+
 def _report_error(error: BaseException) -> None:
-    _output.err(f"tfdet: error: {error}")
+    _output.err(f"tfdet: error: {as_flags(str(error))}")
 
 
 def check_output_file(path: str | None, flag: str = "--json") -> None:

@@ -13,9 +13,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from absl import app
-
-from tfdet._cli import _output
+from tfdet._cli import _output, usage_errors
 from tfdet._pin import _settings
 from tfdet._runs import _builtins, _emulation, _options, _perturb, _target
 
@@ -108,7 +106,7 @@ def options(args: argparse.Namespace, **extra: Any) -> _options.RunOptions:
     Raises:
         app.UsageError: a flag out of range (exit 2), with the options' message.
     """
-    try:
+    with usage_errors():
         return _options.RunOptions(
             target=args.target,
             steps=args.steps,
@@ -120,11 +118,6 @@ def options(args: argparse.Namespace, **extra: Any) -> _options.RunOptions:
             emulate_cpu=args.emulate_cpu,
             **extra,
         )
-    except ValueError as error:
-        # TargetError is a ValueError too, and has its own exit code: keep it.
-        if isinstance(error, app.UsageError) or hasattr(error, "exit_code"):
-            raise
-        raise app.UsageError(str(error)) from error
 
 
 def progress(message: str) -> None:

@@ -13,9 +13,8 @@ out, 4 device not available.
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from tfdet._cli import _output, _training_flags, write_json
+from tfdet._cli import _check_text, _output, _training_flags, usage_errors, write_json
 from tfdet._runs import _api, _options
 
 
@@ -84,149 +83,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _run_line(run: dict[str, Any]) -> str:
-    labels = "; ".join(run["perturbations"].values()) or "no perturbation"
-    if run["ok"]:
-        loss = run.get("final_loss")
-        state = "ok" if loss is None else f"ok, final loss {loss}"
-    else:
-        state = run.get("reason") or "failed"
-    return f"  {_name(run)} ({state}, {run['seconds']:.1f}s): {labels}"
-
-
-def _name(run: dict[str, Any]) -> str:
-    """`run 1`, or `run 1 worker 0` (reports of older versions lack `name`)."""
-    return run.get("name") or f"run {run['index']}"
-
-
-def _distribution(workers: int, replicas: int) -> str:
-    if workers > 1:
-        return f" ({workers} workers each, MultiWorkerMirroredStrategy on loopback)"
-    if replicas > 1:
-        return f" ({replicas} replicas each, MirroredStrategy on logical CPUs)"
-    return ""
-
-
-def format_header(options: _options.RunOptions) -> str:
-    """What is about to run: printed before anything starts."""
-    mode = _options.mode_label(options.enable)
-    return (
-        f"tfdet check {options.target_spec.text} {mode}: {options.runs} runs"
-        f"{_distribution(options.workers, options.replicas)} x "
-        f"{options.steps} steps on {options.device}; perturbations: "
-        f"{', '.join(options.perturb) or 'none'}"
-    )
-
-
-def _what_ran(run: dict[str, Any]) -> list[str]:
-    """What a finished run exercised: entry point, steps, XLA (and why not)."""
-    xla = run.get("xla")
-    if not run.get("ok") or xla is None:
-        return []
-    ran = ", ".join(run.get("entry_points") or []) or "nothing"
-    return [
-        f"    ran: {run.get('steps_recorded')} steps via {ran}; "
-        f"XLA {'on' if xla.get('on') else 'off'}"
-    ]
-
-
-def _xla_notice(runs: list[dict[str, Any]]) -> list[str]:
-    """Once per device: Keras dropped the user's jit_compile=True."""
-    notices = {(r.get("xla") or {}).get("notice") for r in runs} - {None}
-    return [f"  {notice}" for notice in sorted(notices)]
-
-
-def format_report(report: dict[str, Any]) -> str:
-    """The short human report: per device, runs, perturbations, verdict."""
-    mode = _options.mode_label(report["enable"])
-    lines = [
-        f"tfdet check {report['target']} {mode}: {report['runs']} runs"
-        f"{_distribution(report.get('workers', 1), report.get('replicas', 1))} x "
-        f"{report['steps']} steps"
-    ]
-    for device, result in report["devices"].items():
-        if result.get("status") == "skipped":
-            lines.append(f"{device.upper()}: skipped, {result['reason']}")
-            continue
-        lines.append(f"{device.upper()}: {result['verdict'].upper()}")
-        nonfinite = False
-        for run in result["runs"]:
-            lines.append(_run_line(run))
-            lines.extend(_what_ran(run))
-            for what in run.get("nonfinite") or []:
-                nonfinite = True
-                lines.append(f"    not finite: {what}")
-            if run.get("trace") and report.get("traces"):
-                lines.append(f"    trace: {run['trace']}")
-        lines.extend(_xla_notice(result["runs"]))
-        for name, reason in result.get("perturbations_skipped", {}).items():
-            lines.append(f"  perturbation {name} not applied: {reason}")
-        if result["verdict"] == "failed":
-            for run in result["runs"]:
-                if not run["ok"]:
-                    lines.append(
-                        f"  {_name(run)} failed ({run.get('reason')}); stderr tail:"
-                    )
-                    lines.extend(
-                        f"    {line}"
-                        for line in run.get("stderr_tail", "").splitlines()
-                    )
-        divergence = result.get("divergence")
-        if divergence:
-            a, b = divergence["runs"]
-            workers = divergence.get("workers")
-            if workers:  # Two workers of one run disagree.
-                a, b = f"{a} worker {workers[0]}", f"{b} worker {workers[1]}"
-            elif divergence.get("worker") is not None:
-                a = f"{a} worker {divergence['worker']}"
-                b = f"{b} worker {divergence['worker']}"
-            for name, (left, right) in divergence.get(
-                "profile_differences", {}
-            ).items():
-                lines.append(
-                    f"  profile differs (run {a} vs run {b}): {name}: {left} vs {right}"
-                )
-            lines.append(
-                f"  first divergence (run {a} vs run {b}): {divergence['description']}"
-            )
-            attribution = divergence.get("attribution")
-            if attribution:
-                lines.append(f"  cause: {attribution['verdict']}")
-                for name, outcome in attribution["alone"].items():
-                    lines.append(f"    {name} alone: {outcome}")
-        elif result["verdict"] == "identical":
-            processes = len(result["runs"])
-            across = f"{processes} runs"
-            if result.get("workers", 1) > 1:
-                across = (
-                    f"{processes // result['workers']} runs x "
-                    f"{result['workers']} workers"
-                )
-            lines.append(
-                f"  every loss, metric and weight bit identical across {across}"
-            )
-            if nonfinite:
-                lines.append(
-                    "  but the training produced NaN or Inf (above): identical bits "
-                    "of a broken training prove little; fix the model or data first"
-                )
-    imitated = ", ".join(report.get("imitated") or {}) or "nothing"
-    not_imitated = ", ".join(
-        name.replace("_", " ") for name in report.get("not_imitated") or {}
-    )
-    emulated = "".join(
-        f"; emulated: {text.split(':')[0]}"
-        for text in (report.get("emulated") or {}).values()
-    )
-    lines.append(
-        f"imitated other machines on this one by: {imitated}{emulated}; not "
-        f"imitated: {not_imitated} (compare traces from two real machines with "
-        "tfdet diff)"
-    )
-    lines.append(f"verdict: {report['verdict']} (exit {report['exit_code']})")
-    return "\n".join(lines)
-
-
 def _execute_script(args: argparse.Namespace) -> int:
     from absl import app
 
@@ -260,7 +116,7 @@ def _execute_script(args: argparse.Namespace) -> int:
         # first argument after `--` as TARGET.
         script_args.insert(0, args.target)
         args.target = None
-    try:
+    with usage_errors():
         options = _script_check.ScriptOptions(
             script=args.script,
             args=tuple(script_args),
@@ -269,13 +125,9 @@ def _execute_script(args: argparse.Namespace) -> int:
             ),
             max_steps=args.max_steps,
         )
-    except ValueError as error:
-        if isinstance(error, app.UsageError):
-            raise
-        raise app.UsageError(str(error)) from error
     report = _script_check.check_script(options, progress=_training_flags.progress)
     write_json(args.json, report)
-    _output.out(_script_check.format_report(report))
+    _output.out(_check_text.format_script_report(report))
     return report["exit_code"]
 
 
@@ -302,7 +154,7 @@ def execute(args: argparse.Namespace) -> int:
     )
     display = _output.StepsDisplay()
     # The header first: TensorFlow takes seconds to start in the runs.
-    _output.progress(format_header(options))
+    _output.progress(_check_text.format_header(options))
     try:
         result = _api.check_with_options(options, display.message, display.step)
     finally:
@@ -310,5 +162,5 @@ def execute(args: argparse.Namespace) -> int:
     report = result.to_dict()
     # The file first: a closed stdout must not lose the machine-readable report.
     write_json(args.json, report)
-    _output.out(format_report(report))
+    _output.out(_check_text.format_report(report))
     return result.exit_code

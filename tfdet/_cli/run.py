@@ -29,7 +29,7 @@ import threading
 from absl import app
 
 from tfdet import _notices
-from tfdet._cli import _training_flags
+from tfdet._cli import _training_flags, usage_errors
 from tfdet._pin import _isa, _settings
 from tfdet._setup import _enable
 
@@ -179,14 +179,12 @@ def execute(args: argparse.Namespace) -> int:
     if kind == "module" and not _module_exists(target):
         raise app.UsageError(f"Expected an importable module. Not found: {target!r}")
     requested_isa = args.cpu_isa.strip()
-    try:  # Validate here, so that bad flags fail before anything starts.
+    with usage_errors():  # Validate here: bad flags fail before anything starts.
         _, _, cpu_isa = _settings.check_settings(
             args.seed,
             args.threads,
             None if requested_isa.lower() in ("", "none") else requested_isa,
         )
-    except ValueError as error:
-        raise app.UsageError(str(error)) from error
     settings = {
         "seed": args.seed,
         "threads": args.threads,

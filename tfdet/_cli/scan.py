@@ -20,9 +20,7 @@ import argparse
 import os
 import warnings
 
-from absl import app
-
-from tfdet._cli import _output, write_json
+from tfdet._cli import _output, usage_errors, write_json
 from tfdet._cli._training_flags import TARGET_HELP
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError
 from tfdet._runs import _options, _spawn, _target
@@ -126,10 +124,8 @@ def format_report(report) -> str:
 def _check_seed(seed: int) -> None:
     from tfdet._pin import _settings
 
-    try:
-        _settings.check_int("--seed", seed, 0, _settings.MAX_SEED)
-    except ValueError as error:
-        raise app.UsageError(str(error)) from error
+    with usage_errors():
+        _settings.check_int("seed", seed, 0, _settings.MAX_SEED)
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -155,10 +151,8 @@ def execute(args: argparse.Namespace) -> int:
             warnings.filterwarnings(
                 "ignore", message="PYTHONHASHSEED", category=UserWarning
             )
-            try:
+            with usage_errors():
                 enable(seed=args.seed)
-            except ValueError as error:
-                raise app.UsageError(str(error)) from error
     else:
         import tensorflow as tf
 

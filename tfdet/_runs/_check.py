@@ -453,7 +453,7 @@ def _prepare_traces(directory: str, devices: list[str]) -> None:
                 raise PermissionError(f"{path!r} is not writable")
         except OSError as error:
             raise Error(
-                f"Expected --traces to name a directory tfdet can write. Received: "
+                f"Expected `traces` to name a directory tfdet can write. Received: "
                 f"{directory!r} ({error})"
             ) from error
 
@@ -490,8 +490,8 @@ def check(
     gpu = _devices.gpu_visible() if options.device in ("gpu", "all") else False
     if options.device == "gpu" and not gpu:
         raise DeviceUnavailableError(
-            "Expected a GPU for --device gpu. Received: no GPU visible to TensorFlow "
-            f"({_devices.why_no_gpu()}). Use --device cpu, or run on a machine with a "
+            "Expected a GPU for `device=gpu`. Received: no GPU visible to TensorFlow "
+            f"({_devices.why_no_gpu()}). Use `device=cpu`, or run on a machine with a "
             "GPU and the tensorflow[and-cuda] build."
         )
     wanted = ["cpu", "gpu"] if options.device == "all" else [options.device]

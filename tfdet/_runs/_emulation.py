@@ -161,7 +161,7 @@ def check_model(model: str, cap: str | None) -> str:
     else:
         why = f"it lacks the pinned ISA cap {cap}"
     raise ValueError(
-        f"Expected --emulate-cpu to name a QEMU CPU model that can run emulated "
+        f"Expected `emulate_cpu` to name a QEMU CPU model that can run emulated "
         f"here. Received: emulate_cpu={model!r} ({why}). Models that fit: "
         f"{', '.join(fitting) or 'none'}"
     )

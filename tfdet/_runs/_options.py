@@ -32,7 +32,9 @@ DEVICES = ("cpu", "gpu", "all")
 class RunOptions:
     """What to train, how often, where and under which perturbations.
 
-    Field names mirror the CLI flags. Making one validates every field.
+    Field names mirror the CLI flags. Making one validates every field; an
+    error names the field the Python way (`` `emulate_cpu` ``, `runs=1`),
+    and the CLI says it as the flag (`tfdet._cli.as_flags`).
 
     Attributes:
         target: The parsed TARGET; a string (or None, the default target) is
@@ -60,7 +62,7 @@ class RunOptions:
             selects the perturbation.
 
     Raises:
-        ValueError: a field out of range, naming its flag.
+        ValueError: a field out of range, naming it.
         TargetError: `target` is not a TARGET string.
     """
 
@@ -83,24 +85,25 @@ class RunOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.target, _target.TargetSpec):
             self._set("target", _target.parse(self.target))
-        self._set("runs", _flag_int("runs", self.runs, 2))
-        self._set("steps", _flag_int("steps", self.steps, 1))
-        self._set("workers", _flag_int("workers", self.workers, 1, MAX_WORKERS))
-        self._set("replicas", _flag_int("replicas", self.replicas, 1, MAX_WORKERS))
+        self._set("runs", _settings.check_int("runs", self.runs, 2, None))
+        self._set("steps", _settings.check_int("steps", self.steps, 1, None))
+        for name in ("workers", "replicas"):
+            value = _settings.check_int(name, getattr(self, name), 1, MAX_WORKERS)
+            self._set(name, value)
         if self.device not in DEVICES:
             raise ValueError(
-                f"Expected --device to be one of {', '.join(DEVICES)}. Received: "
+                f"Expected `device` to be one of {', '.join(DEVICES)}. Received: "
                 f"device={self.device!r}"
             )
         if self.workers > 1 and self.replicas > 1:
             raise ValueError(
-                "Expected --workers or --replicas, not both: a worker of a "
+                "Expected `workers` or `replicas`, not both: a worker of a "
                 "MultiWorkerMirroredStrategy job trains one CPU replica. Received: "
                 f"workers={self.workers}, replicas={self.replicas}"
             )
         if self.distributed and self.device == "gpu":
             raise ValueError(
-                "Expected --device cpu (or all) with --workers or --replicas: "
+                "Expected `device=cpu` (or all) with `workers` or `replicas`: "
                 "distributed runs are checked on the CPU only. Received: "
                 "device='gpu'"
             )
@@ -116,9 +119,9 @@ class RunOptions:
         )
         if not self.enable and threads != _settings.DEFAULT_THREADS:
             raise ValueError(
-                "Expected --threads only with tfdet enabled: --no-enable runs plain "
-                "TensorFlow, whose thread pools follow the cores. Received: "
-                f"threads={threads} with --no-enable. Drop one of them."
+                "Expected `threads` only with tfdet enabled: `enable=False` runs "
+                "plain TensorFlow, whose thread pools follow the cores. Received: "
+                f"threads={threads} with `enable=False`. Drop one of them."
             )
         self._set("seed", seed)
         self._set("threads", threads)
@@ -127,7 +130,7 @@ class RunOptions:
         self._set("timeout", check_timeout(self.timeout))
         if self.traces is not None and not isinstance(self.traces, str):
             raise ValueError(
-                f"Expected --traces to be a directory path. Received: "
+                f"Expected `traces` to be a directory path. Received: "
                 f"traces={self.traces!r}"
             )
 
@@ -136,7 +139,7 @@ class RunOptions:
             return
         if not isinstance(self.emulate_cpu, str):
             raise ValueError(
-                "Expected --emulate-cpu to name a QEMU CPU model. Received: "
+                "Expected `emulate_cpu` to name a QEMU CPU model. Received: "
                 f"emulate_cpu={self.emulate_cpu!r}"
             )
         if _perturb.EMULATED_CPU not in self.perturb:
@@ -166,13 +169,6 @@ def mode_label(enable: bool) -> str:
     return "with tfdet.enable()" if enable else "without tfdet (--no-enable)"
 
 
-def _flag_int(name: str, value: Any, low: int, high: int | None = None) -> int:
-    try:
-        return _settings.check_int(name, value, low, high)
-    except ValueError as error:
-        raise ValueError(str(error).replace(f"`{name}`", f"--{name}")) from None
-
-
 def check_timeout(timeout: Any) -> float:
     """A run timeout in seconds: a finite number > 0 that a timer can wait.
 
@@ -180,7 +176,7 @@ def check_timeout(timeout: Any) -> float:
     timer, so both are refused here.
 
     Raises:
-        ValueError: naming --timeout and the accepted range.
+        ValueError: naming `timeout` and the accepted range.
     """
     try:
         if isinstance(timeout, bool):
@@ -188,10 +184,10 @@ def check_timeout(timeout: Any) -> float:
         value = float(timeout)
     except (TypeError, ValueError):
         raise ValueError(
-            f"Expected --timeout to be a number of seconds. Received: timeout={timeout!r}"
+            f"Expected `timeout` to be a number of seconds. Received: timeout={timeout!r}"
         ) from None
     if not math.isfinite(value) or not 0 < value <= threading.TIMEOUT_MAX:
         raise ValueError(
-            f"Expected --timeout in seconds, finite and > 0. Received: timeout={timeout!r}"
+            f"Expected `timeout` in seconds, finite and > 0. Received: timeout={timeout!r}"
         )
     return value

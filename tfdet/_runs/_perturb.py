@@ -743,14 +743,14 @@ def validate(names: Sequence[str]) -> list[str]:
     unknown = [name for name in names if name not in REGISTRY]
     if unknown:
         raise ValueError(
-            f"Expected --perturb names from {', '.join(KNOWN)} (or all, none). "
-            f"Received: --perturb={','.join(names)} (unknown: {', '.join(unknown)})"
+            f"Expected `perturb` names from {', '.join(KNOWN)} (or all, none). "
+            f"Received: perturb={','.join(names)!r} (unknown: {', '.join(unknown)})"
         )
     repeated = _duplicates(names)
     if repeated:
         raise ValueError(
-            "Expected each --perturb name once. Received: "
-            f"--perturb={','.join(names)} ({', '.join(repeated)} repeated). "
+            "Expected each `perturb` name once. Received: "
+            f"perturb={','.join(names)!r} ({', '.join(repeated)} repeated). "
             "Name each perturbation once."
         )
     return names
@@ -766,7 +766,7 @@ def parse(text: str | None) -> list[str]:
     Raises:
         ValueError: an empty value or name, an unknown or repeated name, or
             "all"/"none" mixed with other names; the message names the flag
-            and says what to pass.
+            (`perturb`) and says what to pass.
     """
     if text is None or text.strip() == "all":
         return list(ALL)
@@ -775,15 +775,15 @@ def parse(text: str | None) -> list[str]:
     parts = [part.strip() for part in text.split(",")]
     if not text.strip() or "" in parts:
         raise ValueError(
-            "Expected --perturb to be all, none or comma-separated names from "
-            f"{', '.join(KNOWN)}. Received: --perturb={text!r} (an empty name). "
-            "Pass --perturb none for identical processes."
+            "Expected `perturb` to be all, none or comma-separated names from "
+            f"{', '.join(KNOWN)}. Received: perturb={text!r} (an empty name). "
+            "Pass `perturb=none` for identical processes."
         )
     special = [part for part in parts if part in ("all", NONE)]
     if special:
         raise ValueError(
-            f"Expected '{special[0]}' alone in --perturb. Received: "
-            f"--perturb={text!r}. Pass either '{special[0]}' or a list of names."
+            f"Expected '{special[0]}' alone in `perturb`. Received: "
+            f"perturb={text!r}. Pass either '{special[0]}' or a list of names."
         )
     return validate(parts)
 

@@ -23,7 +23,7 @@ from typing import Any
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, TraceFormatError
 from tfdet._pin import _isa, _settings
 from tfdet._record import _diff, _trace
-from tfdet._runs import _options, _perturb, _protocol, _spawn, _target, _workdir
+from tfdet._runs import _perturb, _protocol, _spawn, _target, _workdir
 from tfdet._runs._check import VERDICTS
 from tfdet._runs._options import RunOptions
 from tfdet._runs._spawn import ProgressFn
@@ -54,7 +54,7 @@ class ScriptOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.script, str) or not os.path.isfile(self.script):
             raise ValueError(
-                f"Expected --script to name a Python script. No such file: "
+                f"Expected `script` to name a Python script. No such file: "
                 f"{self.script!r}"
             )
         if self.max_steps is not None and (
@@ -63,7 +63,7 @@ class ScriptOptions:
             or self.max_steps < 1
         ):
             raise ValueError(
-                f"Expected --max-steps to be an int >= 1. Received: "
+                f"Expected `max_steps` to be an int >= 1. Received: "
                 f"max_steps={self.max_steps!r}"
             )
 
@@ -263,66 +263,3 @@ def check_script(
         "verdict": VERDICTS[code],
         "exit_code": code,
     }
-
-
-def format_report(report: dict[str, Any]) -> str:
-    """The human report of `check_script`."""
-    mode = _options.mode_label(report["enable"])
-    args = " ".join(report["args"])
-    lines = [
-        f"tfdet check --script {report['script']}{' ' + args if args else ''} "
-        f"{mode}: {report['runs']} runs"
-        + (f", at most {report['max_steps']} steps" if report["max_steps"] else "")
-    ]
-    for run in report["run_reports"]:
-        labels = "; ".join(run["perturbations"].values()) or "no perturbation"
-        if run["ok"]:
-            xla = "XLA on" if run["xla"]["on"] else "XLA off"
-            ran = ", ".join(run["entry_points"]) or "no training"
-            keras = " and ".join(run["keras"]) or "no Keras model"
-            lines.append(
-                f"  run {run['index']} (script {run['end']}, {run['seconds']:.1f}s): "
-                f"{run['steps_recorded']} steps via {ran}; {keras}; {xla}; {labels}"
-            )
-            for training in run["trainings"]:
-                updates = training.get("updates")
-                counted = (
-                    f"{updates} updates in a tf.function, final weights compared"
-                    if "updates" in training
-                    else f"{training['steps']} steps"
-                )
-                lines.append(f"    {training['name']}: {counted}")
-        else:
-            lines.append(
-                f"  run {run['index']} failed ({run['reason']}); {labels}; stderr tail:"
-            )
-            lines.extend(f"    {line}" for line in run["stderr_tail"].splitlines())
-    for name, reason in report["perturbations_skipped"].items():
-        lines.append(f"  perturbation {name} not applied: {reason}")
-    for notice in report["notices"]:
-        lines.append(f"  {notice}")
-    divergence = report["divergence"]
-    if report.get("shared_writes"):
-        lines.append(
-            "  the runs changed files they all share (linked, not copied, into "
-            "each run's directory), so they were not isolated: "
-            + ", ".join(report["shared_writes"])
-            + ". Write new files (or under a path the script takes as an argument)"
-        )
-    elif divergence:
-        a, b = divergence["runs"]
-        lines.append(
-            f"  first divergence (run {a} vs run {b}): {divergence['description']}"
-        )
-    elif report["nothing_trained"]:
-        lines.append(
-            "  the script trained nothing tfdet could record (no step of fit or "
-            "train_on_batch, no optimizer update): nothing was compared"
-        )
-    elif report["exit_code"] == EXIT_OK:
-        lines.append(
-            f"  every recorded step and final weight bit identical across "
-            f"{len(report['run_reports'])} runs"
-        )
-    lines.append(f"verdict: {report['verdict']} (exit {report['exit_code']})")
-    return "\n".join(lines)
