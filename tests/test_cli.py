@@ -171,6 +171,13 @@ def test_progress_that_would_block_is_dropped():
             _output.progress("  run 0: step 1/2")  # Would block forever if written.
         finally:
             sys.stderr = real
+        # Returned, and the line was dropped: the pipe holds only the filler.
+        os.set_blocking(read_end, False)
+        held = b""
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(read_end, 65536):
+                held += chunk
+        assert held and set(held) == {ord("x")}
     finally:
         os.close(read_end)
         os.close(write_end)

@@ -30,6 +30,7 @@ the parent reports the run as failed with its stderr tail.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import runpy
 import sys
@@ -402,6 +403,8 @@ def run(spec: WorkerSpec) -> int:
             end = f"called sys.exit({code!r})"
             status = code if isinstance(code, int) else 1
             if not isinstance(code, int):
+                # What the interpreter itself does with sys.exit("message"),
+                # so the run's stderr is the one `python train.py` gives.
                 print(code, file=sys.stderr)
     except BaseException as error:  # noqa: BLE001 - the script's failure is the report
         _print_script_traceback(error, script)
@@ -413,7 +416,7 @@ def run(spec: WorkerSpec) -> int:
             from tfdet._setup._launch import mismatch_message
 
             hint = mismatch_message(error).replace("tfdet run", "tfdet check --script")
-            print(f"tfdet: {hint}", file=sys.stderr, flush=True)
+            logging.getLogger("tfdet").error("tfdet: %s", hint)
         end = "raised"
         status = 1
     if not _child.is_owner():
