@@ -12,7 +12,10 @@ is one `WorkerSpec`. The child:
 2. runs its kind (`_worker`, `_locate_worker`, `_script_worker`, or the
    preflight in `_target`), telling the parent its steps on a channel of
    its own (`report_progress`: a pipe whose descriptor the spec names, never
-   stdout, which a script may redirect or close);
+   stdout, which a script may redirect or close), and, for a TARGET, when
+   it starts building it and when it has built it (`report_stage`), so the
+   parent can tell a TARGET that exits or hangs while being built from a
+   run that fails later;
 3. writes one JSON result, atomically (`write_result`), from its own
    process only (a process the script forked never writes it). The result
    carries `perturbations_applied`, so the parent can refuse a run that did
@@ -46,6 +49,12 @@ MODULE = "tfdet._runs._child"
 
 # The result of a run whose TARGET cannot be built or trained.
 TARGET_ERROR = "target"
+
+# Lines on the progress channel besides `DONE TOTAL`: the TARGET function
+# was called, and it returned a model whose first batch fits it.
+BUILDING = "building"
+BUILT = "built"
+STAGES = (BUILDING, BUILT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +131,24 @@ def is_owner() -> bool:
     return os.getpid() == _owner_pid
 
 
+def _tell_parent(line: str) -> None:
+    if _progress is not None:
+        try:
+            _progress.write(f"{line}\n")
+            _progress.flush()
+        except (OSError, ValueError):
+            # Progress is for people: the parent may have stopped reading.
+            pass
+
+
+def report_stage(stage: str) -> None:
+    """Tells the parent the TARGET is being built (`BUILDING`) or is (`BUILT`)."""
+    if stage not in STAGES:
+        raise ValueError(f"Expected a stage in {STAGES}. Received: {stage!r}")
+    if is_owner():
+        _tell_parent(stage)
+
+
 def report_progress(done: int, total: int) -> None:
     """Tells the parent how far this run is (`total` 0: unknown).
 
@@ -130,13 +157,7 @@ def report_progress(done: int, total: int) -> None:
     """
     if not is_owner():
         return
-    if _progress is not None:
-        try:
-            _progress.write(f"{done} {total}\n")
-            _progress.flush()
-        except (OSError, ValueError):
-            # Progress is for people: the parent may have stopped reading.
-            pass
+    _tell_parent(f"{done} {total}")
     if os.environ.get(INTERRUPT_VAR) == str(done):
         sys.stdout.flush()
         sys.stderr.flush()

@@ -43,7 +43,6 @@ def _run(
         RunFailedError: a run crashed or timed out.
     """
     spec = options.target_spec
-    _spawn.preflight(spec, options.timeout)
     with tempfile.TemporaryDirectory(prefix="tfdet-locate-") as workdir:
         outcomes = _spawn.run_all(
             setups,
@@ -54,7 +53,7 @@ def _run(
             timeout=options.timeout,
             progress=_spawn.step_lines(progress),
         )
-    _spawn.raise_target_error(outcomes)
+    _spawn.raise_unbuilt_target(outcomes, spec.text, options.timeout)
     failed = [outcome for outcome in outcomes if not outcome.ok]
     if failed:
         outcome = failed[0]

@@ -71,29 +71,10 @@ def preflight(spec: _target.TargetSpec, timeout: float) -> None:
             base_env=run_environment(spec, "cpu"),
             timeout=timeout,
         )
-    raise_target_error([outcome])
-    if outcome.timed_out:
-        raise RunFailedError(
-            f"Expected TARGET {spec.text!r} to be built within --timeout "
-            f"{timeout:g}s. Received: still building after {timeout:g}s, "
-            "stopped. Raise --timeout, or make the TARGET function return "
-            "sooner."
-        )
+    raise_unbuilt_target([outcome], spec.text, timeout)
     if not outcome.ok:
-        tail = outcome.stderr_tail.rstrip()
-        code = outcome.returncode
-        how = (
-            f"killed by signal {-code}"
-            if code is not None and code < 0
-            else f"exit status {code}"
-        )
-        raise TargetError(
-            f"Expected TARGET {spec.text!r} to return a model. Received: the "
-            f"process building it ended ({how}) before the function "
-            "returned (an `os._exit`, or a crash in native code); a TARGET "
-            "function must return a model, not exit."
-            + (f" Its output ends:\n{tail}" if tail else "")
-        )
+        # Ended before it said it was building (e.g. in `import keras`).
+        raise _ended_while_building(outcome, spec.text)
 
 
 def raise_target_error(outcomes: list[RunOutcome]) -> None:
@@ -105,6 +86,53 @@ def raise_target_error(outcomes: list[RunOutcome]) -> None:
     for outcome in outcomes:
         if outcome.target_error is not None:
             raise TargetError(outcome.target_error)
+
+
+def raise_unbuilt_target(
+    outcomes: list[RunOutcome], target: str, timeout: float
+) -> None:
+    """Raises when the runs say their TARGET is at fault, not their training.
+
+    A run's own report of a bad TARGET comes first. Then, when no run built
+    the TARGET: a run stopped by `timeout` was still building it (or still
+    starting), and a run that ended while building it was ended by the
+    TARGET function (an `os._exit`, a crash in native code). Once one run has
+    built it, a run that fails is a failed run (exit 3), not a bad TARGET.
+
+    Raises:
+        TargetError: the TARGET cannot be built (exit 2).
+        RunFailedError: no run built it within `timeout` (exit 3).
+    """
+    raise_target_error(outcomes)
+    if any(outcome.stage == _child.BUILT for outcome in outcomes):
+        return
+    if any(outcome.timed_out for outcome in outcomes):
+        raise RunFailedError(
+            f"Expected TARGET {target!r} to be built within --timeout "
+            f"{timeout:g}s. Received: still building after {timeout:g}s, "
+            "stopped. Raise --timeout, or make the TARGET function return "
+            "sooner."
+        )
+    for outcome in outcomes:
+        if outcome.stage == _child.BUILDING and not outcome.ok:
+            raise _ended_while_building(outcome, target)
+
+
+def _ended_while_building(outcome: RunOutcome, target: str) -> TargetError:
+    tail = outcome.stderr_tail.rstrip()
+    code = outcome.returncode
+    how = (
+        f"killed by signal {-code}"
+        if code is not None and code < 0
+        else f"exit status {code}"
+    )
+    return TargetError(
+        f"Expected TARGET {target!r} to return a model. Received: the "
+        f"process building it ended ({how}) before the function "
+        "returned (an `os._exit`, or a crash in native code); a TARGET "
+        "function must return a model, not exit."
+        + (f" Its output ends:\n{tail}" if tail else "")
+    )
 
 
 def run_environment(spec: _target.TargetSpec, device: str) -> dict[str, str]:
@@ -178,6 +206,9 @@ class RunOutcome:
             given), or why tfdet could not start it.
         target_error: The run's report that its TARGET cannot be built or
             trained (exit 2 for the whole command), or None.
+        stage: How far the TARGET got (`_child.BUILDING`, `_child.BUILT`),
+            as the run told it; None before the TARGET function was called,
+            and for a run that builds no TARGET (a script).
     """
 
     setup: RunSetup
@@ -188,6 +219,7 @@ class RunOutcome:
     seconds: float
     failure: str | None = None
     target_error: str | None = None
+    stage: str | None = None
 
     def facts(self) -> dict[str, Any]:
         """What a report says of every run, whatever it trained."""
@@ -321,12 +353,22 @@ def _tail(path: str, lines: int = STDERR_TAIL_LINES) -> str:
 
 
 def _forward_progress(
-    raw: bytes, index: int, progress: Callable[[int, int, int], None] | None
+    raw: bytes,
+    index: int,
+    progress: Callable[[int, int, int], None] | None,
+    stages: list[str],
 ) -> None:
-    """Passes one `DONE TOTAL` line on; anything else is ignored."""
+    """Passes one `DONE TOTAL` line on, and keeps a stage line in `stages`.
+
+    Anything else is ignored.
+    """
+    line = raw.decode("utf-8", errors="replace").strip()
+    if line in _child.STAGES:
+        stages.append(line)
+        return
     if progress is None:
         return
-    parts = raw.decode("utf-8", errors="replace").split()
+    parts = line.split()
     if len(parts) == 2 and all(part.isdigit() for part in parts):
         # Progress is for people: a failure to show it (a closed stderr)
         # must not make the run a failure.
@@ -338,6 +380,7 @@ def _follow_progress(
     read_fd: int,
     index: int,
     progress: Callable[[int, int, int], None] | None,
+    stages: list[str],
     ended: threading.Event,
 ) -> threading.Thread:
     """Reads the progress pipe until it closes, or `ended` is set and it is idle.
@@ -360,7 +403,7 @@ def _follow_progress(
                     return
                 *lines, pending = (pending + chunk).split(b"\n")
                 for line in lines:
-                    _forward_progress(line, index, progress)
+                    _forward_progress(line, index, progress, stages)
         finally:
             os.close(read_fd)
 
@@ -401,6 +444,7 @@ def _start_and_wait(
     stem: str,
     setup: RunSetup,
     progress: Callable[[int, int, int], None] | None,
+    stages: list[str],
     group: _ProcessGroup,
     timeout: float,
     cwd: str | None,
@@ -408,7 +452,8 @@ def _start_and_wait(
     """Runs one process of a run to its end: `(process, timed out)`.
 
     `command` ends with the spec, whose progress descriptor is replaced by
-    this process's own pipe. Output is appended to the run's files.
+    this process's own pipe. Output is appended to the run's files, the
+    stages it reports to `stages`.
     """
     read_fd, write_fd = os.pipe()
     spec = dataclasses.replace(
@@ -420,7 +465,7 @@ def _start_and_wait(
         os.sched_setaffinity(0, cpus)
 
     ended = threading.Event()
-    follower = _follow_progress(read_fd, setup.index, progress, ended)
+    follower = _follow_progress(read_fd, setup.index, progress, stages, ended)
     killed = threading.Event()
     try:
         with (
@@ -484,13 +529,14 @@ def _run_one(
     env = child_environment(base_env, setup.env)
     command = [*setup.launcher, sys.executable, "-m", module, spec.to_json()]
     neighbour = None
+    stages: list[str] = []
     try:
         if group.stopped.wait(setup.delay):
             raise RuntimeError("tfdet: runs were stopped before this one started")
         neighbour = _burn(group) if setup.neighbour else None
         started = time.perf_counter()
         process, timed_out = _start_and_wait(
-            command, env, stem, setup, progress, group, timeout, cwd
+            command, env, stem, setup, progress, stages, group, timeout, cwd
         )
         if setup.resumes and not timed_out and process.returncode == -signal.SIGKILL:
             # The `interrupt` perturbation: killed as a preemption kills, now
@@ -501,6 +547,7 @@ def _run_one(
                 stem,
                 setup,
                 progress,
+                stages,
                 group,
                 timeout,
                 cwd,
@@ -516,7 +563,11 @@ def _run_one(
         result, failure = None, None
     elif result is None and failure is None and target_error is None:
         failure = "exited 0 without writing its result"
-    if result is None:
+    stage = stages[-1] if stages else None
+    # A run that ended while building its TARGET stops no other: whether the
+    # TARGET is at fault (every run ends so) or this run's perturbation is
+    # (another run builds it) is decided once all have built or ended.
+    if result is None and (stage != _child.BUILDING or timed_out):
         group.fail(setup)
         if group.first_failure is not None and group.first_failure != setup:
             failure = f"stopped after {group.first_failure.name} failed"
@@ -530,6 +581,7 @@ def _run_one(
         seconds=seconds,
         failure=failure,
         target_error=target_error,
+        stage=stage,
     )
 
 

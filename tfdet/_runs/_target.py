@@ -526,8 +526,10 @@ def run(spec: Any) -> None:
 
     from tfdet._runs import _child
 
+    _child.report_stage(_child.BUILDING)
     built = build(spec.target)
     check_fits(built, spec.target)
+    _child.report_stage(_child.BUILT)
     _child.write_result({"error": None})
 
 

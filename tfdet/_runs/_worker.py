@@ -56,6 +56,10 @@ def _train_step(model: Any, x: Any, y: Any, weights: Any = None) -> dict[str, An
 def start(spec: WorkerSpec) -> Any:
     """`_child.child_start`, then builds the TARGET (under its strategy).
 
+    Tells the parent when the build starts and when the TARGET is built and
+    its first batch fits the model (`_target.check_fits`; a misfit is a
+    `TargetError`, exit 2).
+
     Shared by the check and locate children, so that their runs start the
     same way.
 
@@ -66,12 +70,17 @@ def start(spec: WorkerSpec) -> Any:
 
     _child.child_start(spec)
     strategy = _strategy(spec)
+    _child.report_stage(_child.BUILDING)
     if strategy is None:
-        return _target.build(spec.target, seed=spec.seed)
-    # The TARGET builds and compiles its model under the strategy, as a
-    # user's `with strategy.scope():` block does.
-    with strategy.scope():
-        return _target.build(spec.target, seed=spec.seed)
+        built = _target.build(spec.target, seed=spec.seed)
+    else:
+        # The TARGET builds and compiles its model under the strategy, as a
+        # user's `with strategy.scope():` block does.
+        with strategy.scope():
+            built = _target.build(spec.target, seed=spec.seed)
+    _target.check_fits(built, spec.target)
+    _child.report_stage(_child.BUILT)
+    return built
 
 
 class _Resumable:
