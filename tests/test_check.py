@@ -238,8 +238,8 @@ def test_run_over_timeout_exits_3(tmp_path):
         f"{MODELS}:sleepy_model",
         "--perturb",
         "none",
-        # The same bound covers the TARGET's preflight build, which must
-        # finish in time even on a loaded machine; only the runs sleep.
+        # The TARGET is built in time even on a loaded machine; the runs
+        # sleep in their first training step.
         "--timeout",
         "40",
         tmp_path=tmp_path,
@@ -395,41 +395,61 @@ def test_module_target_from_the_working_directory_with_the_console_script(tmp_pa
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def _fake_report(losses=("0.5", "0.5"), nonfinite=()) -> dict:
-    runs = [
-        {
-            "index": index,
-            "perturbations": {},
-            "ok": True,
-            "reason": None,
-            "seconds": 1.0,
-            "final_loss": loss,
-            "nonfinite": list(nonfinite),
-        }
+def _fake_report(losses=("0.5", "0.5"), nonfinite=()):
+    """A typed report of two finished runs (no process started)."""
+    from tfdet._runs import _report
+
+    runs = tuple(
+        _report.RunReport(
+            facts={
+                "index": index,
+                "worker": None,
+                "name": f"run {index}",
+                "perturbations": {},
+                "ok": True,
+                "reason": None,
+                "returncode": 0,
+                "timed_out": False,
+                "seconds": 1.0,
+            },
+            training=_report.Training(
+                profile={},
+                steps_recorded=3,
+                final_loss=loss,
+                nonfinite=tuple(nonfinite),
+                trace=f"run{index}.jsonl",
+            ),
+        )
         for index, loss in enumerate(losses)
-    ]
-    return {
-        "target": "builtin:cnn",
-        "enable": True,
-        "runs": 2,
-        "steps": 3,
-        "traces": None,
-        "devices": {"cpu": {"status": "ran", "runs": runs, "verdict": "identical"}},
-        "verdict": "identical",
-        "exit_code": 0,
-    }
+    )
+    return _report.CheckReport(
+        target="builtin:cnn",
+        enable=True,
+        seed=0,
+        threads=1,
+        runs_per_device=2,
+        steps=3,
+        workers=1,
+        replicas=1,
+        traces=None,
+        devices={"cpu": _report.DeviceReport(status="ran", runs=runs, exit_code=0)},
+        imitated={},
+        not_imitated={},
+        emulated={},
+        exit_code=0,
+    )
 
 
 def test_identical_nan_losses_are_not_reported_without_a_word():
     from tfdet._cli import _check_text
 
     text = _check_text.format_report(
-        _fake_report(("nan", "nan"), nonfinite=["loss nan from step 1"])
+        _fake_report(("nan", "nan"), nonfinite=["loss nan from step 1"]).to_dict()
     )
     assert "final loss nan" in text
     assert "not finite: loss nan from step 1" in text
     assert "NaN or Inf" in text
-    assert "NaN" not in _check_text.format_report(_fake_report())
+    assert "NaN" not in _check_text.format_report(_fake_report().to_dict())
 
 
 def test_json_is_written_before_the_report_and_a_closed_stdout_is_harmless(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from tfdet._record import _bits, _trace
-from tfdet._runs import _check, _perturb, _spawn
+from tfdet._runs import _check, _perturb, _report, _spawn
 
 NAMES = ["0:dense/kernel", "1:dense/bias"]
 
@@ -95,16 +95,16 @@ def test_a_run_whose_trace_is_unreadable_is_a_failure_with_a_reason(tmp_path):
 def test_nonfinite_losses_are_named_with_their_first_step(tmp_path):
     a = _run(tmp_path, "a", [1.0, float("nan")], SUMS, FINAL)
     assert _check._nonfinite(a.trace) == ["loss nan from step 1"]
-    report = _check._run_report(a)
+    report = _check._run_report(a).to_dict()
     assert report["nonfinite"] == ["loss nan from step 1"]
     assert report["final_loss"] == "nan" and report["steps_recorded"] == 2
 
 
 def test_verdict_and_exit_code_come_from_one_mapping():
-    assert _check.combined_exit_code([0, 1]) == 1
-    assert _check.combined_exit_code([1, 3, 0]) == 3
-    assert _check.combined_exit_code([]) == 0
-    assert {code: _check._verdict(code)["verdict"] for code in (0, 1, 3)} == {
+    assert _report.combined_exit_code([0, 1]) == 1
+    assert _report.combined_exit_code([1, 3, 0]) == 3
+    assert _report.combined_exit_code([]) == 0
+    assert _report.VERDICTS == {
         0: "identical",
         1: "diverged",
         3: "failed",

@@ -15,8 +15,9 @@ the session stops with tfdet's `TooLateError` message, as a pytest usage error
 (Python, NumPy, TensorFlow, Keras), so its random numbers do not depend on
 which tests ran before it.
 
-The `tfdet_reproducible` fixture runs `tfdet check` in a subprocess and reads
-its `--json` report, the stable interface of the check.
+The `tfdet_reproducible` fixture calls `tfdet.check()` in the test's own
+process (the check itself imports no TensorFlow; it trains in fresh
+processes) and fails the test unless every bit is identical.
 """
 
 from __future__ import annotations
@@ -24,13 +25,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-import json
 import os
-import subprocess
 import sys
-import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -286,6 +284,22 @@ def _divergences(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def _environment(env: dict[str, str] | None) -> Iterator[None]:
+    """`os.environ` is `env` inside (None: unchanged): the runs start from it."""
+    if env is None:
+        yield
+        return
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def check_or_fail(
     build: Callable[..., Any] | str,
     *,
@@ -297,10 +311,10 @@ def check_or_fail(
     threads: int | None = None,
     attribute: bool = False,
     timeout: float = 600.0,
-    extra_args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
-    """Runs `tfdet check` on `build` in fresh processes; fails the test unless equal.
+    """Runs `tfdet.check()` on `build` in fresh processes; fails the test unless equal.
 
     Args:
         build: A module-level function returning a compiled Keras model or
@@ -309,22 +323,24 @@ def check_or_fail(
             directory). A function is passed as its file's path, which the
             runs import as a script: a test module that uses relative imports
             needs the `package.module:function` form.
-        steps: Training steps per run (`--steps`).
-        runs: Processes (`--runs`, at least 2).
-        device: `--device`: "cpu" (the default here, so that a test means
-            the same on every machine), "gpu" or "all".
-        perturb: `--perturb`: "all", "none" or a comma-separated list.
-        seed: `--seed`; None: the session's `--tfdet-seed` / `tfdet_seed`,
-            else the check's default (0).
-        threads: `--threads`; None: the session's `--tfdet-threads`, else 1.
+        steps: Training steps per run.
+        runs: Processes (at least 2).
+        device: "cpu" (the default here, so that a test means the same on
+            every machine), "gpu" or "all".
+        perturb: "all", "none" or a comma-separated list.
+        seed: None: the session's `--tfdet-seed` / `tfdet_seed`, else the
+            check's default (0).
+        threads: None: the session's `--tfdet-threads`, else 1.
         attribute: On divergence, re-run to name the perturbation responsible
             (more processes; off by default, `tfdet check TARGET` does it).
-        timeout: Seconds per run (`--timeout`).
-        extra_args: More `tfdet check` flags, passed as given.
-        env: The check's environment (default: this process's).
+        timeout: Seconds per run.
+        env: The environment the runs start from (default: this process's).
+        **options: Any other option of `tfdet.check()` (`cpu_isa`,
+            `enable`, `workers`, ...).
 
     Returns:
-        The check's JSON report, when every bit is identical.
+        The check's report as `tfdet check --json` writes it, when every bit
+        is identical.
 
     Raises:
         pytest.fail.Exception: the bits differ (the message names the first
@@ -332,78 +348,47 @@ def check_or_fail(
             timed out (with its stderr tail), or the check could not start.
         pytest.skip.Exception: `device="gpu"` on a machine without a GPU.
     """
+    import tfdet  # The check's modules; none of them imports TensorFlow.
+
     target = _target_of(build)
-    with tempfile.TemporaryDirectory(prefix="tfdet-pytest-") as workdir:
-        report_path = os.path.join(workdir, "check.json")
-        command = [
-            sys.executable,
-            "-m",
-            "tfdet",
-            "check",
-            target,
-            "--runs",
-            str(runs),
-            "--steps",
-            str(steps),
-            "--device",
-            device,
-            "--perturb",
-            perturb,
-            "--timeout",
-            str(timeout),
-            "--json",
-            report_path,
-        ]
-        if seed is not None:
-            command += ["--seed", str(seed)]
-        if threads is not None:
-            command += ["--threads", str(threads)]
-        if not attribute:
-            command.append("--no-attribute")
-        command += list(extra_args)
-        env = dict(os.environ if env is None else env)
-        # TensorFlow's start-up log lines would bury tfdet's own message.
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        completed = subprocess.run(
-            # In this process's directory: TARGETs relative to it resolve as
-            # they would from the shell.
-            command,
-            capture_output=True,
-            text=True,
-            check=False,
-            env=env,
-        )
-        report = None
-        with (
-            contextlib.suppress(OSError, ValueError),
-            open(report_path, encoding="utf-8") as file,
-        ):
-            report = json.load(file)
     heading = f"tfdet check {target} ({runs} runs x {steps} steps)"
-    if completed.returncode == 4:
-        pytest.skip(f"{heading}: {_tail(completed.stderr)}")
-    if report is None or report.get("exit_code") != completed.returncode:
-        # Usage errors (2), tfdet failing, an interrupt: no report to trust.
-        pytest.fail(
-            f"{heading} exited {completed.returncode} without a consistent "
-            f"report:\n{_tail(completed.stderr)}",
-            pytrace=False,
-        )
-    if completed.returncode == 0 and report.get("verdict") == "identical":
+    given = {"seed": seed, "threads": threads}
+    options.update({name: value for name, value in given.items() if value is not None})
+    try:
+        # In this process's directory: TARGETs relative to it resolve as
+        # they would from the shell.
+        with _environment(env):
+            result = tfdet.check(
+                target,
+                runs=runs,
+                steps=steps,
+                device=device,
+                perturb=perturb,
+                attribute=attribute,
+                timeout=timeout,
+                **options,
+            )
+    except tfdet.DeviceUnavailableError as error:
+        pytest.skip(f"{heading}: {error}")
+    except (tfdet.Error, ValueError, TypeError) as error:
+        # A bad TARGET or option: no verdict to report.
+        pytest.fail(f"{heading} could not run: {error}", pytrace=False)
+    report = result.to_dict()
+    if result.verdict == "identical":
         return report
-    if report.get("verdict") == "diverged":
+    if result.verdict == "diverged":
         pytest.fail(f"{heading}: bits diverged.\n{_divergences(report)}", pytrace=False)
     pytest.fail(
-        f"{heading}: verdict {report.get('verdict')!r} (exit "
-        f"{completed.returncode}); no comparison of bits passed.\n"
-        f"{_failed_runs(report) or _tail(completed.stderr)}",
+        f"{heading}: verdict {result.verdict!r} (exit {result.exit_code}); no "
+        "comparison of bits passed.\n"
+        f"{_failed_runs(report)}",
         pytrace=False,
     )
 
 
 @pytest.fixture
 def tfdet_reproducible(request: pytest.FixtureRequest) -> Callable[..., dict[str, Any]]:
-    """`tfdet_reproducible(build, steps=3, runs=2, ...)`: `tfdet check` as an assertion.
+    """`tfdet_reproducible(build, steps=3, runs=2, ...)`: `tfdet.check()` as an assertion.
 
     Trains `build` (a module-level function, or a TARGET string) in fresh
     processes that look like different machines and fails the test with the
@@ -422,7 +407,8 @@ def tfdet_reproducible(request: pytest.FixtureRequest) -> Callable[..., dict[str
     state = config.stash.get(_STATE_KEY, None)
     if state is not None:
         # Under --tfdet, enable() wrote PYTHONHASHSEED, thread counts, the ISA
-        # cap... into os.environ; the check sets up its runs itself.
+        # cap... into os.environ; the runs start from the environment before
+        # it, as a check from the shell would, and set themselves up.
         env = dict(os.environ)
         for key, value in state.environ_before.items():
             if value is None:

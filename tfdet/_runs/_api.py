@@ -24,7 +24,6 @@ function. Marshal, not `inspect.getsource`: `python -c` keeps no source.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import inspect
 import marshal
@@ -39,108 +38,11 @@ from typing import Any
 from tfdet._errors import TargetError
 from tfdet._runs import _check, _perturb
 from tfdet._runs._options import RunOptions
+from tfdet._runs._report import CheckReport, RunFacts  # noqa: F401 - re-exported
 from tfdet._runs._spawn import ProgressFn
-from tfdet._version import __version__
 
 # The file-level name of the callable in the module written for it.
 _ENTRY = "tfdet_target"
-
-
-@dataclasses.dataclass(frozen=True)
-class RunFacts:
-    """One run of a check.
-
-    Attributes:
-        device: `"cpu"` or `"gpu"`.
-        index: The run's number on its device (0 is the baseline).
-        ok: Whether it finished and wrote its result.
-        perturbations: `{name: what it changed}` for this run.
-        final_loss: The last step's loss (a float), or None.
-        seconds: How long the run took.
-        reason: Why it failed (None when ok).
-        trace: The kept trace file (with `traces=`), or None.
-        worker: The worker's task index in a multi-worker run (`workers=N`),
-            or None.
-    """
-
-    device: str
-    index: int
-    ok: bool
-    perturbations: dict[str, str]
-    final_loss: float | None
-    seconds: float
-    reason: str | None
-    trace: str | None
-    worker: int | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckReport:
-    """What `tfdet.check()` found; `to_dict()` is `tfdet check --json`'s report.
-
-    Attributes:
-        verdict: `"identical"`, `"diverged"` or `"failed"`.
-        exit_code: `tfdet check`'s exit code for it: 0, 1 or 3.
-        divergence: The first divergence (`device`, `runs`, `worker`, `step`,
-            `quantity`, `expected`, `received`, `description`, and with
-            attribution the perturbation responsible), or None.
-        runs: Every run's facts, device by device.
-        imitated: `{perturbation: the difference between machines it stands for}`.
-        not_imitated: `{difference: why one machine cannot imitate it}`.
-        emulated: `{perturbation: the emulated CPU a run ran on, and what that
-            stands for}` (`emulated_cpu`), or empty.
-    """
-
-    verdict: str
-    exit_code: int
-    divergence: dict[str, Any] | None
-    runs: tuple[RunFacts, ...]
-    imitated: dict[str, str]
-    not_imitated: dict[str, str]
-    _report: dict[str, Any] = dataclasses.field(repr=False, compare=False)
-    emulated: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The full report, as `tfdet check --json FILE` writes it."""
-        return {**copy.deepcopy(self._report), "tfdet_version": __version__}
-
-    @classmethod
-    def from_dict(cls, report: dict[str, Any]) -> CheckReport:
-        """The report object of `tfdet._runs._check.check`'s dict."""
-        runs = []
-        divergence = None
-        for device, result in report["devices"].items():
-            for run in result.get("runs", []):
-                runs.append(
-                    RunFacts(
-                        device=device,
-                        index=run["index"],
-                        ok=run["ok"],
-                        perturbations=dict(run["perturbations"]),
-                        final_loss=_float(run.get("final_loss")),
-                        seconds=run["seconds"],
-                        reason=run.get("reason"),
-                        trace=run.get("trace") if report.get("traces") else None,
-                        worker=run.get("worker"),
-                    )
-                )
-            if divergence is None and result.get("divergence"):
-                divergence = {"device": device, **result["divergence"]}
-        return cls(
-            verdict=report["verdict"],
-            exit_code=report["exit_code"],
-            divergence=divergence,
-            runs=tuple(runs),
-            imitated=dict(report.get("imitated") or {}),
-            not_imitated=dict(report.get("not_imitated") or {}),
-            emulated=dict(report.get("emulated") or {}),
-            _report=report,
-        )
-
-
-def _float(value: Any) -> float | None:
-    # The JSON report keeps the loss as its exact decimal text.
-    return None if value is None else float(value)
 
 
 def check_with_options(
@@ -152,7 +54,7 @@ def check_with_options(
 
     `progress` and `on_step` as in `tfdet._runs._check.check`.
     """
-    return CheckReport.from_dict(_check.check(options, progress, on_step))
+    return _check.check(options, progress, on_step)
 
 
 def _option_fields() -> list[dataclasses.Field]:
@@ -232,7 +134,7 @@ def check(
         report = check_with_options(RunOptions(target=text, **options), progress)
     # The temporary file is gone: the report names the function.
     described = f"{target.__module__}:{target.__qualname__}"
-    return dataclasses.replace(report, _report={**report._report, "target": described})
+    return dataclasses.replace(report, target=described)
 
 
 def _signature() -> inspect.Signature:

@@ -34,21 +34,18 @@ from tfdet._pin import _devices
 from tfdet._record import _bits, _diff, _trace
 from tfdet._runs import _child, _perturb, _spawn
 from tfdet._runs._options import RunOptions
+from tfdet._runs._report import (
+    Attribution,
+    CheckReport,
+    DeviceReport,
+    DivergenceReport,
+    RunReport,
+    Training,
+    combined_exit_code,
+)
 from tfdet._runs._spawn import ProgressFn
 
 RERUN = "none (a re-run of the baseline)"
-
-# Verdict of each exit code: the one mapping for devices and the whole check.
-VERDICTS = {EXIT_OK: "identical", EXIT_DIVERGED: "diverged", EXIT_RUN_FAILED: "failed"}
-
-
-def _verdict(code: int) -> dict[str, Any]:
-    return {"verdict": VERDICTS[code], "exit_code": code}
-
-
-def combined_exit_code(codes: list[int]) -> int:
-    """One exit code for several devices: a failure outranks a divergence."""
-    return EXIT_RUN_FAILED if EXIT_RUN_FAILED in codes else max(codes, default=EXIT_OK)
 
 
 @dataclasses.dataclass
@@ -179,25 +176,30 @@ def _nonfinite(trace: _trace.Trace) -> list[str]:
     return list(found.values())
 
 
-def _run_report(run: _FinishedRun) -> dict[str, Any]:
+def _run_report(run: _FinishedRun, kept_trace: str | None = None) -> RunReport:
+    """`run`'s report; `kept_trace` is its trace's kept copy (`traces=`)."""
     outcome = run.outcome
-    report = outcome.facts()
+    training = None
     if outcome.ok and run.trace is not None:
         steps = run.trace.steps
-        report["profile"] = outcome.result["profile"]
-        report["steps_recorded"] = len(steps)
-        report["final_loss"] = ((steps[-1].get("loss") if steps else None) or {}).get(
-            "value"
+        training = Training(
+            profile=outcome.result["profile"],
+            steps_recorded=len(steps),
+            final_loss=((steps[-1].get("loss") if steps else None) or {}).get("value"),
+            nonfinite=tuple(_nonfinite(run.trace)),
+            trace=kept_trace or outcome.result["trace"],
+            # What ran (older workers' results lack these).
+            entry_points=outcome.result.get("entry_points"),
+            xla=outcome.result.get("xla"),
         )
-        report["nonfinite"] = _nonfinite(run.trace)
-        report["trace"] = outcome.result["trace"]
-        # What ran (older workers' results lack these).
-        report["entry_points"] = outcome.result.get("entry_points")
-        report["xla"] = outcome.result.get("xla")
-    if not outcome.ok:
+    return RunReport(
+        facts=outcome.facts(),
+        training=training,
         # TensorFlow's start-up notices would crowd out the error.
-        report["stderr_tail"] = _notices.without_notices(outcome.stderr_tail)
-    return report
+        stderr_tail=None
+        if outcome.ok
+        else _notices.without_notices(outcome.stderr_tail),
+    )
 
 
 def _expand(setup: _perturb.RunSetup, workers: int) -> list[_perturb.RunSetup]:
@@ -245,7 +247,7 @@ def _attribute(
     workdir: str,
     baseline_job: _Job,
     progress: ProgressFn | None = None,
-) -> dict[str, Any]:
+) -> Attribution:
     """Re-runs the baseline with each of `other`'s perturbations alone.
 
     The re-runs train only through the step where the runs parted (all of
@@ -300,23 +302,21 @@ def _attribute(
         verdict = "separated by " + ", ".join(responsible)
     else:
         verdict = "no single perturbation reproduces it alone (a combination, or flaky)"
-    return {
-        "alone": alone,
-        "responsible": responsible,
-        "verdict": verdict,
-        "steps_rerun": spec.steps,
-    }
+    return Attribution(
+        alone=alone,
+        responsible=tuple(responsible),
+        verdict=verdict,
+        steps_rerun=spec.steps,
+    )
 
 
-def _keep_traces(
-    runs: list[_FinishedRun], reports: list[dict[str, Any]], directory: str
-) -> None:
-    """Copies each finished process's trace to `directory/runN[-workerK].jsonl`."""
-    for run, report in zip(runs, reports, strict=True):
-        if run.outcome.ok:
-            kept = os.path.join(directory, f"{run.outcome.setup.file_stem}.jsonl")
-            shutil.copyfile(run.outcome.result["trace"], kept)
-            report["trace"] = kept
+def _keep_trace(run: _FinishedRun, directory: str | None) -> str | None:
+    """Copies a finished process's trace to `directory/runN[-workerK].jsonl`."""
+    if directory is None or not run.outcome.ok:
+        return None
+    kept = os.path.join(directory, f"{run.outcome.setup.file_stem}.jsonl")
+    shutil.copyfile(run.outcome.result["trace"], kept)
+    return kept
 
 
 # Called as `on_step(device, run_index, steps_done, steps_total)`.
@@ -324,21 +324,27 @@ StepFn = Callable[[str, int, int, int], None]
 
 
 def _divergence_report(
-    a: _FinishedRun, b: _FinishedRun, divergence: _diff.Divergence, worker: int | None
-) -> dict[str, Any]:
+    a: _FinishedRun,
+    b: _FinishedRun,
+    divergence: _diff.Divergence,
+    worker: int | None,
+    **extra: Any,
+) -> DivergenceReport:
+    """`extra`: the `workers` that disagree, or the `attribution`."""
     comparison = _diff.compare(a.trace, b.trace)
-    return {
-        "runs": [a.outcome.setup.index, b.outcome.setup.index],
+    return DivergenceReport(
+        runs=(a.outcome.setup.index, b.outcome.setup.index),
         # Multi-worker runs: which worker's bits parted (None: one process).
-        "worker": worker,
-        **divergence.to_dict(),
-        "description": divergence.describe(),
+        worker=worker,
+        found=divergence.to_dict(),
+        description=divergence.describe(),
         # Reported first: a setting that differs usually explains the bits.
-        "profile_differences": {
+        profile_differences={
             name: list(values)
             for name, values in comparison.profile_differences.items()
         },
-    }
+        **extra,
+    )
 
 
 def _run_jobs(
@@ -375,7 +381,11 @@ def _run_jobs(
         timeout=options.timeout,
         progress=on_step,
     )
-    _spawn.raise_target_error([outcome for job in outcomes for outcome in job])
+    _spawn.raise_unbuilt_target(
+        [outcome for job in outcomes for outcome in job],
+        options.target_spec.text,
+        options.timeout,
+    )
     return [_read_runs(job) for job in outcomes]
 
 
@@ -385,49 +395,43 @@ def _check_device(
     progress: ProgressFn | None,
     workdir: str,
     step: StepFn | None = None,
-) -> dict[str, Any]:
-    names = list(options.perturb)
+) -> DeviceReport:
     setups = _perturb.plan_for(options)
     env = _spawn.run_environment(options.target_spec, device)
     worker_spec = _spawn.worker_spec(options)
     workers = options.workers
     jobs = _run_jobs(device, setups, options, env, worker_spec, workdir, progress, step)
     runs = [run for job in jobs for run in job]
-    report: dict[str, Any] = {
-        "status": "ran",
-        "runs": [_run_report(run) for run in runs],
-        "steps": options.steps,
-        "workers": workers,
-        "replicas": options.replicas,
-        "perturbations": names,
-        "perturbations_skipped": _perturb.skipped_for(options),
-        "divergence": None,
-    }
-    if options.traces is not None:
-        _keep_traces(runs, report["runs"], os.path.join(options.traces, device))
+    kept_in = None if options.traces is None else os.path.join(options.traces, device)
+    report = functools.partial(
+        DeviceReport,
+        status="ran",
+        runs=tuple(_run_report(run, _keep_trace(run, kept_in)) for run in runs),
+        steps=options.steps,
+        workers=workers,
+        replicas=options.replicas,
+        perturbations=tuple(options.perturb),
+        perturbations_skipped=_perturb.skipped_for(options),
+    )
     if any(not run.outcome.ok for run in runs):
-        return {**report, **_verdict(EXIT_RUN_FAILED)}
+        return report(exit_code=EXIT_RUN_FAILED)
     for job in jobs:
         worker, divergence = _disagreeing_workers(job)
         if divergence is not None:
-            report["divergence"] = {
-                **_divergence_report(job[0], job[worker], divergence, worker),
-                "workers": [0, worker],
-            }
-            return {**report, **_verdict(EXIT_DIVERGED)}
+            return report(
+                divergence=_divergence_report(
+                    job[0], job[worker], divergence, worker, workers=(0, worker)
+                ),
+                exit_code=EXIT_DIVERGED,
+            )
     baseline = jobs[0]
     for other in jobs[1:]:
         worker, divergence = compare_jobs(baseline, other)
         if divergence is None:
             continue
-        report["divergence"] = _divergence_report(
-            baseline[worker],
-            other[worker],
-            divergence,
-            worker if workers > 1 else None,
-        )
+        attribution = None
         if options.attribute:
-            report["divergence"]["attribution"] = _attribute(
+            attribution = _attribute(
                 setups[0],
                 setups[other[0].outcome.setup.index],
                 divergence,
@@ -440,8 +444,17 @@ def _check_device(
                 if progress
                 else None,
             )
-        return {**report, **_verdict(EXIT_DIVERGED)}
-    return {**report, **_verdict(EXIT_OK)}
+        return report(
+            divergence=_divergence_report(
+                baseline[worker],
+                other[worker],
+                divergence,
+                worker if workers > 1 else None,
+                attribution=attribution,
+            ),
+            exit_code=EXIT_DIVERGED,
+        )
+    return report(exit_code=EXIT_OK)
 
 
 def _prepare_traces(directory: str, devices: list[str]) -> None:
@@ -462,8 +475,8 @@ def check(
     options: RunOptions,
     progress: ProgressFn | None = None,
     on_step: StepFn | None = None,
-) -> dict[str, Any]:
-    """Runs the check and returns the full report (see `tfdet check --json`).
+) -> CheckReport:
+    """Runs the check and returns its report (`to_dict()`: `tfdet check --json`).
 
     `progress` gets one line per event; each run's steps go to `on_step`
     when given (a display that updates in place), else to `progress`.
@@ -480,13 +493,10 @@ def check(
     process training under a `MirroredStrategy` of that many logical CPUs.
 
     Raises:
-        TargetError: the TARGET cannot be built (before anything is spawned).
+        TargetError: the TARGET cannot be built (no run built it).
         DeviceUnavailableError: `device="gpu"` without a visible GPU.
         Error: `options.traces` cannot be written (exit 2).
     """
-    if progress is not None and not options.target_spec.text.startswith("builtin:"):
-        progress("building the TARGET once in a fresh process, to check it")
-    _spawn.preflight(options.target_spec, options.timeout)
     gpu = _devices.gpu_visible() if options.device in ("gpu", "all") else False
     if options.device == "gpu" and not gpu:
         raise DeviceUnavailableError(
@@ -497,37 +507,34 @@ def check(
     wanted = ["cpu", "gpu"] if options.device == "all" else [options.device]
     if options.traces is not None:
         _prepare_traces(options.traces, [d for d in wanted if d != "gpu" or gpu])
-    devices: dict[str, Any] = {}
+    devices: dict[str, DeviceReport] = {}
     with tempfile.TemporaryDirectory(prefix="tfdet-check-") as workdir:
         for device in wanted:
             if device == "gpu" and not gpu:
-                devices["gpu"] = {"status": "skipped", "reason": "no GPU visible"}
+                devices["gpu"] = DeviceReport.skipped("no GPU visible")
                 continue
             if device == "gpu" and options.distributed:
-                devices["gpu"] = {
-                    "status": "skipped",
-                    "reason": "--workers and --replicas are checked on the CPU only",
-                }
+                devices["gpu"] = DeviceReport.skipped(
+                    "--workers and --replicas are checked on the CPU only"
+                )
                 continue
             device_dir = os.path.join(workdir, device)
             os.makedirs(device_dir)
             devices[device] = _check_device(
                 device, options, progress, device_dir, on_step
             )
-    exit_code = combined_exit_code(
-        [d["exit_code"] for d in devices.values() if d.get("status") == "ran"]
-    )
-    return {
-        "target": options.target_spec.text,
-        "enable": options.enable,
-        "seed": options.seed,
-        "threads": options.threads,
-        "runs": options.runs,
-        "steps": options.steps,
-        "workers": options.workers,
-        "replicas": options.replicas,
-        "traces": options.traces,
-        "devices": devices,
+    ran = [d for d in devices.values() if d.ran]
+    return CheckReport(
+        target=options.target_spec.text,
+        enable=options.enable,
+        seed=options.seed,
+        threads=options.threads,
+        runs_per_device=options.runs,
+        steps=options.steps,
+        workers=options.workers,
+        replicas=options.replicas,
+        traces=options.traces,
+        devices=devices,
         # The runs are imitations of other machines on this one (one may be
         # an emulated CPU): say which differences they stood for, and which
         # no run here could.
@@ -535,13 +542,9 @@ def check(
             [
                 name
                 for name in options.perturb
-                if any(
-                    name not in d.get("perturbations_skipped", {})
-                    for d in devices.values()
-                    if d.get("status") == "ran"
-                )
+                if any(name not in d.perturbations_skipped for d in ran)
             ],
             options.emulate_cpu,
         ),
-        **_verdict(exit_code),
-    }
+        exit_code=combined_exit_code([d.exit_code for d in ran]),
+    )

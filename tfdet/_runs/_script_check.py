@@ -24,8 +24,8 @@ from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, TraceFormatEr
 from tfdet._pin import _isa, _settings
 from tfdet._record import _diff, _trace
 from tfdet._runs import _perturb, _protocol, _spawn, _target, _workdir
-from tfdet._runs._check import VERDICTS
 from tfdet._runs._options import RunOptions
+from tfdet._runs._report import VERDICTS
 from tfdet._runs._spawn import ProgressFn
 from tfdet._setup import _enable
 

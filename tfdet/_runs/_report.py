@@ -1,0 +1,329 @@
+"""The check's report: typed records, built once; `to_dict()` is its JSON.
+
+`tfdet._runs._check` builds a `CheckReport` from the runs; `tfdet check
+--json` writes `CheckReport.to_dict()`, the human report is formatted from
+that dict (`tfdet._cli._check_text`), and `tfdet.check()` returns the
+`CheckReport` itself. Nothing else writes the report's JSON, so the Python
+object and the JSON file cannot disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED
+from tfdet._version import __version__
+
+# Verdict of each exit code: the one mapping for devices and the whole check.
+VERDICTS = {EXIT_OK: "identical", EXIT_DIVERGED: "diverged", EXIT_RUN_FAILED: "failed"}
+
+
+def combined_exit_code(codes: list[int]) -> int:
+    """One exit code for several devices: a failure outranks a divergence."""
+    return EXIT_RUN_FAILED if EXIT_RUN_FAILED in codes else max(codes, default=EXIT_OK)
+
+
+@dataclasses.dataclass(frozen=True)
+class Training:
+    """What a finished run trained and recorded.
+
+    Attributes:
+        profile: The determinism profile the run observed (`Profile.to_dict`).
+        steps_recorded: Steps in its trace.
+        final_loss: The last step's loss as its exact decimal text, or None.
+        nonfinite: Where NaN or Inf appeared (`"loss nan from step 1"`).
+        trace: Its trace file (the kept copy, with `traces=`).
+        entry_points: How it trained (`train_on_batch`, `fit`).
+        xla: Whether XLA compiled its step, and the notice of a
+            `jit_compile=True` that Keras dropped.
+    """
+
+    profile: dict[str, Any]
+    steps_recorded: int
+    final_loss: str | None
+    nonfinite: tuple[str, ...]
+    trace: str
+    entry_points: Any = None
+    xla: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunReport:
+    """One process of a check.
+
+    Attributes:
+        facts: What is said of every run, trained or not
+            (`tfdet._runs._spawn.RunOutcome.facts`: index, worker, name,
+            perturbations, ok, reason, returncode, timed_out, seconds).
+        training: What it trained (a run that finished), or None.
+        stderr_tail: The end of its stderr without TensorFlow's start-up
+            notices (a run that failed), or None.
+    """
+
+    facts: dict[str, Any]
+    training: Training | None = None
+    stderr_tail: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.facts["ok"])
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dict(self.facts)
+        if self.training is not None:
+            training = dataclasses.asdict(self.training)
+            training["nonfinite"] = list(self.training.nonfinite)
+            out.update(training)
+        if self.stderr_tail is not None:
+            out["stderr_tail"] = self.stderr_tail
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Attribution:
+    """Which perturbation, alone, reproduces a divergence.
+
+    Attributes:
+        alone: `{perturbation, or the re-run with none: "differs" / "same
+            bits" / "run failed (...)"}`.
+        responsible: The perturbations that differ alone.
+        verdict: One sentence: which perturbation separates the runs, or
+            that the target is nondeterministic by itself.
+        steps_rerun: How many steps each re-run trained.
+    """
+
+    alone: dict[str, str]
+    responsible: tuple[str, ...]
+    verdict: str
+    steps_rerun: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "responsible": list(self.responsible)}
+
+
+@dataclasses.dataclass(frozen=True)
+class DivergenceReport:
+    """The first difference between two runs (or two workers of one run).
+
+    Attributes:
+        runs: The two runs' indices.
+        worker: In a multi-worker check, the worker whose bits parted; None
+            for runs of one process.
+        found: `tfdet._record._diff.Divergence.to_dict()`: step, epoch,
+            quantity, expected, received, ulps, detail.
+        description: The same in one sentence.
+        profile_differences: `{profile field: [run a's, run b's]}`.
+        workers: Two workers of ONE run that disagree, or None.
+        attribution: Which perturbation separates the runs, or None.
+    """
+
+    runs: tuple[int, int]
+    worker: int | None
+    found: dict[str, Any]
+    description: str
+    profile_differences: dict[str, list[Any]]
+    workers: tuple[int, int] | None = None
+    attribution: Attribution | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "runs": list(self.runs),
+            "worker": self.worker,
+            **self.found,
+            "description": self.description,
+            "profile_differences": {
+                name: list(values) for name, values in self.profile_differences.items()
+            },
+        }
+        if self.attribution is not None:
+            out["attribution"] = self.attribution.to_dict()
+        if self.workers is not None:
+            out["workers"] = list(self.workers)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceReport:
+    """The check on one device: its runs and verdict, or why it was skipped.
+
+    Attributes:
+        status: `"ran"` or `"skipped"`.
+        reason: Why it was skipped (a skipped device), or None.
+        runs: Every process's report (a run of N workers has N).
+        steps: Steps each run trained.
+        workers: Worker processes per run.
+        replicas: Replicas per process.
+        perturbations: The perturbations asked for.
+        perturbations_skipped: `{perturbation: why it was not applied here}`.
+        divergence: The first divergence, or None.
+        exit_code: 0, 1 or 3 (None for a skipped device).
+    """
+
+    status: str
+    reason: str | None = None
+    runs: tuple[RunReport, ...] = ()
+    steps: int = 0
+    workers: int = 1
+    replicas: int = 1
+    perturbations: tuple[str, ...] = ()
+    perturbations_skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    divergence: DivergenceReport | None = None
+    exit_code: int | None = None
+
+    @classmethod
+    def skipped(cls, reason: str) -> DeviceReport:
+        return cls(status="skipped", reason=reason)
+
+    @property
+    def ran(self) -> bool:
+        return self.status == "ran"
+
+    @property
+    def verdict(self) -> str | None:
+        return None if self.exit_code is None else VERDICTS[self.exit_code]
+
+    def to_dict(self) -> dict[str, Any]:
+        if not self.ran:
+            return {"status": self.status, "reason": self.reason}
+        return {
+            "status": self.status,
+            "runs": [run.to_dict() for run in self.runs],
+            "steps": self.steps,
+            "workers": self.workers,
+            "replicas": self.replicas,
+            "perturbations": list(self.perturbations),
+            "perturbations_skipped": dict(self.perturbations_skipped),
+            "divergence": None
+            if self.divergence is None
+            else self.divergence.to_dict(),
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFacts:
+    """One run of a check.
+
+    Attributes:
+        device: `"cpu"` or `"gpu"`.
+        index: The run's number on its device (0 is the baseline).
+        ok: Whether it finished and wrote its result.
+        perturbations: `{name: what it changed}` for this run.
+        final_loss: The last step's loss (a float), or None.
+        seconds: How long the run took.
+        reason: Why it failed (None when ok).
+        trace: The kept trace file (with `traces=`), or None.
+        worker: The worker's task index in a multi-worker run (`workers=N`),
+            or None.
+    """
+
+    device: str
+    index: int
+    ok: bool
+    perturbations: dict[str, str]
+    final_loss: float | None
+    seconds: float
+    reason: str | None
+    trace: str | None
+    worker: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckReport:
+    """What `tfdet.check()` found; `to_dict()` is `tfdet check --json`'s report.
+
+    Attributes:
+        target: The TARGET checked (a function passed by value: its
+            `module:name`).
+        enable: Whether the runs called `tfdet.enable()`.
+        seed: The runs' seed.
+        threads: The runs' `tfdet.enable(threads=...)`.
+        runs_per_device: Runs on each device (`runs=`; `"runs"` in the JSON).
+        steps: Steps each run trained.
+        workers: Worker processes per run.
+        replicas: Replicas per process.
+        traces: The directory where the traces were kept, or None.
+        devices: `{"cpu" / "gpu": DeviceReport}`.
+        imitated: `{perturbation: the difference between machines it stands for}`.
+        not_imitated: `{difference: why one machine cannot imitate it}`.
+        emulated: `{perturbation: the emulated CPU a run ran on, and what that
+            stands for}` (`emulated_cpu`), or empty.
+        exit_code: `tfdet check`'s exit code: 0, 1 or 3.
+    """
+
+    target: str
+    enable: bool
+    seed: int
+    threads: int
+    runs_per_device: int
+    steps: int
+    workers: int
+    replicas: int
+    traces: str | None
+    devices: dict[str, DeviceReport]
+    imitated: dict[str, str]
+    not_imitated: dict[str, str]
+    emulated: dict[str, str]
+    exit_code: int
+
+    @property
+    def verdict(self) -> str:
+        """`"identical"`, `"diverged"` or `"failed"`."""
+        return VERDICTS[self.exit_code]
+
+    @property
+    def runs(self) -> tuple[RunFacts, ...]:
+        """Every run's facts, device by device."""
+        return tuple(
+            RunFacts(
+                device=device,
+                index=run.facts["index"],
+                ok=run.ok,
+                perturbations=dict(run.facts["perturbations"]),
+                final_loss=_float(run.training and run.training.final_loss),
+                seconds=run.facts["seconds"],
+                reason=run.facts["reason"],
+                trace=run.training.trace if run.training and self.traces else None,
+                worker=run.facts["worker"],
+            )
+            for device, result in self.devices.items()
+            for run in result.runs
+        )
+
+    @property
+    def divergence(self) -> dict[str, Any] | None:
+        """The first divergence (`device`, `runs`, `worker`, `step`,
+        `quantity`, `expected`, `received`, `description`, and with
+        attribution the perturbation responsible), or None."""
+        for device, result in self.devices.items():
+            if result.divergence is not None:
+                return {"device": device, **result.divergence.to_dict()}
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The full report, as `tfdet check --json FILE` writes it."""
+        return {
+            "target": self.target,
+            "enable": self.enable,
+            "seed": self.seed,
+            "threads": self.threads,
+            "runs": self.runs_per_device,
+            "steps": self.steps,
+            "workers": self.workers,
+            "replicas": self.replicas,
+            "traces": self.traces,
+            "devices": {name: d.to_dict() for name, d in self.devices.items()},
+            "imitated": dict(self.imitated),
+            "emulated": dict(self.emulated),
+            "not_imitated": dict(self.not_imitated),
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "tfdet_version": __version__,
+        }
+
+
+def _float(value: Any) -> float | None:
+    # The JSON report keeps the loss as its exact decimal text.
+    return None if value is None else float(value)
