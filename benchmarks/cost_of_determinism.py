@@ -6,7 +6,7 @@ Usage:
 
 (`gpu_cost.py` runs the same measurement for other models and configurations.)
 
-Three configurations train `builtin:cnn` (the keras-team/keras#12724 CNN:
+Four configurations train `builtin:cnn` (the keras-team/keras#12724 CNN:
 convolutions, max-pooling, Dropout, Dense 512, RMSprop) with `train_on_batch`
 on batches of 64:
 
@@ -14,11 +14,13 @@ on batches of 64:
   oneDNN uncapped, op determinism off);
 - `tfdet.enable(threads=1)`, the portable default;
 - `tfdet.enable(threads=N)`, N = the cores this process may use;
+- `tfdet.enable(threads=N, patches=["auto", "pool_size_free_products"])`,
+  whose bits are the same for every N (so N can be the cores);
 - with `--explain`, also op determinism alone and `enable(threads=N,
   cpu_isa=None)`, which split the cost between op determinism, threads and
   the AVX2 cap.
 
-Each configuration runs in its own fresh process. The three processes start
+Each configuration runs in its own fresh process. The processes start
 together, warm up (tracing, first oneDNN primitives; not timed), then take
 turns: in each block one process at a time runs `--steps` steps while the
 others wait, the order rotating every block. A block's ratio to plain
@@ -185,6 +187,11 @@ def configurations(cores: int, explain: bool) -> dict[str, dict | str | None]:
         "plain TensorFlow defaults": None,
         "enable(threads=1)": {"threads": 1},
         f"enable(threads={cores})": {"threads": cores},
+        # Bits that do not follow the pool size: the same at any N.
+        f"enable(threads={cores}) + pool-size-free": {
+            "threads": cores,
+            "patches": ["auto", "pool_size_free_products"],
+        },
     }
     if explain:
         # Split the cost: op determinism alone, and the AVX2 cap (default) vs

@@ -135,8 +135,11 @@ def patches_page() -> str:
         "TensorFlow has a hazardous row in the hazard table "
         "(`tfdet/patches/hazards.json`) for one of the ops it replaces, and "
         "each of its requirements holds (a patch that replaces no op: when "
-        "its requirements hold). `enable(patches=[...])` installs exactly the "
-        "named ones; the profile's `patches` lists those installed.",
+        "its requirements hold); an opt-in patch never, only when named. "
+        '`enable(patches=[...])` installs exactly the named ones, "auto" '
+        'among them adding those it selects (`["auto", '
+        '"pool_size_free_products"]`); the profile\'s `patches` lists those '
+        "installed.",
         "",
         *_table(
             ["patch", "replaces", "what it does"],
@@ -157,6 +160,8 @@ def patches_page() -> str:
             ("replaces (op types)", ", ".join(map(_code, patch.replaces)) or "-"),
             ("requires", _requires(dict(patch.requires))),
         ]
+        if patch.opt_in:
+            facts.append(("installed by `auto`", "no: opt-in, installed when named"))
         if patch.distribution:
             facts.append(
                 (

@@ -105,10 +105,18 @@ def test_declaration_names_hazardous_ops_no_other_patch_claims(name: str) -> Non
     patch = PATCHES[name]
     assert sys.modules[f"tfdet.patches.{name}"].PATCH is patch
     assert patch.summary and patch.upstream.startswith("https://")
-    # A patch that replaces no op fixes Keras code (it must say for which
-    # Keras), decides tf.distribute settings (it must say which) or pins a
-    # process setting of TensorFlow's libraries (it must say where it cannot).
-    assert patch.replaces or patch.requires or patch.distribution or patch.unavailable
+    # A patch that replaces no op of the hazard table fixes Keras code (it
+    # must say for which Keras), decides tf.distribute settings (it must say
+    # which), pins a process setting of TensorFlow's libraries (it must say
+    # where it cannot), or is opt-in (it buys a promise beyond the profile's,
+    # and "auto" never installs it).
+    assert (
+        patch.replaces
+        or patch.requires
+        or patch.distribution
+        or patch.unavailable
+        or patch.opt_in
+    )
     for op_type in patch.replaces:
         # A typo in an op name, or an op the table does not call a hazard,
         # would make the patch cover nothing in `tfdet scan`.
@@ -159,7 +167,11 @@ def _probe(name: str, replaces=("ResizeNearestNeighborGrad",), **fields):
 @pytest.fixture
 def probes(monkeypatch: pytest.MonkeyPatch):
     """A registry of two probe patches in place of tfdet's."""
-    registry = {"a_probe": _probe("a_probe"), "b_probe": _probe("b_probe", ("Conv2D",))}
+    registry = {
+        "a_probe": _probe("a_probe"),
+        "b_probe": _probe("b_probe", ("Conv2D",)),
+        "c_probe": _probe("c_probe", opt_in=True),
+    }
     monkeypatch.setattr(_registry, "_REGISTRY", dict(registry))
     yield registry
     for patch in registry.values():
@@ -189,6 +201,10 @@ def test_resolve(probes, monkeypatch: pytest.MonkeyPatch) -> None:
         "a_probe",
         "b_probe",
     ]
+    # An opt-in patch is needed by these versions, yet only installed when
+    # named; "auto" in a list adds the patches "auto" selects.
+    assert probes["c_probe"].needed()
+    assert _registry.resolve(["c_probe", "auto"]) == ["a_probe", "c_probe"]
     with pytest.raises(ValueError, match=r"Received unknown: \['nope'\]"):
         _registry.resolve(["a_probe", "nope"])
     with pytest.raises(ValueError, match="Received: patches='a_probe'"):
@@ -416,11 +432,15 @@ def test_sparse_optimizer_patch_waits_for_tf_keras_and_restore_cancels() -> None
 # it imported tf_keras yet (they wait for the import): the profile must not
 # depend on import order. The Keras 3 fixes only where tf.keras is Keras 3.
 def _auto_patches(keras_in_use: str) -> list[str]:
+    # Opt-in patches are installed only when named.
     return [
         name
         for name, patch in PATCHES.items()
-        if patch.requires.get("keras_in_use") in (None, keras_in_use)
-        or (TF_KERAS and patch.requires.get("keras_in_use") == "tf_keras")
+        if not patch.opt_in
+        and (
+            patch.requires.get("keras_in_use") in (None, keras_in_use)
+            or (TF_KERAS and patch.requires.get("keras_in_use") == "tf_keras")
+        )
     ]
 
 

@@ -39,6 +39,8 @@ def _distribution(workers: int, replicas: int) -> str:
 def format_header(options: _options.RunOptions) -> str:
     """What is about to run: printed before anything starts."""
     mode = _options.mode_label(options.enable)
+    if options.patches != (_options.DEFAULT_PATCHES,):
+        mode += f" (patches: {', '.join(options.patches)})"
     return (
         f"tfdet check {options.target_spec.text} {mode}: {options.runs} runs"
         f"{_distribution(options.workers, options.replicas)} x "

@@ -63,6 +63,14 @@ def add(parser: argparse.ArgumentParser) -> None:
     )
     add_seed_and_threads(parser, threads_note="; not with --no-enable")
     parser.add_argument(
+        "--patches",
+        default=_options.DEFAULT_PATCHES,
+        help="tfdet.enable(patches=...): comma-separated patch names, 'auto' "
+        f"among them for the patches these versions need (default "
+        f"{_options.DEFAULT_PATCHES!r}); auto,pool_size_free_products adds "
+        "products whose bits do not follow --threads. Not with --no-enable.",
+    )
+    parser.add_argument(
         "--emulate-cpu",
         metavar="MODEL",
         default=None,
@@ -114,6 +122,7 @@ def options(args: argparse.Namespace, **extra: Any) -> _options.RunOptions:
             enable=args.enable,
             seed=args.seed,
             threads=args.threads,
+            patches=tuple(name.strip() for name in args.patches.split(",")),
             timeout=args.timeout,
             emulate_cpu=args.emulate_cpu,
             **extra,

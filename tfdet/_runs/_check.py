@@ -529,6 +529,7 @@ def check(
         enable=options.enable,
         seed=options.seed,
         threads=options.threads,
+        patches=options.patches,
         runs_per_device=options.runs,
         steps=options.steps,
         workers=options.workers,

@@ -68,6 +68,7 @@ class WorkerSpec:
         threads: `tfdet.enable(threads=...)` (the `threads` perturbation
             gives some processes another one).
         cpu_isa: `tfdet.enable(cpu_isa=...)`.
+        patches: `tfdet.enable(patches=...)`.
         target: The TARGET string (check, locate, preflight).
         steps: Training steps (check, locate).
         workers: Processes of a multi-worker run (check).
@@ -90,6 +91,7 @@ class WorkerSpec:
     enable: bool = True
     threads: int = 1
     cpu_isa: str | None = None
+    patches: tuple[str, ...] = ("auto",)
     target: str | None = None
     steps: int = 0
     workers: int = 1
@@ -204,7 +206,12 @@ def _enable(spec: WorkerSpec) -> None:
         # the perturbations); the warning would fill the stderr tail a failed
         # run is reported with.
         warnings.filterwarnings("ignore", "PYTHONHASHSEED", UserWarning)
-        enable(spec.seed, threads=spec.threads, cpu_isa=spec.cpu_isa)
+        enable(
+            spec.seed,
+            threads=spec.threads,
+            cpu_isa=spec.cpu_isa,
+            patches=list(spec.patches),
+        )
 
 
 def _apply_perturbations() -> None:

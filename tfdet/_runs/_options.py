@@ -22,6 +22,8 @@ DEFAULT_TIMEOUT = 600.0
 DEFAULT_DEVICE = "all"
 DEFAULT_WORKERS = 1
 DEFAULT_REPLICAS = 1
+# `tfdet.enable(patches=...)`'s default: the patches these versions need.
+DEFAULT_PATCHES = "auto"
 # Each worker is a TensorFlow process and each replica a logical CPU device;
 # beyond this many a typo (--workers 200) would exhaust the machine, not test it.
 MAX_WORKERS = 64
@@ -48,6 +50,9 @@ class RunOptions:
         threads: `tfdet.enable(threads=...)`; only the default without
             `enable`.
         cpu_isa: `tfdet.enable(cpu_isa=...)`.
+        patches: `tfdet.enable(patches=...)`: patch names, "auto" among
+            them for the patches these versions need (the default, "auto"
+            alone); only the default without `enable`.
         timeout: Seconds before a run is killed (finite, > 0).
         attribute: On divergence, re-run to find the perturbation responsible.
         traces: Directory that keeps every run's trace (`DEVICE/runN.jsonl`,
@@ -75,6 +80,7 @@ class RunOptions:
     seed: int = _settings.DEFAULT_SEED
     threads: int = _settings.DEFAULT_THREADS
     cpu_isa: str | None = _settings.DEFAULT_CPU_ISA
+    patches: tuple[str, ...] = (DEFAULT_PATCHES,)
     timeout: float = DEFAULT_TIMEOUT
     attribute: bool = True
     traces: str | None = None
@@ -123,6 +129,13 @@ class RunOptions:
                 "plain TensorFlow, whose thread pools follow the cores. Received: "
                 f"threads={threads} with `enable=False`. Drop one of them."
             )
+        self._set("patches", _check_patches(self.patches))
+        if not self.enable and self.patches != (DEFAULT_PATCHES,):
+            raise ValueError(
+                "Expected `patches` only with tfdet enabled: `enable=False` runs "
+                f"plain TensorFlow. Received: patches={list(self.patches)} with "
+                "`enable=False`. Drop one of them."
+            )
         self._set("seed", seed)
         self._set("threads", threads)
         self._set("cpu_isa", cpu_isa)
@@ -162,6 +175,26 @@ class RunOptions:
         """The parsed TARGET (`target` is always one after validation)."""
         assert isinstance(self.target, _target.TargetSpec)
         return self.target
+
+
+def _check_patches(patches: Any) -> tuple[str, ...]:
+    """Patch names for `tfdet.enable(patches=...)`, checked before any run.
+
+    Raises:
+        ValueError: not a string or a list of names, or an unknown name.
+    """
+    from tfdet.patches import _registry
+
+    names = [patches] if isinstance(patches, str) else patches
+    if not isinstance(names, list | tuple) or not all(
+        isinstance(name, str) for name in names
+    ):
+        raise ValueError(
+            'Expected `patches` to be a list of patch names, "auto" among them '
+            f"for the patches these versions need. Received: patches={patches!r}"
+        )
+    _registry.resolve(list(names))  # A ValueError naming the known patches.
+    return tuple(dict.fromkeys(names))
 
 
 def mode_label(enable: bool) -> str:

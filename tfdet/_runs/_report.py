@@ -240,6 +240,7 @@ class CheckReport:
         enable: Whether the runs called `tfdet.enable()`.
         seed: The runs' seed.
         threads: The runs' `tfdet.enable(threads=...)`.
+        patches: The runs' `tfdet.enable(patches=...)`.
         runs_per_device: Runs on each device (`runs=`; `"runs"` in the JSON).
         steps: Steps each run trained.
         workers: Worker processes per run.
@@ -257,6 +258,7 @@ class CheckReport:
     enable: bool
     seed: int
     threads: int
+    patches: tuple[str, ...]
     runs_per_device: int
     steps: int
     workers: int
@@ -309,6 +311,7 @@ class CheckReport:
             "enable": self.enable,
             "seed": self.seed,
             "threads": self.threads,
+            "patches": list(self.patches),
             "runs": self.runs_per_device,
             "steps": self.steps,
             "workers": self.workers,

@@ -185,6 +185,7 @@ def worker_spec(
         enable=options.enable,
         threads=options.threads,
         cpu_isa=options.cpu_isa,
+        patches=options.patches,
         **fields,
     )
 

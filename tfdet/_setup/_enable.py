@@ -319,7 +319,9 @@ def enable(
             between machines. Set before `import tensorflow`: call enable()
             first, or start the script with `tfdet run`.
         patches: "auto" (the patches these versions need), None (none), or a
-            list of names from `tfdet.patches`.
+            list of names from `tfdet.patches`, which may include "auto":
+            `["auto", "pool_size_free_products"]` adds the opt-in patch whose
+            bits do not follow `threads` (see its module).
         strict: True or False (nothing else). When False, two refusals whose outcome may leave the bits
             as the profile says become warnings; everything else is refused
             as with True. Exactly:

@@ -27,6 +27,9 @@ from tfdet.patches._swap import Swap
 
 _LOG = logging.getLogger("tfdet")
 
+# The selection of the patches the running versions need.
+AUTO = "auto"
+
 # The package whose public modules are the patches.
 PACKAGE = "tfdet.patches"
 
@@ -78,6 +81,9 @@ class Patch:
         unavailable: Says why the patch cannot work in this process (None
             when it can), for a patch that needs more than versions (a
             platform, a symbol table); `needed()` is False while it says why.
+        opt_in: Installed only when named (`patches=["auto", name]`), never
+            by "auto": a patch that buys a promise the default profile does
+            not make, at a cost in speed.
     """
 
     name: str = ""
@@ -89,6 +95,7 @@ class Patch:
     requires: Mapping[str, str] = dataclasses.field(default_factory=dict)
     distribution: Mapping[str, str] = dataclasses.field(default_factory=dict)
     unavailable: Callable[[], str | None] | None = None
+    opt_in: bool = False
     _swap: Swap = dataclasses.field(default_factory=Swap, init=False, repr=False)
     _state: _State = dataclasses.field(default_factory=_State, init=False, repr=False)
 
@@ -227,8 +234,9 @@ def resolve(selection: str | Iterable[str] | None | bool) -> list[str]:
     """Names that a `patches=` argument selects.
 
     Args:
-        selection: "auto" (the patches the running versions need), None or
-            False (none), or an iterable of patch names.
+        selection: "auto" (the patches the running versions need, opt-in
+            ones excepted), None or False (none), or an iterable of patch
+            names, which may include "auto" (`["auto", "pool_size_free_products"]`).
 
     Raises:
         ValueError: an unknown patch name or selection.
@@ -237,13 +245,19 @@ def resolve(selection: str | Iterable[str] | None | bool) -> list[str]:
         return []
     patches = available()
     if selection == "auto" or selection is True:
-        return [name for name, patch in patches.items() if patch.needed()]
+        return [
+            name
+            for name, patch in patches.items()
+            if patch.needed() and not patch.opt_in
+        ]
     if isinstance(selection, str):
         raise ValueError(
             "Expected `patches` to be 'auto', None, or a list of patch names "
             f"from {sorted(patches)}. Received: patches={selection!r}"
         )
     names = list(selection)
+    if AUTO in names:
+        names = [name for name in names if name != AUTO] + resolve(AUTO)
     unknown = sorted(set(names) - set(patches))
     if unknown:
         raise ValueError(

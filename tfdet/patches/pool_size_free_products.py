@@ -1,0 +1,315 @@
+"""Products whose bits do not follow the thread-pool size (opt-in).
+
+With oneDNN on, TensorFlow's CPU `MatMul` is oneDNN's sgemm, whose work is
+split among the pool's threads by output columns (and, with AVX2, capped by
+the L2 cache per core): the last columns of each thread's share go through
+a remainder micro-kernel that sums with other accumulators (two partial
+sums for even and odd k, or multiply-then-add instead of FMA), so which
+columns end up in a remainder, and so their bits, follow the pool size.
+`Conv2DBackpropFilter` (oneDNN's backward-by-weights) splits its sum over
+the batch and the image among threads when it has few jobs and adds the
+partial sums afterwards; `BiasAddGrad` (TensorFlow's `ReduceOuterDimensions`)
+splits the rows into up to one block per thread when there are few
+channels. Each gives other bits with another pool size, under one seed.
+
+oneDNN's forward convolution splits work only over its outputs (images,
+output channels, positions) and sums every output's channels inside one
+thread, in the same order whatever the pool size (measured: bits equal for
+pools of 1, 2, 3, 4 and 8 on every shape tried, including a 20000-long sum).
+So this patch computes each product as one:
+
+- `MatMul` a (m x k) @ b (k x n): a 1x1 convolution of a batch of m
+  one-pixel images with k channels by an (1, 1, k, n) filter; its gradients
+  are the same kind of product (dy @ b^T, a^T @ dy), never sgemm;
+- `BatchMatMulV2/V3` (batch, m, k) @ (batch, k, n): the same, with one
+  convolution group per batch entry; `Einsum` through TensorFlow's Python
+  decomposition (`_einsum_v1`: transposes, reshapes and those products);
+- `Conv2DBackpropFilter`: the image patches (`extract_patches`, a copy)
+  transposed, times the output gradient, as above;
+- `BiasAddGrad`: a `Sum` over every axis but the channels, which splits
+  only over the channels.
+
+Values agree with the originals to float32 rounding (the sums run in
+another order). float32 only (NHWC for convolutions, equal batch shapes for
+batched products); anything else goes to the original op. Not covered:
+depthwise and 3-D convolution gradients, and a full `Sum` large enough for
+Eigen to split it into one block per thread (a 256x4096 one agreed for every
+pool size, a 3,000,001-long one did not). Cost: see
+`benchmarks/cost_of_determinism.py`.
+
+Opt-in, never installed by "auto": `tfdet.enable(threads=N, patches=["auto",
+"pool_size_free_products"])`, or `tfdet check --patches
+auto,pool_size_free_products --perturb threads` to show it on a model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfdet.patches import _exact_math
+from tfdet.patches._registry import Patch
+
+_MAT_MUL = _exact_math.GeneratedOp("tensorflow.python.ops.gen_math_ops", "mat_mul")
+_FILTER_GRAD = _exact_math.GeneratedOp(
+    "tensorflow.python.ops.gen_nn_ops", "conv2d_backprop_filter"
+)
+_BIAS_GRAD = _exact_math.GeneratedOp(
+    "tensorflow.python.ops.gen_nn_ops", "bias_add_grad"
+)
+_BATCH_MAT_MUL = {
+    version: _exact_math.GeneratedOp("tensorflow.python.ops.gen_math_ops", version)
+    for version in ("batch_mat_mul_v2", "batch_mat_mul_v3")
+}
+_EINSUM = _exact_math.GeneratedOp("tensorflow.python.ops.gen_linalg_ops", "einsum")
+
+
+def _batch_product(a: Any, b: Any) -> Any:
+    """`a @ b` for (batch, m, k) and (batch, k, n): a grouped 1x1 convolution.
+
+    The images are the m rows, each a single pixel with the batch's k-channel
+    groups side by side; group g of the convolution multiplies `a[g]` by
+    `b[g]`. oneDNN sums each output's k channels inside one thread.
+    """
+    import tensorflow as tf
+
+    groups, rows, inner = tf.shape(a)[0], tf.shape(a)[1], tf.shape(a)[2]
+    columns = tf.shape(b)[2]
+    images = tf.reshape(tf.transpose(a, [1, 0, 2]), tf.stack([rows, 1, 1, -1]))
+    kernel = tf.reshape(tf.transpose(b, [1, 0, 2]), tf.stack([1, 1, inner, -1]))
+    product = tf.nn.conv2d(images, kernel, strides=1, padding="VALID")
+    product = tf.reshape(product, tf.stack([rows, groups, columns]))
+    return tf.transpose(product, [1, 0, 2])
+
+
+def _batch_matmul(a: Any, b: Any) -> Any:
+    import tensorflow as tf
+
+    def swap(x: Any) -> Any:
+        return tf.transpose(x, [0, 2, 1])
+
+    @tf.custom_gradient
+    def run(a: Any, b: Any) -> Any:
+        def gradient(upstream: Any) -> tuple[Any, Any]:
+            return (
+                _batch_product(upstream, swap(b)),
+                _batch_product(swap(a), upstream),
+            )
+
+        return _batch_product(a, b), gradient
+
+    return run(a, b)
+
+
+def _batch_mat_mul(version: str) -> Any:
+    """The replacement of `gen_math_ops.<version>` (BatchMatMulV2 or V3)."""
+
+    def batch_mat_mul(
+        x: Any,
+        y: Any,
+        *args: Any,
+        adj_x: bool = False,
+        adj_y: bool = False,
+        name: str | None = None,
+        **flags: Any,
+    ) -> Any:
+        import tensorflow as tf
+
+        original = _BATCH_MAT_MUL[version].original
+        a, b = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
+        out_type = args[0] if args else flags.get("Tout", tf.float32)
+        if (
+            a.dtype != tf.float32
+            or b.dtype != tf.float32
+            or tf.as_dtype(out_type) != tf.float32
+            or a.shape.rank is None
+            or a.shape.rank < 3
+            or a.shape.rank != b.shape.rank
+            or a.shape[:-2] != b.shape[:-2]
+            or not a.shape[:-2].is_fully_defined()
+        ):
+            # Broadcast or unknown batch shapes: the original op.
+            return original(x, y, *args, adj_x=adj_x, adj_y=adj_y, name=name, **flags)
+        with tf.name_scope(name or "PoolSizeFreeBatchMatMul"):
+            batch = a.shape[:-2]
+            a = tf.reshape(a, tf.concat([[-1], tf.shape(a)[-2:]], 0))
+            b = tf.reshape(b, tf.concat([[-1], tf.shape(b)[-2:]], 0))
+            if adj_x:
+                a = tf.transpose(a, [0, 2, 1])
+            if adj_y:
+                b = tf.transpose(b, [0, 2, 1])
+            product = _batch_matmul(a, b)
+            return tf.reshape(product, tf.concat([batch, tf.shape(product)[1:]], 0))
+
+    return batch_mat_mul
+
+
+def einsum(inputs: Any, equation: str, name: str | None = None) -> Any:
+    """`tf.raw_ops.Einsum` as transposes, reshapes and the products above.
+
+    TensorFlow's own Python decomposition (`_einsum_v1`), whose products go
+    through `tf.matmul`, hence through this patch's `MatMul` and
+    `BatchMatMul`.
+    """
+    import tensorflow as tf
+    from tensorflow.python.ops import special_math_ops
+
+    tensors = [tf.convert_to_tensor(x) for x in inputs]
+    if any(t.dtype != tf.float32 for t in tensors):
+        return _EINSUM.original(inputs, equation, name=name)
+    return special_math_ops._einsum_v1(equation, *tensors, name=name)
+
+
+def mat_mul(
+    a: Any,
+    b: Any,
+    transpose_a: bool = False,
+    transpose_b: bool = False,
+    name: str | None = None,
+    **flags: Any,
+) -> Any:
+    """`tf.raw_ops.MatMul`, bits independent of the pool size for float32."""
+    import tensorflow as tf
+
+    a_tensor, b_tensor = tf.convert_to_tensor(a), tf.convert_to_tensor(b)
+    if a_tensor.dtype != tf.float32 or b_tensor.dtype != tf.float32:
+        return _MAT_MUL.original(
+            a, b, transpose_a=transpose_a, transpose_b=transpose_b, name=name, **flags
+        )
+    with tf.name_scope(name or "PoolSizeFreeMatMul"):
+        if transpose_a:
+            a_tensor = tf.transpose(a_tensor)
+        if transpose_b:
+            b_tensor = tf.transpose(b_tensor)
+        # A batch of one: one group, a plain 1x1 convolution.
+        return _batch_matmul(a_tensor[None], b_tensor[None])[0]
+
+
+def _static_filter_shape(filter_sizes: Any) -> tuple[int, ...] | None:
+    """The filter's shape as numbers, or None when it is not known statically.
+
+    The registered gradient passes `shape_n([input, filter])[1]`, which has
+    no static value in a graph; its filter input has a static shape.
+    """
+    import tensorflow as tf
+
+    value = tf.get_static_value(filter_sizes)
+    if value is not None:
+        return tuple(int(size) for size in value)
+    op = getattr(filter_sizes, "op", None)
+    if op is not None and op.type in ("Shape", "ShapeN"):
+        shape = op.inputs[filter_sizes.value_index].shape
+        if shape.is_fully_defined():
+            return tuple(shape.as_list())
+    return None
+
+
+def _text(attribute: Any, default: str) -> str:
+    """A string attribute as the registered gradients pass it (bytes, or None)."""
+    if isinstance(attribute, bytes):
+        return attribute.decode()
+    return attribute or default
+
+
+def _same_padding(size: Any, kernel: int, stride: int, dilation: int) -> Any:
+    """`(before, after)` padding of one spatial axis under "SAME"."""
+    import tensorflow as tf
+
+    reach = (kernel - 1) * dilation + 1
+    out = (size + stride - 1) // stride
+    total = tf.maximum((out - 1) * stride + reach - size, 0)
+    return tf.stack([total // 2, total - total // 2])
+
+
+def conv2d_backprop_filter(
+    input: Any,  # noqa: A002 - TensorFlow's argument name
+    filter_sizes: Any,
+    out_backprop: Any,
+    strides: Any,
+    padding: str,
+    use_cudnn_on_gpu: bool = True,
+    explicit_paddings: Any = (),
+    data_format: str = "NHWC",
+    dilations: Any = (1, 1, 1, 1),
+    name: str | None = None,
+) -> Any:
+    """`tf.raw_ops.Conv2DBackpropFilter`, bits independent of the pool size."""
+    import tensorflow as tf
+
+    x = tf.convert_to_tensor(input)
+    sizes = _static_filter_shape(filter_sizes)
+    data_format, padding = _text(data_format, "NHWC"), _text(padding, "VALID")
+    if x.dtype != tf.float32 or data_format != "NHWC" or sizes is None:
+        return _FILTER_GRAD.original(
+            input,
+            filter_sizes,
+            out_backprop,
+            strides,
+            padding,
+            use_cudnn_on_gpu=use_cudnn_on_gpu,
+            explicit_paddings=list(explicit_paddings),
+            data_format=data_format,
+            dilations=list(dilations),
+            name=name,
+        )
+    height, width, channels, filters = (int(s) for s in sizes)
+    with tf.name_scope(name or "PoolSizeFreeConv2DBackpropFilter"):
+        if padding == "SAME":
+            shape = tf.shape(x)
+            pads = tf.stack(
+                [
+                    tf.zeros(2, tf.int32),
+                    _same_padding(shape[1], height, strides[1], dilations[1]),
+                    _same_padding(shape[2], width, strides[2], dilations[2]),
+                    tf.zeros(2, tf.int32),
+                ]
+            )
+            x = tf.pad(x, pads)
+        elif padding == "EXPLICIT":
+            x = tf.pad(x, [list(explicit_paddings[i : i + 2]) for i in range(0, 8, 2)])
+        patches = tf.image.extract_patches(
+            x,
+            sizes=[1, height, width, 1],
+            strides=[1, strides[1], strides[2], 1],
+            rates=[1, dilations[1], dilations[2], 1],
+            padding="VALID",
+        )
+        # Each patch is flattened as (row, column, channel), the filter's order.
+        patches = tf.reshape(patches, [-1, height * width * channels])
+        upstream = tf.reshape(out_backprop, [-1, filters])
+        gradient = _batch_product(tf.transpose(patches)[None], upstream[None])[0]
+        return tf.reshape(gradient, [height, width, channels, filters])
+
+
+def bias_add_grad(
+    out_backprop: Any, data_format: str = "NHWC", name: str | None = None
+) -> Any:
+    """`tf.raw_ops.BiasAddGrad` as a `Sum` that splits only over the channels."""
+    import tensorflow as tf
+
+    upstream = tf.convert_to_tensor(out_backprop)
+    rank = upstream.shape.rank
+    if rank is None or upstream.dtype != tf.float32:
+        return _BIAS_GRAD.original(out_backprop, data_format=data_format, name=name)
+    data_format = _text(data_format, "NHWC")
+    channel = 1 if data_format.startswith("NC") and rank > 2 else rank - 1
+    axes = [axis for axis in range(rank) if axis != channel]
+    with tf.name_scope(name or "PoolSizeFreeBiasAddGrad"):
+        return tf.reduce_sum(upstream, axis=axes)
+
+
+def _apply(swap: Any) -> None:
+    _MAT_MUL.replace(swap, mat_mul)
+    for version, op in _BATCH_MAT_MUL.items():
+        op.replace(swap, _batch_mat_mul(version))
+    _EINSUM.replace(swap, einsum)
+    _FILTER_GRAD.replace(swap, conv2d_backprop_filter)
+    _BIAS_GRAD.replace(swap, bias_add_grad)
+
+
+PATCH = Patch(
+    summary="MatMul, Conv2DBackpropFilter, BiasAddGrad -> 1x1 convolutions and "
+    "Sums that split only over outputs (bits independent of the pool size)",
+    upstream="https://github.com/uxlfoundation/oneDNN/issues/1443",
+    apply=_apply,
+    opt_in=True,
+)
