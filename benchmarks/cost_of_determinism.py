@@ -2,7 +2,7 @@
 
 Usage:
     python benchmarks/cost_of_determinism.py [--rounds 2] [--blocks 6]
-        [--steps 8] [--batch-size 64] [--explain] [--json FILE]
+        [--steps 8] [--batch-size 64] [--explain] [--target TARGET] [--json FILE]
 
 (`gpu_cost.py` runs the same measurement for other models and configurations.)
 
@@ -365,12 +365,24 @@ def main(argv: list[str] | None = None) -> int:
         help="Also time op determinism alone and enable() without the AVX2 cap.",
     )
     parser.add_argument(
+        "--target",
+        default="builtin:cnn",
+        help="The TARGET to train (default builtin:cnn; e.g. "
+        "benchmarks/survey_models.py:multi_head_attention).",
+    )
+    parser.add_argument(
         "--json", metavar="FILE", help="Also write the figures as JSON."
     )
     args = parser.parse_args(argv)
     check_schedule_arguments(parser, args)
     figures = measure(
-        args.rounds, args.blocks, args.steps, args.warmup, args.batch_size, args.explain
+        args.rounds,
+        args.blocks,
+        args.steps,
+        args.warmup,
+        args.batch_size,
+        args.explain,
+        target=args.target,
     )
     print()
     print(format_table(figures))
