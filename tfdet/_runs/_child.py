@@ -111,7 +111,10 @@ class WorkerSpec:
                 f"Expected a worker kind from {', '.join(KINDS)}. Received: "
                 f"kind={self.kind!r}"
             )
+        # JSON gives lists back: the sequences are tuples, so a spec read
+        # back equals the one written.
         object.__setattr__(self, "args", tuple(self.args))
+        object.__setattr__(self, "patches", tuple(self.patches))
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
