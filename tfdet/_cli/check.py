@@ -125,10 +125,12 @@ def _execute_script(args: argparse.Namespace) -> int:
             ),
             max_steps=args.max_steps,
         )
-    report = _script_check.check_script(options, progress=_training_flags.progress)
+    result = _script_check.check_script(options, progress=_training_flags.progress)
+    report = result.to_dict()
+    # The file first: a closed stdout must not lose the machine-readable report.
     write_json(args.json, report)
     _output.out(_check_text.format_script_report(report))
-    return report["exit_code"]
+    return result.exit_code
 
 
 def execute(args: argparse.Namespace) -> int:

@@ -330,3 +330,95 @@ class CheckReport:
 def _float(value: Any) -> float | None:
     # The JSON report keeps the loss as its exact decimal text.
     return None if value is None else float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptRunReport:
+    """One run of `tfdet check --script`.
+
+    Attributes:
+        facts: What is said of every run (as `RunReport.facts`).
+        trained: What a finished run trained: `end` (how the script ended),
+            `entry_points`, `keras` (which Keras each training used),
+            `steps_recorded`, `trainings` (one entry per model trained),
+            `xla`; None for a run that failed.
+        stderr_tail: The end of a failed run's stderr, or None.
+    """
+
+    facts: dict[str, Any]
+    trained: dict[str, Any] | None = None
+    stderr_tail: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {**self.facts, **(self.trained or {})}
+        if self.stderr_tail is not None:
+            out["stderr_tail"] = self.stderr_tail
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptCheckReport:
+    """What `tfdet check --script` found; `to_dict()` is its `--json` report.
+
+    Attributes:
+        script: The script checked.
+        args: Its arguments.
+        enable: Whether `tfdet run` called `tfdet.enable()` before it.
+        seed: The runs' seed.
+        threads: The runs' pool size.
+        runs_per_check: Runs (`"runs"` in the JSON).
+        max_steps: Where the runs stopped the script, or None.
+        perturbations: The perturbations asked for.
+        perturbations_skipped: `{perturbation: why it was not applied}`.
+        run_reports: Every run's report.
+        divergence: The first difference (`training`, `quantity`,
+            `description`, `runs`, ...), or None.
+        nothing_trained: Whether the runs finished without training a step.
+        shared_writes: Files outside the runs' own directories that they
+            changed (their bits were not compared in isolation).
+        notices: Keras's notices (a dropped `jit_compile=True`), once each.
+        exit_code: 0, 1 or 3.
+    """
+
+    script: str
+    args: tuple[str, ...]
+    enable: bool
+    seed: int
+    threads: int
+    runs_per_check: int
+    max_steps: int | None
+    perturbations: tuple[str, ...]
+    perturbations_skipped: dict[str, str]
+    run_reports: tuple[ScriptRunReport, ...]
+    divergence: dict[str, Any] | None
+    nothing_trained: bool
+    shared_writes: tuple[str, ...]
+    notices: tuple[str, ...]
+    exit_code: int
+
+    @property
+    def verdict(self) -> str:
+        """`"identical"`, `"diverged"` or `"failed"`."""
+        return VERDICTS[self.exit_code]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The full report, as `tfdet check --script ... --json FILE` writes it."""
+        return {
+            "script": self.script,
+            "args": list(self.args),
+            "enable": self.enable,
+            "seed": self.seed,
+            "threads": self.threads,
+            "runs": self.runs_per_check,
+            "max_steps": self.max_steps,
+            "perturbations": list(self.perturbations),
+            "perturbations_skipped": dict(self.perturbations_skipped),
+            "run_reports": [run.to_dict() for run in self.run_reports],
+            "divergence": self.divergence,
+            "nothing_trained": self.nothing_trained,
+            "shared_writes": list(self.shared_writes),
+            "notices": list(self.notices),
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "tfdet_version": __version__,
+        }

@@ -25,7 +25,7 @@ from tfdet._pin import _isa, _settings
 from tfdet._record import _diff, _trace
 from tfdet._runs import _perturb, _protocol, _spawn, _target, _workdir
 from tfdet._runs._options import RunOptions
-from tfdet._runs._report import VERDICTS
+from tfdet._runs._report import ScriptCheckReport, ScriptRunReport
 from tfdet._runs._spawn import ProgressFn
 from tfdet._setup import _enable
 
@@ -159,22 +159,22 @@ def first_script_divergence(a: _ScriptRun, b: _ScriptRun) -> dict[str, Any] | No
     return None
 
 
-def _run_report(run: _ScriptRun) -> dict[str, Any]:
+def _run_report(run: _ScriptRun) -> ScriptRunReport:
     outcome = run.outcome
-    report = outcome.facts()
-    if outcome.ok:
-        result = outcome.result
-        report.update(
-            end=result["end"],
-            entry_points=result["entry_points"],
-            keras=result["keras"],
-            steps_recorded=result["steps_recorded"],
-            trainings=result["traces"],
-            xla=result["xla"],
-        )
-    else:
-        report["stderr_tail"] = outcome.stderr_tail
-    return report
+    if not outcome.ok:
+        return ScriptRunReport(outcome.facts(), stderr_tail=outcome.stderr_tail)
+    result = outcome.result
+    return ScriptRunReport(
+        outcome.facts(),
+        trained={
+            "end": result["end"],
+            "entry_points": result["entry_points"],
+            "keras": result["keras"],
+            "steps_recorded": result["steps_recorded"],
+            "trainings": result["traces"],
+            "xla": result["xla"],
+        },
+    )
 
 
 def _trained(run: _ScriptRun) -> bool:
@@ -186,10 +186,9 @@ def _trained(run: _ScriptRun) -> bool:
 
 def check_script(
     options: ScriptOptions, progress: ProgressFn | None = None
-) -> dict[str, Any]:
-    """Runs the script N times and returns the report (`--json`'s content)."""
+) -> ScriptCheckReport:
+    """Runs the script N times and returns the report (`to_dict()`: `--json`)."""
     run = options.run
-    names = list(run.perturb)
     setups = _perturb.plan_for(run, kind=_protocol.SCRIPT)
     launched_in = os.getcwd()
     # Inside the directory the check was started in, the script runs from
@@ -239,27 +238,26 @@ def check_script(
         code = EXIT_RUN_FAILED
     else:
         code = EXIT_DIVERGED if divergence else EXIT_OK
-    reports = [_run_report(r) for r in runs]
-    notices = sorted(
-        {r["xla"]["notice"] for r in reports if r.get("xla", {}).get("notice")}
-    )
-    return {
-        "script": options.script,
-        "args": list(options.args),
-        "enable": run.enable,
-        "seed": run.seed,
-        "threads": run.threads,
-        "runs": run.runs,
-        "max_steps": options.max_steps,
-        "perturbations": names,
-        "perturbations_skipped": _perturb.skipped_for(run, kind=_protocol.SCRIPT),
-        "run_reports": reports,
-        "divergence": divergence,
-        "nothing_trained": nothing_trained,
+    reports = tuple(_run_report(r) for r in runs)
+    notices = {
+        ((report.trained or {}).get("xla") or {}).get("notice") for report in reports
+    }
+    return ScriptCheckReport(
+        script=options.script,
+        args=tuple(options.args),
+        enable=run.enable,
+        seed=run.seed,
+        threads=run.threads,
+        runs_per_check=run.runs,
+        max_steps=options.max_steps,
+        perturbations=tuple(run.perturb),
+        perturbations_skipped=_perturb.skipped_for(run, kind=_protocol.SCRIPT),
+        run_reports=reports,
+        divergence=divergence,
+        nothing_trained=nothing_trained,
         # Files outside the runs' own directories that the runs changed:
         # they shared them, so their bits were not compared in isolation.
-        "shared_writes": shared,
-        "notices": notices,
-        "verdict": VERDICTS[code],
-        "exit_code": code,
-    }
+        shared_writes=tuple(shared),
+        notices=tuple(sorted(notices - {None})),
+        exit_code=code,
+    )
