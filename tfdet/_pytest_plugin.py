@@ -28,7 +28,7 @@ import inspect
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -284,22 +284,6 @@ def _divergences(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@contextlib.contextmanager
-def _environment(env: dict[str, str] | None) -> Iterator[None]:
-    """`os.environ` is `env` inside (None: unchanged): the runs start from it."""
-    if env is None:
-        yield
-        return
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
 def check_or_fail(
     build: Callable[..., Any] | str,
     *,
@@ -348,6 +332,8 @@ def check_or_fail(
             timed out (with its stderr tail), or the check could not start.
         pytest.skip.Exception: `device="gpu"` on a machine without a GPU.
     """
+    from unittest import mock  # Here: every pytest session loads this module.
+
     import tfdet  # The check's modules; none of them imports TensorFlow.
 
     target = _target_of(build)
@@ -357,7 +343,13 @@ def check_or_fail(
     try:
         # In this process's directory: TARGETs relative to it resolve as
         # they would from the shell.
-        with _environment(env):
+        # The runs start from `os.environ`: `env` replaces it meanwhile.
+        environment = (
+            contextlib.nullcontext()
+            if env is None
+            else mock.patch.dict(os.environ, env, clear=True)
+        )
+        with environment:
             result = tfdet.check(
                 target,
                 runs=runs,

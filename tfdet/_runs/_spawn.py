@@ -77,17 +77,6 @@ def preflight(spec: _target.TargetSpec, timeout: float) -> None:
         raise _ended_while_building(outcome, spec.text)
 
 
-def raise_target_error(outcomes: list[RunOutcome]) -> None:
-    """Raises the first run's report of a bad TARGET (exit 2), if any.
-
-    Raises:
-        TargetError: a run said its TARGET cannot be built or trained.
-    """
-    for outcome in outcomes:
-        if outcome.target_error is not None:
-            raise TargetError(outcome.target_error)
-
-
 def raise_unbuilt_target(
     outcomes: list[RunOutcome], target: str, timeout: float
 ) -> None:
@@ -103,7 +92,9 @@ def raise_unbuilt_target(
         TargetError: the TARGET cannot be built (exit 2).
         RunFailedError: no run built it within `timeout` (exit 3).
     """
-    raise_target_error(outcomes)
+    for outcome in outcomes:
+        if outcome.target_error is not None:
+            raise TargetError(outcome.target_error)
     if any(outcome.stage == _child.BUILT for outcome in outcomes):
         return
     if any(outcome.timed_out for outcome in outcomes):

@@ -84,8 +84,7 @@ def _batch_product(a: Any, b: Any) -> Any:
 def _batch_matmul(a: Any, b: Any) -> Any:
     import tensorflow as tf
 
-    def swap(x: Any) -> Any:
-        return tf.transpose(x, [0, 2, 1])
+    swap = tf.linalg.matrix_transpose
 
     @tf.custom_gradient
     def run(a: Any, b: Any) -> Any:
@@ -134,9 +133,9 @@ def _batch_mat_mul(version: str) -> Any:
             a = tf.reshape(a, tf.concat([[-1], tf.shape(a)[-2:]], 0))
             b = tf.reshape(b, tf.concat([[-1], tf.shape(b)[-2:]], 0))
             if adj_x:
-                a = tf.transpose(a, [0, 2, 1])
+                a = tf.linalg.matrix_transpose(a)
             if adj_y:
-                b = tf.transpose(b, [0, 2, 1])
+                b = tf.linalg.matrix_transpose(b)
             product = _batch_matmul(a, b)
             return tf.reshape(product, tf.concat([batch, tf.shape(product)[1:]], 0))
 
@@ -307,8 +306,9 @@ def _apply(swap: Any) -> None:
 
 
 PATCH = Patch(
-    summary="MatMul, Conv2DBackpropFilter, BiasAddGrad -> 1x1 convolutions and "
-    "Sums that split only over outputs (bits independent of the pool size)",
+    summary="MatMul, BatchMatMul, Einsum, Conv2DBackpropFilter, BiasAddGrad -> "
+    "1x1 convolutions and Sums that split only over outputs (bits independent "
+    "of the pool size)",
     upstream="https://github.com/uxlfoundation/oneDNN/issues/1443",
     apply=_apply,
     opt_in=True,
