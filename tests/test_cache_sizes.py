@@ -12,7 +12,7 @@ import json
 import pytest
 
 from tests.conftest import REPO, clean_env, run_python, run_tfdet
-from tfdet._pin import _cache_sizes
+from tfdet._pin import _cache_sizes, _isa
 from tfdet.patches.eigen_cache_sizes import PINNED
 
 SURVEY = REPO / "benchmarks" / "survey_models.py"
@@ -119,21 +119,41 @@ def test_check_caches_separates_eigen_products_without_tfdet(tmp_path):
 
 
 def test_enable_pins_what_mixed_bfloat16_would_take_from_the_caches(tmp_path):
-    # Under the AVX2 cap oneDNN leaves bfloat16 products to Eigen, so without
-    # the pin the imitated sizes change this model's bits (the control), and
-    # under enable() they do not.
+    # Under the AVX2 cap, with TensorFlow's view of the CPU capped alike
+    # (the tensorflow_cpu_extensions patch), bfloat16 products are Eigen's on
+    # every CPU, so without the pin the imitated sizes change this model's
+    # bits (the control: enable() with that patch alone), and under enable()
+    # they do not.
     target = f"{SURVEY}:mixed_bfloat16"
     code, report, output = _check(target, tmp_path=tmp_path, env=clean_env())
     assert code == 0, output
-    assert (
-        "eigen_cache_sizes" in report["devices"]["cpu"]["runs"][0]["profile"]["patches"]
-    )
-    env = clean_env(TF_ENABLE_ONEDNN_OPTS="1", ONEDNN_MAX_CPU_ISA="AVX2", **_ONE_THREAD)
-    (tmp_path / "without").mkdir()
+    patches = report["devices"]["cpu"]["runs"][0]["profile"]["patches"]
+    assert {"eigen_cache_sizes", "tensorflow_cpu_extensions"} <= set(patches)
+    (tmp_path / "unpinned").mkdir()
     code, report, output = _check(
-        target, "--no-enable", tmp_path=tmp_path / "without", env=env
+        target,
+        "--patches",
+        "tensorflow_cpu_extensions",
+        tmp_path=tmp_path / "unpinned",
+        env=clean_env(),
     )
     assert code == 1, output
     assert report["devices"]["cpu"]["divergence"]["attribution"]["responsible"] == [
         "caches"
     ]
+
+
+@pytest.mark.skipif(
+    not {"avx512f", "avx_ne_convert"} & _isa.cpu_flags(),
+    reason="TensorFlow sends bfloat16 ops to oneDNN only on a CPU with AVX-512F "
+    "or AVX-NE-CONVERT; this one has neither",
+)
+def test_without_the_capped_view_bfloat16_fails_under_the_avx2_cap(tmp_path):
+    # The control of the test above on a CPU where it matters: the same cap
+    # written by hand, TensorFlow's view left as the CPU reports it.
+    env = clean_env(TF_ENABLE_ONEDNN_OPTS="1", ONEDNN_MAX_CPU_ISA="AVX2", **_ONE_THREAD)
+    code, _, output = _check(
+        f"{SURVEY}:mixed_bfloat16", "--no-enable", tmp_path=tmp_path, env=env
+    )
+    assert code == 3, output
+    assert "could not create a primitive descriptor" in output

@@ -195,7 +195,7 @@ def _elf_symbols(path: str, names: tuple[str, ...]) -> dict[str, tuple[int, int]
 
 
 @functools.cache
-def _library_symbols(names: tuple[str, ...]) -> dict[str, dict[str, tuple[int, int]]]:
+def library_symbols(names: tuple[str, ...]) -> dict[str, dict[str, tuple[int, int]]]:
     """`{library path: {symbol: (st_value, st_size)}}` of `names` in
     TensorFlow's libraries (read once per process and set of names)."""
     directory = _tensorflow_directory()
@@ -211,7 +211,7 @@ def _library_symbols(names: tuple[str, ...]) -> dict[str, dict[str, tuple[int, i
 
 def _symbols_found(names: tuple[str, ...]) -> bool:
     """Whether one of TensorFlow's libraries names all of `names`."""
-    return any(set(names) <= set(found) for found in _library_symbols(names).values())
+    return any(set(names) <= set(found) for found in library_symbols(names).values())
 
 
 def pin_unavailable() -> str | None:
@@ -252,7 +252,7 @@ class ImitationError(RuntimeError):
 
 
 @functools.cache
-def _load_address(path: str) -> int:
+def load_address(path: str) -> int:
     """Where `path` is mapped in this process (its offset-0 mapping).
 
     Read once per library: a loaded library does not move (a library not
@@ -286,9 +286,9 @@ def _initialized(
 def _locations(which: tuple) -> list[tuple[str, int, int]]:
     """`(library name, address, size)` of each loaded copy of `which`, built."""
     found = []
-    for path, symbols in _library_symbols(which).items():
+    for path, symbols in library_symbols(which).items():
         if set(which) <= set(symbols):
-            address, size = _initialized(_load_address(path), symbols, which)
+            address, size = _initialized(load_address(path), symbols, which)
             found.append((os.path.basename(path), address, size))
     if not found:
         raise ImitationError(
@@ -371,11 +371,11 @@ PIN = _Pin()
 
 def _query(l1: ctypes.c_int, l2: ctypes.c_int, l3: ctypes.c_int) -> None:
     """Eigen's own CPUID query (`Eigen::internal::queryCacheSizes`)."""
-    for path, symbols in _library_symbols(_EIGEN).items():
+    for path, symbols in library_symbols(_EIGEN).items():
         if _QUERY in symbols:
             pointer = ctypes.POINTER(ctypes.c_int)
             function = ctypes.CFUNCTYPE(None, pointer, pointer, pointer)
-            address = _load_address(path) + symbols[_QUERY][0]
+            address = load_address(path) + symbols[_QUERY][0]
             function(address)(ctypes.byref(l1), ctypes.byref(l2), ctypes.byref(l3))
             return
     raise ImitationError(f"Expected {_QUERY} in TensorFlow's libraries. Found none.")

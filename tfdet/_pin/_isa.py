@@ -134,6 +134,17 @@ def rank(name: str) -> int:
     return _RANK[normalize(name)]
 
 
+def flags_allowed(cap: str) -> frozenset[str] | None:
+    """The /proc/cpuinfo extension flags of every level up to `cap`.
+
+    None for "ALL" (no cap: every flag is allowed).
+    """
+    cap = normalize(cap)
+    if cap == "ALL":
+        return None
+    return frozenset().union(*(_REQUIRED[name] for name in NAMES[: rank(cap) + 1]))
+
+
 def cpu_flags() -> frozenset[str]:
     """The CPU feature flags of /proc/cpuinfo (empty where unavailable)."""
     try:
