@@ -150,3 +150,12 @@ def test_importing_the_patches_does_not_import_tensorflow() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("False")
+
+
+def test_pool_size_dependent_names_the_ops_whose_cpu_bits_follow_the_pool_size():
+    found = _hazards.pool_size_dependent(
+        {"MatMul", "Relu", "BiasAddGrad", "Sum", "Einsum"}, "2.21.0"
+    )
+    assert found == ("BiasAddGrad", "Einsum", "MatMul")
+    # Not a hazard: the profile pins the pool size, so scan does not flag it.
+    assert not _hazards.hazardous_in(["MatMul", "Einsum"], "2.21.0")

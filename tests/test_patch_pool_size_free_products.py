@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO, clean_env, last_json_line, run_python
+from tfdet.patches import _hazards, pool_size_free_products
 
 POOL_SIZES = (1, 2, 3, 4, 8)
 # Convolutions with BatchNormalization and a Dense head; attention's einsums.
@@ -181,21 +182,25 @@ def test_other_dtypes_go_to_the_original_op(checks):
 
 def test_check_with_the_patch_passes_the_threads_perturbation(tmp_path):
     # Run 1 trains with another pool size. With the patch: identical; the
-    # control, the same check without it: diverged.
+    # control, the same check without it: diverged, the pool size named as
+    # the cause and the model's ops that follow it named.
     common = [
         sys.executable, "-m", "tfdet", "check", "builtin:bn_gelu", "--steps", "2",
-        "--device", "cpu", "--perturb", "threads", "--no-attribute",
+        "--device", "cpu", "--perturb", "threads",
     ]  # fmt: skip
-    patches = {"with": "auto,pool_size_free_products", "without": "auto"}
+    patches = {
+        "with": ["--patches", "auto,pool_size_free_products", "--no-attribute"],
+        "without": ["--patches", "auto"],
+    }
     processes = {
         name: subprocess.Popen(
-            [*common, "--json", str(tmp_path / name), "--patches", value],
+            [*common, "--json", str(tmp_path / name), *flags],
             env=clean_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for name, value in patches.items()
+        for name, flags in patches.items()
     }
     outputs = {name: p.communicate(timeout=900)[0] for name, p in processes.items()}
     codes = {name: p.returncode for name, p in processes.items()}
@@ -207,3 +212,22 @@ def test_check_with_the_patch_passes_the_threads_perturbation(tmp_path):
         baseline["profile"]["intra_op_threads"] != other["profile"]["intra_op_threads"]
     )
     assert "pool_size_free_products" in other["profile"]["patches"]
+    attribution = json.loads((tmp_path / "without").read_text())["devices"]["cpu"][
+        "divergence"
+    ]["attribution"]
+    assert attribution["responsible"] == ["threads"]
+    # bn_gelu's convolutions and Dense layers (with their biases).
+    assert attribution["pool_size_ops"] == [
+        "BiasAddGrad",
+        "Conv2DBackpropFilter",
+        "MatMul",
+    ]
+    assert "pool_size_free_products" in attribution["verdict"]
+    assert "BiasAddGrad, Conv2DBackpropFilter, MatMul" in outputs["without"]
+
+
+def test_the_table_says_every_covered_op_follows_the_pool_size():
+    # A check names the patch for exactly these ops when the pool size
+    # separates two runs; the table must know each of them.
+    covered = pool_size_free_products.COVERED
+    assert _hazards.pool_size_dependent(covered, "2.21.0") == tuple(sorted(covered))

@@ -462,8 +462,9 @@ def find(
         )
         if row is None:
             continue
-        if not row.hazardous:
+        if row.behaviour == _hazards.DETERMINISTIC:
             deterministic.add(node.op_type)
+        if not row.hazardous:
             continue
         kind, source, source_type, gradient = attributor.attribute(node.name)
         key = (node.op_type, kind, source, source_type, gradient)
@@ -498,6 +499,24 @@ def find(
         "deterministic_ops": tuple(sorted(deterministic)),
     }
     return findings, stats
+
+
+def executed_op_types() -> set[str]:
+    """Op types of every function this process has traced or run.
+
+    Read from the eager context's function library, which holds each
+    `tf.function` graph (a Keras training step among them) with its nested
+    and gradient functions, as traced: before Grappler fuses or rewrites
+    ops. Ops run eagerly, outside any function, are not in it.
+    """
+    from tensorflow.python.eager import context
+
+    library = context.context()
+    return {
+        node.op
+        for name in library.list_function_names()
+        for node in library.get_function_def(name).node_def
+    }
 
 
 def _keras_of(model: Any) -> str:

@@ -44,6 +44,7 @@ from tfdet._runs._report import (
     combined_exit_code,
 )
 from tfdet._runs._spawn import ProgressFn
+from tfdet.patches import pool_size_free_products
 
 RERUN = "none (a re-run of the baseline)"
 
@@ -302,12 +303,45 @@ def _attribute(
         verdict = "separated by " + ", ".join(responsible)
     else:
         verdict = "no single perturbation reproduces it alone (a combination, or flaky)"
+    pool_size_ops: tuple[str, ...] = ()
+    if _perturb.THREADS in responsible:
+        pool_size_ops = tuple(
+            sorted({op for run in baseline_job for op in _pool_size_ops(run)})
+        )
+        verdict += "; " + _pool_size_note(pool_size_ops)
     return Attribution(
         alone=alone,
         responsible=tuple(responsible),
         verdict=verdict,
         steps_rerun=spec.steps,
+        pool_size_ops=pool_size_ops,
     )
+
+
+def _pool_size_ops(run: _FinishedRun) -> list[str]:
+    return run.outcome.result.get("pool_size_ops", []) if run.outcome.ok else []
+
+
+def _pool_size_note(ops: tuple[str, ...]) -> str:
+    """Which of the runs' ops follow the pool size, and what frees them."""
+    if not ops:
+        return (
+            "none of the ops known to follow the pool size ran in a traced "
+            "function (a full Sum or Mean over a whole large tensor, or an op "
+            "run eagerly, may): tfdet locate --perturb threads names the first "
+            "layer that differs"
+        )
+    covered = [op for op in ops if op in pool_size_free_products.COVERED]
+    note = f"the thread-pool size decides the bits of {', '.join(ops)} in these runs"
+    if covered:
+        note += (
+            f"; the opt-in patch {pool_size_free_products.PATCH.name} computes "
+            f"{', '.join(covered)} apart from it"
+        )
+    others = [op for op in ops if op not in covered]
+    if others:
+        note += f"; nothing in tfdet does yet for {', '.join(others)}"
+    return note
 
 
 def _keep_trace(run: _FinishedRun, directory: str | None) -> str | None:

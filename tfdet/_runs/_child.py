@@ -169,11 +169,33 @@ def report_progress(done: int, total: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _pool_size_ops() -> list[str]:
+    """The op types this run traced whose CPU bits follow the pool size.
+
+    Named by a check when the pool size separates two runs.
+    """
+    if "tensorflow" not in sys.modules:
+        return []
+    from tfdet._graph import _scan
+    from tfdet._pin import _versions
+    from tfdet.patches import _hazards
+
+    return list(
+        _hazards.pool_size_dependent(
+            _scan.executed_op_types(), _versions.tensorflow_version()
+        )
+    )
+
+
 def write_result(result: dict[str, Any]) -> None:
     """Writes the run's result atomically: a crashed run leaves none."""
     if _spec is None or not is_owner():
         return
-    result = {**result, "perturbations_applied": dict(_applied)}
+    result = {
+        **result,
+        "perturbations_applied": dict(_applied),
+        "pool_size_ops": _pool_size_ops(),
+    }
     partial = _spec.result + ".tmp"
     with open(partial, "w", encoding="utf-8") as out:
         json.dump(result, out)

@@ -91,15 +91,23 @@ class Attribution:
         verdict: One sentence: which perturbation separates the runs, or
             that the target is nondeterministic by itself.
         steps_rerun: How many steps each re-run trained.
+        pool_size_ops: When `threads` is responsible: the op types the runs
+            traced whose CPU bits follow the thread-pool size (from tfdet's
+            op table); empty otherwise.
     """
 
     alone: dict[str, str]
     responsible: tuple[str, ...]
     verdict: str
     steps_rerun: int
+    pool_size_ops: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "responsible": list(self.responsible)}
+        return {
+            **dataclasses.asdict(self),
+            "responsible": list(self.responsible),
+            "pool_size_ops": list(self.pool_size_ops),
+        }
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The GPU hazard table, and the one place that decides versions for it.
 
 `hazards.json` (package data) lists the ops that TensorFlow refuses, moves to
-the host, or runs nondeterministically on GPU under op determinism, which
+the host, or runs nondeterministically on GPU under op determinism (and the
+CPU ops whose bits depend on the CPU model or on the thread-pool size), which
 TensorFlow versions each row applies to and the Keras entry points that reach
 it: facts about TensorFlow only. Which tfdet patch replaces an op is declared
 by the patch (`tfdet.patches._registry`). `tfdet scan` matches traced ops
@@ -32,12 +33,16 @@ XLA_COMPILE_ERROR = "xla_compile_error"
 # instructions), so a run is reproducible on one machine but not portable.
 MACHINE_DEPENDENT = "machine_dependent"
 DETERMINISTIC = "deterministic"
+# Device "CPU": the kernel's bits follow the thread-pool size. Not a hazard:
+# tfdet's profile pins the pool size (`enable(threads=...)`), so these rows
+# only name the ops when a check finds that the pool size separates two runs.
+POOL_SIZE_DEPENDENT = "pool_size_dependent"
 
-# Behaviours that make an op a hazard (everything but `deterministic`).
+# Behaviours that make an op a hazard.
 HAZARDOUS = frozenset(
     {RAISES, HOST_FALLBACK, NONDETERMINISTIC, XLA_COMPILE_ERROR, MACHINE_DEPENDENT}
 )
-BEHAVIOURS = HAZARDOUS | {DETERMINISTIC}
+BEHAVIOURS = HAZARDOUS | {DETERMINISTIC, POOL_SIZE_DEPENDENT}
 
 # Pseudo-attribute in `when`: the node is inside an XLA-compiled function.
 XLA_CONDITION = "_xla"
@@ -182,3 +187,20 @@ def hazardous_in(
     """
     rows = (row for op_type in op_types for row in table().rows_for(op_type))
     return any(row.hazardous and row.applies_to(tensorflow_version) for row in rows)
+
+
+def pool_size_dependent(
+    op_types: tuple[str, ...] | list[str] | set[str], tensorflow_version: str
+) -> tuple[str, ...]:
+    """Those of `op_types` whose CPU bits follow the thread-pool size, sorted."""
+    return tuple(
+        sorted(
+            op_type
+            for op_type in set(op_types)
+            if any(
+                row.behaviour == POOL_SIZE_DEPENDENT
+                and row.applies_to(tensorflow_version)
+                for row in table().rows_for(op_type)
+            )
+        )
+    )

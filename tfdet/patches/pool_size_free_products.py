@@ -18,23 +18,26 @@ thread, in the same order whatever the pool size (measured: bits equal for
 pools of 1, 2, 3, 4 and 8 on every shape tried, including a 20000-long sum).
 So this patch computes each product as one:
 
-- `MatMul` a (m x k) @ b (k x n): a 1x1 convolution of a batch of m
-  one-pixel images with k channels by an (1, 1, k, n) filter; its gradients
-  are the same kind of product (dy @ b^T, a^T @ dy), never sgemm;
+- `MatMul` a (m x k) @ b (k x n): a 1x1 convolution by an (1, 1, k, n)
+  filter of images of 8 pixels (rows of a) with k channels, each image
+  computed by one thread; its gradients are the same kind of product
+  (dy @ b^T, a^T @ dy), never sgemm;
 - `BatchMatMulV2/V3` (batch, m, k) @ (batch, k, n): the same, with one
   convolution group per batch entry; `Einsum` through TensorFlow's Python
   decomposition (`_einsum_v1`: transposes, reshapes and those products);
-- `Conv2DBackpropFilter`: the image patches (`extract_patches`, a copy)
+- `Conv2DBackpropFilter`: the image patches (strided slices, a copy)
   transposed, times the output gradient, as above;
 - `BiasAddGrad`: a `Sum` over every axis but the channels, which splits
   only over the channels.
 
 Values agree with the originals to float32 rounding (the sums run in
 another order). float32 only (NHWC for convolutions, equal batch shapes for
-batched products); anything else goes to the original op. Not covered:
-depthwise and 3-D convolution gradients, and a full `Sum` large enough for
-Eigen to split it into one block per thread (a 256x4096 one agreed for every
-pool size, a 3,000,001-long one did not). Cost: see
+batched products); anything else goes to the original op. Not covered
+(measured, still following the pool size with the patch): depthwise and
+3-D convolution filter gradients, and a full `Sum` or `Mean` large enough
+for Eigen to split it into one block per thread (of 256x4096 elements; a
+training step's loss, a mean over one batch, stays on one thread). Cost:
+`benchmarks/patch_cost.py --patch pool_size_free_products` and
 `benchmarks/cost_of_determinism.py`.
 
 Opt-in, never installed by "auto": `tfdet.enable(threads=N, patches=["auto",
@@ -63,21 +66,38 @@ _BATCH_MAT_MUL = {
 _EINSUM = _exact_math.GeneratedOp("tensorflow.python.ops.gen_linalg_ops", "einsum")
 
 
+# Rows of a product per image of the convolution. oneDNN splits the work of
+# a 1x1 convolution over images and output-channel blocks, so each image is
+# computed whole by one thread, the same way for every pool size. One row
+# per image makes each image a vector-matrix product that reads the whole
+# filter again: 4-8x oneDNN's sgemm on seven MatMul shapes (AMD EPYC Zen 4,
+# pools of 1 and 2); 8 rows reuse it: 2-3.5x. Measured: bits equal for
+# pools of 1, 2, 3, 4, 8 with 1, 4, 8, 16 and 32 rows per image. One image of
+# all the rows follows the pool size: oneDNN then splits the image.
+_ROWS_PER_IMAGE = 8
+
+
 def _batch_product(a: Any, b: Any) -> Any:
     """`a @ b` for (batch, m, k) and (batch, k, n): a grouped 1x1 convolution.
 
-    The images are the m rows, each a single pixel with the batch's k-channel
-    groups side by side; group g of the convolution multiplies `a[g]` by
-    `b[g]`. oneDNN sums each output's k channels inside one thread.
+    The images are the m rows, `_ROWS_PER_IMAGE` pixels each (zero rows pad
+    the last one), each pixel with the batch's k-channel groups side by side;
+    group g of the convolution multiplies `a[g]` by `b[g]`. oneDNN sums each
+    output's k channels inside one thread.
     """
     import tensorflow as tf
 
     groups, rows, inner = tf.shape(a)[0], tf.shape(a)[1], tf.shape(a)[2]
     columns = tf.shape(b)[2]
-    images = tf.reshape(tf.transpose(a, [1, 0, 2]), tf.stack([rows, 1, 1, -1]))
+    pixels = tf.transpose(a, [1, 0, 2])
+    # Zeros by concatenation, not tf.pad: oneDNN fuses a Pad into the
+    # convolution that reads it.
+    padding = (-rows) % _ROWS_PER_IMAGE
+    pixels = tf.concat([pixels, tf.zeros(tf.stack([padding, groups, inner]))], 0)
+    images = tf.reshape(pixels, tf.stack([-1, 1, _ROWS_PER_IMAGE, groups * inner]))
     kernel = tf.reshape(tf.transpose(b, [1, 0, 2]), tf.stack([1, 1, inner, -1]))
     product = tf.nn.conv2d(images, kernel, strides=1, padding="VALID")
-    product = tf.reshape(product, tf.stack([rows, groups, columns]))
+    product = tf.reshape(product, tf.stack([-1, groups, columns]))[:rows]
     return tf.transpose(product, [1, 0, 2])
 
 
@@ -219,6 +239,33 @@ def _same_padding(size: Any, kernel: int, stride: int, dilation: int) -> Any:
     return tf.stack([total // 2, total - total // 2])
 
 
+def _image_patches(
+    x: Any, out_shape: Any, kernel: tuple[int, int], strides: Any, dilations: Any
+) -> Any:
+    """`tf.image.extract_patches` of a padded NHWC `x`, as strided slices.
+
+    One slice per filter position, concatenated over channels in the
+    filter's (row, column) order: a copy of each value, where TensorFlow's
+    `ExtractImagePatches` took 20 ms for a (64, 32, 32, 3) input and a 3x3
+    filter (AMD EPYC Zen 4).
+    """
+    import tensorflow as tf
+
+    slices = []
+    for row in range(kernel[0]):
+        for column in range(kernel[1]):
+            top, left = row * dilations[1], column * dilations[2]
+            slices.append(
+                x[
+                    :,
+                    top : top + (out_shape[1] - 1) * strides[1] + 1 : strides[1],
+                    left : left + (out_shape[2] - 1) * strides[2] + 1 : strides[2],
+                    :,
+                ]
+            )
+    return tf.concat(slices, axis=-1)
+
+
 def conv2d_backprop_filter(
     input: Any,  # noqa: A002 - TensorFlow's argument name
     filter_sizes: Any,
@@ -265,12 +312,8 @@ def conv2d_backprop_filter(
             x = tf.pad(x, pads)
         elif padding == "EXPLICIT":
             x = tf.pad(x, [list(explicit_paddings[i : i + 2]) for i in range(0, 8, 2)])
-        patches = tf.image.extract_patches(
-            x,
-            sizes=[1, height, width, 1],
-            strides=[1, strides[1], strides[2], 1],
-            rates=[1, dilations[1], dilations[2], 1],
-            padding="VALID",
+        patches = _image_patches(
+            x, tf.shape(out_backprop), (height, width), strides, dilations
         )
         # Each patch is flattened as (row, column, channel), the filter's order.
         patches = tf.reshape(patches, [-1, height * width * channels])
@@ -294,6 +337,17 @@ def bias_add_grad(
     axes = [axis for axis in range(rank) if axis != channel]
     with tf.name_scope(name or "PoolSizeFreeBiasAddGrad"):
         return tf.reduce_sum(upstream, axis=axes)
+
+
+# The op types this patch computes apart from the pool size.
+COVERED = (
+    "MatMul",
+    "BatchMatMulV2",
+    "BatchMatMulV3",
+    "Einsum",
+    "Conv2DBackpropFilter",
+    "BiasAddGrad",
+)
 
 
 def _apply(swap: Any) -> None:
