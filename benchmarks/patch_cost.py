@@ -2,7 +2,7 @@
 
 Usage:
     python benchmarks/patch_cost.py [--rounds 15] [--iterations 10] [--threads 1]
-        [--json FILE]
+        [--patch NAME ...] [--json FILE]
 
 For every registered patch that has a case here (a patch without one is
 listed as such, so a new patch shows up), one `tf.function` runs the entry point that reaches the
@@ -16,6 +16,11 @@ rounds and the median of the per-round ratios (patched / original).
 This measures the CPU only (no GPU here). On GPU the original ops raise or
 run on the host under determinism, so there the comparison is against an
 error or a device-to-host round trip, not against these CPU times.
+
+The opt-in `pool_size_free_products` replaces ops that are not refused but
+whose bits follow the pool size: its point is a pool of every core, so time
+it at `--threads 1` and at `--threads` = the cores (`--patch
+pool_size_free_products`); both sides run oneDNN, as under tfdet's profile.
 """
 
 from __future__ import annotations
@@ -212,6 +217,28 @@ def _cases() -> list[Case]:
 
         return lambda: step(a, b)
 
+    def gradients_step(
+        shapes: list[tuple[int, ...]], function: Callable[..., Any]
+    ) -> Callable[[], Callable[[], Any]]:
+        """`function(*inputs)` forward and its gradient to every input."""
+        inputs = [
+            tf.constant(rng.standard_normal(shape) / np.sqrt(shape[-1]), tf.float32)
+            for shape in shapes
+        ]
+
+        def make() -> Callable[[], Any]:
+            # Arguments, not captured constants, which Grappler would fold away.
+            @tf.function
+            def step(*inputs: Any) -> Any:
+                with tf.GradientTape() as tape:
+                    tape.watch(inputs)
+                    loss = tf.reduce_sum(tf.square(function(*inputs)))
+                return tape.gradient(loss, inputs)
+
+            return lambda: step(*inputs)
+
+        return make
+
     def max_pool_xla_step() -> Callable[[], Any]:
         x = tf.constant(rng.standard_normal((16, 32, 32, 32)), tf.float32)
 
@@ -229,7 +256,46 @@ def _cases() -> list[Case]:
 
         return lambda: compiled(x)
 
+    # The built-in CNN's (CIFAR-10, batch 64) and an attention block's shapes.
+    products = [
+        (
+            "conv 3x3 32->64 SAME fwd+bwd, [64,15,15,32] (the built-in CNN's third "
+            "layer: Conv2DBackpropFilter)",
+            [(64, 15, 15, 32), (3, 3, 32, 64)],
+            lambda x, w: tf.nn.conv2d(x, w, 1, "SAME"),
+        ),
+        (
+            "conv 3x3 3->32 SAME fwd+bwd, [64,32,32,3] (the built-in CNN's first layer)",
+            [(64, 32, 32, 3), (3, 3, 3, 32)],
+            lambda x, w: tf.nn.conv2d(x, w, 1, "SAME"),
+        ),
+        (
+            "dense fwd+bwd, [64,2304]@[2304,512] (the built-in CNN's first Dense: "
+            "MatMul)",
+            [(64, 2304), (2304, 512)],
+            tf.matmul,
+        ),
+        (
+            "bias add fwd+bwd, [64,30,30,32] (BiasAddGrad)",
+            [(64, 30, 30, 32), (32,)],
+            tf.nn.bias_add,
+        ),
+        (
+            "attention scores and values fwd+bwd, batch 32, 4 heads, 64 positions, "
+            "key dim 32 (Einsum, BatchMatMul)",
+            [(32, 64, 4, 32), (32, 64, 4, 32)],
+            lambda q, k: tf.einsum(
+                "acbe,aecd->abcd",
+                tf.nn.softmax(tf.einsum("aecd,abcd->acbe", k, q)),
+                k,
+            ),
+        ),
+    ]
     return [
+        *(
+            Case("pool_size_free_products", description, gradients_step(shapes, f))
+            for description, shapes, f in products
+        ),
         Case(
             "xla_max_pool_grad",
             "max_pool 3x3/2 SAME fwd+bwd under XLA, [16,32,32,32] (original "
@@ -359,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, default=1, help="TF intra/inter-op threads."
     )
+    parser.add_argument(
+        "--patch", action="append", help="Only this patch's cases (repeatable)."
+    )
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
 
@@ -370,17 +439,26 @@ def main(argv: list[str] | None = None) -> int:
 
     from tfdet.patches import _registry
 
-    cases = {case.patch: case for case in _cases()}
+    cases = _cases()
     registered = _registry.available()
-    unknown = sorted(set(cases) - set(registered))
+    unknown = sorted({case.patch for case in cases} - set(registered))
     if unknown:
         raise SystemExit(f"Expected cases for registered patches. Received: {unknown}")
+    if args.patch:
+        cases = [case for case in cases if case.patch in args.patch]
+    # In the registry's order; a patch may have several cases.
     rows = [
-        measure(cases[name], args.rounds, args.iterations)
+        measure(case, args.rounds, args.iterations)
         for name in registered
-        if name in cases
+        for case in cases
+        if case.patch == name
     ]
-    without = [name for name in registered if name not in cases]
+    cases_of = {case.patch for case in cases}
+    without = [
+        name
+        for name in registered
+        if name not in cases_of and (not args.patch or name in args.patch)
+    ]
     print(
         f"patch cost on CPU, TF {tf.__version__}, threads={args.threads}, "
         f"median of {args.rounds} rounds x {args.iterations} calls"
