@@ -195,14 +195,16 @@ def _elf_symbols(path: str, names: tuple[str, ...]) -> dict[str, tuple[int, int]
 
 
 @functools.cache
-def library_symbols(names: tuple[str, ...]) -> dict[str, dict[str, tuple[int, int]]]:
+def library_symbols(
+    names: tuple[str, ...], libraries: tuple[str, ...] = _LIBRARIES
+) -> dict[str, dict[str, tuple[int, int]]]:
     """`{library path: {symbol: (st_value, st_size)}}` of `names` in
-    TensorFlow's libraries (read once per process and set of names)."""
+    TensorFlow's `libraries` (read once per process and set of names)."""
     directory = _tensorflow_directory()
     if directory is None:
         return {}
     found = {}
-    for library in _LIBRARIES:
+    for library in libraries:
         path = os.path.realpath(os.path.join(directory, library))
         if os.path.exists(path):
             found[path] = _elf_symbols(path, names)

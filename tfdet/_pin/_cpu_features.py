@@ -32,6 +32,10 @@ from tfdet._pin import _cache_sizes, _isa
 # fills once, and `tsl::port::TestCPUFeature(CPUFeature)`, which reads it.
 _CPUID = "_ZN3tsl4port12_GLOBAL__N_15cpuidE"
 _TEST = "_ZN3tsl4port14TestCPUFeatureENS0_10CPUFeatureE"
+_SYMBOLS = (_CPUID, _TEST)
+# Where tsl's platform code lives (libtensorflow_cc's string table alone is
+# 175 MB: not read for these).
+_LIBRARY = ("libtensorflow_framework.so.2",)
 # `tsl::port::CPUFeature` values (tsl/platform/cpu_info.h) of the vector
 # extensions a oneDNN cap names, AVX and above, with their /proc/cpuinfo flag
 # (FMA and F16C, which every AVX2 CPU has, are left alone).
@@ -76,7 +80,7 @@ def unavailable() -> str | None:
         return (
             "only on Linux x86-64 (TensorFlow's CPU description in its ELF libraries)"
         )
-    found = _cache_sizes.library_symbols((_CPUID, _TEST))
+    found = _cache_sizes.library_symbols(_SYMBOLS, _LIBRARY)
     if not any({_CPUID, _TEST} <= set(symbols) for symbols in found.values()):
         return (
             "this TensorFlow build's libraries do not name its CPU description "
@@ -90,7 +94,7 @@ def _accessors() -> tuple[Any, Any]:
     """`(TestCPUFeature, the first bytes of CPUIDInfo)` in this process."""
     import tensorflow  # noqa: F401  (loads the library and fills CPUIDInfo)
 
-    for path, symbols in _cache_sizes.library_symbols((_CPUID, _TEST)).items():
+    for path, symbols in _cache_sizes.library_symbols(_SYMBOLS, _LIBRARY).items():
         if {_CPUID, _TEST} <= set(symbols):
             base = _cache_sizes.load_address(path)
             test = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_int)(
