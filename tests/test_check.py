@@ -435,6 +435,7 @@ def _fake_report(losses=("0.5", "0.5"), nonfinite=()):
         traces=None,
         devices={"cpu": _report.DeviceReport(status="ran", runs=runs, exit_code=0)},
         imitated={},
+        varied={},
         not_imitated={},
         emulated={},
         exit_code=0,

@@ -207,6 +207,9 @@ def test_check_with_the_patch_passes_the_threads_perturbation(tmp_path):
     assert codes == {"with": 0, "without": 1}, outputs
     report = json.loads((tmp_path / "with").read_text())
     assert report["patches"] == ["auto", "pool_size_free_products"]
+    # Another pool size is a setting, not another machine: never "imitated".
+    assert list(report["varied"]) == ["threads"] and not report["imitated"]
+    assert "also varied (not another machine): threads" in outputs["with"]
     baseline, other = report["devices"]["cpu"]["runs"]
     assert (
         baseline["profile"]["intra_op_threads"] != other["profile"]["intra_op_threads"]

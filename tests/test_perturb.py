@@ -211,6 +211,13 @@ def test_an_emulated_run_is_reported_as_emulated_not_imitated():
     assert "emulated_cpu" in without["not_imitated"]["cpu_vendor"]
 
 
+def test_a_setting_or_a_preemption_is_varied_never_an_imitated_machine():
+    sections = _perturb.what_ran(["caches", "threads", "interrupt"], None)
+    assert set(sections["imitated"]) == {"caches"}
+    assert set(sections["varied"]) == {"threads", "interrupt"}
+    assert _perturb.what_ran(["caches"], None)["varied"] == {}
+
+
 def test_an_emulated_run_gets_the_emulator_in_front_and_more_time():
     context = _perturb.Context(2, "AVX2", 1, "Haswell-v4")
     record = _perturb.REGISTRY["emulated_cpu"]

@@ -149,10 +149,12 @@ def format_report(report: dict[str, Any]) -> str:
         f"; emulated: {text.split(':')[0]}"
         for text in (report.get("emulated") or {}).values()
     )
+    varied = ", ".join(report.get("varied") or {})
+    varied = f"; also varied (not another machine): {varied}" if varied else ""
     lines.append(
-        f"imitated other machines on this one by: {imitated}{emulated}; not "
-        f"imitated: {not_imitated} (compare traces from two real machines with "
-        "tfdet diff)"
+        f"imitated other machines on this one by: {imitated}{emulated}{varied}; "
+        f"not imitated: {not_imitated} (compare traces from two real machines "
+        "with tfdet diff)"
     )
     lines.append(f"verdict: {report['verdict']} (exit {report['exit_code']})")
     return "\n".join(lines)

@@ -108,7 +108,12 @@ class Perturbation:
         name: The `--perturb` name.
         description: One line for `--help`.
         imitates: The difference between machines it stands for, one
-            sentence for the report (`imitated`).
+            sentence for the report (`imitated`; `varied` for a perturbation
+            that is not another machine).
+        other_machine: Whether it stands for another machine. False for
+            another setting or event on the same machine (a pool size, a
+            preemption): the report lists it under `varied`, never as an
+            imitated machine.
         default: Whether `--perturb all` (the default) includes it.
         unavailable: `(context) -> why it cannot apply here, or None`.
         change: `(index, context) -> Change` of run `index` (0: baseline).
@@ -128,6 +133,7 @@ class Perturbation:
     description: str
     imitates: str
     default: bool = True
+    other_machine: bool = True
     unavailable: Callable[[Context], str | None] = lambda context: None
     change: Callable[[int, Context], Change]
     for_worker: Callable[[Change, int, int, int], Change] | None = None
@@ -478,6 +484,7 @@ REGISTRY: Mapping[str, Perturbation] = types.MappingProxyType(
                 # follow the pool size, so in the default set it would make the
                 # check fail by design.
                 default=False,
+                other_machine=False,
                 change=_threads_change,
             ),
             Perturbation(
@@ -507,6 +514,7 @@ REGISTRY: Mapping[str, Perturbation] = types.MappingProxyType(
                 "preemptible machine or a time-limited job.",
                 # Another kind of difference than another machine: asked for.
                 default=False,
+                other_machine=False,
                 unavailable=lambda context: context.not_resumable,
                 change=_interrupt_change,
                 in_child=_interrupt_in_child,
@@ -565,7 +573,7 @@ NOT_EMULATED = {
 
 
 def what_ran(applied: Sequence[str], emulated_model: str | None) -> dict[str, Any]:
-    """The report's `imitated`, `emulated` and `not_imitated` sections.
+    """The report's `imitated`, `varied`, `emulated` and `not_imitated` sections.
 
     Args:
         applied: The perturbations that ran on some device.
@@ -585,8 +593,16 @@ def what_ran(applied: Sequence[str], emulated_model: str | None) -> dict[str, An
         not_imitated.update(NOT_EMULATED)
     else:
         not_imitated = dict(NOT_IMITATED)
+    machines = [name for name in applied if name != EMULATED_CPU]
     return {
-        "imitated": {name: IMITATED[name] for name in applied if name != EMULATED_CPU},
+        "imitated": {
+            name: IMITATED[name] for name in machines if REGISTRY[name].other_machine
+        },
+        "varied": {
+            name: IMITATED[name]
+            for name in machines
+            if not REGISTRY[name].other_machine
+        },
         "emulated": emulated,
         "not_imitated": not_imitated,
     }

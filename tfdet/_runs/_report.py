@@ -256,6 +256,8 @@ class CheckReport:
         traces: The directory where the traces were kept, or None.
         devices: `{"cpu" / "gpu": DeviceReport}`.
         imitated: `{perturbation: the difference between machines it stands for}`.
+        varied: `{perturbation: what it changed}` for those that ran and are
+            not another machine (`threads`, `interrupt`), or empty.
         not_imitated: `{difference: why one machine cannot imitate it}`.
         emulated: `{perturbation: the emulated CPU a run ran on, and what that
             stands for}` (`emulated_cpu`), or empty.
@@ -274,6 +276,7 @@ class CheckReport:
     traces: str | None
     devices: dict[str, DeviceReport]
     imitated: dict[str, str]
+    varied: dict[str, str]
     not_imitated: dict[str, str]
     emulated: dict[str, str]
     exit_code: int
@@ -327,6 +330,7 @@ class CheckReport:
             "traces": self.traces,
             "devices": {name: d.to_dict() for name, d in self.devices.items()},
             "imitated": dict(self.imitated),
+            "varied": dict(self.varied),
             "emulated": dict(self.emulated),
             "not_imitated": dict(self.not_imitated),
             "verdict": self.verdict,
