@@ -149,8 +149,10 @@ def format_report(report: dict[str, Any]) -> str:
         f"; emulated: {text.split(':')[0]}"
         for text in (report.get("emulated") or {}).values()
     )
-    varied = ", ".join(report.get("varied") or {})
-    varied = f"; also varied (not another machine): {varied}" if varied else ""
+    varied_names = ", ".join(report.get("varied") or {})
+    varied = (
+        f"; also varied (not another machine): {varied_names}" if varied_names else ""
+    )
     lines.append(
         f"imitated other machines on this one by: {imitated}{emulated}{varied}; "
         f"not imitated: {not_imitated} (compare traces from two real machines "

@@ -211,9 +211,13 @@ def library_symbols(
     return found
 
 
-def _symbols_found(names: tuple[str, ...]) -> bool:
-    """Whether one of TensorFlow's libraries names all of `names`."""
-    return any(set(names) <= set(found) for found in library_symbols(names).values())
+def symbols_found(
+    names: tuple[str, ...], libraries: tuple[str, ...] = _LIBRARIES
+) -> bool:
+    """Whether one of TensorFlow's `libraries` names all of `names`."""
+    return any(
+        set(names) <= set(found) for found in library_symbols(names, libraries).values()
+    )
 
 
 def pin_unavailable() -> str | None:
@@ -224,7 +228,7 @@ def pin_unavailable() -> str | None:
         )
     if this_cpu()[0] is None:
         return "the OS does not report this CPU's L1d size"
-    if not _symbols_found(_EIGEN):
+    if not symbols_found(_EIGEN):
         return (
             "this TensorFlow build's libraries do not name Eigen's cache-size "
             "variable in a symbol table (a stripped build?)"
@@ -241,7 +245,7 @@ def imitation_unavailable() -> str | None:
         return "the OS does not report this CPU's L2 size"
     if not others():
         return "no recorded CPU geometry differs from this CPU's"
-    if not _symbols_found(_ONEDNN):
+    if not symbols_found(_ONEDNN):
         return (
             "this TensorFlow build's libraries do not name oneDNN's CPU "
             "description in a symbol table"

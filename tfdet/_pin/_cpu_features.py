@@ -80,8 +80,7 @@ def unavailable() -> str | None:
         return (
             "only on Linux x86-64 (TensorFlow's CPU description in its ELF libraries)"
         )
-    found = _cache_sizes.library_symbols(_SYMBOLS, _LIBRARY)
-    if not any({_CPUID, _TEST} <= set(symbols) for symbols in found.values()):
+    if not _cache_sizes.symbols_found(_SYMBOLS, _LIBRARY):
         return (
             "this TensorFlow build's libraries do not name its CPU description "
             "(tsl::port::CPUIDInfo) in a symbol table"
@@ -95,7 +94,7 @@ def _accessors() -> tuple[Any, Any]:
     import tensorflow  # noqa: F401  (loads the library and fills CPUIDInfo)
 
     for path, symbols in _cache_sizes.library_symbols(_SYMBOLS, _LIBRARY).items():
-        if {_CPUID, _TEST} <= set(symbols):
+        if set(_SYMBOLS) <= set(symbols):
             base = _cache_sizes.load_address(path)
             test = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_int)(
                 base + symbols[_TEST][0]
@@ -147,24 +146,22 @@ class _View:
 
     @cap.setter
     def cap(self, isa: str | None) -> None:
-        _, raw = _accessors() if isa is not None or self._cleared else (None, None)
-        for byte, bit in self._cleared.values():
-            raw[byte] |= 1 << bit
-        self._cleared = {}
-        self._cap = None
-        if isa is None:
-            return
-        test, _ = _accessors()
-        allowed = _isa.flags_allowed(isa)
-        above = [
-            feature
-            for feature, flag in EXTENSIONS.items()
-            if allowed is not None and flag not in allowed and test(feature)
-        ]
-        bits = _bits_of(above) if above else {}
-        for byte, bit in bits.values():
-            raw[byte] &= ~(1 << bit) & 0xFF
-        self._cleared = bits
+        if self._cleared:  # Put back what an earlier cap hid.
+            _, raw = _accessors()
+            for byte, bit in self._cleared.values():
+                raw[byte] |= 1 << bit
+        self._cleared, self._cap = {}, None
+        allowed = None if isa is None else _isa.flags_allowed(isa)
+        if allowed is not None:
+            test, raw = _accessors()
+            above = [
+                feature
+                for feature, flag in EXTENSIONS.items()
+                if flag not in allowed and test(feature)
+            ]
+            self._cleared = _bits_of(above) if above else {}
+            for byte, bit in self._cleared.values():
+                raw[byte] &= ~(1 << bit) & 0xFF
         self._cap = isa
 
     def hidden(self) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from importlib import resources
 from typing import Any
 
@@ -190,17 +190,13 @@ def hazardous_in(
 
 
 def pool_size_dependent(
-    op_types: tuple[str, ...] | list[str] | set[str], tensorflow_version: str
+    op_types: Iterable[str], tensorflow_version: str
 ) -> tuple[str, ...]:
     """Those of `op_types` whose CPU bits follow the thread-pool size, sorted."""
-    return tuple(
-        sorted(
-            op_type
-            for op_type in set(op_types)
-            if any(
-                row.behaviour == POOL_SIZE_DEPENDENT
-                and row.applies_to(tensorflow_version)
-                for row in table().rows_for(op_type)
-            )
-        )
-    )
+    following = {
+        op_type
+        for row in table().hazards
+        if row.behaviour == POOL_SIZE_DEPENDENT and row.applies_to(tensorflow_version)
+        for op_type in row.ops
+    }
+    return tuple(sorted(following.intersection(op_types)))
