@@ -53,6 +53,7 @@ _CHILD = """
 import hashlib, json, sys, time, warnings
 warnings.simplefilter("ignore")
 target, enable, warmup, batch_size = {target!r}, {enable!r}, {warmup!r}, {batch_size!r}
+jit_compile = None
 if enable is None:
     import keras
     keras.utils.set_random_seed(0)
@@ -66,12 +67,18 @@ else:
     from tfdet.patches import _registry
     enable = dict(enable)
     without = enable.pop("patches_without", ())
+    jit_compile = enable.pop("jit_compile", None)
     if without:
         enable["patches"] = [p for p in _registry.resolve("auto") if p not in without]
     tfdet.enable(**enable)
 import numpy as np
 from tfdet._runs import _target
 built = _target.build(target)
+if jit_compile is not None:
+    # Before the first step, which traces the train function with it. Under
+    # op determinism Keras keeps True only where tfdet's keras_xla_determinism
+    # patch finds a deterministic XLA lowering for every layer.
+    built.model.jit_compile = jit_compile
 # The synthesized samples, repeated to the batch size.
 x = np.resize(built.x, (batch_size, *built.x.shape[1:]))
 y = np.resize(built.y, (batch_size, *built.y.shape[1:]))
@@ -223,7 +230,8 @@ def measure(
         target: The TARGET every configuration trains.
         configs: Name -> None (seeds only), "op_determinism_only", or
             `enable()` keyword arguments (plus "patches_without": patch
-            names left out of "auto"); the first is the baseline of the
+            names left out of "auto"; "jit_compile": set on the model
+            before its first step); the first is the baseline of the
             ratios. None: `configurations(cores(), explain)`.
     """
     available = cores()

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The GPU machine's measurements, one stage per device call, logs under $OUT.
+#
+# Run on the GPU machine from the project's root, after TensorFlow's GPU build
+# was unpacked there (`/tmp/tfgpu/env.sh` exists; see docs/how-to/gpu.md):
+#
+#   bash benchmarks/gpu_session.sh timings   # gpu_cost.py --explain: ms/step, ratios, bits across rounds
+#   bash benchmarks/gpu_session.sh bits      # cuDNN RNN repeatability, pytest -m gpu, tfdet check --device gpu
+#   bash benchmarks/gpu_session.sh cpu16     # the built-in CNN on the host CPU's cores, GPU hidden
+#
+# Device time is scarce (minutes per session), so each stage bounds every
+# command with `timeout` and writes its log as it goes: a stage cut short
+# still returns what it measured. `bits` runs its jobs side by side (they
+# compare bits, not time); `timings` and `cpu16` run alone.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck disable=SC1091
+source /tmp/tfgpu/env.sh
+out=${OUT:-/tmp/tfdet-gpu-out}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+budget=${BUDGET_S:-300}
+
+case ${1:?stage: timings, bits or cpu16} in
+timings)
+  { date -u; nvidia-smi; lscpu | head -20; python3 -m tfdet env; } >"$out/device.txt" 2>&1
+  timeout "$budget" python3 benchmarks/gpu_cost.py --explain --rounds 3 --blocks 2 \
+    --targets rnn,attention,conv,builtin:cnn \
+    --steps 10 --warmup 3 --json "$out/gpu_cost.json" 2>&1 | tee "$out/gpu_cost.log"
+  ;;
+bits)
+  for flavor in keras3 tf_keras; do
+    timeout "$budget" python3 benchmarks/cudnn_rnn_repeatability.py --processes 5 \
+      --parallel 5 --flavors "$flavor" --modes op_determinism,tfdet_cudnn_kept \
+      >"$out/cudnn_rnn_$flavor.log" 2>&1 &
+  done
+  timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -n 3 -v \
+    tests/test_gpu.py >"$out/pytest_gpu.log" 2>&1 &
+  {
+    timeout "$budget" python3 -m tfdet check builtin:cnn --device gpu
+    echo "exit $?"
+    timeout "$budget" python3 -m tfdet check builtin:cnn --device gpu --perturb threads
+    echo "exit $?"
+  } >"$out/check_gpu.log" 2>&1 &
+  wait
+  tail -n 25 "$out"/*.log
+  ;;
+cpu16)
+  CUDA_VISIBLE_DEVICES="" timeout "$budget" python3 benchmarks/cost_of_determinism.py \
+    --rounds 2 --blocks 3 --json "$out/cpu16.json" 2>&1 | tee "$out/cpu16.log"
+  ;;
+*)
+  echo "unknown stage $1: timings, bits or cpu16" >&2
+  exit 2
+  ;;
+esac
