@@ -18,6 +18,8 @@ tf = pytest.importorskip("tensorflow")
 
 from tensorflow.python.ops import gen_nn_ops  # noqa: E402
 
+from tests.conftest import last_json_line, run_python  # noqa: E402
+from tests.targets.xla_models import MAX_POOL_XLA_GRADIENT  # noqa: E402
 from tfdet.patches import (  # noqa: E402
     _registry,
     xla_max_pool_grad,
@@ -123,3 +125,23 @@ def test_compiled_training_gradient_equals_the_kernel(installed) -> None:
     compiled = tf.function(gradient, jit_compile=True)(x).numpy()
     plain = tf.function(gradient)(x).numpy()  # MaxPoolGrad, as before.
     np.testing.assert_allclose(compiled, plain, rtol=1e-6, atol=1e-6)
+
+
+def _max_pool_xla_on_cpu(patches) -> dict:
+    code = MAX_POOL_XLA_GRADIENT.replace("PATCHES", repr(patches)).replace(
+        "DEVICE", repr("/CPU:0")
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return last_json_line(result.stdout)
+
+
+def test_the_gpu_tests_gradient_script_is_refused_unpatched_and_runs_patched() -> None:
+    # tests/test_gpu.py runs this script on a GPU. TensorFlow's XLA bridge
+    # refuses MaxPoolGrad under op determinism on every device, so the CPU
+    # shows both arms. (The script once computed its loss outside the tape:
+    # the gradient was None, and the refusal arm passed for that reason.)
+    refused = _max_pool_xla_on_cpu(None)
+    assert refused.get("error") == "UnimplementedError", refused
+    assert "deterministic XLA implementation" in refused["message"]
+    assert "bits" in _max_pool_xla_on_cpu("auto")

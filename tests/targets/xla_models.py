@@ -2,6 +2,35 @@
 
 import keras
 
+# A script: the gradient of a MaxPool loss, compiled with XLA under
+# `tfdet.enable(patches=PATCHES)` on DEVICE (both replaced by the caller with
+# Python literals). Prints `{"bits": sha256}` or, when TensorFlow or XLA
+# refuses it, `{"error": type, "message": text}`; any other exception is a
+# failure of the script itself.
+MAX_POOL_XLA_GRADIENT = """
+import hashlib, json
+import numpy as np
+import tfdet
+tfdet.enable(seed=0, patches=PATCHES)
+import tensorflow as tf
+x = tf.constant(np.random.default_rng(0).standard_normal((8, 32, 32, 16)), tf.float32)
+
+@tf.function(jit_compile=True)
+def gradient(x):
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = tf.nn.max_pool2d(x, 3, 2, "SAME")
+        loss = tf.reduce_sum(y * y)
+    return tape.gradient(loss, x)
+
+try:
+    with tf.device(DEVICE):
+        bits = hashlib.sha256(gradient(x).numpy().tobytes()).hexdigest()
+    print(json.dumps({"bits": bits}))
+except tf.errors.OpError as error:
+    print(json.dumps({"error": type(error).__name__, "message": str(error)[:500]}))
+"""
+
 
 def _jit(*layers):
     """A Sequential model of `layers`, compiled with jit_compile=True."""
