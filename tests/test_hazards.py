@@ -37,7 +37,7 @@ MEASURED_GPU_TABLE = {
     "UnsortedSegmentSum": "deterministic",
     "ResizeBilinearGrad": "deterministic",
     "BiasAddGrad": "deterministic",
-    "CudnnRNN": "nondeterministic",
+    "CudnnRNN": "deterministic",
 }
 
 

@@ -1,15 +1,22 @@
-"""Keeps Keras LSTM and GRU layers off the cuDNN kernels.
+"""Keeps Keras LSTM and GRU layers off the cuDNN kernels (opt-in).
 
 On a GPU both Keras generations run LSTM and GRU through `CudnnRNNV3` and
 its backprop whenever the layer's configuration allows it. Op determinism
-does not refuse these ops, but they are reported to give different results
-from run to run (tensorflow/tensorflow#59281, acknowledged by TensorFlow's
-determinism maintainers, not fixed). This patch makes both Keras generations
+does not refuse these ops, and they were reported to give different results
+from run to run (tensorflow/tensorflow#59281). Measured on an NVIDIA H200
+(TF 2.21, cuDNN 9.3, 2026-11-26), they did not: under op determinism 14
+LSTM/GRU configurations in Keras 3 and tf_keras gave the same bits in 5
+fresh processes each, while this patch made an LSTM+GRU model 8x slower per
+step. So the patch is opt-in (`tfdet.enable(patches=["auto", "cudnn_rnn"])`),
+for a GPU or cuDNN version where `benchmarks/cudnn_rnn_repeatability.py`
+finds a configuration that does not repeat. It makes both Keras generations
 take the implementation they already use where cuDNN is unavailable:
 
 - Keras 3: its TensorFlow backend asks `rnn.cudnn_ok(...)` before trying
   cuDNN; the patch answers no, so the layer falls back to its generic loop
-  (`keras.src.backend.tensorflow.rnn`, the same code path a CPU takes).
+  (`keras.src.backend.tensorflow.rnn`, the same code path a CPU takes). The
+  layer's constructor asks the same question through another name and
+  still marks itself as not XLA-compilable.
 - tf_keras: eagerly it picks cuDNN when a GPU is visible and
   `gru_lstm_utils.is_cudnn_supported_inputs(...)` holds (the patch answers
   no); inside a `tf.function` it registers a cuDNN function for Grappler's
@@ -22,10 +29,7 @@ BiasAdd, element-wise ops and a While loop, all deterministic on GPU. On a
 CPU nothing changes: Keras already takes these paths there, and the tests
 check that outputs and gradients are bit-identical with and without the
 patch. On a GPU the results differ from cuDNN's by rounding (cuDNN fuses
-the gate matrix products differently) and the layer is slower than with
-cuDNN; neither is measured here, for want of a GPU. Reproducibility is the
-point of `tfdet.enable()`; `patches=` can leave this one out where speed
-matters more. A layer built with `use_cudnn=True`
+the gate matrix products differently). A layer built with `use_cudnn=True`
 (Keras 3) then raises Keras' own error, as it does on a CPU.
 
 When tf_keras is installed but not imported yet, its half waits for the
@@ -106,8 +110,10 @@ PATCH = Patch(
         "CudnnRNNBackpropV2",
         "CudnnRNNBackpropV3",
     ),
-    summary="Keras LSTM/GRU cuDNN kernels (CudnnRNNV3) -> Keras' generic implementation",
+    summary="Keras LSTM/GRU cuDNN kernels (CudnnRNNV3) -> Keras' generic implementation "
+    "(opt-in: cuDNN repeated its bits under op determinism where measured)",
     upstream="https://github.com/tensorflow/tensorflow/issues/59281",
     apply=_patch_keras3,
     after_import=(("tf_keras", _patch_tf_keras),),
+    opt_in=True,
 )
