@@ -1,5 +1,6 @@
-"""`keras_xla_determinism`: Keras 3 keeps an explicit jit_compile=True under
-op determinism where tfdet has a deterministic XLA path, and only there."""
+"""`keras_xla_determinism`: Keras 3 keeps an explicit jit_compile=True, and
+"auto" on a GPU machine, under op determinism where tfdet has a deterministic
+XLA path, and only there."""
 
 from __future__ import annotations
 
@@ -57,3 +58,57 @@ def test_without_the_max_pool_patch_keras_drops_xla_as_before():
     assert _jit("keras_xla_determinism")["explicit"] is True
     # No patch at all: Keras's own answer under determinism, no XLA.
     assert _jit("none")["explicit"] is False
+
+
+# Keras resolves "auto" by asking whether any non-CPU device exists; the child
+# answers yes with a stand-in GPU (nothing runs, the models only compile).
+AUTO_ON_GPU_CHILD = """
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import tfdet
+tfdet.enable(patches=PATCHES)
+import keras
+import tensorflow as tf
+from tensorflow.python.framework import config
+
+class _Gpu:
+    device_type = "GPU"
+    name = "/physical_device:GPU:0"
+
+listed = config.list_physical_devices
+tf.config.list_physical_devices = lambda kind=None: (
+    listed(kind) + ([_Gpu()] if kind in (None, "GPU") else [])
+)
+
+def auto(*layers, shape=(8, 8, 3)):
+    model = keras.Sequential([keras.Input(shape), *layers, keras.layers.Flatten(),
+                              keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")  # jit_compile="auto"
+    return model.jit_compile
+
+print(json.dumps({
+    "dense": auto(shape=(4,)),
+    "max_pool_2d": auto(keras.layers.MaxPooling2D(2)),
+    "max_pool_3d": auto(keras.layers.MaxPooling3D(2), shape=(4, 8, 8, 3)),
+}))
+"""
+
+
+def _auto_on_gpu(patches) -> dict:
+    result = run_python(AUTO_ON_GPU_CHILD.replace("PATCHES", repr(patches)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_auto_means_xla_on_a_gpu_machine_where_it_is_deterministic():
+    assert _auto_on_gpu("auto") == {
+        "dense": True,
+        "max_pool_2d": True,
+        "max_pool_3d": False,
+    }
+    # Without tfdet's patches Keras vetoes XLA under determinism, GPU or not.
+    assert _auto_on_gpu(None) == {
+        "dense": False,
+        "max_pool_2d": False,
+        "max_pool_3d": False,
+    }
