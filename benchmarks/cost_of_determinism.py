@@ -64,12 +64,8 @@ elif enable == "op_determinism_only":
     tf.config.experimental.enable_op_determinism()
 else:
     import tfdet
-    from tfdet.patches import _registry
     enable = dict(enable)
-    without = enable.pop("patches_without", ())
     jit_compile = enable.pop("jit_compile", None)
-    if without:
-        enable["patches"] = [p for p in _registry.resolve("auto") if p not in without]
     tfdet.enable(**enable)
 import numpy as np
 from tfdet._runs import _target
@@ -229,9 +225,8 @@ def measure(
             is None).
         target: The TARGET every configuration trains.
         configs: Name -> None (seeds only), "op_determinism_only", or
-            `enable()` keyword arguments (plus "patches_without": patch
-            names left out of "auto"; "jit_compile": set on the model
-            before its first step); the first is the baseline of the
+            `enable()` keyword arguments (plus "jit_compile": set on the
+            model before its first step); the first is the baseline of the
             ratios. None: `configurations(cores(), explain)`.
     """
     available = cores()
@@ -248,6 +243,12 @@ def measure(
         try:
             for name, worker in workers.items():
                 xla[name] = worker.wait_ready()
+                # A process that never gets ready shows as the missing line.
+                print(
+                    f"  {target} round {round_ + 1}/{rounds}: {name} ready "
+                    f"(XLA {'on' if xla[name] else 'off'})",
+                    flush=True,
+                )
             for block in range(blocks):
                 shift = (round_ * blocks + block) % len(names)
                 medians = {

@@ -31,7 +31,7 @@ timings)
 bits)
   for flavor in keras3 tf_keras; do
     timeout "$budget" python3 benchmarks/cudnn_rnn_repeatability.py --processes 5 \
-      --parallel 5 --flavors "$flavor" --modes op_determinism,tfdet_cudnn_kept \
+      --parallel 5 --flavors "$flavor" --modes op_determinism,tfdet \
       >"$out/cudnn_rnn_$flavor.log" 2>&1 &
   done
   timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -n 3 -v \
