@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfdet._pin import _isa
+from tfdet._pin import _isa, _versions
 
 AVX512_SERVER = frozenset(
     {"sse4_1", "avx", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
@@ -76,3 +76,28 @@ def test_every_capped_onednn_level_has_an_xla_level() -> None:
         assert _isa.with_xla_cap("", name).startswith(_isa.XLA_FLAG + "=")
     with pytest.raises(ValueError, match="cpu_isa"):
         _isa.with_xla_cap("", "AVX3")
+
+
+@pytest.mark.parametrize(
+    ("version", "known"),
+    [("2.16.2", False), ("2.18.1", False), ("2.19.0", True), ("2.21.0", True)],
+)
+def test_the_xla_cap_is_written_only_where_xla_knows_it(
+    monkeypatch: pytest.MonkeyPatch, version: str, known: bool
+) -> None:
+    # XLA before TensorFlow 2.19 aborts the process on `--xla_cpu_max_isa`
+    # (measured on 2.16-2.18): the flags stay as they are there, and the
+    # profile says why XLA:CPU is not capped.
+    if not _isa.applies():
+        pytest.skip("XLA:CPU ISA caps are x86-64 only")
+    monkeypatch.setattr(
+        _versions, "tensorflow_distribution", lambda: ("tensorflow-cpu", version)
+    )
+    flags = _isa.with_xla_cap("--xla_gpu_deterministic_ops=true", "AVX2")
+    in_force = _isa.xla_cap_in_force(flags)
+    if known:
+        assert flags.split()[-1] == "--xla_cpu_max_isa=AVX2"
+        assert in_force == "AVX2"
+    else:
+        assert flags == "--xla_gpu_deterministic_ops=true"
+        assert in_force.startswith(f"none (TensorFlow {version} has no")

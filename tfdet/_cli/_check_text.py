@@ -67,6 +67,17 @@ def _xla_notice(runs: list[dict[str, Any]]) -> list[str]:
     return [f"  {notice}" for notice in sorted(notices)]
 
 
+def _unpinned_xla_isa(runs: list[dict[str, Any]]) -> list[str]:
+    """Once per device: XLA-compiled runs whose XLA:CPU ISA could not be capped."""
+    xla_on = any((run.get("xla") or {}).get("on") for run in runs)
+    reasons = {(run.get("profile") or {}).get("xla_cpu_isa") or "" for run in runs}
+    return [
+        f"  XLA:CPU ISA cap not applied: {reason}"
+        for reason in sorted(reasons)
+        if xla_on and reason.startswith("none (")
+    ]
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The short human report: per device, runs, perturbations, verdict."""
     mode = _options.mode_label(report["enable"])
@@ -90,6 +101,7 @@ def format_report(report: dict[str, Any]) -> str:
             if run.get("trace") and report.get("traces"):
                 lines.append(f"    trace: {run['trace']}")
         lines.extend(_xla_notice(result["runs"]))
+        lines.extend(_unpinned_xla_isa(result["runs"]))
         for name, reason in result.get("perturbations_skipped", {}).items():
             lines.append(f"  perturbation {name} not applied: {reason}")
         if result["verdict"] == "failed":

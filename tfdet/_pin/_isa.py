@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 import platform
 
+from tfdet._pin import _versions
+
 ENV_VAR = "ONEDNN_MAX_CPU_ISA"
 NOT_APPLICABLE = "not applicable"
 
@@ -199,14 +201,16 @@ def with_xla_cap(xla_flags: str, cap: str | None) -> str:
 
     As for oneDNN, a lower XLA cap already in the flags is kept (the
     machine's ceiling) and a higher one is replaced; other flags are kept in
-    order. XLA reads `XLA_FLAGS` at its first compilation in a process.
+    order. XLA reads `XLA_FLAGS` at its first compilation in a process. A
+    TensorFlow whose XLA has no such flag (before 2.19) gets the flags
+    unchanged: it would abort on it (`xla_cap_in_force` says so).
 
     Args:
         xla_flags: The current value of `XLA_FLAGS`.
         cap: A oneDNN cap name; None or "ALL" leaves the flags unchanged.
     """
     wanted = None if cap is None else _XLA_CAP.get(normalize(cap))
-    if wanted is None:
+    if wanted is None or not _versions.xla_cpu_isa_cap_known():
         return xla_flags
     parts = xla_flags.split()
     prefix = XLA_FLAG + "="
@@ -217,6 +221,31 @@ def with_xla_cap(xla_flags: str, cap: str | None) -> str:
             return xla_flags
         parts = [part for part in parts if not part.startswith(prefix)]
     return " ".join([*parts, prefix + wanted])
+
+
+def xla_cap_in_force(xla_flags: str | None = None) -> str:
+    """XLA:CPU's ISA cap as the profile records it.
+
+    Args:
+        xla_flags: `XLA_FLAGS`; None reads the environment.
+
+    Returns:
+        The `--xla_cpu_max_isa` value in the flags; "none" without one; a
+        "none (...)" sentence where the installed TensorFlow has no such flag;
+        `NOT_APPLICABLE` off x86-64.
+    """
+    if not applies():
+        return NOT_APPLICABLE
+    if not _versions.xla_cpu_isa_cap_known():
+        return (
+            f"none (TensorFlow {_versions.tensorflow_distribution()[1]} has no "
+            f"{XLA_FLAG}, added in {_versions.XLA_CPU_ISA_CAP_SINCE}: XLA-compiled "
+            "code uses this CPU's best instructions)"
+        )
+    flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
+    prefix = XLA_FLAG + "="
+    values = [part[len(prefix) :] for part in flags.split() if part.startswith(prefix)]
+    return values[-1].upper() if values else "none"
 
 
 def current_cap() -> str | None:

@@ -33,6 +33,10 @@ class Profile:
         keras_version: Version of the Keras in use.
         numpy_version: Version of NumPy.
         python_version: Version of Python.
+        xla_cpu_isa: XLA:CPU's ISA cap (`--xla_cpu_max_isa`), "none" when
+            XLA-compiled CPU code uses the CPU's best instructions (with the
+            reason where TensorFlow has no such cap), "not applicable" off
+            x86-64; None in profiles recorded before it existed.
         distribution: What decides the bits under `tf.distribute`, as
             `(setting, value)` pairs sorted by setting: the multi-worker
             collective implementation, the dataset auto-shard policy, whether
@@ -56,6 +60,7 @@ class Profile:
     numpy_version: str
     python_version: str
     distribution: tuple[tuple[str, str], ...] = ()
+    xla_cpu_isa: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (tuples become lists)."""

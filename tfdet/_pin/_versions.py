@@ -12,9 +12,13 @@ import os
 import platform
 import sys
 
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 MIN_TENSORFLOW = Version("2.16")
+# XLA:CPU's ISA cap, `--xla_cpu_max_isa`, exists from TensorFlow 2.19; the XLA
+# of 2.16-2.18 aborts the process at its first compilation on an unknown
+# flag (measured on 2.16.2, 2.17.1 and 2.18: `Unknown flags in XLA_FLAGS`).
+XLA_CPU_ISA_CAP_SINCE = Version("2.19")
 
 # TensorFlow ships under several distribution names that install the same
 # `tensorflow` package; the first one found is the one in use.
@@ -98,3 +102,20 @@ def tensorflow_version() -> str:
 def tensorflow_imported() -> bool:
     """Whether `import tensorflow` already ran in this process."""
     return "tensorflow" in sys.modules
+
+
+def xla_cpu_isa_cap_known() -> bool:
+    """Whether the installed TensorFlow's XLA knows `--xla_cpu_max_isa`.
+
+    Read from the installed distribution's version, without importing
+    TensorFlow (the flag must be decided before XLA starts). Unknown or
+    unparsable versions count as new enough.
+    """
+    found = tensorflow_distribution()
+    if found is None:
+        return True
+    try:
+        release = Version(Version(found[1]).base_version)
+    except InvalidVersion:
+        return True
+    return release >= XLA_CPU_ISA_CAP_SINCE

@@ -381,6 +381,7 @@ def enable(
         cpu_isa=isa_cap,
         op_determinism=True,
         xla_determinism=_xla_determinism_in_force(),
+        xla_cpu_isa=_isa.xla_cap_in_force(),
         python_hash_seed=_STARTUP_HASH_SEED,
         **_software_facts(installed),
     )
@@ -574,6 +575,7 @@ def observed_profile(seed: int | None = None) -> Profile:
         else _isa.NOT_APPLICABLE,
         op_determinism=_environment.op_determinism_enabled(),
         xla_determinism=_xla_determinism_in_force(),
+        xla_cpu_isa=_isa.xla_cap_in_force(),
         python_hash_seed=_STARTUP_HASH_SEED,
         **_software_facts(_registry.installed()),
     )

@@ -28,6 +28,8 @@ from tfdet.patches._swap import Swap
 
 # The TensorFlow backend modules that bind `draw_seed` at import; each calls
 # it by its module-global name, so swapping that name reaches every random op.
+# Older Keras 3 draws no seed in the image module (3.5 has no `draw_seed`
+# there): a module without one has nothing to fold.
 _MODULES_DRAWING_SEEDS = (
     "keras.src.backend.tensorflow.random",
     "keras.src.backend.tensorflow.image",
@@ -45,7 +47,9 @@ def _apply(swap: Swap) -> None:
 
     for module_name in _MODULES_DRAWING_SEEDS:
         module = importlib.import_module(module_name)
-        original = module.draw_seed
+        original = getattr(module, "draw_seed", None)
+        if original is None:
+            continue
 
         def draw_seed(seed: Any, original: Any = original) -> Any:
             drawn = original(seed)
