@@ -62,7 +62,10 @@ def _global_seed_generator(create: bool = False) -> Any:
 
     if create:
         return seed_generator.global_seed_generator()
-    return global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
+    # Keras 3.15 names the attribute in a constant; 3.12 and older wrote the
+    # same string inline.
+    name = getattr(seed_generator, "GLOBAL_SEED_GENERATOR", "global_seed_generator")
+    return global_state.get_global_attribute(name)
 
 
 def random_state(model: Any) -> Any:
