@@ -167,3 +167,68 @@ def test_check_script_interrupts_and_the_scripts_own_backup_resumes_it(tmp_path)
     assert reports["plain"]["verdict"] == "diverged"
     # Keras's own BackupAndRestore retrains the resumed epoch from its start.
     assert reports["plain"]["divergence"]["step"] == 0
+
+
+def test_the_resume_state_round_trips_through_json_bit_for_bit():
+    import random
+
+    import numpy as np
+
+    from tfdet.patches import keras_backup_and_restore as backup
+
+    rng = np.random.default_rng(0)
+    state = {
+        "epoch": 2,
+        "steps_done": 5,
+        "iterations": 21,
+        "seeds": [("dropout#0", np.array([7, 2**62 + 1], np.int64))],
+        "global_seed": np.array([3, 4], np.uint32),
+        "metrics": [
+            np.array(np.pi, np.float32),
+            np.array([np.nan, -0.0, 1e-45, np.inf], np.float32),
+            rng.standard_normal((3, 2)),
+        ],
+        "python_random": random.Random(5).getstate(),
+        "numpy_random": np.random.RandomState(9).get_state(),
+        "eager_seed": random.Random(6).getstate(),
+        "counters": (3, 4),
+    }
+    path = "backup/tfdet-0.state.json"
+    text = json.dumps(backup._encode_state(state))
+    decoded = backup._decode_state(json.loads(text), path)
+
+    def bits(value):
+        if isinstance(value, np.ndarray):
+            return (value.dtype.str, value.shape, value.tobytes())
+        if isinstance(value, list | tuple):
+            return tuple(bits(item) for item in value)
+        return value
+
+    assert {k: bits(v) for k, v in decoded.items()} == {
+        k: bits(v) for k, v in state.items()
+    }
+    random.setstate(decoded["python_random"])  # Accepted as they are.
+    np.random.set_state(decoded["numpy_random"])
+
+
+@pytest.mark.slow
+def test_a_planted_pickle_in_the_backup_directory_is_never_run(tmp_path):
+    # Whoever can write the backup directory (Keras's example is /tmp/backup)
+    # must not run code in the training process at its resume.
+    import pickle
+
+    backup, out, marker = tmp_path / "backup", tmp_path / "out.json", tmp_path / "ran"
+    _run(FIT, out, str(backup), "--save-freq", "3", "--kill", "1:5", killed=True)
+    (state,) = backup.glob("tfdet-*.state.json")
+
+    class Planted:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    state.write_bytes(pickle.dumps(Planted()))
+    code = f"import runpy, sys; sys.argv = {[str(FIT), str(out), str(backup)]!r}\n"
+    code += f"runpy.run_path({str(FIT)!r}, run_name='__main__')"
+    result = run_python(code, env=clean_env(PYTHONHASHSEED="0"))
+    assert result.returncode != 0 and not marker.exists()
+    assert "to hold a tfdet resume state" in result.stderr
+    assert "Delete the backup directory" in result.stderr

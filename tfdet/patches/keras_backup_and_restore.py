@@ -22,16 +22,20 @@ looked up, so `keras.callbacks.BackupAndRestore(...)` saves and restores all
 of it, and skips (pulls without training) the batches an interrupted epoch
 had already trained. Each backup is a generation of its own, made current by
 one atomic rename: a process killed while writing leaves the previous
-backup current, and a resume never mixes two. `tfdet.random_state(model)`
-gives the same seed states to a `tf.train.Checkpoint` of a custom loop.
+backup current, and a resume never mixes two. What is not a weight is
+written as JSON (numbers and arrays of numbers), never pickled: the backup
+directory is often a shared path (`/tmp/backup` in Keras's own example),
+and reading a pickle from it would run whatever code was planted there.
+`tfdet.random_state(model)` gives the same seed states to a
+`tf.train.Checkpoint` of a custom loop.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
-import pickle
 import random
 from typing import Any
 
@@ -40,7 +44,9 @@ from tfdet.patches._registry import KERAS3, Patch
 # The file that names the current generation, and each generation's files.
 CURRENT = "tfdet_current"
 _WEIGHTS = "tfdet-{n}.weights.h5"
-_STATE = "tfdet-{n}.state.pkl"
+_STATE = "tfdet-{n}.state.json"
+# Version of the state file's layout (`_encode_state`).
+STATE_FORMAT = 1
 # Iterators Keras 3's TF `fit` makes of a `tf.data` input per epoch (one at
 # the epoch's start, one made at its end and dropped), when `steps_per_epoch`
 # is None and the cardinality is known; one otherwise.
@@ -96,6 +102,93 @@ def random_state(model: Any) -> Any:
     holder.layer_seeds = [generator.state for _, generator in seed_generators(model)]
     holder.global_seed = _global_seed_generator(create=True).state
     return holder
+
+
+def _array(value: Any) -> dict[str, Any]:
+    import numpy as np
+
+    value = np.asarray(value)
+    return {
+        "dtype": value.dtype.str,
+        "shape": list(value.shape),
+        "values": value.ravel().tolist(),
+    }
+
+
+def _from_array(data: dict[str, Any]) -> Any:
+    import numpy as np
+
+    return np.asarray(data["values"], dtype=np.dtype(data["dtype"])).reshape(
+        data["shape"]
+    )
+
+
+def _python_random(state: Any) -> Any:
+    """`random.getstate()` as JSON and back: `(version, 625 ints, gauss)`."""
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _encode_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The resume state as JSON values (Python floats keep every bit)."""
+    name, keys, position, has_gauss, cached = state["numpy_random"]
+    return {
+        "format": STATE_FORMAT,
+        "epoch": state["epoch"],
+        "steps_done": state["steps_done"],
+        "iterations": state["iterations"],
+        "seeds": [[name_, _array(value)] for name_, value in state["seeds"]],
+        "global_seed": None
+        if state["global_seed"] is None
+        else _array(state["global_seed"]),
+        "metrics": [_array(value) for value in state["metrics"]],
+        "python_random": _python_random(state["python_random"]),
+        "numpy_random": [name, _array(keys), position, has_gauss, cached],
+        "eager_seed": None
+        if state["eager_seed"] is None
+        else _python_random(state["eager_seed"]),
+        "counters": list(state["counters"]),
+    }
+
+
+def _decode_state(data: Any, path: str) -> dict[str, Any]:
+    """Inverse of `_encode_state`; a clear error for anything else."""
+    try:
+        if data["format"] != STATE_FORMAT:
+            raise ValueError(f"format {data['format']!r}")
+        version, internal, gauss = data["python_random"]
+        name, keys, position, has_gauss, cached = data["numpy_random"]
+        eager = data["eager_seed"]
+        return {
+            "epoch": int(data["epoch"]),
+            "steps_done": int(data["steps_done"]),
+            "iterations": int(data["iterations"]),
+            "seeds": [
+                (str(name_), _from_array(value)) for name_, value in data["seeds"]
+            ],
+            "global_seed": None
+            if data["global_seed"] is None
+            else _from_array(data["global_seed"]),
+            "metrics": [_from_array(value) for value in data["metrics"]],
+            "python_random": (int(version), tuple(int(i) for i in internal), gauss),
+            "numpy_random": (
+                str(name),
+                _from_array(keys),
+                int(position),
+                int(has_gauss),
+                float(cached),
+            ),
+            "eager_seed": None
+            if eager is None
+            else (int(eager[0]), tuple(int(i) for i in eager[1]), eager[2]),
+            "counters": tuple(int(count) for count in data["counters"]),
+        }
+    except (KeyError, TypeError, ValueError) as error:
+        raise RuntimeError(
+            f"Expected {path} to hold a tfdet resume state (format {STATE_FORMAT}). "
+            f"Received: unreadable ({type(error).__name__}: {error}). Delete the "
+            "backup directory to start over."
+        ) from None
 
 
 def _eager_seed_generator() -> Any:
@@ -162,8 +255,8 @@ def exact_backup_and_restore_class() -> type:
             current = _current(self.backup_dir)
             generation = 0 if current is None else current + 1
             path = os.path.join(self.backup_dir, _STATE.format(n=generation))
-            with open(path + ".tmp", "wb") as out:
-                pickle.dump(self._state(), out)
+            with open(path + ".tmp", "w", encoding="utf-8") as out:
+                json.dump(_encode_state(self._state()), out)
             os.replace(path + ".tmp", path)
             self.model.save_weights(
                 os.path.join(self.backup_dir, _WEIGHTS.format(n=generation)),
@@ -209,11 +302,17 @@ def exact_backup_and_restore_class() -> type:
             model.load_weights(
                 os.path.join(self.backup_dir, _WEIGHTS.format(n=generation))
             )
-            with open(
-                os.path.join(self.backup_dir, _STATE.format(n=generation)), "rb"
-            ) as handle:
-                state = pickle.load(handle)
-            self._restore(state)
+            path = os.path.join(self.backup_dir, _STATE.format(n=generation))
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    data = json.load(handle)
+            except (OSError, ValueError) as error:
+                raise RuntimeError(
+                    f"Expected {path} to hold a tfdet resume state. Received: "
+                    f"{type(error).__name__}: {error}. Delete the backup "
+                    "directory to start over."
+                ) from None
+            self._restore(_decode_state(data, path))
 
         def _restore(self, state: dict[str, Any]) -> None:
             import numpy as np
