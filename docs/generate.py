@@ -1,6 +1,6 @@
 """Writes the reference pages that come from tfdet's code, never by hand.
 
-    python docs/generate.py              # rewrite docs/reference/{cli,patches,perturbations}.md
+    python docs/generate.py              # rewrite docs/reference/{cli,patches,perturbations,compatibility}.md
     python docs/generate.py --out DIR    # write the same pages into DIR instead
 
 - `cli.md`: each subcommand's `--help`, from the parser `tfdet` itself builds
@@ -9,7 +9,9 @@
   with the hazard-table rows of the ops it replaces and its module's docstring;
 - `perturbations.md`: every `Perturbation` record of `tfdet check`
   (`tfdet._runs._perturb.REGISTRY`) and what one machine does not imitate
-  (`NOT_IMITATED`, `NOT_EMULATED`).
+  (`NOT_IMITATED`, `NOT_EMULATED`);
+- `compatibility.md`: the last version-matrix run (`ci/matrix.py`, which
+  writes `docs/reference/compatibility.json`).
 
 None of this imports TensorFlow. `tests/test_docs.py` runs this script into
 a temporary directory and fails when a committed page differs: after
@@ -294,10 +296,90 @@ def perturbations_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+# --- compatibility.md ---------------------------------------------------------
+
+_OUTCOME = {
+    "passed": "pass",
+    "failed": "**FAIL**",
+    "skipped": "skipped",
+    "not run": "not run",
+}
+
+
+def compatibility_page() -> str:
+    import json
+
+    sys.path.insert(0, str(REPO / "ci"))
+    import matrix
+
+    records = json.loads(matrix.RESULTS.read_text(encoding="utf-8"))["combinations"]
+    names = [name for name in matrix.combinations() if name in records]
+    features = list(dict.fromkeys(feature for feature, _ in matrix.smoke_tests()))
+
+    def version(record: dict, name: str) -> str:
+        return record["versions"].get(name) or "-"
+
+    lines = [
+        _marker("docs/reference/compatibility.json, written by python3 ci/matrix.py"),
+        "",
+        "# Compatibility",
+        "",
+        "What tfdet has run on: each supported TensorFlow minor release with the",
+        "Keras 3 that pip resolves for it (and tf_keras of the same minor), and",
+        "with the oldest Keras 3 its wheel accepts. Each combination runs the smoke",
+        "set (`ci/smoke.txt`: each public feature once) in a fresh virtual",
+        "environment: `python3 ci/matrix.py`. CI runs the oldest combination on",
+        "every change, beside the whole suite on the newest.",
+        "",
+        "## Versions and where they ran",
+        "",
+        *_table(
+            ("combination", "tensorflow-cpu", "keras", "tf_keras", "numpy", "date",
+             "machine", "install + tests"),
+            (
+                (
+                    name,
+                    version(records[name], "tensorflow-cpu"),
+                    version(records[name], "keras"),
+                    version(records[name], "tf_keras"),
+                    version(records[name], "numpy"),
+                    records[name]["date"],
+                    records[name]["machine"],
+                    f"{records[name]['install_seconds']} s + "
+                    f"{records[name]['test_seconds']} s",
+                )
+                for name in names
+            ),
+        ),  # fmt: skip
+        "",
+        "## Features",
+        "",
+        "A feature passes when all of its smoke tests passed; tf_keras tests skip",
+        "where tf_keras is not installed.",
+        "",
+        *_table(
+            ("feature", *names),
+            (
+                (feature, *(_OUTCOME[records[n]["features"].get(feature, "not run")]
+                            for n in names))
+                for feature in features
+            ),
+        ),  # fmt: skip
+    ]
+    failed = [
+        (name, test) for name in names for test in records[name]["failed_tests"]
+    ]
+    if failed:
+        lines += ["", "## Failed tests", ""]
+        lines += [f"- {name}: `{test}`" for name, test in failed]
+    return "\n".join(lines) + "\n"
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "cli.md": cli_page,
     "patches.md": patches_page,
     "perturbations.md": perturbations_page,
+    "compatibility.md": compatibility_page,
 }
 
 

@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
-GENERATED = ("cli.md", "patches.md", "perturbations.md")
+GENERATED = ("cli.md", "patches.md", "perturbations.md", "compatibility.md")
 README_MAX_LINES = 200
 # The set-up commands, first in the README and unchanged in meaning (CI greps
 # the README for `tfdet check`).

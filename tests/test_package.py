@@ -201,3 +201,28 @@ def test_packages_import_only_the_layers_below_them() -> None:
         and LAYERS[_package(other)] >= LAYERS[_package(module)]
     )
     assert upward == []
+
+
+@pytest.mark.parametrize(
+    ("keras", "legacy", "refused"),
+    [("3.0.0", "0", True), ("3.4.1", "0", True), ("3.5.0", "0", False),
+     ("3.15.1", "0", False), ("3.0.0", "1", False)],
+)  # fmt: skip
+def test_a_keras_3_older_than_the_floor_is_refused_with_the_fix(
+    monkeypatch: pytest.MonkeyPatch, keras: str, legacy: str, refused: bool
+) -> None:
+    # The version matrix (ci/matrix.py) found Keras 3.0 breaking enable(),
+    # resume and the patches; tf_keras users are not asked about Keras 3.
+    from tfdet._pin import _versions
+
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", legacy)
+    monkeypatch.setattr(
+        _versions,
+        "distribution_version",
+        lambda name: keras if name == "keras" else None,
+    )
+    if refused:
+        with pytest.raises(ImportError, match=r"Keras >= 3\.5.*keras==" + keras):
+            _versions.check_keras_version()
+    else:
+        _versions.check_keras_version()

@@ -15,6 +15,10 @@ import sys
 from packaging.version import InvalidVersion, Version
 
 MIN_TENSORFLOW = Version("2.16")
+# The oldest Keras 3 tfdet runs on (the version matrix, ci/matrix.py): Keras
+# 3.0 lacks internals that tfdet's patches use (`keras.src.tree`, the seed
+# generators' layout), and TensorFlow 2.17-2.19 need 3.2-3.5 themselves.
+MIN_KERAS = Version("3.5")
 # XLA:CPU's ISA cap, `--xla_cpu_max_isa`, exists from TensorFlow 2.19; the XLA
 # of 2.16-2.18 aborts the process at its first compilation on an unknown
 # flag (measured on 2.16.2, 2.17.1 and 2.18: `Unknown flags in XLA_FLAGS`).
@@ -65,6 +69,22 @@ def keras_flavor() -> str:
 def keras_version() -> str | None:
     """Version of the Keras in use (tf_keras or Keras 3)."""
     return distribution_version("tf_keras" if uses_legacy_keras() else "keras")
+
+
+def check_keras_version() -> None:
+    """Refuses a Keras 3 older than `MIN_KERAS` when Keras 3 is in use.
+
+    Raises:
+        ImportError: with the installed version and the command that fixes it.
+    """
+    if uses_legacy_keras():
+        return
+    version = distribution_version("keras")
+    if version is not None and Version(Version(version).base_version) < MIN_KERAS:
+        raise ImportError(
+            f"tfdet needs Keras >= {MIN_KERAS}. Received: keras=={version}. "
+            f"Upgrade with `pip install -U 'keras>={MIN_KERAS}'`."
+        )
 
 
 def python_version() -> str:

@@ -358,6 +358,7 @@ def enable(
         return _repeat_call(request, *_active)
 
     _versions.tensorflow_version()  # Clear ImportError when TF is missing/old.
+    _versions.check_keras_version()
     _pin_onednn(onednn)
     seed, threads = request["seed"], request["threads"]
     started = _runtime_started()
