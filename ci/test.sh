@@ -4,7 +4,8 @@
 # Makes its own virtual environment (.venv-ci, or $TFDET_VENV), installs tfdet
 # with the CPU build of TensorFlow and the test tools, lints, and runs pytest
 # (in parallel, pytest-xdist; extra arguments go to pytest, e.g. `-n 0` for
-# one process).
+# one process); then the smoke set on the oldest TensorFlow and Keras tfdet
+# supports, in a second virtual environment (ci/matrix.py --oldest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,5 +41,9 @@ fi
 # One pytest worker per core, at most 4: each test may start several
 # TensorFlow processes of its own (about 0.5 GB each). The 30 slowest tests are
 # listed, to keep the suite well under 30 minutes on 2 cores.
-exec "$venv/bin/python" -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
+"$venv/bin/python" -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
   --durations=30 "$@"
+# The oldest TensorFlow and Keras tfdet supports, in a virtual environment of
+# its own (.venv-matrix/): the smoke set, ci/smoke.txt. Every combination:
+# `python3 ci/matrix.py` (docs/reference/compatibility.md).
+exec "$python" ci/matrix.py --oldest --no-record
