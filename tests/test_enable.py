@@ -251,6 +251,29 @@ def test_unset_pythonhashseed_is_a_warning_naming_tfdet_run() -> None:
     assert warning.endswith("[at <string>]")
 
 
+def test_an_untested_platform_is_said_once_and_its_x86_pins_are_skipped() -> None:
+    # Here as Linux aarch64: tfdet has run on Linux x86-64 only.
+    out = _child(
+        """
+import platform
+platform.machine = lambda: "aarch64"
+profile = tfdet.enable(seed=0)
+tfdet.enable(seed=0)
+out["profile"] = profile.to_dict()
+""",
+        PYTHONHASHSEED="0",
+    )
+    (warning,) = _matching(out["warnings"], "not been tested")
+    assert "Linux aarch64" in warning and "tfdet check" in warning
+    assert (
+        out["profile"]["cpu_isa"]
+        == out["profile"]["xla_cpu_isa"]
+        == (_isa.NOT_APPLICABLE)
+    )
+    # On this platform itself, nothing is said.
+    assert not _matching(_child("tfdet.enable(seed=0)")["warnings"], "not been tested")
+
+
 def test_matching_pythonhashseed_numpy_seed_and_onednn_off() -> None:
     # The largest seed, as a NumPy integer; the interpreter started with the
     # matching hash seed; oneDNN custom ops requested off before TF import.

@@ -87,6 +87,16 @@ def check_keras_version() -> None:
         )
 
 
+# (platform.system(), platform.machine()) pairs tfdet has run on.
+TESTED_PLATFORMS = frozenset({("Linux", "x86_64")})
+
+
+def untested_platform() -> str | None:
+    """"<system> <machine>" when tfdet never ran on this platform, else None."""
+    here = (platform.system(), platform.machine())
+    return None if here in TESTED_PLATFORMS else " ".join(here)
+
+
 def python_version() -> str:
     return platform.python_version()
 

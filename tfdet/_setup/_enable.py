@@ -359,6 +359,15 @@ def enable(
 
     _versions.tensorflow_version()  # Clear ImportError when TF is missing/old.
     _versions.check_keras_version()
+    untested = _versions.untested_platform()
+    if untested is not None:
+        warnings.warn(
+            f"tfdet: enable() has not been tested on {untested}, only on Linux "
+            "x86-64: the x86 pins (oneDNN's ISA cap, Eigen's cache sizes, "
+            "TensorFlow's CPU features) do not apply here, and nothing else was "
+            "measured. Run `tfdet check` to see which bits hold.",
+            stacklevel=2,
+        )
     _pin_onednn(onednn)
     seed, threads = request["seed"], request["threads"]
     started = _runtime_started()
