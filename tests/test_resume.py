@@ -232,3 +232,46 @@ def test_a_planted_pickle_in_the_backup_directory_is_never_run(tmp_path):
     assert result.returncode != 0 and not marker.exists()
     assert "to hold a tfdet resume state" in result.stderr
     assert "Delete the backup directory" in result.stderr
+
+
+GAN = SCRIPTS / "resumable_gan.py"
+
+
+@pytest.mark.slow
+def test_a_gan_with_two_optimizers_resumes_exactly(tmp_path):
+    # keras.io's DCGAN form: the optimizers of a custom compile are built in
+    # the first step, after Keras's resume loaded (skipped) them.
+    full = tmp_path / "full.json"
+    _run(GAN, full, str(tmp_path / "full-backup"))
+    steps = json.loads(full.read_text())["steps"]
+    resumed = _interrupted_and_resumed(tmp_path / "a", GAN, interrupt=("--kill", "1:3"))
+    control = _interrupted_and_resumed(
+        tmp_path / "b", GAN, "--unpatched", interrupt=("--kill", "1:3")
+    )
+    assert resumed == _digest(full) != control
+    assert json.loads((tmp_path / "a" / "resumed.json").read_text())["steps"] == steps
+
+
+@pytest.mark.slow
+def test_two_backup_callbacks_resume_exactly_and_train_every_step(
+    tmp_path, uninterrupted
+):
+    two = ("--backups", "2", "--save-freq", "3")
+    resumed = _interrupted_and_resumed(tmp_path, FIT, *two, interrupt=("--kill", "1:5"))
+    assert resumed == uninterrupted["array"]
+    assert json.loads((tmp_path / "resumed.json").read_text())["steps"] == 32
+
+
+def test_two_backup_callbacks_at_other_positions_are_refused_with_what_to_do(
+    tmp_path,
+):
+    backup, out = tmp_path / "backup", tmp_path / "out.json"
+    two = ("--backups", "2", "--save-freq", "3,epoch")
+    _run(FIT, out, str(backup), *two, "--kill", "1:5", killed=True)
+    code = (
+        f"import runpy, sys; sys.argv = {[str(FIT), str(out), str(backup), *two]!r}\n"
+    )
+    code += f"runpy.run_path({str(FIT)!r}, run_name='__main__')"
+    result = run_python(code, env=clean_env(PYTHONHASHSEED="0"))
+    assert result.returncode != 0 and not out.exists()
+    assert "Keep one BackupAndRestore, or give them the same save_freq" in result.stderr

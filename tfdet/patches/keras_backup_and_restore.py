@@ -37,6 +37,7 @@ import functools
 import json
 import os
 import random
+import warnings
 from typing import Any
 
 from tfdet.patches._registry import KERAS3, Patch
@@ -47,6 +48,10 @@ _WEIGHTS = "tfdet-{n}.weights.h5"
 _STATE = "tfdet-{n}.state.json"
 # Version of the state file's layout (`_encode_state`).
 STATE_FORMAT = 1
+# Notes on the model for one `fit`: the BackupAndRestore that restored it
+# (backup directory, position), and the callbacks skipping trained batches.
+_RESTORED_BY = "_tfdet_restored_by"
+_SKIPPING = "_tfdet_skipping"
 # Iterators Keras 3's TF `fit` makes of a `tf.data` input per epoch (one at
 # the epoch's start, one made at its end and dropped), when `steps_per_epoch`
 # is None and the cardinality is known; one otherwise.
@@ -299,9 +304,14 @@ def exact_backup_and_restore_class() -> type:
             model = self.model
             if model.optimizer is not None and not model.optimizer.built:
                 model.optimizer.build(model.trainable_variables)
-            model.load_weights(
-                os.path.join(self.backup_dir, _WEIGHTS.format(n=generation))
-            )
+            weights = os.path.join(self.backup_dir, _WEIGHTS.format(n=generation))
+            deferred = _restore_when_built(model, weights)
+            with warnings.catch_warnings():
+                # Keras's "Skipping variable loading for optimizer ...": the
+                # deferred optimizers get theirs when built.
+                if deferred:
+                    warnings.filterwarnings("ignore", "Skipping variable loading")
+                model.load_weights(weights)
             path = os.path.join(self.backup_dir, _STATE.format(n=generation))
             try:
                 with open(path, encoding="utf-8") as handle:
@@ -318,6 +328,24 @@ def exact_backup_and_restore_class() -> type:
             import numpy as np
 
             model = self.model
+            position = (state["epoch"], state["steps_done"], state["iterations"])
+            first = getattr(model, _RESTORED_BY, None)
+            if first is not None:
+                # Another BackupAndRestore of this fit restored the model,
+                # the random state and the input's position; this one keeps
+                # its own counters, and skips along with it.
+                first_dir, first_position = first
+                if first_position != position:
+                    raise RuntimeError(
+                        "Expected the BackupAndRestore callbacks of one fit to "
+                        "hold the same training state. Received: (epoch, step "
+                        f"in epoch, optimizer step) {first_position} in "
+                        f"{first_dir}, {position} in {self.backup_dir}. Keep "
+                        "one BackupAndRestore, or give them the same save_freq."
+                    )
+                self._adopt_position(state)
+                return
+            object.__setattr__(model, _RESTORED_BY, (self.backup_dir, position))
             iterations = int(model.optimizer.iterations.numpy())
             if iterations != state["iterations"]:
                 raise RuntimeError(
@@ -344,35 +372,51 @@ def exact_backup_and_restore_class() -> type:
             eager = _eager_seed_generator()
             if eager is not None and state["eager_seed"] is not None:
                 eager.setstate(state["eager_seed"])
+            model._initial_epoch = state["epoch"]
+            for dataset in getattr(model, "_tfdet_fit_datasets", ()):
+                for _ in range(ITERATORS_PER_EPOCH * state["epoch"]):
+                    iter(dataset)  # Advances its reshuffle seed, as fit did.
+            self._adopt_position(state)
+
+        def _adopt_position(self, state: dict[str, Any]) -> None:
+            """This callback's counters at the restored position."""
             self._batches_seen_since_last_saving, self._last_batch_seen = state[
                 "counters"
             ]
-            model._initial_epoch = state["epoch"]
             # Keras restarts it at 0: a save during the first resumed epoch
             # would say epoch 0.
             self._current_epoch = state["epoch"]
             self._steps_done = state["steps_done"]
-            for dataset in getattr(model, "_tfdet_fit_datasets", ()):
-                for _ in range(ITERATORS_PER_EPOCH * state["epoch"]):
-                    iter(dataset)  # Advances its reshuffle seed, as fit did.
             if state["steps_done"]:
                 self._saved_metrics = state["metrics"]
                 self._to_skip = state["steps_done"]
                 self._skip_trained_batches()
 
         def _skip_trained_batches(self) -> None:
+            """Pulls the trained batches without training, once per fit.
+
+            Every restoring callback counts the skipped batches down (none
+            of them counts or saves them), but only the first replaces the
+            train function: two would skip twice.
+            """
             model = self.model
+            skipping = getattr(model, _SKIPPING, None)
+            if skipping is not None:
+                skipping.append(self)
+                return
+            skipping = [self]
+            object.__setattr__(model, _SKIPPING, skipping)
             original = model.train_function
-            callback = self
 
             def train_function(iterator: Any) -> Any:
-                if callback._to_skip <= 0:
+                if self._to_skip <= 0:
                     model.train_function = original
                     return original(iterator)
                 for _ in range(model.steps_per_execution):
                     data = next(iterator)  # Trained on before the interruption.
-                callback._to_skip -= model.steps_per_execution
-                callback._load_metrics(data)
+                for callback in skipping:
+                    callback._to_skip -= model.steps_per_execution
+                self._load_metrics(data)
                 return model.get_metrics_result()
 
             model.train_function = train_function
@@ -397,6 +441,60 @@ def exact_backup_and_restore_class() -> type:
     return ExactBackupAndRestore
 
 
+def _restore_when_built(model: Any, weights: str) -> list[str]:
+    """Loads each unbuilt optimizer of `model` from `weights` once it is built.
+
+    Keras builds `model.optimizer` before a resume can load it, but an
+    optimizer that a custom `compile` sets (a GAN's `d_optimizer` and
+    `g_optimizer`) is built inside the first training step, which knows the
+    variables it updates; `load_weights` skips it with a warning, and the
+    resumed run restarted its step count and moments. Each such optimizer
+    keeps its saved values here and takes them when it is built, before its
+    first update.
+
+    Returns:
+        The attribute names of the optimizers deferred.
+    """
+    import h5py
+    import keras
+
+    deferred = []
+    for name, value in sorted(vars(model).items()):
+        if not isinstance(value, keras.optimizers.Optimizer) or value.built:
+            continue
+        with h5py.File(weights, "r") as handle:
+            group = handle.get(f"{name}/vars")
+            saved = (
+                [] if group is None else [group[str(i)][()] for i in range(len(group))]
+            )
+        if saved:
+            _assign_when_built(value, saved, f"{weights} ({name})")
+            deferred.append(name)
+    return deferred
+
+
+def _assign_when_built(optimizer: Any, saved: list[Any], source: str) -> None:
+    original = optimizer.build
+
+    def build(variables: Any) -> None:
+        import tensorflow as tf
+
+        original(variables)
+        del optimizer.build  # The class's own again.
+        if len(optimizer.variables) != len(saved):
+            raise RuntimeError(
+                f"Expected optimizer {optimizer.name!r} to have the "
+                f"{len(saved)} variables saved in {source}. Received: "
+                f"{len(optimizer.variables)} once built. Delete the backup "
+                "directory to start over."
+            )
+        with tf.init_scope():  # Once, now: not an op of the traced step.
+            for variable, value in zip(optimizer.variables, saved, strict=True):
+                variable.assign(value)
+
+    optimizer.build = build
+
+
 def _current(directory: str) -> int | None:
     try:
         with open(os.path.join(directory, CURRENT), encoding="utf-8") as handle:
@@ -412,12 +510,15 @@ def _wrap_fit(original: Any) -> Any:
 
         # What a resume must fast-forward: a tf.data input reshuffles on
         # each iteration.
-        # Set past Keras's attribute tracking: tfdet's note, not model state.
+        # Set past Keras's attribute tracking: tfdet's notes, not model state.
         object.__setattr__(
             self,
             "_tfdet_fit_datasets",
             (x,) if isinstance(x, tf.data.Dataset) else (),
         )
+        # Which BackupAndRestore restored this fit, which ones skip.
+        object.__setattr__(self, _RESTORED_BY, None)
+        object.__setattr__(self, _SKIPPING, None)
         return original(self, x, *args, **kwargs)
 
     return fit

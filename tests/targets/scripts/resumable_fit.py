@@ -1,12 +1,15 @@
 """A fit that BackupAndRestore resumes: Dense + Dropout, Adam with a schedule.
 
 `python resumable_fit.py OUT BACKUP [--save-freq N] [--kill E:B] [--kill-at-save K]
-[--data array|tfdata] [--unpatched]`: trains 4 epochs of 256 samples (8 batches
+[--data array|tfdata] [--backups N] [--unpatched]`: trains 4 epochs of 256 samples (8 batches
 of 32, shuffled) under `tfdet.enable(seed=3)` and writes the final weights'
 digest to OUT. `--kill E:B` kills the process (SIGKILL) after batch B of epoch E;
 `--kill-at-save K` kills it while it writes its K-th backup, after the weights
 and before the backup is made current; `--unpatched` leaves out tfdet's
-`keras_backup_and_restore` patch (Keras's own BackupAndRestore).
+`keras_backup_and_restore` patch (Keras's own BackupAndRestore); `--backups N`
+gives fit N BackupAndRestore callbacks (BACKUP, BACKUP-2, ...), with the one
+save_freq or one each (`--save-freq 3,epoch`). OUT also gets the optimizer's
+step count.
 """
 
 import argparse
@@ -25,6 +28,7 @@ parser.add_argument("--save-freq", default="epoch")
 parser.add_argument("--kill")
 parser.add_argument("--kill-at-save", type=int)
 parser.add_argument("--data", default="array")
+parser.add_argument("--backups", type=int, default=1)
 parser.add_argument("--unpatched", action="store_true")
 args = parser.parse_args()
 
@@ -85,8 +89,17 @@ class Kill(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
-callbacks = [keras.callbacks.BackupAndRestore(args.backup, save_freq=save_freq), Kill()]
+# One save_freq for all, or one per callback ("3,epoch").
+freqs = [f if f == "epoch" else int(f) for f in args.save_freq.split(",")]
+freqs += freqs[-1:] * (args.backups - len(freqs))
+directories = [args.backup] + [f"{args.backup}-{n}" for n in range(2, args.backups + 1)]
+callbacks = [
+    *(
+        keras.callbacks.BackupAndRestore(d, save_freq=f)
+        for d, f in zip(directories, freqs, strict=True)
+    ),
+    Kill(),
+]
 if args.data == "tfdata":
     data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(256, seed=11).batch(32)
     model.fit(data, epochs=4, verbose=0, callbacks=callbacks)
@@ -96,4 +109,5 @@ else:
     )
 digest = hashlib.sha256(b"".join(w.tobytes() for w in model.get_weights()))
 with open(args.out, "w") as handle:
-    json.dump({"digest": digest.hexdigest()[:16]}, handle)
+    steps = int(model.optimizer.iterations)
+    json.dump({"digest": digest.hexdigest()[:16], "steps": steps}, handle)
