@@ -7,6 +7,7 @@ that touch it spawn `sys.executable` here instead of mutating the test process.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -44,12 +45,19 @@ def _gpu_listed() -> bool:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Skips the tests marked `gpu` on a machine without an NVIDIA GPU."""
+    """Skips the tests marked `gpu` on a machine without an NVIDIA GPU, and
+    those marked `tf_keras` where tf_keras is not installed (the oldest
+    combination of the version matrix has none)."""
     gpu_tests = [item for item in items if "gpu" in item.keywords]
     if gpu_tests and not _gpu_listed():
         skip = pytest.mark.skip(reason="needs an NVIDIA GPU (nvidia-smi lists none)")
         for item in gpu_tests:
             item.add_marker(skip)
+    if importlib.util.find_spec("tf_keras") is None:
+        skip = pytest.mark.skip(reason="tf_keras is not installed")
+        for item in items:
+            if "tf_keras" in item.keywords:
+                item.add_marker(skip)
 
 
 def clean_env(**overrides: str | None) -> dict[str, str]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import clean_env, last_json_line, run_python
 from tfdet._record import _trace
 
@@ -250,6 +252,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.tf_keras
 def test_tf_keras_imported_directly(tmp_path):
     # `import tf_keras` without TF_USE_LEGACY_KERAS: tf_keras's fit checks its
     # own Callback API, which a Keras 3 callback lacks.
@@ -264,6 +267,7 @@ def test_tf_keras_imported_directly(tmp_path):
     assert len(_trace.read(path).steps) == 6
 
 
+@pytest.mark.tf_keras
 def test_tf_keras_fit(tmp_path):
     path = str(tmp_path / "tf_keras.jsonl")
     code = """

@@ -32,6 +32,7 @@ def test_module_target_that_sets_legacy_keras_too_late_is_a_usage_error():
 
 
 @pytest.mark.slow
+@pytest.mark.tf_keras
 def test_module_target_with_legacy_keras_in_the_environment_runs():
     proc = run_tfdet(
         "check", MODULE_TARGET, *ARGS, env=clean_env(TF_USE_LEGACY_KERAS="1"), cwd=REPO

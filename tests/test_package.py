@@ -206,13 +206,13 @@ def test_packages_import_only_the_layers_below_them() -> None:
 @pytest.mark.parametrize(
     ("keras", "legacy", "refused"),
     [("3.0.0", "0", True), ("3.4.1", "0", True), ("3.5.0", "0", False),
-     ("3.15.1", "0", False), ("3.0.0", "1", False)],
+     ("3.15.1", "0", False)],
 )  # fmt: skip
 def test_a_keras_3_older_than_the_floor_is_refused_with_the_fix(
     monkeypatch: pytest.MonkeyPatch, keras: str, legacy: str, refused: bool
 ) -> None:
     # The version matrix (ci/matrix.py) found Keras 3.0 breaking enable(),
-    # resume and the patches; tf_keras users are not asked about Keras 3.
+    # resume and the patches.
     from tfdet._pin import _versions
 
     monkeypatch.setenv("TF_USE_LEGACY_KERAS", legacy)
@@ -223,6 +223,24 @@ def test_a_keras_3_older_than_the_floor_is_refused_with_the_fix(
     )
     if refused:
         with pytest.raises(ImportError, match=r"Keras >= 3\.5.*keras==" + keras):
+            _versions.check_keras_version()
+    else:
+        _versions.check_keras_version()
+
+
+@pytest.mark.parametrize("tf_keras", ["2.21.0", None])
+def test_legacy_keras_needs_tf_keras_not_keras_3(
+    monkeypatch: pytest.MonkeyPatch, tf_keras: str | None
+) -> None:
+    # With TF_USE_LEGACY_KERAS the Keras 3 version does not matter, but a
+    # missing tf_keras is said with the command that installs it.
+    from tfdet._pin import _versions
+
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    versions = {"keras": "3.0.0", "tf_keras": tf_keras, "tensorflow-cpu": "2.18.1"}
+    monkeypatch.setattr(_versions, "distribution_version", versions.get)
+    if tf_keras is None:
+        with pytest.raises(ImportError, match=r"--no-deps 'tf_keras==2\.18\.\*'"):
             _versions.check_keras_version()
     else:
         _versions.check_keras_version()

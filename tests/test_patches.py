@@ -452,7 +452,9 @@ def _auto_patches(keras_in_use: str) -> list[str]:
     ("legacy", "selection", "expected"),
     [
         ("0", "'auto'", _auto_patches("keras3")),
-        ("1", "'auto'", _auto_patches("tf_keras")),
+        pytest.param(
+            "1", "'auto'", _auto_patches("tf_keras"), marks=pytest.mark.tf_keras
+        ),
         ("0", "['bincount']", ["bincount"]),
         ("0", "None", []),
     ],

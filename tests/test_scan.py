@@ -82,6 +82,7 @@ def test_keras3_with_tfdet_lists_none_and_says_what_patches_covered(
     assert "GPU hazards under op determinism: none" in stdout
 
 
+@pytest.mark.tf_keras
 def test_tf_keras_without_tfdet_lists_each_hazard_with_its_source(
     tmp_path: Path,
 ) -> None:
@@ -96,6 +97,7 @@ def test_tf_keras_without_tfdet_lists_each_hazard_with_its_source(
     assert "optimizer Adam" in stdout and "layer upsample (UpSampling2D)" in stdout
 
 
+@pytest.mark.tf_keras
 def test_tf_keras_with_tfdet_lists_none(tmp_path: Path) -> None:
     code, report, stdout = scan(tmp_path, f"{MODELS}:tf_keras", env=LEGACY)
     assert code == 0, stdout
@@ -142,7 +144,10 @@ CUDNN_OPS = {"CudnnRNNV3", "CudnnRNNBackpropV3"}
 
 @pytest.mark.parametrize(
     ("target", "env"),
-    [("recurrent_keras3", None), ("recurrent_tf_keras", LEGACY)],
+    [
+        ("recurrent_keras3", None),
+        pytest.param("recurrent_tf_keras", LEGACY, marks=pytest.mark.tf_keras),
+    ],
     ids=["keras3", "tf_keras"],
 )
 def test_cudnn_lstm_and_gru_are_found_on_a_cpu_and_are_no_hazard(
@@ -283,8 +288,8 @@ def test_scan_help_says_it_runs_on_the_cpu() -> None:
             {"bincount", "resize_nearest_grad", "confusion_matrix_scatter"},
         ),
         ("recurrent_keras3", None, set()),
-        ("recurrent_tf_keras", LEGACY, set()),
-        (
+        pytest.param("recurrent_tf_keras", LEGACY, set(), marks=pytest.mark.tf_keras),
+        pytest.param(
             "tf_keras",
             LEGACY,
             {
@@ -295,6 +300,7 @@ def test_scan_help_says_it_runs_on_the_cpu() -> None:
                 "resize_nearest_grad",
                 "sparse_optimizer_update",
             },
+            marks=pytest.mark.tf_keras,
         ),
     ],
 )

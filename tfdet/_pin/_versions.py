@@ -72,12 +72,23 @@ def keras_version() -> str | None:
 
 
 def check_keras_version() -> None:
-    """Refuses a Keras 3 older than `MIN_KERAS` when Keras 3 is in use.
+    """Refuses a Keras in use that tfdet cannot run on.
+
+    That is a Keras 3 older than `MIN_KERAS`, or, with TF_USE_LEGACY_KERAS,
+    no tf_keras at all (TensorFlow would fail on `tf.keras` later).
 
     Raises:
         ImportError: with the installed version and the command that fixes it.
     """
     if uses_legacy_keras():
+        if distribution_version("tf_keras") is None:
+            found = tensorflow_distribution()
+            minor = ".".join(found[1].split(".")[:2]) if found else "<TF version>"
+            raise ImportError(
+                "TF_USE_LEGACY_KERAS asks for tf_keras (Keras 2), which is not "
+                f"installed. Install the one matching TensorFlow: `pip install "
+                f"--no-deps 'tf_keras=={minor}.*'`, or unset TF_USE_LEGACY_KERAS."
+            )
         return
     version = distribution_version("keras")
     if version is not None and Version(Version(version).base_version) < MIN_KERAS:
@@ -92,7 +103,7 @@ TESTED_PLATFORMS = frozenset({("Linux", "x86_64")})
 
 
 def untested_platform() -> str | None:
-    """"<system> <machine>" when tfdet never ran on this platform, else None."""
+    """ "<system> <machine>" when tfdet never ran on this platform, else None."""
     here = (platform.system(), platform.machine())
     return None if here in TESTED_PLATFORMS else " ".join(here)
 

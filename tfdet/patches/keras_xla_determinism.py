@@ -1,7 +1,7 @@
 """Keras 3 keeps XLA under op determinism where it is deterministic.
 
-Keras 3 answers "does this model support XLA?" with False whenever
-TensorFlow op determinism is on (`model_supports_jit` in its trainer),
+Keras 3.7 and later answer "does this model support XLA?" with False
+whenever TensorFlow op determinism is on (`model_supports_jit`),
 because XLA had no deterministic MaxPool gradient (keras-team/keras#20315):
 an explicit `compile(jit_compile=True)` then silently trains without XLA,
 and `jit_compile="auto"`, which Keras resolves to XLA on a GPU, resolves to
@@ -15,6 +15,9 @@ deterministic XLA lowering (`MaxPooling3D`: `MaxPool3DGrad`, not covered):
   a machine with a GPU, no `tf.distribute` strategy. On a CPU-only machine
   Keras picks no XLA, so a CPU's bits do not change.
 
+Where it does not hold, XLA is off on every Keras: Keras 3.5 and 3.6 have no
+veto and would compile a gradient that has no deterministic XLA form.
+
 Measured on an NVIDIA H200 (TF 2.21, 2026-11-26): a MultiHeadAttention model
 trained with XLA under `--xla_gpu_deterministic_ops` gave the same bits in 3
 fresh processes at 2.48 ms per step, against 7.51 ms without XLA and 1.91 ms
@@ -24,6 +27,7 @@ under TF defaults (whose bits differed in each process).
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -78,14 +82,22 @@ def _apply(swap: Swap) -> None:
     def set_jit_compile(self: Any, value: Any) -> None:
         from tensorflow.python.framework import config
 
-        if (
-            value is True
-            and config.is_op_determinism_enabled()
-            and deterministic_xla_possible(self)
-        ):
+        if value is not True or not config.is_op_determinism_enabled():
+            keras_property.fset(self, value)
+        elif deterministic_xla_possible(self):
             self._jit_compile = True
-            return
-        keras_property.fset(self, value)
+        else:
+            # Keras 3.7+ turns it off itself, with this warning; Keras 3.5
+            # and 3.6 kept it, and compiled a gradient without a
+            # deterministic XLA form.
+            keras_property.fset(self, value)
+            if self._jit_compile is True:
+                warnings.warn(
+                    "Model doesn't support `jit_compile=True`. Proceeding with "
+                    "`jit_compile=False`.",
+                    stacklevel=2,
+                )
+                self._jit_compile = False
 
     swap.attribute(
         trainer.Trainer,
