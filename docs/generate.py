@@ -366,6 +366,16 @@ def compatibility_page() -> str:
             ),
         ),  # fmt: skip
     ]
+    lines += [
+        "",
+        "## Platforms",
+        "",
+        "Every figure of tfdet was measured on Linux x86-64 (AMD EPYC and Intel",
+        "Xeon CPUs; the GPU machine's Xeon). Linux aarch64, macOS and Windows have",
+        "not been run: there `tfdet.enable()` says so once, and the x86 pins",
+        "(oneDNN's ISA cap, Eigen's cache sizes, TensorFlow's CPU features) do not",
+        "apply. `tfdet check` on such a machine still compares real runs.",
+    ]
     failed = [
         (name, test) for name in names for test in records[name]["failed_tests"]
     ]

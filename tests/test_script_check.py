@@ -197,3 +197,15 @@ def test_tf_keras_script_that_picks_its_keras_is_recorded(tmp_path):
     for run in report["run_reports"]:
         assert run["entry_points"] == ["fit", "custom loop (optimizer)"]
         assert [t["steps"] for t in run["trainings"]] == [2, 2]
+
+
+@pytest.mark.slow
+def test_a_script_that_reloads_its_best_checkpoint_and_evaluates_it(tmp_path):
+    # Keras compiles a loaded model only when `compile` is Keras's own: the
+    # runs' XLA bookkeeping once wrapped keras.Model.compile, and the reload
+    # came back uncompiled ("No loss to compute") in every run.
+    code, report, output = _check_script(
+        "best_checkpoint_reload.py", "--perturb", "none", tmp_path=tmp_path
+    )
+    assert code == EXIT_OK, output
+    assert all(run["ok"] for run in report["run_reports"]), output

@@ -79,14 +79,22 @@ def note_compile(model: Any, asked: Any) -> dict[str, Any]:
 
 
 def install() -> None:
-    """Wraps Keras 3's `Model.compile` (once) to record the XLA facts."""
+    """Wraps Keras 3's `compile` (once) to record the XLA facts.
+
+    The wrapper replaces `compile` on the class that defines it (Keras's base
+    `Trainer`), not on `keras.Model`: Keras's `compile_from_config`, which
+    `keras.models.load_model` calls, compiles a loaded model only when
+    `type(model).compile is Trainer.compile`, and a wrapper on `keras.Model`
+    made every loaded model look custom-compiled (uncompiled after loading).
+    """
     global _installed
     if _installed:
         return
     _installed = True
     import keras
 
-    original = keras.Model.compile
+    owner = next(c for c in keras.Model.__mro__ if "compile" in vars(c))
+    original = owner.compile
     signature = inspect.signature(original)
 
     @functools.wraps(original)
@@ -100,7 +108,7 @@ def install() -> None:
         note_compile(self, asked)
         return result
 
-    keras.Model.compile = compile
+    owner.compile = compile
 
 
 def facts(models: list[Any] | None = None) -> dict[str, Any]:
