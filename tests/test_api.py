@@ -62,6 +62,7 @@ print(json.dumps({
     "bad": [bad.verdict, bad.exit_code, bad.divergence["step"],
             bad.divergence["device"]],
     "json_keys": sorted(good.to_dict()),
+    "printed": [str(good), str(bad)],
 }))
 """
 )
@@ -77,6 +78,13 @@ def test_check_from_a_python_c_session_agrees_with_the_cli(tmp_path):
     assert len(losses) == 2 and losses[0] == losses[1]
     # An os.urandom seed: the same API says "diverged", with the CLI's code.
     assert facts["bad"] == ["diverged", 1, 0, "cpu"]
+    # print(report) and a notebook cell: the verdict first, not every field.
+    good_text, bad_text = facts["printed"]
+    assert good_text.startswith("tfdet check __main__:build: IDENTICAL (exit 0)")
+    assert bad_text.splitlines()[0].endswith(
+        ": DIVERGED (exit 1); 2 runs x 2 steps, with tfdet.enable()"
+    )
+    assert "first divergence: " in bad_text and len(bad_text.splitlines()) < 8
     # The same model through the CLI: the same verdict and the same bits.
     (tmp_path / "model.py").write_text(_MODEL)
     cli = run_tfdet(

@@ -286,6 +286,34 @@ class CheckReport:
         """`"identical"`, `"diverged"` or `"failed"`."""
         return VERDICTS[self.exit_code]
 
+    def __str__(self) -> str:
+        """The verdict first, then each device's, then the first divergence.
+
+        What `print(tfdet.check(...))` and a notebook show; the full report
+        is `to_dict()` (as `tfdet check --json` writes it).
+        """
+        lines = [
+            f"tfdet check {self.target}: {self.verdict.upper()} "
+            f"(exit {self.exit_code}); {self.runs_per_device} runs x "
+            f"{self.steps} steps, {'with' if self.enable else 'without'} "
+            "tfdet.enable()"
+        ]
+        for device, result in self.devices.items():
+            if result.status == "skipped":
+                lines.append(f"  {device}: skipped, {result.reason}")
+            else:
+                lines.append(f"  {device}: {VERDICTS[result.exit_code]}")
+        divergence = self.divergence
+        if divergence is not None:
+            lines.append(f"  first divergence: {divergence['description']}")
+        if self.imitated:
+            lines.append(f"  imitated other machines by: {', '.join(self.imitated)}")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython and Jupyter show `str(report)` rather than every field."""
+        printer.text("CheckReport(...)" if cycle else str(self))
+
     @property
     def runs(self) -> tuple[RunFacts, ...]:
         """Every run's facts, device by device."""
@@ -412,6 +440,34 @@ class ScriptCheckReport:
     def verdict(self) -> str:
         """`"identical"`, `"diverged"` or `"failed"`."""
         return VERDICTS[self.exit_code]
+
+    def __str__(self) -> str:
+        """The verdict first, then each device's, then the first divergence.
+
+        What `print(tfdet.check(...))` and a notebook show; the full report
+        is `to_dict()` (as `tfdet check --json` writes it).
+        """
+        lines = [
+            f"tfdet check {self.target}: {self.verdict.upper()} "
+            f"(exit {self.exit_code}); {self.runs_per_device} runs x "
+            f"{self.steps} steps, {'with' if self.enable else 'without'} "
+            "tfdet.enable()"
+        ]
+        for device, result in self.devices.items():
+            if result.status == "skipped":
+                lines.append(f"  {device}: skipped, {result.reason}")
+            else:
+                lines.append(f"  {device}: {VERDICTS[result.exit_code]}")
+        divergence = self.divergence
+        if divergence is not None:
+            lines.append(f"  first divergence: {divergence['description']}")
+        if self.imitated:
+            lines.append(f"  imitated other machines by: {', '.join(self.imitated)}")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython and Jupyter show `str(report)` rather than every field."""
+        printer.text("CheckReport(...)" if cycle else str(self))
 
     def to_dict(self) -> dict[str, Any]:
         """The full report, as `tfdet check --script ... --json FILE` writes it."""
