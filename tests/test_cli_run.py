@@ -143,6 +143,10 @@ def test_module_runs_with_its_own_flags(tmp_path: Path) -> None:
         pytest.param(["run", "--"], id="only-dashes"),
         pytest.param(["run", "-m"], id="m-without-module"),
         pytest.param(["run", "-m", "tfdet_no_such_module_xyz"], id="missing-module"),
+        # A package that exists, a submodule that does not (found on disk,
+        # without running the package's __init__).
+        pytest.param(["run", "-m", "json.no_such_submodule"], id="missing-submodule"),
+        pytest.param(["run", "-m", "json.tool.deeper"], id="module-not-a-package"),
         pytest.param(["run", "--bogus", "SCRIPT"], id="unknown-flag"),
         pytest.param(["run", "--seed", "-1", "SCRIPT"], id="negative-seed"),
         pytest.param(["run", "--seed", "4294967296", "SCRIPT"], id="seed-too-big"),

@@ -109,15 +109,23 @@ def _split_command(args: argparse.Namespace) -> tuple[str, str, list[str]]:
 
 
 def _module_exists(name: str) -> bool:
-    """Whether `python -m name` would find the module's top-level package.
+    """Whether `python -m name` would find the module, without importing it.
 
     The child runs as `python -m`, which puts the working directory first on
-    sys.path; the `tfdet` console script does not, so look there too.
+    sys.path; the `tfdet` console script does not, so look there too. A
+    dotted name is followed through each package's directories on disk,
+    without running any package's `__init__` (that is the script's to run).
     """
-    top = name.split(".")[0]
-    if importlib.machinery.PathFinder.find_spec(top, [os.getcwd()]) is not None:
-        return True
-    return importlib.util.find_spec(top) is not None
+    top, *rest = name.split(".")
+    spec = importlib.machinery.PathFinder.find_spec(top, [os.getcwd()])
+    if spec is None:
+        spec = importlib.util.find_spec(top)
+    for part in rest:
+        locations = spec.submodule_search_locations if spec is not None else None
+        if not locations:
+            return False
+        spec = importlib.machinery.PathFinder.find_spec(part, list(locations))
+    return spec is not None
 
 
 # Seconds a child gets to exit after tfdet forwarded SIGTERM or SIGHUP to it,
