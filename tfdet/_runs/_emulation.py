@@ -58,6 +58,9 @@ _MODEL_ISA = (
 )
 # The highest ISA TCG runs.
 EMULATED_ISA = "AVX2"
+# The lowest a TensorFlow x86-64 wheel runs on: it is built with AVX, and dies
+# of SIGILL on a CPU without it (Nehalem, Westmere).
+TENSORFLOW_NEEDS = "AVX"
 
 
 @functools.cache
@@ -103,9 +106,10 @@ def model_isa(model: str) -> str | None:
 def runnable_models(cap: str | None) -> list[str]:
     """The models that can run emulated under ISA cap `cap` (None: no cap).
 
-    TCG has no AVX-512, and a pinned cap needs the model to have it.
+    TCG has no AVX-512, TensorFlow needs AVX, and a pinned cap needs the
+    model to have it.
     """
-    lowest = _isa.rank(cap) if cap is not None else 0
+    lowest = max(_isa.rank(cap) if cap is not None else 0, _isa.rank(TENSORFLOW_NEEDS))
     return [
         model
         for model in known_models()
@@ -158,6 +162,8 @@ def check_model(model: str, cap: str | None) -> str:
         why = "its instruction set is not known to tfdet"
     elif _isa.rank(model_isa(model)) > _isa.rank(EMULATED_ISA):  # type: ignore[arg-type]
         why = "it has AVX-512, which QEMU's emulator does not run"
+    elif _isa.rank(model_isa(model)) < _isa.rank(TENSORFLOW_NEEDS):  # type: ignore[arg-type]
+        why = "it has no AVX, which TensorFlow's x86-64 builds need"
     else:
         why = f"it lacks the pinned ISA cap {cap}"
     raise ValueError(
