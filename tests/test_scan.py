@@ -161,7 +161,10 @@ def test_cudnn_lstm_and_gru_are_found_on_a_cpu_and_are_no_hazard(
         code, report, stdout = scan(tmp_path, f"{MODELS}:{target}", *flags, env=env)
         assert code == 0, stdout
         assert report["findings"] == []
-        assert set(report["deterministic_ops"]) >= CUDNN_OPS
+        # Keras 3 and tf_keras 2.21 trace CudnnRNNV3, tf_keras 2.16 CudnnRNN.
+        cudnn = {op for op in report["deterministic_ops"] if op.startswith("CudnnRNN")}
+        assert any("Backprop" in op for op in cudnn), report["deterministic_ops"]
+        assert any("Backprop" not in op for op in cudnn), report["deterministic_ops"]
         assert "cudnn_rnn" not in report["patches"]
 
 
