@@ -145,3 +145,19 @@ def test_an_importable_function_is_passed_by_name():
 
     assert _api._importable_name(_builtins.get("cnn").function) is not None
     assert _api._importable_name(lambda: None) is None
+
+
+def test_a_printed_script_report_says_its_verdict_and_cause_first():
+    from tfdet._runs._report import ScriptCheckReport
+
+    report = ScriptCheckReport(
+        script="train.py", args=(), enable=True, seed=0, threads=1,
+        runs_per_check=2, max_steps=None, perturbations=("hashseed",),
+        perturbations_skipped={}, run_reports=(),
+        divergence={"description": "step 0: loss 0.5 vs 0.25"},
+        nothing_trained=False, shared_writes=(), notices=(), exit_code=1,
+    )  # fmt: skip
+    assert str(report).splitlines() == [
+        "tfdet check --script train.py: DIVERGED (exit 1); 2 runs, with tfdet.enable()",
+        "  first divergence: step 0: loss 0.5 vs 0.25",
+    ]

@@ -19,6 +19,20 @@ from tfdet._version import __version__
 VERDICTS = {EXIT_OK: "identical", EXIT_DIVERGED: "diverged", EXIT_RUN_FAILED: "failed"}
 
 
+def _headline(subject: str, exit_code: int, shape: str, enable: bool) -> str:
+    """A report's first line: what was checked, the verdict, how."""
+    mode = "with" if enable else "without"
+    return (
+        f"tfdet check {subject}: {VERDICTS[exit_code].upper()} (exit {exit_code}); "
+        f"{shape}, {mode} tfdet.enable()"
+    )
+
+
+def _pretty(report: Any, printer: Any, cycle: bool) -> None:
+    """IPython and Jupyter show a report's `str`, not every field."""
+    printer.text(f"{type(report).__name__}(...)" if cycle else str(report))
+
+
 def combined_exit_code(codes: list[int]) -> int:
     """One exit code for several devices: a failure outranks a divergence."""
     return EXIT_RUN_FAILED if EXIT_RUN_FAILED in codes else max(codes, default=EXIT_OK)
@@ -293,10 +307,12 @@ class CheckReport:
         is `to_dict()` (as `tfdet check --json` writes it).
         """
         lines = [
-            f"tfdet check {self.target}: {self.verdict.upper()} "
-            f"(exit {self.exit_code}); {self.runs_per_device} runs x "
-            f"{self.steps} steps, {'with' if self.enable else 'without'} "
-            "tfdet.enable()"
+            _headline(
+                self.target,
+                self.exit_code,
+                f"{self.runs_per_device} runs x {self.steps} steps",
+                self.enable,
+            )
         ]
         for device, result in self.devices.items():
             if result.status == "skipped":
@@ -310,9 +326,7 @@ class CheckReport:
             lines.append(f"  imitated other machines by: {', '.join(self.imitated)}")
         return "\n".join(lines)
 
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        """IPython and Jupyter show `str(report)` rather than every field."""
-        printer.text("CheckReport(...)" if cycle else str(self))
+    _repr_pretty_ = _pretty
 
     @property
     def runs(self) -> tuple[RunFacts, ...]:
@@ -442,32 +456,27 @@ class ScriptCheckReport:
         return VERDICTS[self.exit_code]
 
     def __str__(self) -> str:
-        """The verdict first, then each device's, then the first divergence.
+        """The verdict first, then the first divergence and Keras's notices.
 
-        What `print(tfdet.check(...))` and a notebook show; the full report
-        is `to_dict()` (as `tfdet check --json` writes it).
+        What `print(report)` and a notebook show; the full report is
+        `to_dict()` (as `tfdet check --script ... --json` writes it).
         """
         lines = [
-            f"tfdet check {self.target}: {self.verdict.upper()} "
-            f"(exit {self.exit_code}); {self.runs_per_device} runs x "
-            f"{self.steps} steps, {'with' if self.enable else 'without'} "
-            "tfdet.enable()"
+            _headline(
+                f"--script {self.script}",
+                self.exit_code,
+                f"{self.runs_per_check} runs",
+                self.enable,
+            )
         ]
-        for device, result in self.devices.items():
-            if result.status == "skipped":
-                lines.append(f"  {device}: skipped, {result.reason}")
-            else:
-                lines.append(f"  {device}: {VERDICTS[result.exit_code]}")
-        divergence = self.divergence
-        if divergence is not None:
-            lines.append(f"  first divergence: {divergence['description']}")
-        if self.imitated:
-            lines.append(f"  imitated other machines by: {', '.join(self.imitated)}")
+        if self.divergence is not None:
+            lines.append(f"  first divergence: {self.divergence['description']}")
+        if self.nothing_trained:
+            lines.append("  the runs trained nothing")
+        lines.extend(f"  {notice}" for notice in self.notices)
         return "\n".join(lines)
 
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        """IPython and Jupyter show `str(report)` rather than every field."""
-        printer.text("CheckReport(...)" if cycle else str(self))
+    _repr_pretty_ = _pretty
 
     def to_dict(self) -> dict[str, Any]:
         """The full report, as `tfdet check --script ... --json FILE` writes it."""
