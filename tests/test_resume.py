@@ -275,3 +275,30 @@ def test_two_backup_callbacks_at_other_positions_are_refused_with_what_to_do(
     result = run_python(code, env=clean_env(PYTHONHASHSEED="0"))
     assert result.returncode != 0 and not out.exists()
     assert "Keep one BackupAndRestore, or give them the same save_freq" in result.stderr
+
+
+@pytest.mark.slow
+def test_check_script_interrupt_waits_for_a_per_epoch_backup_and_finds_an_inexact_resume(
+    tmp_path,
+):
+    # Keras's default save frequency is one backup per epoch: killed after 2
+    # steps, before any backup, the "resumed" run restarted from scratch and
+    # the check said identical. The kill now waits for the first backup, and
+    # a learning-rate counter outside it makes the resume inexact: diverged.
+    (tmp_path / "lr.py").write_text(
+        (SCRIPTS / "per_epoch_backup_lr_counter.py").read_text()
+    )
+    (tmp_path / "none.py").write_text((SCRIPTS / "no_backup_fit.py").read_text())
+    common = ["check", "--perturb", "interrupt", "--script"]
+    reports = _checks_at_once(
+        {"lr": [*common, "lr.py"], "none": [*common, "none.py"]}, cwd=tmp_path
+    )
+    assert reports["lr"]["verdict"] == "diverged"
+    interrupted = reports["lr"]["run_reports"][1]["perturbations"]["interrupt"]
+    assert "follows a backup" in interrupted
+    # A script that saves nothing is not said to be interrupted and resumed.
+    assert reports["none"]["verdict"] == "identical"
+    skipped = reports["none"]["perturbations_skipped"]["interrupt"]
+    assert "wrote no backup" in skipped and "save_freq" in skipped
+    run = reports["none"]["run_reports"][1]["perturbations"]["interrupt"]
+    assert run.startswith("not applied: ")

@@ -129,6 +129,14 @@ _spec: WorkerSpec | None = None
 _owner_pid: int | None = None
 _progress: Any = None
 _applied: dict[str, str] = {}
+# Perturbations given to this run that it could not apply, with why.
+_not_applied: dict[str, str] = {}
+# The `interrupt` perturbation in a script: the steps recorded so far, and
+# when the script last wrote a backup it could resume from (None: never).
+_steps_recorded = 0
+_last_backup_at: int | None = None
+# Next to the result: the steps recorded when the interrupt killed the run.
+KILLED_SUFFIX = ".killed"
 
 
 def is_owner() -> bool:
@@ -160,13 +168,71 @@ def report_progress(done: int, total: int) -> None:
     Called once a step is recorded (and, for a resumable run, saved): the
     `interrupt` perturbation kills the process here, as a preemption would.
     """
+    global _steps_recorded
     if not is_owner():
         return
     _tell_parent(f"{done} {total}")
-    if os.environ.get(INTERRUPT_VAR) == str(done):
+    _steps_recorded = done
+    if _interrupt_now(done):
+        if _spec is not None:
+            with open(_spec.result + KILLED_SUFFIX, "w", encoding="utf-8") as out:
+                out.write(str(done))
         sys.stdout.flush()
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _interrupt_now(done: int) -> bool:
+    """Whether the `interrupt` perturbation kills this run after step `done`.
+
+    A TARGET's run saves its checkpoint at every step: killed at the step
+    asked. A script saves when it chooses (Keras's BackupAndRestore at each
+    epoch's end by default): killed at the first step after the step asked
+    that follows one of its backups, so that the resumed process restores
+    something and has a step to redo (a kill before any backup would test
+    a restart from scratch, not a resume).
+    """
+    wanted = os.environ.get(INTERRUPT_VAR)
+    if not wanted:
+        return False
+    if _spec is None or _spec.kind != SCRIPT:
+        return wanted == str(done)
+    return (
+        done >= int(wanted) and _last_backup_at is not None and done > _last_backup_at
+    )
+
+
+def note_backup() -> None:
+    """Called when the script wrote a backup (BackupAndRestore, a checkpoint)."""
+    global _last_backup_at
+    _last_backup_at = _steps_recorded
+
+
+def interrupt_not_applied() -> str | None:
+    """Why a script's run given `interrupt` was never killed (None: not given).
+
+    Asked when the script ended in the process meant to be killed.
+    """
+    wanted = os.environ.get(INTERRUPT_VAR)
+    if not wanted:
+        return None
+    if _last_backup_at is None:
+        return (
+            f"the script wrote no backup in its {_steps_recorded} recorded steps "
+            "(Keras's BackupAndRestore saves at each epoch's end unless given "
+            "save_freq in batches; tf.train.Checkpoint when the script saves), "
+            "so there was nothing to resume from"
+        )
+    return (
+        f"no step was recorded after {wanted} steps that followed a backup (the "
+        f"last at step {_last_backup_at} of {_steps_recorded}): a longer run or a "
+        "more frequent save_freq lets it be interrupted"
+    )
+
+
+def note_not_applied(name: str, reason: str) -> None:
+    """Records that this run could not apply perturbation `name`, and why."""
+    _not_applied[name] = reason
 
 
 def _pool_size_ops() -> list[str]:
@@ -194,6 +260,7 @@ def write_result(result: dict[str, Any]) -> None:
     result = {
         **result,
         "perturbations_applied": dict(_applied),
+        "perturbations_not_applied": dict(_not_applied),
         "pool_size_ops": _pool_size_ops(),
     }
     partial = _spec.result + ".tmp"

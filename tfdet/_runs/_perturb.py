@@ -54,6 +54,9 @@ class Context:
             the other vendor's default).
         interrupt_after: The steps an `interrupt`ed run records before it is
             killed.
+        interrupt_after_a_backup: The kill also waits for a step that follows
+            one of the run's own backups (a script: it saves when it
+            chooses); False: the run saves at every step (a TARGET's run).
         not_resumable: Why these runs cannot be interrupted and resumed
             (None: they can).
     """
@@ -63,6 +66,7 @@ class Context:
     threads: int
     emulated_model: str | None = None
     interrupt_after: int = 1
+    interrupt_after_a_backup: bool = False
     not_resumable: str | None = None
 
 
@@ -378,9 +382,11 @@ def _interrupt_change(index: int, context: Context) -> Change:
     if index == 0:
         return Change("not interrupted")
     steps = context.interrupt_after
+    when = f"after {steps} recorded step{'s' if steps > 1 else ''}"
+    if context.interrupt_after_a_backup:
+        when = f"at its first recorded step past {steps} that follows a backup"
     return Change(
-        f"killed (SIGKILL) after {steps} recorded step{'s' if steps > 1 else ''} "
-        "and resumed in a fresh process",
+        f"killed (SIGKILL) {when} and resumed in a fresh process",
         env={_protocol.INTERRUPT_VAR: str(steps)},
         by_child=True,
         resumes=True,
@@ -394,9 +400,18 @@ def _interrupt_in_child() -> str | None:
     return f"resumed in a fresh process after a SIGKILL at {steps} recorded steps"
 
 
-def resumed_environment(setup: RunSetup) -> dict[str, str | None]:
-    """The environment changes of the process that resumes an interrupted run."""
-    steps = setup.env.get(_protocol.INTERRUPT_VAR)
+def resumed_environment(
+    setup: RunSetup, killed_at: str | None = None
+) -> dict[str, str | None]:
+    """The environment changes of the process that resumes an interrupted run.
+
+    Args:
+        setup: The run's setup.
+        killed_at: The steps the killed process had recorded (a script's is
+            killed after its first backup past the steps asked); None: those
+            asked.
+    """
+    steps = killed_at or setup.env.get(_protocol.INTERRUPT_VAR)
     return {_protocol.INTERRUPT_VAR: None, _protocol.RESUMED_VAR: steps}
 
 
@@ -867,7 +882,9 @@ def context_for(
         options.emulate_cpu,
     )
     if kind == _protocol.SCRIPT:
-        return dataclasses.replace(base, interrupt_after=SCRIPT_INTERRUPT_AFTER)
+        return dataclasses.replace(
+            base, interrupt_after=SCRIPT_INTERRUPT_AFTER, interrupt_after_a_backup=True
+        )
     reason = None
     if kind != _protocol.CHECK:
         reason = "tfdet locate does not interrupt its runs"

@@ -251,7 +251,17 @@ def check_script(
         runs_per_check=run.runs,
         max_steps=options.max_steps,
         perturbations=tuple(run.perturb),
-        perturbations_skipped=_perturb.skipped_for(run, kind=_protocol.SCRIPT),
+        perturbations_skipped={
+            **_perturb.skipped_for(run, kind=_protocol.SCRIPT),
+            # Given, but a run could not apply it (e.g. no backup to resume).
+            **{
+                name: reason
+                for r in runs
+                for name, reason in (
+                    (r.outcome.result or {}).get("perturbations_not_applied") or {}
+                ).items()
+            },
+        },
         run_reports=reports,
         divergence=divergence,
         nothing_trained=nothing_trained,

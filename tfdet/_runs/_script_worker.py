@@ -331,12 +331,44 @@ def _tf_keras_variables(optimizer: Any, args: tuple, kwargs: dict) -> list[Any]:
     return [variable for _, variable in pairs]
 
 
+def _after_each_call(owner: Any, name: str, then: Any) -> None:
+    """Makes `owner.name` call `then()` after each call that returns."""
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        then()
+        return result
+
+    setattr(owner, name, wrapper)
+
+
+def _note_backups() -> None:
+    """Tells the child protocol each time the script writes a backup.
+
+    The `interrupt` perturbation kills a script's run only after one (see
+    `_child.note_backup`): Keras 3's BackupAndRestore (tfdet's exact one
+    under enable(), Keras's own without) and every `tf.train.Checkpoint`
+    save or write, `CheckpointManager.save` included (all go through
+    `Checkpoint._write`).
+    """
+    import keras
+    import tensorflow as tf
+
+    _after_each_call(
+        keras.callbacks.BackupAndRestore, "_save_model", _child.note_backup
+    )
+    _after_each_call(tf.train.Checkpoint, "_write", _child.note_backup)
+
+
 def install(recorder: Recorder) -> None:
     """Installs the hooks on Keras 3, and on tf_keras when it is in use."""
     import keras
 
     from tfdet._pin import _versions
 
+    _note_backups()
     _wrap_fit(keras.Model, recorder)
     _wrap_train_on_batch(keras.Model, recorder)
     _wrap_optimizer(keras.optimizers.Optimizer, "apply", recorder, _keras3_variables)
@@ -428,6 +460,13 @@ def run(spec: WorkerSpec) -> int:
     if status:
         sys.stderr.flush()
         return status
+    not_interrupted = _child.interrupt_not_applied()
+    if not_interrupted is not None:
+        # The run meant to be killed and resumed finished whole: it is an
+        # uninterrupted run, and the report says why.
+        from tfdet._runs import _perturb
+
+        _child.note_not_applied(_perturb.INTERRUPT, not_interrupted)
     from tfdet._runs import _xla
 
     result = {

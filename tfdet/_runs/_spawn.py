@@ -219,13 +219,19 @@ class RunOutcome:
             "index": self.setup.index,
             "worker": self.setup.worker,
             "name": self.setup.name,
-            "perturbations": self.setup.labels,
+            "perturbations": {**self.setup.labels, **self.not_applied},
             "ok": self.ok,
             "reason": self.reason,
             "returncode": self.returncode,
             "timed_out": self.timed_out,
             "seconds": round(self.seconds, 3),
         }
+
+    @property
+    def not_applied(self) -> dict[str, str]:
+        """`{perturbation: "not applied: why"}` for those the run could not apply."""
+        reasons = (self.result or {}).get("perturbations_not_applied") or {}
+        return {name: f"not applied: {why}" for name, why in reasons.items()}
 
     @property
     def ok(self) -> bool:
@@ -419,6 +425,9 @@ def _read_result(
     if isinstance(error, dict) and error.get("kind") == _child.TARGET_ERROR:
         return None, None, str(error.get("message"))
     applied = result.get("perturbations_applied") or {}
+    # A run may say why it could not apply one (a script that wrote no
+    # backup to resume from is never interrupted): the report says so.
+    applied = {**applied, **(result.get("perturbations_not_applied") or {})}
     missing = [name for name in _perturb.applied_by_child(setup) if name not in applied]
     if missing:
         return (
@@ -428,6 +437,15 @@ def _read_result(
             None,
         )
     return result, None, None
+
+
+def _killed_at(spec: _child.WorkerSpec) -> str | None:
+    """The steps the interrupted process had recorded when it was killed."""
+    try:
+        with open(spec.result + _child.KILLED_SUFFIX, encoding="utf-8") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
 
 
 def _start_and_wait(
@@ -535,7 +553,9 @@ def _run_one(
             # resumed in a fresh process from what the first one saved.
             process, timed_out = _start_and_wait(
                 command,
-                child_environment(env, _perturb.resumed_environment(setup)),
+                child_environment(
+                    env, _perturb.resumed_environment(setup, _killed_at(spec))
+                ),
                 stem,
                 setup,
                 progress,
