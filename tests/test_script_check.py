@@ -209,3 +209,23 @@ def test_a_script_that_reloads_its_best_checkpoint_and_evaluates_it(tmp_path):
     )
     assert code == EXIT_OK, output
     assert all(run["ok"] for run in report["run_reports"]), output
+
+
+@pytest.mark.slow
+def test_an_absolute_backup_dir_is_each_runs_own(tmp_path):
+    # Keras's own example, BackupAndRestore(backup_dir="/tmp/backup"): the
+    # runs start together, so one resumed from another's backup and trained
+    # fewer steps, a false "diverged". Each run now gets its own copy.
+    shared = tmp_path / "shared-backup"  # Absolute, outside the working dir.
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    proc = run_tfdet(
+        "check", "--script", str(SCRIPTS / "absolute_backup_dir.py"),
+        "--runs", "3", "--json", str(tmp_path / "report.json"), "--", str(shared),
+        cwd=workdir,
+    )  # fmt: skip
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
+    assert all(run["steps_recorded"] == 24 for run in report["run_reports"])
+    assert not shared.exists()  # The user's path was never written.
+    assert any(str(shared) in notice for notice in report["notices"])

@@ -173,6 +173,7 @@ def _run_report(run: _ScriptRun) -> ScriptRunReport:
             "steps_recorded": result["steps_recorded"],
             "trainings": result["traces"],
             "xla": result["xla"],
+            "own_copies": result.get("own_copies", {}),
         },
     )
 
@@ -241,6 +242,11 @@ def check_script(
     reports = tuple(_run_report(r) for r in runs)
     notices = {
         ((report.trained or {}).get("xla") or {}).get("notice") for report in reports
+    } | {
+        f"{path}: outside the runs' directories, so each run kept its own copy "
+        "(training state a resume reads back)"
+        for report in reports
+        for path in (report.trained or {}).get("own_copies", {})
     }
     return ScriptCheckReport(
         script=options.script,

@@ -344,6 +344,75 @@ def _after_each_call(owner: Any, name: str, then: Any) -> None:
     setattr(owner, name, wrapper)
 
 
+# Where a run keeps its own copy of a training-state path that lies outside
+# its directory (inside the run's mirror of the working directory).
+PRIVATE_DIR = ".tfdet-own-copies"
+# `{path the script gave: the run's own copy}`, for the report.
+own_copies: dict[str, str] = {}
+
+
+def own_copy(path: Any) -> Any:
+    """The run's own copy of a training-state path outside its directory.
+
+    The runs start together: a backup directory such as Keras's own example
+    `/tmp/backup` (or `../backup`, outside the run's mirror) was one
+    directory for all of them, and a run resumed from another's backup. A
+    path inside the run's directory is its own already and stays as it is.
+    """
+    if not isinstance(path, str | os.PathLike):
+        return path
+    absolute = os.path.abspath(os.fspath(path))
+    here = os.getcwd()
+    if absolute == here or absolute.startswith(here + os.sep):
+        return path
+    private = os.path.join(here, PRIVATE_DIR, absolute.lstrip(os.sep))
+    own_copies[os.fspath(path)] = private
+    return private
+
+
+def _with_own_copy(owner: Any, parameter: str) -> None:
+    """Makes `owner(...)` get the run's own copy of its `parameter` path."""
+    import inspect
+
+    original = owner.__init__
+    # The signature that names it: tfdet's exact BackupAndRestore passes
+    # `*args, **kwargs` on to Keras's.
+    signature = next(
+        sig
+        for cls in owner.__mro__
+        if "__init__" in vars(cls)
+        and parameter in (sig := inspect.signature(vars(cls)["__init__"])).parameters
+    )
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError:
+            return original(self, *args, **kwargs)  # Keras says what is wrong.
+        if parameter in bound.arguments:
+            bound.arguments[parameter] = own_copy(bound.arguments[parameter])
+        original(*bound.args, **bound.kwargs)
+
+    owner.__init__ = __init__
+
+
+def _own_training_state() -> None:
+    """Gives each run its own copy of the paths that hold training state.
+
+    Keras 3's BackupAndRestore (`backup_dir`) and ModelCheckpoint
+    (`filepath`), `tf.train.CheckpointManager` (`directory`): the paths a
+    resume reads back. Other absolute writes stay shared, and the check
+    lists the files outside the runs' own directories that changed.
+    """
+    import keras
+    import tensorflow as tf
+
+    _with_own_copy(keras.callbacks.BackupAndRestore, "backup_dir")
+    _with_own_copy(keras.callbacks.ModelCheckpoint, "filepath")
+    _with_own_copy(tf.train.CheckpointManager, "directory")
+
+
 def _note_backups() -> None:
     """Tells the child protocol each time the script writes a backup.
 
@@ -369,6 +438,7 @@ def install(recorder: Recorder) -> None:
     from tfdet._pin import _versions
 
     _note_backups()
+    _own_training_state()
     _wrap_fit(keras.Model, recorder)
     _wrap_train_on_batch(keras.Model, recorder)
     _wrap_optimizer(keras.optimizers.Optimizer, "apply", recorder, _keras3_variables)
@@ -481,6 +551,7 @@ def run(spec: WorkerSpec) -> int:
         "steps_recorded": sum(t.steps_recorded() for t in recorder.traces),
         "final_weights": final_digests(recorder),
         "xla": _xla.facts(recorder.models),
+        "own_copies": dict(own_copies),
         "seconds": time.perf_counter() - started,
     }
     _child.write_result(result)
