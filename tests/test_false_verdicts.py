@@ -163,3 +163,34 @@ def test_a_class_of_main_read_by_the_target_gets_advice_not_a_run():
     )
     with pytest.raises(TargetError, match="Move it into a module file"):
         tfdet.check(namespace["build"])
+
+
+@pytest.mark.slow
+def test_a_projects_layout_reads_its_siblings_and_keeps_its_outputs_own(tmp_path):
+    # code/ reads ../data (the mirror's parent used to be tfdet's temporary
+    # directory: every run failed), writes into out/ -> a scratch directory
+    # (linked whole: the runs wrote into one directory, HDF5 refused to open
+    # a file twice), and holds a FIFO (copied: tfdet's internal error).
+    import os
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "values.txt").write_text(
+        "\n".join(str(i / 64) for i in range(64))
+    )
+    scratch = tmp_path / "scratch" / "out"
+    scratch.mkdir(parents=True)
+    code_dir = tmp_path / "code"
+    code_dir.mkdir()
+    (code_dir / "train.py").write_text((SCRIPTS / "project_layout.py").read_text())
+    (code_dir / "out").symlink_to(scratch)
+    os.mkfifo(code_dir / "pipe")
+    report_path = tmp_path / "report.json"
+    proc = run_tfdet(
+        "check", "--script", "train.py", "--runs", "3", "--json", str(report_path),
+        cwd=code_dir,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
+    report = json.loads(report_path.read_text())
+    assert [run["steps_recorded"] for run in report["run_reports"]] == [8, 8, 8]
+    assert list(scratch.iterdir()) == []  # Each run wrote its own out/.
+    assert sorted(p.name for p in code_dir.iterdir()) == ["out", "pipe", "train.py"]

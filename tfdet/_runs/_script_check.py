@@ -206,9 +206,14 @@ def check_script(
     with tempfile.TemporaryDirectory(prefix="tfdet-script-") as workdir:
         if progress is not None:
             progress(f"giving each of {len(setups)} runs a copy of {launched_in}")
+        # Each run's mirror keeps the original's name, in a parent of the
+        # run's own (where `..` resolves).
+        name = os.path.basename(launched_in.rstrip(os.sep)) or "root"
         mirrors = {
             setup.index: _workdir.mirror(
-                launched_in, os.path.join(workdir, f"{setup.file_stem}-cwd"), workdir
+                launched_in,
+                os.path.join(workdir, f"{setup.file_stem}-parent", name),
+                workdir,
             )
             for setup in setups
         }
