@@ -229,3 +229,17 @@ def test_an_absolute_backup_dir_is_each_runs_own(tmp_path):
     assert all(run["steps_recorded"] == 24 for run in report["run_reports"])
     assert not shared.exists()  # The user's path was never written.
     assert any(str(shared) in notice for notice in report["notices"])
+
+
+@pytest.mark.slow
+def test_a_script_divergence_names_its_cause(tmp_path):
+    # As a TARGET's check does: each perturbation of the diverging run
+    # alone, re-run against the baseline. Before, only "diverged at step 0".
+    code, report, output = _check_script(
+        "set_order_vocabulary.py", "--perturb", "hashseed,neighbour", tmp_path=tmp_path
+    )
+    assert code == EXIT_DIVERGED, output
+    attribution = report["divergence"]["attribution"]
+    assert attribution["responsible"] == ["hashseed"]
+    assert attribution["alone"]["re-run"] == "same bits"
+    assert "cause: separated by hashseed" in output

@@ -78,6 +78,15 @@ def _unpinned_xla_isa(runs: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def _cause_lines(attribution: dict[str, Any] | None) -> list[str]:
+    """The perturbation responsible for a divergence, and each one alone."""
+    if not attribution:
+        return []
+    return [f"  cause: {attribution['verdict']}"] + [
+        f"    {name} alone: {outcome}" for name, outcome in attribution["alone"].items()
+    ]
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The short human report: per device, runs, perturbations, verdict."""
     mode = _options.mode_label(report["enable"])
@@ -132,11 +141,7 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(
                 f"  first divergence (run {a} vs run {b}): {divergence['description']}"
             )
-            attribution = divergence.get("attribution")
-            if attribution:
-                lines.append(f"  cause: {attribution['verdict']}")
-                for name, outcome in attribution["alone"].items():
-                    lines.append(f"    {name} alone: {outcome}")
+            lines.extend(_cause_lines(divergence.get("attribution")))
         elif result["verdict"] == "identical":
             processes = len(result["runs"])
             across = f"{processes} runs"
@@ -223,6 +228,7 @@ def format_script_report(report: dict[str, Any]) -> str:
         lines.append(
             f"  first divergence (run {a} vs run {b}): {divergence['description']}"
         )
+        lines.extend(_cause_lines(divergence.get("attribution")))
     elif report["nothing_trained"]:
         lines.append(
             "  the script trained nothing tfdet could record (no step of fit or "

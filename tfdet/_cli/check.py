@@ -121,7 +121,7 @@ def _execute_script(args: argparse.Namespace) -> int:
             script=args.script,
             args=tuple(script_args),
             run=_training_flags.options(
-                args, runs=args.runs, device="cpu", attribute=False
+                args, runs=args.runs, device="cpu", attribute=args.attribute
             ),
             max_steps=args.max_steps,
         )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, TraceFormatError
@@ -159,6 +160,54 @@ def first_script_divergence(a: _ScriptRun, b: _ScriptRun) -> dict[str, Any] | No
     return None
 
 
+def _attribute(
+    baseline: _ScriptRun,
+    other: _ScriptRun,
+    run_in_mirrors: Callable[[list[_perturb.RunSetup]], list[_ScriptRun]],
+    progress: ProgressFn | None,
+) -> dict[str, Any]:
+    """Re-runs the baseline with each of `other`'s perturbations alone.
+
+    As a TARGET's check does: the perturbations whose run alone differs from
+    the baseline are responsible; a re-run of the baseline's own settings
+    that differs makes the script nondeterministic by itself.
+    """
+    first, second = baseline.outcome.setup, other.outcome.setup
+    differing = [
+        name for name, label in second.labels.items() if first.labels.get(name) != label
+    ]
+    candidates: list[str | None] = [None, *differing]
+    setups = [
+        first.with_perturbation_of(second, name, 100 + k)
+        for k, name in enumerate(candidates)
+    ]
+    if progress is not None:
+        progress(
+            f"diverged; re-running the script in {len(setups)} processes at once "
+            "to find the perturbation responsible"
+        )
+    alone: dict[str, str] = {}
+    for name, rerun in zip(candidates, run_in_mirrors(setups), strict=True):
+        key = "re-run" if name is None else name
+        if not rerun.outcome.ok:
+            alone[key] = f"run failed ({rerun.outcome.reason})"
+        elif first_script_divergence(baseline, rerun) is None:
+            alone[key] = "same bits"
+        else:
+            alone[key] = "differs"
+    responsible = [name for name in differing if alone.get(name) == "differs"]
+    if alone.get("re-run") == "differs":
+        verdict = (
+            "the script is nondeterministic by itself: a re-run with the "
+            "baseline's exact settings also differs"
+        )
+    elif responsible:
+        verdict = "separated by " + ", ".join(responsible)
+    else:
+        verdict = "no single perturbation reproduces it alone (a combination, or flaky)"
+    return {"alone": alone, "responsible": responsible, "verdict": verdict}
+
+
 def _run_report(run: _ScriptRun) -> ScriptRunReport:
     outcome = run.outcome
     if not outcome.ok:
@@ -206,35 +255,46 @@ def check_script(
     with tempfile.TemporaryDirectory(prefix="tfdet-script-") as workdir:
         if progress is not None:
             progress(f"giving each of {len(setups)} runs a copy of {launched_in}")
+
         # Each run's mirror keeps the original's name, in a parent of the
         # run's own (where `..` resolves).
-        name = os.path.basename(launched_in.rstrip(os.sep)) or "root"
-        mirrors = {
-            setup.index: _workdir.mirror(
-                launched_in,
-                os.path.join(workdir, f"{setup.file_stem}-parent", name),
-                workdir,
+        def run_in_mirrors(planned: list[_perturb.RunSetup]) -> list[_ScriptRun]:
+            name = os.path.basename(launched_in.rstrip(os.sep)) or "root"
+            mirrors.update(
+                {
+                    setup.index: _workdir.mirror(
+                        launched_in,
+                        os.path.join(workdir, f"{setup.file_stem}-parent", name),
+                        workdir,
+                    )
+                    for setup in planned
+                }
             )
-            for setup in setups
-        }
-        outcomes = _spawn.run_all(
-            setups,
-            spec,
-            workdir,
-            base_env=_environment(options),
-            timeout=run.timeout,
-            progress=_spawn.step_lines(progress, "script"),
-            directory=lambda setup: mirrors[setup.index].path,
-        )
-        shared = _workdir.shared_writes(list(mirrors.values()))
-        runs = [_read(outcome) for outcome in outcomes]
+            outcomes = _spawn.run_all(
+                planned,
+                spec,
+                workdir,
+                base_env=_environment(options),
+                timeout=run.timeout,
+                progress=_spawn.step_lines(progress, "script"),
+                directory=lambda setup: mirrors[setup.index].path,
+            )
+            return [_read(outcome) for outcome in outcomes]
+
+        mirrors: dict[int, _workdir.Mirror] = {}
+        runs = run_in_mirrors(setups)
         divergence = None
         if all(r.outcome.ok for r in runs):
             for other in runs[1:]:
                 divergence = first_script_divergence(runs[0], other)
                 if divergence is not None:
                     divergence["runs"] = [0, other.outcome.setup.index]
+                    if run.attribute:
+                        divergence["attribution"] = _attribute(
+                            runs[0], other, run_in_mirrors, progress
+                        )
                     break
+        shared = _workdir.shared_writes(list(mirrors.values()))
     finished = all(r.outcome.ok for r in runs)
     nothing_trained = finished and not any(_trained(r) for r in runs)
     if not finished or shared or nothing_trained:
