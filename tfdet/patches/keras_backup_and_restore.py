@@ -129,9 +129,15 @@ def _from_array(data: dict[str, Any]) -> Any:
 
 
 def _python_random(state: Any) -> Any:
-    """`random.getstate()` as JSON and back: `(version, 625 ints, gauss)`."""
+    """`random.getstate()` as JSON: `[version, 625 ints, gauss]`."""
     version, internal, gauss = state
     return [version, list(internal), gauss]
+
+
+def _from_python_random(data: Any) -> Any:
+    """Inverse of `_python_random`: what `random.setstate()` takes."""
+    version, internal, gauss = data
+    return int(version), tuple(int(i) for i in internal), gauss
 
 
 def _encode_state(state: dict[str, Any]) -> dict[str, Any]:
@@ -161,7 +167,6 @@ def _decode_state(data: Any, path: str) -> dict[str, Any]:
     try:
         if data["format"] != STATE_FORMAT:
             raise ValueError(f"format {data['format']!r}")
-        version, internal, gauss = data["python_random"]
         name, keys, position, has_gauss, cached = data["numpy_random"]
         eager = data["eager_seed"]
         return {
@@ -175,7 +180,7 @@ def _decode_state(data: Any, path: str) -> dict[str, Any]:
             if data["global_seed"] is None
             else _from_array(data["global_seed"]),
             "metrics": [_from_array(value) for value in data["metrics"]],
-            "python_random": (int(version), tuple(int(i) for i in internal), gauss),
+            "python_random": _from_python_random(data["python_random"]),
             "numpy_random": (
                 str(name),
                 _from_array(keys),
@@ -183,9 +188,7 @@ def _decode_state(data: Any, path: str) -> dict[str, Any]:
                 int(has_gauss),
                 float(cached),
             ),
-            "eager_seed": None
-            if eager is None
-            else (int(eager[0]), tuple(int(i) for i in eager[1]), eager[2]),
+            "eager_seed": None if eager is None else _from_python_random(eager),
             "counters": tuple(int(count) for count in data["counters"]),
         }
     except (KeyError, TypeError, ValueError) as error:
