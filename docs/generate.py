@@ -334,8 +334,16 @@ def compatibility_page() -> str:
         "## Versions and where they ran",
         "",
         *_table(
-            ("combination", "tensorflow-cpu", "keras", "tf_keras", "numpy", "date",
-             "machine", "install + tests"),
+            (
+                "combination",
+                "tensorflow-cpu",
+                "keras",
+                "tf_keras",
+                "numpy",
+                "date",
+                "machine",
+                "install + tests",
+            ),
             (
                 (
                     name,
@@ -360,8 +368,13 @@ def compatibility_page() -> str:
         *_table(
             ("feature", *names),
             (
-                (feature, *(_OUTCOME[records[n]["features"].get(feature, "not run")]
-                            for n in names))
+                (
+                    feature,
+                    *(
+                        _OUTCOME[records[n]["features"].get(feature, "not run")]
+                        for n in names
+                    ),
+                )
                 for feature in features
             ),
         ),  # fmt: skip
@@ -376,9 +389,7 @@ def compatibility_page() -> str:
         "(oneDNN's ISA cap, Eigen's cache sizes, TensorFlow's CPU features) do not",
         "apply. `tfdet check` on such a machine still compares real runs.",
     ]
-    failed = [
-        (name, test) for name in names for test in records[name]["failed_tests"]
-    ]
+    failed = [(name, test) for name in names for test in records[name]["failed_tests"]]
     if failed:
         lines += ["", "## Failed tests", ""]
         lines += [f"- {name}: `{test}`" for name, test in failed]
