@@ -269,3 +269,29 @@ def test_diff_reports_a_difference_in_what_was_pinned_under_tf_distribute(
         "distribution": [{"collective": "RING"}, {"collective": "AUTO"}]
     }
     assert "distribution" in capsys.readouterr().out
+
+
+def test_json_to_a_fifo_with_a_reader_is_written_once(tmp_path):
+    # The up-front writability check opened and closed the FIFO: its reader
+    # got an end of file, and the report's own open then waited forever.
+    import os
+    import threading
+
+    a = write_trace(tmp_path / "a.jsonl", steps=2)
+    fifo = tmp_path / "report.fifo"
+    os.mkfifo(fifo)
+    received: list[str] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()))
+    reader.start()
+    assert main(["tfdet", "diff", a, a, "--json", str(fifo)]) == 0
+    reader.join(timeout=30)
+    assert not reader.is_alive()
+    assert json.loads(received[0])["identical"] is True
+
+
+def test_json_to_a_full_disk_is_a_clear_error_not_a_traceback(tmp_path, capsys):
+    a = write_trace(tmp_path / "a.jsonl", steps=2)
+    assert main(["tfdet", "diff", a, a, "--json", "/dev/full"]) == 3
+    err = capsys.readouterr().err
+    assert "Expected to write the report to '/dev/full'" in err
+    assert "No space left on device" in err and "Traceback" not in err

@@ -121,6 +121,12 @@ class RunFailedError(Error):
     exit_code = EXIT_RUN_FAILED
 
 
+class ReportWriteError(Error):
+    """A report (`--json FILE`) could not be written after the work was done."""
+
+    exit_code = EXIT_RUN_FAILED
+
+
 class DeviceUnavailableError(Error):
     """A requested device (e.g. a GPU) is not visible to TensorFlow."""
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import importlib
 import json
 import logging
 import os
 import re
 import signal
+import stat
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
@@ -28,7 +30,7 @@ from absl.flags import argparse_flags
 
 from tfdet import _notices
 from tfdet._cli import _output
-from tfdet._errors import EXIT_RUN_FAILED, EXIT_USAGE, Error
+from tfdet._errors import EXIT_RUN_FAILED, EXIT_USAGE, Error, ReportWriteError
 from tfdet._version import __version__
 
 # Subcommand modules, in the order `tfdet --help` lists them.
@@ -191,6 +193,12 @@ def check_output_file(path: str | None, flag: str = "--json") -> None:
         return
     existed = os.path.exists(path)
     try:
+        if existed and not _regular_or_new(path):
+            # A FIFO or a device: opening it to try would block on a FIFO
+            # without a reader, or hand a reader an end of file.
+            if not os.access(path, os.W_OK):
+                raise PermissionError(errno.EACCES, "not writable")
+            return
         with open(path, "a", encoding="utf-8"):
             pass
         if not existed:  # Leave no empty report behind if the command fails.
@@ -216,8 +224,32 @@ def write_json(path: str | None, data: Any) -> None:
     if path == "-":
         _output.json_out(text)
         return
-    with open(path, "w", encoding="utf-8") as out:
-        out.write(text)
+    try:
+        if _regular_or_new(path):
+            # Whole or not at all: a full disk leaves no half report.
+            partial = f"{path}.tmp"
+            try:
+                with open(partial, "w", encoding="utf-8") as out:
+                    out.write(text)
+                os.replace(partial, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(partial)
+        else:  # A pipe or a device: written once, as it is.
+            with open(path, "w", encoding="utf-8") as out:
+                out.write(text)
+    except OSError as error:
+        raise ReportWriteError(
+            f"Expected to write the report to {path!r}. Received: {error}. The "
+            "work itself finished; its summary above stands."
+        ) from error
+
+
+def _regular_or_new(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return True
 
 
 def execute(args: argparse.Namespace) -> int:
