@@ -256,3 +256,13 @@ def test_interrupt_applies_to_single_process_keras3_runs_of_two_steps(options, r
             "TFDET_INTERRUPT_AFTER": None,
             "TFDET_RESUMED_AFTER": "2",
         }
+
+
+def test_an_emulated_run_says_it_is_allowed_ten_times_the_timeout():
+    # The emulated run's longer time bound was applied but never said.
+    context = _perturb.Context(
+        runs=2, pinned_isa="AVX2", threads=1, emulated_model="Haswell-v4"
+    )
+    change = _perturb._emulated_change(1, context)
+    assert change.slowdown == 10.0
+    assert "allowed 10x --timeout" in change.label

@@ -252,7 +252,9 @@ def _emulated_change(index: int, context: Context) -> Change:
         return Change("native (this CPU)")
     model = _emulated_model(context)
     return Change(
-        f"{_emulation.describe(model)} (an emulation, not real hardware)",
+        f"{_emulation.describe(model)} (an emulation, not real hardware; "
+        f"allowed {_emulation.SLOWDOWN:g}x --timeout, as emulation is that much "
+        "slower)",
         env={_emulation.ENV_VAR: model},
         by_child=True,
         launcher=_emulation.launcher(model),
