@@ -526,3 +526,32 @@ def test_attribution_reruns_stop_at_the_step_where_runs_parted():
         is None
     )
     assert _check._through_step(Divergence(2, 0, "steps", "a", "b")) is None
+
+
+@pytest.mark.slow
+def test_the_control_says_whether_the_perturbations_separate_plain_tensorflow(
+    tmp_path, two_cpus
+):
+    # Where the perturbations separate plain TensorFlow (the pool size that
+    # follows the CPUs a run may use), identical proves tfdet's work; where
+    # they do not (the hash seed, a delayed start), it proves little.
+    common = ("--device", "cpu", "--steps", "2", "--no-attribute", "--control")
+    code, report, output = _check(*common, "--perturb", "affinity", tmp_path=tmp_path)
+    assert code == 0, output
+    assert report["control"]["verdict"] == "diverged"
+    assert "so tfdet is what made these runs identical" in output
+    code, report, output = _check(
+        *common, "--perturb", "hashseed,stagger", tmp_path=tmp_path
+    )
+    assert code == 0, output
+    assert report["control"] == {
+        "verdict": "identical",
+        "exit_code": 0,
+        "divergence": None,
+    }
+    assert "an identical verdict proves little here" in output
+
+
+def test_a_control_without_tfdet_is_a_usage_error(tmp_path):
+    code, _, output = _check("--no-enable", "--control", tmp_path=tmp_path)
+    assert code == 2 and "control" in output

@@ -243,3 +243,15 @@ def test_a_script_divergence_names_its_cause(tmp_path):
     assert attribution["responsible"] == ["hashseed"]
     assert attribution["alone"]["re-run"] == "same bits"
     assert "cause: separated by hashseed" in output
+
+
+@pytest.mark.slow
+def test_a_script_checks_control_runs_it_without_tfdet(tmp_path):
+    # No seed anywhere in the script: without tfdet its runs differ, so the
+    # identical verdict with tfdet is tfdet's doing, and the report says so.
+    code, report, output = _check_script(
+        "tfdata_fit.py", "--perturb", "none", "--control", tmp_path=tmp_path
+    )
+    assert code == EXIT_OK, output
+    assert report["control"]["verdict"] == "diverged"
+    assert "so tfdet is what made these runs identical" in output

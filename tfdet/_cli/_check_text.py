@@ -11,6 +11,7 @@ from typing import Any
 
 from tfdet._errors import EXIT_OK
 from tfdet._runs import _options
+from tfdet._runs._report import control_line
 
 
 def _run_line(run: dict[str, Any]) -> str:
@@ -76,6 +77,13 @@ def _unpinned_xla_isa(runs: list[dict[str, Any]]) -> list[str]:
         for reason in sorted(reasons)
         if xla_on and reason.startswith("none (")
     ]
+
+
+def _verdict_lines(report: dict[str, Any]) -> list[str]:
+    """The control's sentence (with `--control`), then the verdict."""
+    control = control_line(report.get("control"), report["verdict"])
+    verdict = f"verdict: {report['verdict']} (exit {report['exit_code']})"
+    return [verdict] if control is None else [control, verdict]
 
 
 def _cause_lines(attribution: dict[str, Any] | None) -> list[str]:
@@ -175,7 +183,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"not imitated: {not_imitated} (compare traces from two real machines "
         "with tfdet diff)"
     )
-    lines.append(f"verdict: {report['verdict']} (exit {report['exit_code']})")
+    lines.extend(_verdict_lines(report))
     return "\n".join(lines)
 
 
@@ -239,5 +247,5 @@ def format_script_report(report: dict[str, Any]) -> str:
             f"  every recorded step and final weight bit identical across "
             f"{len(report['run_reports'])} runs"
         )
-    lines.append(f"verdict: {report['verdict']} (exit {report['exit_code']})")
+    lines.extend(_verdict_lines(report))
     return "\n".join(lines)

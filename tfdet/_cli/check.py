@@ -64,6 +64,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="On divergence, skip the re-runs that find the perturbation responsible.",
     )
     parser.add_argument(
+        "--control",
+        action="store_true",
+        help="Also run the same perturbations without tfdet, and say whether they "
+        "separate plain TensorFlow at all (where they do not, an identical "
+        "verdict proves little). Twice the runs.",
+    )
+    parser.add_argument(
         "--script",
         metavar="SCRIPT",
         help="Run this training script, unchanged and whole, in each run (as "
@@ -121,7 +128,11 @@ def _execute_script(args: argparse.Namespace) -> int:
             script=args.script,
             args=tuple(script_args),
             run=_training_flags.options(
-                args, runs=args.runs, device="cpu", attribute=args.attribute
+                args,
+                runs=args.runs,
+                device="cpu",
+                attribute=args.attribute,
+                control=args.control,
             ),
             max_steps=args.max_steps,
         )
@@ -150,6 +161,7 @@ def execute(args: argparse.Namespace) -> int:
         runs=args.runs,
         device=args.device,
         attribute=args.attribute,
+        control=args.control,
         traces=args.traces,
         workers=args.workers,
         replicas=args.replicas,

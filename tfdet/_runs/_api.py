@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tfdet._errors import TargetError
-from tfdet._runs import _check, _perturb
+from tfdet._runs import _check, _perturb, _report
 from tfdet._runs._options import RunOptions
 from tfdet._runs._report import CheckReport, RunFacts  # noqa: F401 - re-exported
 from tfdet._runs._spawn import ProgressFn
@@ -52,9 +52,17 @@ def check_with_options(
 ) -> CheckReport:
     """Runs the check `options` describe; what the CLI and `check()` call.
 
-    `progress` and `on_step` as in `tfdet._runs._check.check`.
+    `progress` and `on_step` as in `tfdet._runs._check.check`. With
+    `options.control`, the same runs follow without tfdet, and the report
+    says what they found (`CheckReport.control`).
     """
-    return _check.check(options, progress, on_step)
+    report = _check.check(options, progress, on_step)
+    if not options.control:
+        return report
+    if progress is not None:
+        progress("control: the same runs and perturbations without tfdet")
+    plain = _check.check(options.without_tfdet(), progress, on_step)
+    return dataclasses.replace(report, control=_report.control_of(plain))
 
 
 def _option_fields() -> list[dataclasses.Field]:
@@ -72,8 +80,8 @@ def check(
     What `tfdet check` does, from Python (a notebook, a test): the same runs,
     verdict and exit code. Options and their defaults are those of
     `tfdet check` (`runs`, `steps`, `device`, `perturb`, `enable`, `seed`,
-    `threads`, `cpu_isa`, `timeout`, `attribute`, `traces`, `workers`,
-    `replicas`; see the signature).
+    `threads`, `cpu_isa`, `timeout`, `attribute`, `control`, `traces`,
+    `workers`, `replicas`; see the signature).
 
     Example:
 

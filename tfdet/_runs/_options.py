@@ -55,6 +55,9 @@ class RunOptions:
             alone); only the default without `enable`.
         timeout: Seconds before a run is killed (finite, > 0).
         attribute: On divergence, re-run to find the perturbation responsible.
+        control: Also run the same perturbations without tfdet, so that the
+            report says whether they separate plain TensorFlow at all (an
+            identical verdict proves little where they do not).
         traces: Directory that keeps every run's trace (`DEVICE/runN.jsonl`,
             `DEVICE/runN-workerK.jsonl` for multi-worker runs), or None.
         workers: Processes per run (>= 1): more than one makes each run a
@@ -83,10 +86,23 @@ class RunOptions:
     patches: tuple[str, ...] = (DEFAULT_PATCHES,)
     timeout: float = DEFAULT_TIMEOUT
     attribute: bool = True
+    control: bool = False
     traces: str | None = None
     workers: int = DEFAULT_WORKERS
     replicas: int = DEFAULT_REPLICAS
     emulate_cpu: str | None = None
+
+    def without_tfdet(self) -> RunOptions:
+        """The same runs and perturbations in plain TensorFlow: the control."""
+        return dataclasses.replace(
+            self,
+            enable=False,
+            threads=_settings.DEFAULT_THREADS,
+            patches=(DEFAULT_PATCHES,),
+            attribute=False,
+            control=False,
+            traces=None,
+        )
 
     def __post_init__(self) -> None:
         if not isinstance(self.target, _target.TargetSpec):
@@ -114,7 +130,7 @@ class RunOptions:
                 "device='gpu'"
             )
         self._set("perturb", tuple(_perturb.validate(self.perturb)))
-        for name in ("enable", "attribute"):
+        for name in ("enable", "attribute", "control"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
                     f"Expected `{name}` to be True or False. Received: "
@@ -128,6 +144,12 @@ class RunOptions:
                 "Expected `threads` only with tfdet enabled: `enable=False` runs "
                 "plain TensorFlow, whose thread pools follow the cores. Received: "
                 f"threads={threads} with `enable=False`. Drop one of them."
+            )
+        if self.control and not self.enable:
+            raise ValueError(
+                "Expected `control` only with tfdet enabled: the control runs the "
+                "same perturbations without tfdet, which `enable=False` already "
+                "does. Received: control=True with `enable=False`."
             )
         self._set("patches", _check_patches(self.patches))
         if not self.enable and self.patches != (DEFAULT_PATCHES,):

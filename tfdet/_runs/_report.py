@@ -19,6 +19,39 @@ from tfdet._version import __version__
 VERDICTS = {EXIT_OK: "identical", EXIT_DIVERGED: "diverged", EXIT_RUN_FAILED: "failed"}
 
 
+def control_of(plain: CheckReport | ScriptCheckReport) -> dict[str, Any]:
+    """What a check without tfdet found, for the report of the check with it."""
+    divergence = plain.divergence
+    return {
+        "verdict": plain.verdict,
+        "exit_code": plain.exit_code,
+        "divergence": None if divergence is None else divergence["description"],
+    }
+
+
+def control_line(control: dict[str, Any] | None, verdict: str) -> str | None:
+    """The report's sentence on its control: what the verdict proves."""
+    if control is None:
+        return None
+    if control["verdict"] == "diverged":
+        said = (
+            "so tfdet is what made these runs identical"
+            if verdict == "identical"
+            else "as these runs do with tfdet"
+        )
+        return (
+            f"control without tfdet: diverged ({control['divergence']}): these "
+            f"perturbations separate plain TensorFlow, {said}"
+        )
+    if control["verdict"] == "identical":
+        return (
+            "control without tfdet: identical too: these perturbations do not "
+            "separate plain TensorFlow on this model, so an identical verdict "
+            "proves little here"
+        )
+    return "control without tfdet: a run failed, so nothing was compared"
+
+
 def _headline(subject: str, exit_code: int, shape: str, enable: bool) -> str:
     """A report's first line: what was checked, the verdict, how."""
     mode = "with" if enable else "without"
@@ -276,6 +309,8 @@ class CheckReport:
         emulated: `{perturbation: the emulated CPU a run ran on, and what that
             stands for}` (`emulated_cpu`), or empty.
         exit_code: `tfdet check`'s exit code: 0, 1 or 3.
+        control: With `control=True`, the same runs without tfdet
+            (`control_of`: `verdict`, `exit_code`, `divergence`); else None.
     """
 
     target: str
@@ -294,6 +329,7 @@ class CheckReport:
     not_imitated: dict[str, str]
     emulated: dict[str, str]
     exit_code: int
+    control: dict[str, Any] | None = None
 
     @property
     def verdict(self) -> str:
@@ -324,6 +360,8 @@ class CheckReport:
             lines.append(f"  first divergence: {divergence['description']}")
         if self.imitated:
             lines.append(f"  imitated other machines by: {', '.join(self.imitated)}")
+        if self.control is not None:
+            lines.append(f"  {control_line(self.control, self.verdict)}")
         return "\n".join(lines)
 
     _repr_pretty_ = _pretty
@@ -377,6 +415,7 @@ class CheckReport:
             "not_imitated": dict(self.not_imitated),
             "verdict": self.verdict,
             "exit_code": self.exit_code,
+            "control": self.control,
             "tfdet_version": __version__,
         }
 
@@ -432,6 +471,8 @@ class ScriptCheckReport:
             changed (their bits were not compared in isolation).
         notices: Keras's notices (a dropped `jit_compile=True`), once each.
         exit_code: 0, 1 or 3.
+        control: With `control=True`, the same runs without tfdet
+            (`control_of`); else None.
     """
 
     script: str
@@ -449,6 +490,7 @@ class ScriptCheckReport:
     shared_writes: tuple[str, ...]
     notices: tuple[str, ...]
     exit_code: int
+    control: dict[str, Any] | None = None
 
     @property
     def verdict(self) -> str:
@@ -474,6 +516,8 @@ class ScriptCheckReport:
         if self.nothing_trained:
             lines.append("  the runs trained nothing")
         lines.extend(f"  {notice}" for notice in self.notices)
+        if self.control is not None:
+            lines.append(f"  {control_line(self.control, self.verdict)}")
         return "\n".join(lines)
 
     _repr_pretty_ = _pretty
@@ -497,5 +541,6 @@ class ScriptCheckReport:
             "notices": list(self.notices),
             "verdict": self.verdict,
             "exit_code": self.exit_code,
+            "control": self.control,
             "tfdet_version": __version__,
         }

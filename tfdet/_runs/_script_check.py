@@ -26,7 +26,7 @@ from tfdet._pin import _isa, _settings
 from tfdet._record import _diff, _trace
 from tfdet._runs import _perturb, _protocol, _spawn, _target, _workdir
 from tfdet._runs._options import RunOptions
-from tfdet._runs._report import ScriptCheckReport, ScriptRunReport
+from tfdet._runs._report import ScriptCheckReport, ScriptRunReport, control_of
 from tfdet._runs._spawn import ProgressFn
 from tfdet._setup import _enable
 
@@ -237,7 +237,11 @@ def _trained(run: _ScriptRun) -> bool:
 def check_script(
     options: ScriptOptions, progress: ProgressFn | None = None
 ) -> ScriptCheckReport:
-    """Runs the script N times and returns the report (`to_dict()`: `--json`)."""
+    """Runs the script N times and returns the report (`to_dict()`: `--json`).
+
+    With `options.run.control`, the same runs follow without tfdet, and the
+    report says what they found (`ScriptCheckReport.control`).
+    """
     run = options.run
     setups = _perturb.plan_for(run, kind=_protocol.SCRIPT)
     launched_in = os.getcwd()
@@ -313,7 +317,7 @@ def check_script(
         for report in reports
         for path in (report.trained or {}).get("own_copies", {})
     }
-    return ScriptCheckReport(
+    report = ScriptCheckReport(
         script=options.script,
         args=tuple(options.args),
         enable=run.enable,
@@ -342,3 +346,11 @@ def check_script(
         notices=tuple(sorted(notices - {None})),
         exit_code=code,
     )
+    if not run.control:
+        return report
+    if progress is not None:
+        progress("control: the same runs and perturbations without tfdet")
+    plain = check_script(
+        dataclasses.replace(options, run=run.without_tfdet()), progress
+    )
+    return dataclasses.replace(report, control=control_of(plain))
