@@ -194,3 +194,23 @@ def test_a_projects_layout_reads_its_siblings_and_keeps_its_outputs_own(tmp_path
     assert [run["steps_recorded"] for run in report["run_reports"]] == [8, 8, 8]
     assert list(scratch.iterdir()) == []  # Each run wrote its own out/.
     assert sorted(p.name for p in code_dir.iterdir()) == ["out", "pipe", "train.py"]
+
+
+@pytest.mark.slow
+def test_a_change_to_a_linked_file_fails_the_check_naming_it_and_who_may_have(
+    tmp_path,
+):
+    # A large file is linked, not copied: appending to it from the script
+    # (or from another job, which tfdet cannot tell apart) is shared by the
+    # runs. The report names the file and says both possible writers.
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "big.log").write_bytes(b"x" * (2 << 20))
+    (project / "train.py").write_text(
+        (SCRIPTS / "no_backup_fit.py").read_text()
+        + "\nwith open('big.log', 'a') as log:\n    log.write('trained\\n')\n"
+    )
+    proc = run_tfdet("check", "--script", "train.py", "--perturb", "none", cwd=project)
+    assert proc.returncode == EXIT_RUN_FAILED, proc.stdout + proc.stderr
+    assert "big.log" in proc.stdout and "changed while they ran" in proc.stdout
+    assert "or another process did" in proc.stdout

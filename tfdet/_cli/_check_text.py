@@ -226,10 +226,13 @@ def format_script_report(report: dict[str, Any]) -> str:
     divergence = report["divergence"]
     if report.get("shared_writes"):
         lines.append(
-            "  the runs changed files they all share (linked, not copied, into "
-            "each run's directory), so they were not isolated: "
+            "  files the runs all share (linked, not copied, into each run's "
+            "directory) changed while they ran: "
             + ", ".join(report["shared_writes"])
-            + ". Write new files (or under a path the script takes as an argument)"
+            + ". A run wrote them, or another process did (a log another job "
+            "appends to, say): either way the runs were not isolated from them. "
+            "Have the script write new files (or under a path it takes as an "
+            "argument), or keep other writers away during the check"
         )
     elif divergence:
         a, b = divergence["runs"]
