@@ -10,6 +10,7 @@ patch (or without the random state) resumes into other bits.
 from __future__ import annotations
 
 import json
+import os
 import signal
 
 import pytest
@@ -302,3 +303,25 @@ def test_check_script_interrupt_waits_for_a_per_epoch_backup_and_finds_an_inexac
     assert "wrote no backup" in skipped and "save_freq" in skipped
     run = reports["none"]["run_reports"][1]["perturbations"]["interrupt"]
     assert run.startswith("not applied: ")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not hasattr(os, "getuid") or os.getuid() != 0, reason="chown needs root"
+)
+@pytest.mark.parametrize("change", ["other-owner", "world-writable"])
+def test_a_backup_directory_someone_else_controls_is_refused(tmp_path, change):
+    backup, out = tmp_path / "backup", tmp_path / "out.json"
+    _run(FIT, out, str(backup), "--save-freq", "3", "--kill", "1:5", killed=True)
+    if change == "other-owner":
+        os.chown(backup, 65534, 65534)  # nobody
+    else:
+        os.chmod(backup, 0o777)
+    code = f"import runpy, sys; sys.argv = {[str(FIT), str(out), str(backup)]!r}\n"
+    code += f"runpy.run_path({str(FIT)!r}, run_name='__main__')"
+    result = run_python(code, env=clean_env(PYTHONHASHSEED="0"))
+    assert result.returncode != 0 and not out.exists()
+    assert "to be yours alone" in result.stderr
+    assert ("owned by user id 65534" if change == "other-owner" else "every user") in (
+        result.stderr
+    )

@@ -37,6 +37,7 @@ import functools
 import json
 import os
 import random
+import stat
 import warnings
 from typing import Any
 
@@ -304,6 +305,7 @@ def exact_backup_and_restore_class() -> type:
             if generation is None:
                 super()._load_model()  # Keras's own files, or none.
                 return
+            _check_owned(self.backup_dir)
             model = self.model
             if model.optimizer is not None and not model.optimizer.built:
                 model.optimizer.build(model.trainable_variables)
@@ -496,6 +498,36 @@ def _assign_when_built(optimizer: Any, saved: list[Any], source: str) -> None:
                 variable.assign(value)
 
     optimizer.build = build
+
+
+def _check_owned(directory: str) -> None:
+    """Refuses to resume from a backup directory someone else controls.
+
+    What a resume reads decides the training (weights, optimizer state, the
+    random state): a directory another user owns, or any user may write to, could
+    hold another training's backup or a planted one (Keras's own example
+    directory, `/tmp/backup`, is one any local user can create first).
+
+    Raises:
+        RuntimeError: with the directory, its owner or mode, and what to do.
+    """
+    if not hasattr(os, "getuid"):  # No POSIX owners (Windows).
+        return
+    info = os.stat(directory)
+    problem = None
+    if info.st_uid != os.getuid():
+        problem = f"owned by user id {info.st_uid}, not {os.getuid()}"
+    elif info.st_mode & stat.S_IWOTH:
+        # Group-writable is left alone: with a user's private group (umask
+        # 002) every directory of theirs is.
+        problem = f"writable by every user (mode {stat.filemode(info.st_mode)})"
+    if problem is not None:
+        raise RuntimeError(
+            f"Expected the backup directory {directory} to be yours alone: a "
+            f"resume reads the training state from it. Received: {problem}. "
+            "Use a backup_dir of your own (not a shared /tmp path), or make it "
+            "yours with `chmod go-w` if you trust what is in it."
+        )
 
 
 def _current(directory: str) -> int | None:
