@@ -325,3 +325,19 @@ def test_a_backup_directory_someone_else_controls_is_refused(tmp_path, change):
     assert ("owned by user id 65534" if change == "other-owner" else "every user") in (
         result.stderr
     )
+
+
+@pytest.mark.slow
+def test_a_pydataset_input_resumes_exactly_at_an_epoch_boundary(tmp_path):
+    # Its own epoch hooks reshuffle its order: the resume replays them, as
+    # fit ran them, so the resumed epochs read the batches in the same order.
+    full = tmp_path / "full.json"
+    _run(FIT, full, str(tmp_path / "full-backup"), "--data", "pydataset")
+    args = ("--data", "pydataset")
+    resumed = _interrupted_and_resumed(
+        tmp_path / "a", FIT, *args, interrupt=("--kill", "2:0")
+    )
+    control = _interrupted_and_resumed(
+        tmp_path / "b", FIT, *args, "--unpatched", interrupt=("--kill", "2:0")
+    )
+    assert resumed == _digest(full) != control

@@ -1,7 +1,7 @@
 """A fit that BackupAndRestore resumes: Dense + Dropout, Adam with a schedule.
 
 `python resumable_fit.py OUT BACKUP [--save-freq N] [--kill E:B] [--kill-at-save K]
-[--data array|tfdata] [--backups N] [--unpatched]`: trains 4 epochs of 256 samples (8 batches
+[--data array|tfdata|pydataset] [--backups N] [--unpatched]`: trains 4 epochs of 256 samples (8 batches
 of 32, shuffled) under `tfdet.enable(seed=3)` and writes the final weights'
 digest to OUT. `--kill E:B` kills the process (SIGKILL) after batch B of epoch E;
 `--kill-at-save K` kills it while it writes its K-th backup, after the weights
@@ -100,7 +100,28 @@ callbacks = [
     ),
     Kill(),
 ]
-if args.data == "tfdata":
+if args.data == "pydataset":
+
+    class Batches(keras.utils.PyDataset):
+        """8 batches of 32, reshuffled by the dataset itself each epoch."""
+
+        def __init__(self):
+            super().__init__(workers=2, use_multiprocessing=False)
+            self.order = np.arange(256)
+            self.rng = np.random.RandomState(5)
+
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, index):
+            rows = self.order[32 * index : 32 * (index + 1)]
+            return x[rows], y[rows]
+
+        def on_epoch_end(self):
+            self.rng.shuffle(self.order)
+
+    model.fit(Batches(), epochs=4, verbose=0, callbacks=callbacks)
+elif args.data == "tfdata":
     data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(256, seed=11).batch(32)
     model.fit(data, epochs=4, verbose=0, callbacks=callbacks)
 else:
