@@ -400,16 +400,16 @@ def _with_own_copy(owner: Any, parameter: str) -> None:
 def _own_training_state() -> None:
     """Gives each run its own copy of the paths that hold training state.
 
-    Keras 3's BackupAndRestore (`backup_dir`) and ModelCheckpoint
-    (`filepath`), `tf.train.CheckpointManager` (`directory`): the paths a
-    resume reads back. Other absolute writes stay shared, and the check
-    lists the files outside the runs' own directories that changed.
+    Keras 3's BackupAndRestore (`backup_dir`) and `tf.train.CheckpointManager`
+    (`directory`): a resume reads them back through the same object, so the
+    script never names the copy itself. A `ModelCheckpoint` file is left
+    where it is: scripts load it back by its path (`load_model(path)`),
+    which the copy would miss. Other absolute writes stay shared.
     """
     import keras
     import tensorflow as tf
 
     _with_own_copy(keras.callbacks.BackupAndRestore, "backup_dir")
-    _with_own_copy(keras.callbacks.ModelCheckpoint, "filepath")
     _with_own_copy(tf.train.CheckpointManager, "directory")
 
 
