@@ -484,6 +484,7 @@ def test_json_is_written_before_the_report_and_a_closed_stdout_is_harmless(
         runs=2,
         device="cpu",
         attribute=True,
+        control=False,
         traces=None,
         workers=1,
         replicas=1,
