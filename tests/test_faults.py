@@ -124,9 +124,36 @@ def _wait_for_steps(lines: queue.Queue, runs: int = 2) -> None:
 
 
 def _spawn(*args: str, **kwargs) -> subprocess.Popen:
+    # The fault handler prints every thread's stack on SIGABRT: what a hung
+    # tfdet was waiting on (`_exit_code`).
     return subprocess.Popen(
-        [sys.executable, "-m", "tfdet", *args], env=clean_env(), **kwargs
+        [sys.executable, "-m", "tfdet", *args],
+        env=clean_env(PYTHONFAULTHANDLER="1"),
+        **kwargs,
     )
+
+
+def _exit_code(proc: subprocess.Popen, lines: queue.Queue | None = None) -> int:
+    """`proc`'s exit code; if it hangs, fails with its threads' stacks.
+
+    `lines` is its drained stderr (`_drain`), or None when nobody read it
+    (`proc.stderr` is then read here).
+    """
+    try:
+        return proc.wait(timeout=DEADLINE)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        proc.wait(timeout=60)
+    if lines is None:
+        os.set_blocking(proc.stderr.fileno(), False)
+        dump = (proc.stderr.read() or b"").decode("utf-8", "replace")
+    else:
+        drained = []
+        with contextlib.suppress(queue.Empty):
+            while (line := lines.get(timeout=5)) is not None:
+                drained.append(line)
+        dump = "".join(drained)
+    pytest.fail(f"tfdet did not exit in {DEADLINE:.0f} s; its threads:\n{dump[-8000:]}")
 
 
 def _kill_all(proc: subprocess.Popen, processes) -> None:
@@ -174,7 +201,7 @@ def test_a_stop_signal_ends_every_process_and_exits_128_plus_n(
         # `timeout` or `kill` used to leave behind.
         started = _runs_and_neighbour(proc.pid, module, processes)
         proc.send_signal(signum)
-        assert proc.wait(timeout=DEADLINE) == 128 + signum
+        assert _exit_code(proc, lines) == 128 + signum
         _wait_for(lambda: not _alive(started), "tfdet's children to end")
     finally:
         _kill_all(proc, started)
@@ -206,7 +233,7 @@ def test_sigint_with_stderr_never_read_exits_130():
         processes = _runs_and_neighbour(proc.pid, WORKER)
         _wait_for(lambda: pending() > 0, "tfdet to write to stderr")
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=DEADLINE) == 130
+        assert _exit_code(proc) == 130
         _wait_for(lambda: not _alive(processes), "tfdet's children to end")
     finally:
         _kill_all(proc, processes)

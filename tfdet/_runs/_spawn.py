@@ -729,12 +729,29 @@ def run_jobs(
                 threads.append(thread)
                 thread.start()
         for thread in threads:
-            thread.join()
+            _join_interruptibly(thread)
     finally:
         # On an interrupt (or any error here), no child may outlive us.
         for group in groups:
             group.stop_all()
     return outcomes
+
+
+# How often the main thread wakes while it waits for the runs' threads.
+JOIN_POLL_SECONDS = 0.5
+
+
+def _join_interruptibly(thread: threading.Thread) -> None:
+    """`thread.join()`, waking every `JOIN_POLL_SECONDS`.
+
+    Python runs a signal handler (Ctrl-C's KeyboardInterrupt) in the main
+    thread, between bytecodes. An untimed join wakes for it only when the
+    kernel delivered the signal to the main thread itself; a timed one
+    re-checks at each wake-up, so a stop signal takes effect within the
+    poll interval whichever thread received it.
+    """
+    while thread.is_alive():
+        thread.join(JOIN_POLL_SECONDS)
 
 
 def run_all(
