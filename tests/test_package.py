@@ -170,10 +170,11 @@ def test_no_import_cycle_between_tfdet_modules() -> None:
 # other). The entry points (`tfdet`, its `__main__`, the pytest plugin) sit
 # on top; `_errors`, `_notices` and `_version` at the bottom.
 LAYERS = {
-    "tfdet": 7,
-    "tfdet.__main__": 7,
-    "tfdet._pytest_plugin": 8,  # Calls the public API.
-    "tfdet._cli": 6,
+    "tfdet": 8,
+    "tfdet.__main__": 8,
+    "tfdet._pytest_plugin": 9,  # Calls the public API.
+    "tfdet._cli": 7,
+    "tfdet._cost": 6,  # Starts its runs with `_runs`'s spawner and TARGETs.
     "tfdet._runs": 5,
     "tfdet._record": 4,
     "tfdet._graph": 4,

@@ -34,7 +34,7 @@ from tfdet._errors import EXIT_RUN_FAILED, EXIT_USAGE, Error, ReportWriteError
 from tfdet._version import __version__
 
 # Subcommand modules, in the order `tfdet --help` lists them.
-SUBCOMMANDS = ("check", "run", "env", "diff", "locate", "scan")
+SUBCOMMANDS = ("check", "cost", "run", "env", "diff", "locate", "scan")
 
 # The signals that end tfdet, each with the shell's exit code 128 + N; every
 # process tfdet started is killed first.

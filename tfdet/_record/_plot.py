@@ -32,7 +32,7 @@ _MISSING = "#ffffff"
 _MAX_LABELLED_ROWS = 40
 
 
-def _require_matplotlib() -> None:
+def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError as error:
@@ -138,7 +138,7 @@ def plot_comparison(
         ImportError: matplotlib is not installed (`pip install tfdet[plot]`).
         TraceFormatError: a trace cannot be read.
     """
-    _require_matplotlib()
+    require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.colors import ListedColormap
     from matplotlib.figure import Figure

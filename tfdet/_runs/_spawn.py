@@ -253,11 +253,16 @@ class RunOutcome:
             return "its TARGET cannot be built or trained"
         if self.failure:
             return self.failure
-        if self.returncode is not None and self.returncode < 0:
-            return f"killed by signal {-self.returncode}"
         if self.returncode:
-            return f"exited {self.returncode}"
+            return describe_exit(self.returncode)
         return "exited 0 without writing its result"
+
+
+def describe_exit(returncode: int | None) -> str:
+    """A child's exit status in words: `exited 3`, `killed by signal 9`."""
+    if returncode is not None and returncode < 0:
+        return f"killed by signal {-returncode}"
+    return f"exited {returncode}"
 
 
 def child_environment(
@@ -332,7 +337,7 @@ def _burn(group: _ProcessGroup) -> subprocess.Popen:
     )
 
 
-def _tail(path: str, lines: int = STDERR_TAIL_LINES) -> str:
+def stderr_tail(path: str, lines: int = STDERR_TAIL_LINES) -> str:
     """The end of a child's stderr, TensorFlow's notices left out.
 
     From its last traceback on, when it has one (up to `TRACEBACK_LINES`
@@ -588,7 +593,7 @@ def _run_one(
         setup=setup,
         returncode=None if timed_out else process.returncode,
         result=result,
-        stderr_tail=_tail(f"{stem}.stderr"),
+        stderr_tail=stderr_tail(f"{stem}.stderr"),
         timed_out=timed_out,
         seconds=seconds,
         failure=failure,

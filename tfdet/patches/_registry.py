@@ -27,6 +27,11 @@ from tfdet.patches._swap import Swap
 
 _LOG = logging.getLogger("tfdet")
 
+# Every replacement op runs in a name scope that starts with one of these
+# (`DeterministicDenseBincount`, `PoolSizeFreeMatMul`, `PortableErfc`), so
+# that a graph or a profile tells tfdet's ops from the model's own.
+SCOPE_PREFIXES = ("Deterministic", "PoolSizeFree", "Portable")
+
 # The selection of the patches the running versions need.
 AUTO = "auto"
 

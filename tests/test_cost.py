@@ -1,0 +1,266 @@
+"""`tfdet cost`: every setting timed side by side, what its bits follow, the
+ops that grew, one recommendation; and the same ratio as the benchmark's."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.conftest import REPO, run_tfdet
+from tfdet._cost import _measure, _ops, _report
+from tfdet._cost._settings import PLAIN, POOL_SIZE_FREE, Setting, bits_follow
+
+# --- The per-op times, from a profiler trace written here -------------------
+
+
+def _write_trace(directory, events: list[tuple[str, float]]) -> None:
+    """A profiler trace as TensorFlow writes it: events of `(name, ms)` on
+    two threads of the host plane."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    plane = space.planes.add(name="/host:CPU")
+    for index, (name, _) in enumerate(events):
+        plane.event_metadata[index + 1].name = name
+    lines = [plane.lines.add(name=f"tf_Compute/{k}") for k in range(2)]
+    for index, (_, ms) in enumerate(events):
+        event = lines[index % 2].events.add(metadata_id=index + 1)
+        event.duration_ps = int(ms * 1e9)
+    path = directory / "plugins" / "profile" / "run" / "host.xplane.pb"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(space.SerializeToString())
+
+
+def test_op_times_are_summed_per_op_type_per_step(tmp_path):
+    conv = "gradient_tape/seq/conv2d/convolution/Conv2DBackpropFilter"
+    replaced = "gradient_tape/seq/conv2d/convolution/PoolSizeFreeConv2DBackpropFilter"
+    _write_trace(
+        tmp_path,
+        [
+            (f"{conv}:_MklNativeConv2DBackpropFilterWithBias", 6.0),
+            ("seq/conv2d/Relu:_MklNativeFusedConv2D", 2.0),
+            ("seq/conv2d_1/Relu:_MklNativeFusedConv2D", 4.0),
+            ("seq/dense/MatMul:MatMul", 1.0),
+            # A replacement's inner ops count as the replacement.
+            (f"{replaced}/transpose:Transpose", 3.0),
+            (f"{replaced}/Conv2D:Conv2D", 5.0),
+            # Enclosing events and runtime events are not ops of their own.
+            ("StatefulPartitionedCall:StatefulPartitionedCall", 100.0),
+            ("EagerLocalExecute: __inference_one_step_on_data_17", 100.0),
+            ("ExecutorState::Process", 100.0),
+        ],
+    )
+    ops = _ops.per_op_type(str(tmp_path), steps=2)
+    assert ops == {
+        "Conv2DBackpropFilterWithBias": {"ms": 3.0, "node": conv},
+        "FusedConv2D": {"ms": 3.0, "node": "seq/conv2d_1/Relu"},
+        "MatMul": {"ms": 0.5, "node": "seq/dense/MatMul"},
+        "PoolSizeFreeConv2DBackpropFilter": {"ms": 4.0, "node": replaced},
+    }
+
+
+def test_no_trace_is_an_error_not_an_empty_profile(tmp_path):
+    with pytest.raises(FileNotFoundError, match="profiler trace"):
+        _ops.per_op_type(str(tmp_path), steps=1)
+
+
+def test_op_shares_add_up_to_the_measured_step():
+    # Two inter-op threads overlap: 30 ms of ops in a 20 ms step.
+    shares = _measure._shares(
+        {"A": {"ms": 20.0, "node": "a"}, "B": {"ms": 10.0, "node": "b"}}, 20.0
+    )
+    assert shares == {
+        "A": {"ms": pytest.approx(40 / 3), "node": "a"},
+        "B": {"ms": pytest.approx(20 / 3), "node": "b"},
+    }
+    assert _measure._shares({}, 20.0) == {}
+
+
+# --- What each profile ties the bits to --------------------------------------
+
+
+def _profile(**fields) -> dict:
+    return {
+        "intra_op_threads": 1,
+        "cpu_isa": "AVX2",
+        "xla_cpu_isa": "AVX2",
+        "patches": ["portable_erfc"],
+        **fields,
+    }
+
+
+@pytest.mark.parametrize(
+    ("fields", "xla", "follow"),
+    [
+        ({}, False, []),
+        ({"intra_op_threads": 0, "cpu_isa": "ALL"}, False,
+         ["the core count", "the CPU's instruction set"]),
+        ({"intra_op_threads": 4}, False, ["4 threads"]),
+        ({"intra_op_threads": 4, "patches": [POOL_SIZE_FREE]}, False, []),
+        ({"xla_cpu_isa": "none (TensorFlow < 2.19 has no cap)"}, False, []),
+        ({"xla_cpu_isa": "none (TensorFlow < 2.19 has no cap)"}, True,
+         ["the CPU's instruction set (XLA:CPU)"]),
+    ],
+    ids=["default", "plain", "threads", "pool-size-free", "xla-unused", "xla"],
+)  # fmt: skip
+def test_what_the_bits_follow_comes_from_the_profile(fields, xla, follow):
+    assert bits_follow(_profile(**fields), xla) == follow
+
+
+# --- The recommendation -------------------------------------------------------
+
+
+def _row(name: str, ratio: float, follow: tuple[str, ...] = (), **extra):
+    return _report.CostRow(
+        setting=Setting(name, None if name == PLAIN.name else {}),
+        ms_per_step=10 * ratio,
+        ratio=ratio,
+        ratio_q1=ratio,
+        ratio_q3=ratio,
+        xla=False,
+        bits_follow=follow,
+        digests=("d",),
+        ops=extra.pop("ops", {}),
+        **extra,
+    )
+
+
+def _cost(*rows) -> _report.CostReport:
+    return _report.CostReport(
+        target="builtin:cnn",
+        cores=2,
+        cpu_model="a CPU",
+        rounds=1,
+        blocks=4,
+        steps=5,
+        warmup=3,
+        rows=(_row(PLAIN.name, 1.0, ("the core count",)), *rows),
+    )
+
+
+def test_the_fastest_portable_setting_is_recommended_and_a_faster_tie_named():
+    report = _cost(
+        _row("enable()", 1.9),
+        _row("enable(threads=2)", 1.1, ("2 threads",)),
+        _row("pool-size-free", 1.6),
+        _row("xla", 1.2, note="Keras turned jit_compile off"),  # Not what was asked.
+    )
+    assert report.recommended().setting.name == "pool-size-free"
+    advice = report.recommendation()
+    assert advice.startswith("Use tfdet.pool-size-free: 1.60x plain TensorFlow")
+    assert "tfdet.enable(threads=2) is 1.10x but ties the bits to 2 threads" in advice
+    assert "xla" not in advice
+
+
+def test_a_tie_that_saves_little_is_not_offered():
+    report = _cost(
+        _row("enable()", 1.05), _row("enable(threads=2)", 1.0, ("2 threads",))
+    )
+    assert report.recommendation() == (
+        "Use tfdet.enable(): 1.05x plain TensorFlow here, with bits that do not "
+        "depend on this machine's core count or instruction set."
+    )
+
+
+def test_op_growth_is_against_plain_tensorflow_and_lists_new_ops():
+    plain = _row(PLAIN.name, 1.0, ops={"Conv2D": {"ms": 4.0, "node": "c"}})
+    tfdet = _row(
+        "enable()",
+        2.0,
+        ops={
+            "Conv2D": {"ms": 9.0, "node": "c"},
+            "PoolSizeFreeMatMul": {"ms": 2.0, "node": "m"},
+        },
+    )
+    grown = tfdet.growth(plain)
+    assert [(g.op, g.plain_ms, g.ms, g.grew_ms) for g in grown] == [
+        ("Conv2D", 4.0, 9.0, 5.0),
+        ("PoolSizeFreeMatMul", 0.0, 2.0, 2.0),
+    ]
+
+
+# --- The command, in fresh processes ------------------------------------------
+
+
+def test_bad_schedules_are_usage_errors():
+    result = run_tfdet("cost", "--blocks", "0")
+    assert result.returncode == 2, result.stderr
+    assert "Expected --rounds, --blocks and --steps >= 1" in result.stderr
+
+
+def test_a_target_that_cannot_be_built_exits_2(tmp_path):
+    target = tmp_path / "model.py"
+    target.write_text("def build():\n    return 42\n")
+    result = run_tfdet("cost", f"{target}:build", "--blocks", "1", "--steps", "1")
+    assert result.returncode == 2, result.stderr
+    assert "Expected TARGET" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_cost_times_every_setting_and_names_the_op_it_replaces(tmp_path):
+    report_path = tmp_path / "cost.json"
+    result = run_tfdet(
+        "cost",
+        "builtin:cnn",
+        "--blocks", "2", "--steps", "2", "--warmup", "1",
+        "--json", str(report_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(report_path.read_text())
+    rows = {row["setting"]["name"]: row for row in report["rows"]}
+    cores = len(os.sched_getaffinity(0))
+    assert list(rows)[:2] == ["plain TensorFlow", "enable()"]
+    assert rows["plain TensorFlow"]["ratio"] == 1.0
+    # From each run's own profile: plain TensorFlow's threads follow the
+    # cores, enable()'s one thread and AVX2 cap do not.
+    assert "the core count" in rows["plain TensorFlow"]["bits_follow"]
+    assert rows["enable()"]["portable"]
+    for row in rows.values():
+        assert row["ms_per_step"] > 0 and row["ratio_q1"] <= row["ratio_q3"]
+    if cores > 1:
+        assert rows[f"enable(threads={cores})"]["bits_follow"] == [f"{cores} threads"]
+        pool_size_free = next(name for name in rows if POOL_SIZE_FREE in name)
+        assert rows[pool_size_free]["portable"]
+        # The op the pool-size-free products replace, by its replacement.
+        grown = [op["op"] for op in rows[pool_size_free]["growing_ops"]]
+        assert "PoolSizeFreeConv2DBackpropFilter" in grown
+    assert rows["plain TensorFlow"]["ops"] and rows["enable()"]["ops"]
+    assert report["recommended"] in rows
+    assert rows[report["recommended"]]["portable"]
+    assert report["recommendation"] in result.stdout
+    assert "ms/step" in result.stdout
+
+
+@pytest.mark.slow
+def test_cost_gives_the_ratio_the_benchmark_gives():
+    # The benchmark (benchmarks/cost_of_determinism.py) times the same two
+    # settings with its own harness; tfdet cost must agree within the spread
+    # of the two measurements.
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import cost_of_determinism as benchmark
+
+    schedule = {"rounds": 1, "blocks": 4, "steps": 3, "warmup": 2}
+    figures = benchmark.measure(
+        **schedule,
+        batch_size=32,  # The TARGET's own batch, which tfdet cost trains on.
+        target="builtin:cnn",
+        configs={"plain": None, "enable(threads=1)": {"threads": 1}},
+    )
+    reference = figures["table"]["enable(threads=1)"]
+    report = _measure.measure(
+        "builtin:cnn", [PLAIN, Setting("enable()", {})], **schedule
+    )
+    ours = report.rows[1]
+    # Within the wider of the two middle halves, or a fifth of the ratio: the
+    # load of a shared machine moves both a little; a wrong baseline, an
+    # inverted ratio or another batch size moves far.
+    spread = max(
+        reference["ratio_q3"] - reference["ratio_q1"],
+        ours.ratio_q3 - ours.ratio_q1,
+        0.2 * reference["ratio"],
+    )
+    assert abs(ours.ratio - reference["ratio"]) <= spread, (ours, reference)
