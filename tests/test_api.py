@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 import threading
@@ -138,6 +139,10 @@ def test_callables_that_cannot_travel_are_refused_with_what_to_do():
         _api._module_source(_uses_a_lock)
     with pytest.raises(TargetError, match="a TARGET string or a function"):
         tfdet.check(3)
+    # A partial of a function defined here (not importable by name): refused
+    # with the wrapper to write, not an AttributeError from inside tfdet.
+    with pytest.raises(TargetError, match="a partial. Wrap it: `def build"):
+        tfdet.check(functools.partial(_uses_a_lock))
 
 
 def test_an_importable_function_is_passed_by_name():

@@ -12,8 +12,6 @@ from typing import Any
 
 import numpy as np
 
-_UINT_FOR_WIDTH = {2: np.uint16, 4: np.uint32, 8: np.uint64}
-
 
 def value_bits(value: Any) -> dict[str, str]:
     """A scalar as `{"dtype": ..., "bits": hex, "value": repr}`.

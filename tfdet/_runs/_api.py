@@ -138,6 +138,14 @@ def check(
     name = _importable_name(target)
     if name is not None:
         return check_with_options(RunOptions(target=name, **options), progress)
+    if not isinstance(target, types.FunctionType):
+        # A functools.partial, a bound method, a callable object: the runs
+        # could only get it by pickling, which tfdet never loads in a run.
+        raise TargetError(
+            "Expected `target` to be a function (def or lambda) or a TARGET "
+            f"string. Received: {target!r}, a {type(target).__name__}. Wrap it: "
+            "`def build(): return make_model(units=64)`, and pass `build`."
+        )
     with _written(target) as text:
         report = check_with_options(RunOptions(target=text, **options), progress)
     # The temporary file is gone: the report names the function.

@@ -120,10 +120,6 @@ def first_divergence(a: _FinishedRun, b: _FinishedRun) -> _diff.Divergence | Non
 _Job = list[_FinishedRun]
 
 
-def _setups(job: _Job) -> list[_perturb.RunSetup]:
-    return [run.outcome.setup for run in job]
-
-
 def _first(divergences: list[tuple[int, _diff.Divergence]]) -> tuple[int, Any]:
     """The earliest `(worker, divergence)`; the lowest worker on a tie."""
     if not divergences:

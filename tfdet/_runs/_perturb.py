@@ -542,7 +542,6 @@ REGISTRY: Mapping[str, Perturbation] = types.MappingProxyType(
 
 # The default set ("all"): what must not change the bits under one profile.
 ALL = tuple(name for name, record in REGISTRY.items() if record.default)
-OPT_IN = tuple(name for name, record in REGISTRY.items() if not record.default)
 KNOWN = tuple(REGISTRY)
 DESCRIPTIONS = {name: record.description for name, record in REGISTRY.items()}
 IMITATED = {name: record.imitates for name, record in REGISTRY.items()}

@@ -28,8 +28,6 @@ from typing import Any
 from tfdet.patches._registry import KERAS3, Patch
 from tfdet.patches._swap import Swap
 
-_TRAINER = "keras.src.backend.tensorflow.trainer"
-
 
 def _apply(swap: Swap) -> None:
     import keras
