@@ -7,6 +7,7 @@ import functools
 import inspect
 import json
 import threading
+import types
 
 import pytest
 
@@ -166,3 +167,18 @@ def test_a_printed_script_report_says_its_verdict_and_cause_first():
         "tfdet check --script train.py: DIVERGED (exit 1); 2 runs, with tfdet.enable()",
         "  first divergence: step 0: loss 0.5 vs 0.25",
     ]
+
+
+def _returns_none():
+    return None
+
+
+def test_a_bad_function_is_named_in_the_error_not_tfdets_temporary_file():
+    # A function of `__main__` (a notebook's) travels as a written module;
+    # when it returns no model, the error names it, not that module's path.
+    function = types.FunctionType(_returns_none.__code__, {})
+    function.__module__ = "__main__"
+    with pytest.raises(TargetError) as raised:
+        tfdet.check(function, steps=1, perturb="none")
+    assert "__main__:_returns_none" in str(raised.value)
+    assert "tfdet-target-" not in str(raised.value)

@@ -146,10 +146,14 @@ def check(
             f"string. Received: {target!r}, a {type(target).__name__}. Wrap it: "
             "`def build(): return make_model(units=64)`, and pass `build`."
         )
-    with _written(target) as text:
-        report = check_with_options(RunOptions(target=text, **options), progress)
-    # The temporary file is gone: the report names the function.
+    # The temporary file is gone once the check ends: the report and any
+    # error name the user's function instead.
     described = f"{target.__module__}:{target.__qualname__}"
+    with _written(target) as text:
+        try:
+            report = check_with_options(RunOptions(target=text, **options), progress)
+        except TargetError as error:
+            raise TargetError(str(error).replace(text, described)) from None
     return dataclasses.replace(report, target=described)
 
 
