@@ -204,7 +204,7 @@ def test_cost_times_every_setting_and_names_the_op_it_replaces(tmp_path):
     result = run_tfdet(
         "cost",
         "builtin:cnn",
-        "--blocks", "2", "--steps", "2", "--warmup", "1",
+        "--rounds", "2", "--blocks", "2", "--steps", "2", "--warmup", "1",
         "--json", str(report_path),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -219,6 +219,10 @@ def test_cost_times_every_setting_and_names_the_op_it_replaces(tmp_path):
     assert rows["enable()"]["portable"]
     for row in rows.values():
         assert row["ms_per_step"] > 0 and row["ratio_q1"] <= row["ratio_q3"]
+        assert len(row["digests"]) == 2
+        if row["setting"]["enable"] is not None:
+            # Two fresh processes per setting trained the same steps.
+            assert row["repeatable"], row
     if cores > 1:
         assert rows[f"enable(threads={cores})"]["bits_follow"] == [f"{cores} threads"]
         pool_size_free = next(name for name in rows if POOL_SIZE_FREE in name)

@@ -6,9 +6,9 @@ trains `steps` steps while the others wait, the order rotating every block.
 A block's ratio to plain TensorFlow compares steps timed seconds apart, so
 the load of a shared machine hits every setting alike; the report gives the
 median over blocks of these ratios, and their middle half. After the blocks
-each process profiles a few steps per op type (first round only), then
-reports its weights' digest: with several rounds, equal digests say that a
-setting gave the same bits in every fresh process.
+each process reports its weights' digest (with several rounds, equal
+digests say that a setting gave the same bits in every fresh process), then
+profiles a few steps per op type (first round only).
 """
 
 from __future__ import annotations
@@ -197,16 +197,18 @@ def measure(
                         )
                         + " ms/step"
                     )
+                # Every process has trained the same steps: equal digests
+                # across rounds mean repeatable bits.
+                for worker in workers:
+                    digests[worker.setting.name].append(
+                        worker.ask({"digest": True})["digest"]
+                    )
                 if round_ == 0:
                     say(f"profiling {PROFILED_STEPS} steps per setting")
                     for worker in workers:
                         ops[worker.setting.name] = worker.ask(
                             {"profile": PROFILED_STEPS}
                         )["ops"]
-                for worker in workers:
-                    digests[worker.setting.name].append(
-                        worker.ask({"end": True})["digest"]
-                    )
             finally:
                 for worker in workers:
                     worker.close()

@@ -201,17 +201,18 @@ def _same_bits(row: CostRow) -> str:
 def format_text(report: CostReport) -> str:
     """The report as a person reads it: the table, the ops, the advice."""
     blocks = report.rounds * report.blocks
+    width = max(len(row.setting.name) for row in report.rows) + 2
     lines = [
         f"tfdet cost {report.target}: {report.cores} cores ({report.cpu_model}); "
         f"{blocks} interleaved blocks of {report.steps} steps in {report.rounds} "
         f"round(s) of fresh processes, after {report.warmup} warm-up steps",
         "",
-        f"{'setting':<58}{'ms/step':>9}{'ratio':>7}  {'middle half':<11}  "
+        f"{'setting':<{width}}{'ms/step':>9}{'ratio':>7}  {'middle half':<11}  "
         f"{'XLA':<4}{'same bits':<10}  bits",
     ]
     for row in report.rows:
         lines.append(
-            f"{row.setting.name:<58}{row.ms_per_step:>9.2f}{row.ratio:>7.2f}  "
+            f"{row.setting.name:<{width}}{row.ms_per_step:>9.2f}{row.ratio:>7.2f}  "
             f"{row.ratio_q1:.2f}-{row.ratio_q3:.2f}{'':<2}  "
             f"{'on' if row.xla else 'off':<4}{_same_bits(row):<10}  "
             f"{_portability(row)}"

@@ -10,7 +10,8 @@ primitives), then answers one JSON line per request read from stdin:
   returns);
 - `{"profile": N}`: trains N steps under TensorFlow's profiler, answers
   `{"ops": {op type: {"ms": per step, "node": the costliest node}}}`;
-- `{"end": true}`: answers `{"digest": ...}` of its weights and exits.
+- `{"digest": true}`: answers `{"digest": ...}` of its weights;
+- `{"end": true}` (or the end of stdin): exits.
 
 Its first line is `{"ready": true, "xla": ..., "profile": ...}`, or
 `{"error": ...}` when the TARGET cannot be built (exit 2). The protocol runs
@@ -136,8 +137,9 @@ def main(argv: list[str]) -> int:
             answer({"ms": stepper.timed(request["steps"])})
         elif "profile" in request:
             answer({"ops": stepper.profiled(request["profile"])})
-        else:
+        elif "digest" in request:
             answer({"digest": _digest(model)})
+        else:
             break
     return 0
 
