@@ -268,3 +268,85 @@ def test_cost_gives_the_ratio_the_benchmark_gives():
         0.2 * reference["ratio"],
     )
     assert abs(ours.ratio - reference["ratio"]) <= spread, (ours, reference)
+
+
+# --- A whole script -------------------------------------------------------------
+
+_FIT_SCRIPT = """
+import sys
+import numpy as np
+import keras
+
+keras.utils.set_random_seed(1)
+x = np.random.rand(320, 8).astype("float32")
+y = np.random.randint(0, 2, 320)
+model = keras.Sequential(
+    [keras.Input((8,)), keras.layers.Dense(64, activation="gelu"), keras.layers.Dense(2)]
+)
+model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+epochs = int(sys.argv[sys.argv.index("--epochs") + 1])
+model.fit(
+    x, y, batch_size=32, epochs=epochs, verbose=0,
+    callbacks=[keras.callbacks.ModelCheckpoint("last.weights.h5", save_weights_only=True)],
+)
+"""
+
+_LOOP_SCRIPT = """
+import numpy as np
+import tensorflow as tf
+import keras
+
+keras.utils.set_random_seed(1)
+x = np.random.rand(320, 8).astype("float32")
+y = np.random.randint(0, 2, 320)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+optimizer = keras.optimizers.SGD()
+for epoch in range(2):
+    for start in range(0, 320, 32):
+        with tf.GradientTape() as tape:
+            logits = model(x[start : start + 32], training=True)
+            loss = keras.losses.sparse_categorical_crossentropy(
+                y[start : start + 32], logits, from_logits=True
+            )
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["fit", "custom loop"])
+def test_cost_times_a_whole_script_in_copies_of_its_directory(tmp_path, kind):
+    (tmp_path / "train.py").write_text(_FIT_SCRIPT if kind == "fit" else _LOOP_SCRIPT)
+    report_path = tmp_path.parent / f"{tmp_path.name}-cost.json"
+    result = run_tfdet(
+        "cost", "--script", "train.py", "--blocks", "2", "--steps", "3",
+        "--json", str(report_path), "--", "--epochs", "3",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(report_path.read_text())
+    assert report["target"] == "--script train.py --epochs 3"
+    names = [row["setting"]["name"] for row in report["rows"]]
+    # The script compiles its own models: XLA is not a setting here.
+    assert names[:2] == ["plain TensorFlow", "enable()"]
+    assert not any("jit_compile" in name for name in names)
+    for row in report["rows"]:
+        assert row["ms_per_step"] > 0 and row["digests"] == []
+    assert report["rows"][1]["portable"]
+    # Each setting ran in a copy of the directory: nothing was written here.
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["train.py"]
+
+
+def test_a_script_that_trains_less_than_the_warm_up_exits_2(tmp_path):
+    (tmp_path / "train.py").write_text("print('no training here')\n")
+    result = run_tfdet("cost", "--script", "train.py", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "Expected the script to train more than the 3 warm-up step(s)" in (
+        result.stderr
+    )
+
+
+def test_a_target_and_a_script_together_are_a_usage_error():
+    result = run_tfdet("cost", "builtin:cnn", "--script", "train.py")
+    assert result.returncode == 2
+    assert "Expected a TARGET or --script, not both" in result.stderr

@@ -129,6 +129,28 @@ def options(args: argparse.Namespace, **extra: Any) -> _options.RunOptions:
         )
 
 
+def script_arguments(args: argparse.Namespace, command: str) -> list[str]:
+    """The script's own arguments of `tfdet COMMAND --script train.py -- ARGS`.
+
+    argparse takes the first argument after `--` as TARGET; it goes back to
+    the script's. A TARGET given before `--` with --script is a usage error.
+    """
+    from absl import app
+
+    script_args = list(args.script_args)
+    if args.target is not None:
+        after_dashes = getattr(args, "after_dashes", None)
+        if not after_dashes or after_dashes[0] != args.target:
+            raise app.UsageError(
+                "Expected a TARGET or --script, not both. Received: TARGET "
+                f"{args.target!r} and --script {args.script!r}. The script's own "
+                f"arguments go after `--`: tfdet {command} --script train.py -- ARGS"
+            )
+        script_args.insert(0, args.target)
+        args.target = None
+    return script_args
+
+
 def progress(message: str) -> None:
     """Progress lines go to stderr while runs are going."""
     _output.progress(f"  {message}")

@@ -110,19 +110,7 @@ def _execute_script(args: argparse.Namespace) -> int:
             "early with --max-steps N) and its distribution strategy; its runs "
             "are single processes on the CPU."
         )
-    script_args = list(args.script_args)
-    after_dashes = getattr(args, "after_dashes", None)
-    if args.target is not None:
-        if not after_dashes or after_dashes[0] != args.target:
-            raise app.UsageError(
-                "Expected a TARGET or --script, not both. Received: TARGET "
-                f"{args.target!r} and --script {args.script!r}. The script's own "
-                "arguments go after `--`: tfdet check --script train.py -- ARGS"
-            )
-        # `tfdet check --script train.py -- --lr 0.1`: argparse takes the
-        # first argument after `--` as TARGET.
-        script_args.insert(0, args.target)
-        args.target = None
+    script_args = _training_flags.script_arguments(args, "check")
     with usage_errors():
         options = _script_check.ScriptOptions(
             script=args.script,

@@ -1,7 +1,7 @@
 """What determinism costs on your model, on this machine, and how to pay less.
 
-Trains TARGET with train_on_batch in one fresh process per setting, on the
-CPU: plain TensorFlow (Keras's seeding only), tfdet's default enable()
+Trains TARGET with train_on_batch (or runs a whole script with --script)
+in one fresh process per setting, on the CPU: plain TensorFlow (Keras's seeding only), tfdet's default enable()
 (one thread), and, where they apply, enable(threads=N) with N the cores this
 process may use, the pool-size-free products at N threads, and XLA
 (jit_compile=True). The processes take turns, block by block, so that the
@@ -35,10 +35,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "target",
         nargs="?",
-        default=_target.DEFAULT_TARGET,
+        default=None,
         metavar="TARGET",
         help=_training_flags.TARGET_HELP,
     )
+    parser.add_argument(
+        "--script",
+        metavar="SCRIPT",
+        help="Time this training script instead, run whole and unchanged in each "
+        "setting's process (from a copy of the working directory of its own), "
+        "paused between blocks; its steps are fit batches, train_on_batch calls "
+        "and eager optimizer updates. Arguments after `--` are the script's: "
+        "tfdet cost --script train.py -- --epochs 1. XLA is the script's own "
+        "choice, so not a setting here.",
+    )
+    parser.add_argument("script_args", nargs="*", help=argparse.SUPPRESS)
     parser.add_argument(
         "--rounds",
         type=int,
@@ -85,8 +96,21 @@ def execute(args: argparse.Namespace) -> int:
             _plot.require_matplotlib()
         except ImportError as error:
             raise app.UsageError(f"--plot: {error}") from error
+    if args.script is not None:
+        workload = _measure.Workload(
+            script=args.script,
+            args=tuple(_training_flags.script_arguments(args, "cost")),
+        )
+    elif args.script_args:
+        raise app.UsageError(
+            "Expected one TARGET. Received: "
+            f"{' '.join([args.target or '', *args.script_args]).strip()!r}; "
+            "arguments after `--` are a script's: tfdet cost --script train.py -- ARGS"
+        )
+    else:
+        workload = _measure.Workload(target=args.target or _target.DEFAULT_TARGET)
     report = _measure.measure(
-        args.target,
+        workload,
         rounds=args.rounds,
         blocks=args.blocks,
         steps=args.steps,

@@ -14,6 +14,7 @@ profiles a few steps per op type (first round only).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -27,7 +28,7 @@ from tfdet._cost import _report, _settings
 from tfdet._cost._settings import Setting
 from tfdet._errors import RunFailedError, TargetError
 from tfdet._pin import _environment, _isa
-from tfdet._runs import _spawn
+from tfdet._runs import _spawn, _workdir
 
 # Profiled steps per setting: enough to average the per-op times, few enough
 # not to matter next to the timed blocks.
@@ -47,24 +48,65 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What every setting trains: a TARGET, or a whole script.
+
+    Attributes:
+        target: The TARGET string (`builtin:cnn`, `path/to/file.py:fn`, ...).
+        script: A training script run whole instead, from a copy of the
+            working directory of its own per setting.
+        args: The script's arguments.
+    """
+
+    target: str | None = None
+    script: str | None = None
+    args: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        if self.script is None:
+            return str(self.target)
+        return " ".join(["--script", self.script, *self.args])
+
+    def spec(self) -> dict[str, Any]:
+        """The worker's view. A script inside the working directory goes by its
+        path relative to it, so that it runs from the setting's own copy."""
+        if self.script is None:
+            return {"target": self.target}
+        relative = _workdir.inside(self.script, os.getcwd())
+        return {
+            "script": relative or os.path.abspath(self.script),
+            "args": list(self.args),
+        }
+
+
 class _Worker:
     """One setting in its own fresh process, answering the parent's requests."""
 
     def __init__(
-        self, setting: Setting, target: str, warmup: int, env: dict[str, str], logs: str
+        self,
+        setting: Setting,
+        workload: Workload,
+        warmup: int,
+        env: dict[str, str],
+        logs: str,
+        cwd: str | None,
     ) -> None:
         self.setting = setting
-        spec = {"target": target, "setting": setting.to_dict(), "warmup": warmup}
+        self.finished = False  # A script that ended by itself.
+        spec = {
+            **workload.spec(),
+            "setting": setting.to_dict(),
+            "warmup": warmup,
+            "seed": 0,
+        }
         self._log = os.path.join(logs, f"{len(os.listdir(logs))}.stderr")
         with open(self._log, "wb") as stderr:
             self._process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "tfdet._cost._worker",
-                    json.dumps(spec | {"seed": 0}),
-                ],
+                [sys.executable, "-m", "tfdet._cost._worker", json.dumps(spec)],
                 env=env,
+                cwd=cwd,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
@@ -87,7 +129,9 @@ class _Worker:
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:
         self._process.stdin.write(json.dumps(request) + "\n")
         self._process.stdin.flush()
-        return self._answer()
+        answer = self._answer()
+        self.finished = self.finished or bool(answer.get("finished"))
+        return answer
 
     def ready(self) -> dict[str, Any]:
         """The worker's first answer: built, warmed up, its profile."""
@@ -104,10 +148,12 @@ class _Worker:
         self._process.stdout.close()
 
 
-def _environment_for_runs(target_spec: Any) -> dict[str, str]:
+def _environment_for_runs(workload: Workload) -> dict[str, str]:
     """The CPU runs' environment, without the caller's determinism variables:
     plain TensorFlow means plain, and each setting pins its own."""
-    env = _spawn.run_environment(target_spec, "cpu")
+    from tfdet._runs import _target
+
+    env = _spawn.run_environment(_target.parse(workload.target), "cpu")
     for name in _environment.DETERMINISM_VARIABLES:
         env.pop(name, None)
     return env
@@ -131,8 +177,62 @@ def _shares(
     }
 
 
+@dataclasses.dataclass
+class _Figures:
+    """What the rounds collect, per setting name."""
+
+    ready: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    per_block: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    digests: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    ops: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+
+def _round(
+    workers: list[_Worker],
+    figures: _Figures,
+    round_: int,
+    blocks: int,
+    steps: int,
+    say: Progress,
+) -> None:
+    """One round: the blocks in turn, the digests, the profile (round 0)."""
+    for worker in workers:
+        figures.ready[worker.setting.name] = worker.ready()
+    label = f"round {round_ + 1}"
+    for block in range(blocks):
+        shift = (round_ * blocks + block) % len(workers)
+        times = {
+            worker.setting.name: worker.ask({"steps": steps})["ms"]
+            for worker in workers[shift:] + workers[:shift]
+        }
+        if any(worker.finished for worker in workers):
+            # A script ended: this block is short, and there is no next.
+            say(f"{label}: the script ended during block {block + 1}; kept {block}")
+            break
+        medians = {name: statistics.median(ms) for name, ms in times.items()}
+        figures.per_block.append(medians)
+        say(
+            f"{label} block {block + 1}/{blocks}: "
+            + ", ".join(
+                f"{w.setting.name} {medians[w.setting.name]:.1f}" for w in workers
+            )
+            + " ms/step"
+        )
+    # Every process has trained the same steps: equal digests across rounds
+    # mean repeatable bits.
+    for worker in workers:
+        digest = worker.ask({"digest": True})["digest"]
+        if digest is not None:
+            figures.digests.setdefault(worker.setting.name, []).append(digest)
+    if round_ == 0:
+        say(f"profiling {PROFILED_STEPS} steps per setting")
+        for worker in workers:
+            answer = worker.ask({"profile": PROFILED_STEPS})
+            figures.ops[worker.setting.name] = answer.get("ops") or {}
+
+
 def measure(
-    target: str,
+    workload: Workload | str,
     settings: list[Setting] | None = None,
     *,
     rounds: int = 1,
@@ -141,12 +241,13 @@ def measure(
     warmup: int = 3,
     progress: Progress | None = None,
 ) -> _report.CostReport:
-    """Times `target` under each setting, interleaved; see the module doc.
+    """Times `workload` under each setting, interleaved; see the module doc.
 
     Args:
-        target: The TARGET string (`builtin:cnn`, `path/to/file.py:fn`, ...).
+        workload: What to train: a `Workload`, or a TARGET string.
         settings: Plain TensorFlow first (the ratios' baseline), then the
-            settings to compare; None: `_settings.settings_for(cores())`.
+            settings to compare; None: `_settings.settings_for(cores())`
+            (without XLA for a script, which compiles its own models).
         rounds: Rounds of fresh processes.
         blocks: Interleaved blocks per round.
         steps: Timed steps per process per block.
@@ -154,95 +255,79 @@ def measure(
         progress: Called with a line of text per event.
 
     Raises:
-        TargetError: the TARGET cannot be built.
+        TargetError: the TARGET cannot be built, or the script trains too
+            few steps for the warm-up and one block.
         RunFailedError: a run ended before it answered.
     """
-    from tfdet._runs import _target
-
+    if isinstance(workload, str):
+        workload = Workload(target=workload)
     available = cores()
-    settings = _settings.settings_for(available) if settings is None else settings
+    if settings is None:
+        settings = _settings.settings_for(available, xla=workload.script is None)
     say = progress or (lambda text: None)
-    target_spec = _target.parse(target)
-    env = _environment_for_runs(target_spec)
-    ready: dict[str, dict[str, Any]] = {}
-    per_block: list[dict[str, float]] = []
-    digests: dict[str, list[str]] = {setting.name: [] for setting in settings}
-    ops: dict[str, dict[str, Any]] = {}
+    env = _environment_for_runs(workload)
+    figures = _Figures()
+    launched_in = os.getcwd()
     with tempfile.TemporaryDirectory(prefix="tfdet-cost-") as logs:
         for round_ in range(rounds):
             say(
                 f"round {round_ + 1}/{rounds}: starting TensorFlow in "
                 f"{len(settings)} processes, one per setting"
             )
-            workers = [
-                _Worker(setting, target, warmup, env, logs) for setting in settings
-            ]
+            workers = []
             try:
-                for worker in workers:
-                    ready[worker.setting.name] = worker.ready()
-                for block in range(blocks):
-                    shift = (round_ * blocks + block) % len(workers)
-                    medians = {
-                        worker.setting.name: statistics.median(
-                            worker.ask({"steps": steps})["ms"]
-                        )
-                        for worker in workers[shift:] + workers[:shift]
-                    }
-                    per_block.append(medians)
-                    say(
-                        f"round {round_ + 1}/{rounds} block {block + 1}/{blocks}: "
-                        + ", ".join(
-                            f"{setting.name} {medians[setting.name]:.1f}"
-                            for setting in settings
-                        )
-                        + " ms/step"
-                    )
-                # Every process has trained the same steps: equal digests
-                # across rounds mean repeatable bits.
-                for worker in workers:
-                    digests[worker.setting.name].append(
-                        worker.ask({"digest": True})["digest"]
-                    )
-                if round_ == 0:
-                    say(f"profiling {PROFILED_STEPS} steps per setting")
-                    for worker in workers:
-                        ops[worker.setting.name] = worker.ask(
-                            {"profile": PROFILED_STEPS}
-                        )["ops"]
+                for index, setting in enumerate(settings):
+                    cwd = None
+                    if workload.script is not None:
+                        # As `tfdet check --script`: a copy of the working
+                        # directory each, so no two settings share a file.
+                        name = os.path.basename(launched_in.rstrip(os.sep)) or "root"
+                        parent = os.path.join(logs, f"r{round_}s{index}-parent")
+                        cwd = _workdir.mirror(
+                            launched_in, os.path.join(parent, name), logs
+                        ).path
+                    workers.append(_Worker(setting, workload, warmup, env, logs, cwd))
+                _round(workers, figures, round_, blocks, steps, say)
             finally:
                 for worker in workers:
                     worker.close()
-    baseline = settings[0].name
-    rows = []
-    for setting in settings:
-        name = setting.name
-        ratios = sorted(block[name] / block[baseline] for block in per_block)
-        xla = bool(ready[name]["xla"])
-        ms_per_step = statistics.median(block[name] for block in per_block)
-        rows.append(
-            _report.CostRow(
-                setting=setting,
-                ms_per_step=ms_per_step,
-                ratio=statistics.median(ratios),
-                ratio_q1=ratios[len(ratios) // 4],
-                ratio_q3=ratios[(3 * len(ratios)) // 4],
-                xla=xla,
-                bits_follow=tuple(_settings.bits_follow(ready[name]["profile"], xla)),
-                digests=tuple(digests[name]),
-                ops=_shares(ops[name], ms_per_step),
-                note=None
-                if not setting.jit_compile or xla
-                else "Keras turned jit_compile off (no deterministic XLA path "
-                "for a layer under op determinism): timed without XLA",
-            )
+    if not figures.per_block:
+        raise TargetError(
+            f"Expected the script to train {warmup} warm-up steps and a block of "
+            f"{steps} more. Received: it ended before. Use fewer --steps or "
+            "--warmup, or give the script more steps."
         )
     return _report.CostReport(
-        target=target,
+        target=workload.name,
         cores=available,
         cpu_model=_isa.cpu_model(),
         rounds=rounds,
         blocks=blocks,
         steps=steps,
         warmup=warmup,
-        rows=tuple(rows),
+        rows=tuple(_row(setting, figures, settings[0].name) for setting in settings),
+    )
+
+
+def _row(setting: Setting, figures: _Figures, baseline: str) -> _report.CostRow:
+    """One setting's figures from the blocks: medians and the middle half."""
+    name = setting.name
+    per_block = figures.per_block
+    ratios = sorted(block[name] / block[baseline] for block in per_block)
+    xla = bool(figures.ready[name]["xla"])
+    ms_per_step = statistics.median(block[name] for block in per_block)
+    return _report.CostRow(
+        setting=setting,
+        ms_per_step=ms_per_step,
+        ratio=statistics.median(ratios),
+        ratio_q1=ratios[len(ratios) // 4],
+        ratio_q3=ratios[(3 * len(ratios)) // 4],
+        xla=xla,
+        bits_follow=tuple(_settings.bits_follow(figures.ready[name]["profile"], xla)),
+        digests=tuple(figures.digests.get(name, [])),
+        ops=_shares(figures.ops.get(name, {}), ms_per_step),
+        note=None
+        if not setting.jit_compile or xla
+        else "Keras turned jit_compile off (no deterministic XLA path for a "
+        "layer under op determinism): timed without XLA",
     )

@@ -36,12 +36,13 @@ class Setting:
 PLAIN = Setting("plain TensorFlow", None)
 
 
-def settings_for(cores: int) -> list[Setting]:
+def settings_for(cores: int, xla: bool = True) -> list[Setting]:
     """Plain TensorFlow (the baseline, first) and each tfdet setting that
     applies on a machine whose process may use `cores` CPUs.
 
     With one core, more threads and the pool-size-free products (whose point
-    is the same bits at any thread count) have nothing to add.
+    is the same bits at any thread count) have nothing to add. `xla=False`
+    leaves XLA out (a script compiles its own models).
     """
     found = [PLAIN, Setting("enable()", {})]
     if cores > 1:
@@ -52,9 +53,10 @@ def settings_for(cores: int) -> list[Setting]:
                 {"threads": cores, "patches": ["auto", POOL_SIZE_FREE]},
             )
         )
-    # Whether the model compiles (and Keras keeps XLA under op determinism)
-    # is known only once it is built: the run says so.
-    found.append(Setting("enable() + jit_compile=True", {}, jit_compile=True))
+    if xla:
+        # Whether the model compiles (and Keras keeps XLA under op
+        # determinism) is known only once it is built: the run says so.
+        found.append(Setting("enable() + jit_compile=True", {}, jit_compile=True))
     return found
 
 

@@ -1,21 +1,26 @@
 """Child of `tfdet cost`: one setting, stepping when the parent says.
 
-`python -m tfdet._cost._worker SPEC_JSON` (spec: `target`, `setting`,
-`warmup`, `seed`). It applies the setting before TensorFlow starts, builds
-the TARGET, trains `warmup` untimed steps (tracing, first oneDNN
-primitives), then answers one JSON line per request read from stdin:
+`python -m tfdet._cost._worker SPEC_JSON` (spec: `target`, or `script` and
+`args`; `setting`, `warmup`, `seed`). It applies the setting before
+TensorFlow starts. A TARGET is then built and trains `warmup` untimed steps
+(tracing, first oneDNN primitives); a script runs whole, paused between
+requests (`_cost._script`). Then it answers one JSON line per request read
+from stdin:
 
 - `{"steps": N}`: trains N steps, answers `{"ms": [...]}` (each step's
   wall time; `train_on_batch` returns host values, so a step is done when it
   returns);
 - `{"profile": N}`: trains N steps under TensorFlow's profiler, answers
   `{"ops": {op type: {"ms": per step, "node": the costliest node}}}`;
-- `{"digest": true}`: answers `{"digest": ...}` of its weights;
+- `{"digest": true}`: answers `{"digest": ...}` of its weights (null for a
+  script);
 - `{"end": true}` (or the end of stdin): exits.
 
 Its first line is `{"ready": true, "xla": ..., "profile": ...}`, or
-`{"error": ...}` when the TARGET cannot be built (exit 2). The protocol runs
-on a private copy of stdout: what the TARGET prints goes to stderr.
+`{"error": ...}` when the TARGET cannot be built (exit 2) or the script
+trains no more than the warm-up. A script that ends by itself adds
+`"finished": true` to the answer it was giving. The protocol runs on a
+private copy of stdout: what the TARGET or script prints goes to stderr.
 """
 
 from __future__ import annotations
@@ -107,9 +112,22 @@ def main(argv: list[str]) -> int:
     spec = json.loads(argv[1])
     setting = Setting.from_dict(spec["setting"])
     _apply(setting, spec["seed"])
-    from tfdet._runs import _target
+    from tfdet._runs import _target, _xla
     from tfdet._setup import _enable
 
+    if spec.get("script") is not None:
+        from tfdet._cost import _script
+
+        _xla.install()  # What the script's own compile calls asked of XLA.
+
+        def ready() -> dict[str, Any]:
+            return {
+                "ready": True,
+                "xla": any(entry["effective"] for entry in _xla.compiled),
+                "profile": _enable.observed_profile(spec["seed"]).to_dict(),
+            }
+
+        return _script.run(spec["script"], spec["args"], spec["warmup"], answer, ready)
     try:
         built = _target.build(spec["target"], seed=spec["seed"])
         _target.check_fits(built, spec["target"])
