@@ -188,6 +188,9 @@ def test_bad_schedules_are_usage_errors():
     result = run_tfdet("cost", "--blocks", "0")
     assert result.returncode == 2, result.stderr
     assert "Expected --rounds, --blocks and --steps >= 1" in result.stderr
+    result = run_tfdet("cost", "--timeout", "0")
+    assert result.returncode == 2, result.stderr
+    assert "finite and > 0" in result.stderr
 
 
 def test_a_target_that_cannot_be_built_exits_2(tmp_path):
@@ -350,3 +353,11 @@ def test_a_target_and_a_script_together_are_a_usage_error():
     result = run_tfdet("cost", "builtin:cnn", "--script", "train.py")
     assert result.returncode == 2
     assert "Expected a TARGET or --script, not both" in result.stderr
+
+
+def test_a_run_that_hangs_is_killed_at_the_timeout_and_exits_3():
+    # Its first training step (a warm-up step) sleeps for ten minutes.
+    target = REPO / "tests" / "targets" / "check_models.py"
+    result = run_tfdet("cost", f"{target}:sleepy_model", "--timeout", "20")
+    assert result.returncode == 3, result.stderr
+    assert "run did not answer within 20 s (--timeout)" in result.stderr

@@ -20,9 +20,9 @@ import argparse
 
 from absl import app
 
-from tfdet._cli import _output, _training_flags, write_json
+from tfdet._cli import _output, _training_flags, usage_errors, write_json
 from tfdet._cost import _measure, _plot
-from tfdet._runs import _target
+from tfdet._runs import _options, _target
 
 # The schedule's defaults: about a minute on the built-in CNN on 2 cores.
 DEFAULT_ROUNDS = 1
@@ -75,6 +75,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_WARMUP,
         help=f"Untimed steps per process first (default {DEFAULT_WARMUP}).",
     )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=_options.DEFAULT_TIMEOUT,
+        help="Seconds a run may take for any one answer (its start and warm-up, a "
+        f"block, the profile) before it is killed, exit 3 (default "
+        f"{_options.DEFAULT_TIMEOUT:g}).",
+    )
     parser.add_argument("--json", metavar="FILE", help="Also write the report as JSON.")
     parser.add_argument(
         "--plot",
@@ -91,6 +99,8 @@ def execute(args: argparse.Namespace) -> int:
             f"Received: rounds={args.rounds}, blocks={args.blocks}, "
             f"steps={args.steps}, warmup={args.warmup}."
         )
+    with usage_errors():
+        timeout = _options.check_timeout(args.timeout)
     if args.plot:
         try:
             _plot.require_matplotlib()
@@ -115,6 +125,7 @@ def execute(args: argparse.Namespace) -> int:
         blocks=args.blocks,
         steps=args.steps,
         warmup=args.warmup,
+        timeout=timeout,
         progress=_training_flags.progress,
     )
     # The file first: a closed stdout must not lose the machine-readable report.

@@ -17,10 +17,13 @@ import contextlib
 import dataclasses
 import json
 import os
+import queue
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,13 +32,13 @@ from tfdet._cost._settings import Setting
 from tfdet._errors import RunFailedError, TargetError
 from tfdet._pin import _environment, _isa
 from tfdet._runs import _spawn, _workdir
+from tfdet._runs._options import DEFAULT_TIMEOUT
 
 # Profiled steps per setting: enough to average the per-op times, few enough
 # not to matter next to the timed blocks.
 PROFILED_STEPS = 3
-# A line from a worker must come within this many seconds (TensorFlow's
-# start, the TARGET's build and the warm-up come before the first).
-ANSWER_TIMEOUT = 600.0
+# How often a wait for a worker's answer wakes, so that Ctrl-C is handled.
+_POLL_SECONDS = 0.5
 
 Progress = Callable[[str], None]
 
@@ -92,8 +95,10 @@ class _Worker:
         env: dict[str, str],
         logs: str,
         cwd: str | None,
+        timeout: float,
     ) -> None:
         self.setting = setting
+        self._timeout = timeout
         self.finished = False  # A script that ended by itself.
         spec = {
             **workload.spec(),
@@ -113,9 +118,29 @@ class _Worker:
                 text=True,
                 start_new_session=True,  # Killed with whatever it started.
             )
+        # Read on a thread of its own, so that a wait can time out.
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self._process.stdout:
+            self._lines.put(line)
+        self._lines.put("")  # The process closed its end: it is gone.
 
     def _answer(self) -> dict[str, Any]:
-        line = self._process.stdout.readline()
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=_POLL_SECONDS)
+                break
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    self.close()
+                    raise RunFailedError(
+                        f"tfdet cost: the {self.setting.name} run did not answer "
+                        f"within {self._timeout:g} s (--timeout): a step that hangs, "
+                        "or a build slower than that."
+                    ) from None
         if not line:
             self._process.wait()
             tail = _spawn.stderr_tail(self._log)
@@ -145,7 +170,6 @@ class _Worker:
         with contextlib.suppress(OSError):
             self._process.stdin.close()
         self._process.wait()
-        self._process.stdout.close()
 
 
 def _environment_for_runs(workload: Workload) -> dict[str, str]:
@@ -239,6 +263,7 @@ def measure(
     blocks: int = 4,
     steps: int = 5,
     warmup: int = 3,
+    timeout: float = DEFAULT_TIMEOUT,
     progress: Progress | None = None,
 ) -> _report.CostReport:
     """Times `workload` under each setting, interleaved; see the module doc.
@@ -252,6 +277,8 @@ def measure(
         blocks: Interleaved blocks per round.
         steps: Timed steps per process per block.
         warmup: Untimed steps per process before the first block.
+        timeout: Seconds a run may take to give any one answer (its start,
+            build and warm-up come before the first) before it is killed.
         progress: Called with a line of text per event.
 
     Raises:
@@ -286,7 +313,9 @@ def measure(
                         cwd = _workdir.mirror(
                             launched_in, os.path.join(parent, name), logs
                         ).path
-                    workers.append(_Worker(setting, workload, warmup, env, logs, cwd))
+                    workers.append(
+                        _Worker(setting, workload, warmup, env, logs, cwd, timeout)
+                    )
                 _round(workers, figures, round_, blocks, steps, say)
             finally:
                 for worker in workers:
