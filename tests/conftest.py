@@ -44,6 +44,70 @@ def _gpu_listed() -> bool:
     return listed.returncode == 0 and "GPU" in listed.stdout
 
 
+# --- The fast loop: `pytest --no-processes` ------------------------------------
+#
+# A test that starts a Python process (tfdet's CLI, a fresh interpreter, a
+# check's runs) takes seconds; the others take milliseconds. With
+# `--no-processes`, every test is skipped at the moment it would start a
+# Python process (in the test, a fixture or a thread of either), so no list
+# of such tests is kept anywhere that could drift from what they do.
+FAST_LOOP = "--no-processes"
+_SKIPPED = f"starts a Python process ({FAST_LOOP})"
+_REFUSED = pytest.StashKey[bool]()
+_REFUSED_IN_MODULES = pytest.StashKey[set]()
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption(
+        FAST_LOOP,
+        action="store_true",
+        help="The fast loop: skip each test when it would start a Python process.",
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under `--no-processes`, each test (its fixtures included) runs with
+    a `subprocess.Popen` that skips it instead of starting Python. Only
+    around tests: pytest-xdist starts its own workers with Python."""
+    if not item.config.getoption(FAST_LOOP):
+        yield
+        return
+    start = subprocess.Popen.__init__
+
+    def start_unless_python(self, args, *rest, **kwargs):
+        program = args[0] if isinstance(args, list | tuple) else str(args).split()[0]
+        if os.path.basename(str(program)).startswith(("python", "qemu")):
+            # Skipped at once in the test's thread; from another thread (a
+            # check's runs) the test fails later, and the report below
+            # turns that into the same skip.
+            item.stash[_REFUSED] = True
+            item.config.stash.setdefault(_REFUSED_IN_MODULES, set()).add(item.module)
+            pytest.skip(_SKIPPED)
+        start(self, args, *rest, **kwargs)
+
+    subprocess.Popen.__init__ = start_unless_python
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__ = start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that failed after a refused process start is skipped instead;
+    so is one whose setup failed in a module where a start was refused (a
+    module-scoped fixture keeps its first failure for every later test)."""
+    outcome = yield
+    report = outcome.get_result()
+    refused_here = item.module in item.config.stash.get(_REFUSED_IN_MODULES, set())
+    if report.failed and (
+        item.stash.get(_REFUSED, False) or (call.when == "setup" and refused_here)
+    ):
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1], f"Skipped: {_SKIPPED}")
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """Skips the tests marked `gpu` on a machine without an NVIDIA GPU, and
     those marked `tf_keras` where tf_keras is not installed (the oldest
