@@ -1,4 +1,5 @@
-"""Analysing training graphs: the GPU hazard table, the scan of a traced
-training step, the Keras layer tree, and the registry of deterministic patches
-(the patch modules themselves live in `tfdet.patches`).
+"""Analysing training graphs: the scan of a traced training step for GPU
+hazards (`_scan`) and the Keras layer tree its findings are named by
+(`_layers`). The hazard table and the patch registry it reads live in
+`tfdet.patches` (`_hazards`, `_registry`).
 """
