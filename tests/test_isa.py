@@ -34,9 +34,9 @@ def test_in_force_is_the_lower_of_cap_and_cpu(
 
 @pytest.mark.skipif(not _isa.applies(), reason="oneDNN ISA levels are x86-64 only")
 def test_in_force_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(_isa.ENV_VAR, "AVX2")
+    monkeypatch.setenv(_isa.ONEDNN_ISA_VARIABLE, "AVX2")
     assert _isa.in_force(flags=AVX512_SERVER) == "AVX2"
-    monkeypatch.delenv(_isa.ENV_VAR)
+    monkeypatch.delenv(_isa.ONEDNN_ISA_VARIABLE)
     assert _isa.in_force(flags=AVX512_SERVER) == "AVX512_CORE"
 
 

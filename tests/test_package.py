@@ -182,6 +182,7 @@ LAYERS = {
     "tfdet.patches": 2,
     "tfdet._pin": 1,
     "tfdet._errors": 0,
+    "tfdet._variables": 0,
     "tfdet._notices": 0,
     "tfdet._version": 0,
 }

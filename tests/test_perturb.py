@@ -83,7 +83,7 @@ def test_isa_preset_under_a_pinned_cap_is_not_applicable_and_never_set():
     if _isa.applies():
         assert reason.startswith("not applicable: the profile pins")
     for setup in _perturb.plan(4, ["isa"], "AVX2"):
-        assert _isa.ENV_VAR not in setup.env
+        assert _isa.ONEDNN_ISA_VARIABLE not in setup.env
         assert "isa" not in setup.labels
 
 
@@ -97,9 +97,9 @@ def test_isa_presets_without_a_pinned_cap_lower_the_isa_in_force(monkeypatch):
     assert _perturb.skipped(["isa"], None) == {}
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
     base, *others = _perturb.plan(4, ["isa"], None)
-    assert base.env[_isa.ENV_VAR] is None
+    assert base.env[_isa.ONEDNN_ISA_VARIABLE] is None
     assert base.env["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"
-    assert others[0].env[_isa.ENV_VAR] == "AVX2"
+    assert others[0].env[_isa.ONEDNN_ISA_VARIABLE] == "AVX2"
     # XLA:CPU's generated code gets the same older generation's ISA.
     assert others[0].env["XLA_FLAGS"] == (
         "--xla_cpu_enable_fast_math=false --xla_cpu_max_isa=AVX2"
@@ -107,7 +107,7 @@ def test_isa_presets_without_a_pinned_cap_lower_the_isa_in_force(monkeypatch):
     isolated = base.with_perturbation_of(others[0], "isa", 1)
     assert isolated.env["XLA_FLAGS"] == others[0].env["XLA_FLAGS"]
     for setup in others:
-        cap = setup.env[_isa.ENV_VAR]
+        cap = setup.env[_isa.ONEDNN_ISA_VARIABLE]
         # Really below the CPU's best: the preset changes the ISA in force.
         assert _isa.rank("AVX2") <= _isa.rank(cap) < _isa.rank("AVX512_CORE")
         assert _isa.in_force(cap, AVX512_SERVER) != _isa.in_force(None, AVX512_SERVER)

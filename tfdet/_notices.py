@@ -36,9 +36,6 @@ NOTICE = re.compile(
     r"|qemu-x86_64: warning: TCG doesn't support requested feature"
 )
 
-# Set by `tfdet --verbose run` for the process that runs the script.
-VERBOSE_VARIABLE = "TFDET_VERBOSE"
-
 
 def without_notices(text: str) -> str:
     """`text` without the lines that are TensorFlow start-up notices."""

@@ -28,7 +28,7 @@ import threading
 
 from absl import app
 
-from tfdet import _notices
+from tfdet import _variables
 from tfdet._cli import _training_flags, usage_errors
 from tfdet._pin import _isa, _settings
 from tfdet._setup import _enable
@@ -209,7 +209,7 @@ def execute(args: argparse.Namespace) -> int:
         )
     )
     if getattr(args, "verbose", False):
-        env[_notices.VERBOSE_VARIABLE] = "1"
+        env[_variables.VERBOSE] = "1"
     command = [
         sys.executable,
         "-m",

@@ -42,10 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from tfdet import _variables
 from tfdet._pin._environment import cpu_caches
-
-# The variable a perturbed run's worker reads (JSON of a `Geometry`).
-ENV_VAR = "TFDET_IMITATE_CACHES"
 
 # The TensorFlow libraries that hold kernels (libtensorflow_cc) or framework
 # code (libtensorflow_framework); each may hold its own copy of each variable.
@@ -449,8 +447,8 @@ def imitate(geometry: Geometry) -> list[str]:
 
 
 def imitate_if_requested() -> list[str]:
-    """`imitate` the geometry `ENV_VAR` names; nothing when it is unset."""
-    text = os.environ.get(ENV_VAR)
+    """`imitate` the geometry `IMITATE_CACHES` names; nothing when unset."""
+    text = os.environ.get(_variables.IMITATE_CACHES)
     if not text:
         return []
     import tensorflow  # noqa: F401  (loads the libraries that hold the variables)

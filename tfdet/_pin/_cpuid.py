@@ -19,9 +19,6 @@ import mmap
 import platform
 import struct
 
-# Set by tfdet in a run it started on an emulated CPU: the CPU model given.
-EMULATED_MODEL_VAR = "TFDET_EMULATED_CPU"
-
 # cpuid(leaf in edi, subleaf in esi, out in rdx): writes eax, ebx, ecx, edx.
 _CODE = bytes.fromhex(
     "53"  # push rbx (callee-saved; cpuid writes it)

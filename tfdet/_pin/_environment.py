@@ -6,6 +6,7 @@ import os
 import platform
 from typing import Any
 
+from tfdet import _variables
 from tfdet._pin import _cpuid, _isa, _versions
 from tfdet._pin._profile import Profile
 from tfdet._version import __version__
@@ -155,7 +156,7 @@ def cpu_facts() -> dict[str, Any]:
         # What CPUID tells this process (oneDNN and Eigen dispatch on it):
         # under an emulator, the emulated model, not /proc/cpuinfo's.
         "cpu_cpuid": _cpuid.describe(),
-        "cpu_emulated": os.environ.get(_cpuid.EMULATED_MODEL_VAR),
+        "cpu_emulated": os.environ.get(_variables.EMULATED_CPU),
     }
 
 

@@ -22,7 +22,7 @@ import platform
 
 from tfdet._pin import _versions
 
-ENV_VAR = "ONEDNN_MAX_CPU_ISA"
+ONEDNN_ISA_VARIABLE = "ONEDNN_MAX_CPU_ISA"
 NOT_APPLICABLE = "not applicable"
 
 # oneDNN's values, lowest first, with the /proc/cpuinfo flags each one needs.
@@ -250,7 +250,7 @@ def xla_cap_in_force(xla_flags: str | None = None) -> str:
 
 def current_cap() -> str | None:
     """The cap set in the environment, canonical, or None when unset/unknown."""
-    value = os.environ.get(ENV_VAR)
+    value = os.environ.get(ONEDNN_ISA_VARIABLE)
     if not value:
         return None
     try:

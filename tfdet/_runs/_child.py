@@ -28,7 +28,7 @@ Environment variables a child reads (the parent sets them; see
 `XLA_FLAGS`, `TF_ENABLE_ONEDNN_OPTS`, `TF_USE_LEGACY_KERAS`, `TF_CONFIG`,
 `CUDA_VISIBLE_DEVICES`, `TF_CPP_MIN_LOG_LEVEL`), `PYTHONHASHSEED` (at
 interpreter start), `TFDET_IMITATE_CACHES` (the `caches` perturbation),
-`TFDET_EMULATED_CPU` (`emulated_cpu`), and `INTERRUPT_VAR` / `RESUMED_VAR`
+`TFDET_EMULATED_CPU` (`emulated_cpu`), and `TFDET_INTERRUPT_AFTER` / `TFDET_RESUMED_AFTER`
 (`interrupt`: the first process kills itself with SIGKILL once that many
 steps are recorded; the parent starts a second one, which resumes).
 """
@@ -43,7 +43,8 @@ import sys
 import warnings
 from typing import Any
 
-from tfdet._runs._protocol import INTERRUPT_VAR, KINDS, PREFLIGHT, SCRIPT
+from tfdet import _variables
+from tfdet._runs._protocol import KINDS, PREFLIGHT, SCRIPT
 
 MODULE = "tfdet._runs._child"
 
@@ -192,7 +193,7 @@ def _interrupt_now(done: int) -> bool:
     something and has a step to redo (a kill before any backup would test
     a restart from scratch, not a resume).
     """
-    wanted = os.environ.get(INTERRUPT_VAR)
+    wanted = os.environ.get(_variables.INTERRUPT_AFTER)
     if not wanted:
         return False
     if _spec is None or _spec.kind != SCRIPT:
@@ -213,7 +214,7 @@ def interrupt_not_applied() -> str | None:
 
     Asked when the script ended in the process meant to be killed.
     """
-    wanted = os.environ.get(INTERRUPT_VAR)
+    wanted = os.environ.get(_variables.INTERRUPT_AFTER)
     if not wanted:
         return None
     if _last_backup_at is None:

@@ -24,12 +24,10 @@ import shutil
 import subprocess
 import sys
 
-from tfdet._pin import _cpuid, _environment, _isa
+from tfdet._pin import _environment, _isa
 
 EXECUTABLE = "qemu-x86_64"
 INSTALL = "apt-get install qemu-user (Debian/Ubuntu) or dnf install qemu-user (Fedora)"
-# Set in an emulated run's environment: the CPU model it was given.
-ENV_VAR = _cpuid.EMULATED_MODEL_VAR
 # How much longer an emulated run may take than a native one, for its time
 # bound (measured 5-10x: docs/measurements.md, "Emulation cost").
 SLOWDOWN = 10.0
@@ -139,7 +137,7 @@ def unavailable(cap: str | None) -> str | None:
         return f"{EXECUTABLE} is not installed: {INSTALL}"
     if cap is not None and _isa.rank(cap) > _isa.rank(EMULATED_ISA):
         return (
-            f"the profile pins {_isa.ENV_VAR}={cap}, above the {EMULATED_ISA} "
+            f"the profile pins {_isa.ONEDNN_ISA_VARIABLE}={cap}, above the {EMULATED_ISA} "
             "that QEMU's emulator runs (it has no AVX-512): pass --cpu-isa AVX2 "
             "or lower"
         )

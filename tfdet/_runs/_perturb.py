@@ -28,6 +28,7 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from tfdet import _variables
 from tfdet._pin import _cache_sizes, _cpuid, _environment, _isa
 from tfdet._pin._environment import affinity
 from tfdet._pin._settings import DEFAULT_THREADS
@@ -89,7 +90,7 @@ class Change:
         launcher: A command prefix the process runs under (an emulator).
         slowdown: How many times longer than native the process may take.
         resumes: Whether the process is killed at a step and resumed in a
-            second one (started by the spawner, with `RESUMED_VAR` set).
+            second one (started by the spawner, with `TFDET_RESUMED_AFTER` set).
     """
 
     label: str
@@ -192,7 +193,7 @@ def _isa_unavailable(context: Context) -> str | None:
         return "oneDNN ISA caps only exist on x86-64"
     if context.pinned_isa is not None:
         return (
-            f"not applicable: the profile pins {_isa.ENV_VAR}={context.pinned_isa}, "
+            f"not applicable: the profile pins {_isa.ONEDNN_ISA_VARIABLE}={context.pinned_isa}, "
             "so a preset above it is overridden and one below it is a different "
             "profile; no preset imitates another CPU generation"
         )
@@ -208,14 +209,17 @@ def _isa_change(index: int, context: Context) -> Change:
     if index == 0:
         return Change(
             f"no cap preset (CPU best: {best})",
-            env={_isa.ENV_VAR: None, "XLA_FLAGS": xla_flags},
+            env={_isa.ONEDNN_ISA_VARIABLE: None, "XLA_FLAGS": xla_flags},
         )
     caps = _isa_presets(context.pinned_isa)
     cap = caps[(index - 1) % len(caps)]
     return Change(
-        f"{_isa.ENV_VAR}={cap} preset, XLA:CPU capped alike (below this CPU's "
+        f"{_isa.ONEDNN_ISA_VARIABLE}={cap} preset, XLA:CPU capped alike (below this CPU's "
         f"{best}: the kernels of an older CPU generation)",
-        env={_isa.ENV_VAR: cap, "XLA_FLAGS": _isa.with_xla_cap(xla_flags or "", cap)},
+        env={
+            _isa.ONEDNN_ISA_VARIABLE: cap,
+            "XLA_FLAGS": _isa.with_xla_cap(xla_flags or "", cap),
+        },
     )
 
 
@@ -224,13 +228,13 @@ def _isa_change(index: int, context: Context) -> Change:
 
 def _caches_change(index: int, context: Context) -> Change:
     if index == 0:
-        return Change("this CPU's cache sizes", env={_cache_sizes.ENV_VAR: None})
+        return Change("this CPU's cache sizes", env={_variables.IMITATE_CACHES: None})
     geometries = _cache_sizes.others()
     geometry = geometries[(index - 1) % len(geometries)]
     return Change(
         f"cache sizes of an {geometry.describe()}, imitated in Eigen's and "
         "oneDNN's CPUID results",
-        env={_cache_sizes.ENV_VAR: geometry.to_env()},
+        env={_variables.IMITATE_CACHES: geometry.to_env()},
         by_child=True,
     )
 
@@ -255,7 +259,7 @@ def _emulated_change(index: int, context: Context) -> Change:
         f"{_emulation.describe(model)} (an emulation, not real hardware; "
         f"allowed {_emulation.SLOWDOWN:g}x --timeout, as emulation is that much "
         "slower)",
-        env={_emulation.ENV_VAR: model},
+        env={_variables.EMULATED_CPU: model},
         by_child=True,
         launcher=_emulation.launcher(model),
         slowdown=_emulation.SLOWDOWN,
@@ -264,7 +268,7 @@ def _emulated_change(index: int, context: Context) -> Change:
 
 def _emulated_in_child() -> str | None:
     """What CPUID tells the process, when it was to run emulated."""
-    model = os.environ.get(_emulation.ENV_VAR)
+    model = os.environ.get(_variables.EMULATED_CPU)
     if not model:
         return None
     seen = _cpuid.describe()
@@ -389,7 +393,7 @@ def _interrupt_change(index: int, context: Context) -> Change:
         when = f"at its first recorded step past {steps} that follows a backup"
     return Change(
         f"killed (SIGKILL) {when} and resumed in a fresh process",
-        env={_protocol.INTERRUPT_VAR: str(steps)},
+        env={_variables.INTERRUPT_AFTER: str(steps)},
         by_child=True,
         resumes=True,
     )
@@ -413,8 +417,8 @@ def resumed_environment(
             killed after its first backup past the steps asked); None: those
             asked.
     """
-    steps = killed_at or setup.env.get(_protocol.INTERRUPT_VAR)
-    return {_protocol.INTERRUPT_VAR: None, _protocol.RESUMED_VAR: steps}
+    steps = killed_at or setup.env.get(_variables.INTERRUPT_AFTER)
+    return {_variables.INTERRUPT_AFTER: None, _variables.RESUMED_AFTER: steps}
 
 
 # --- the registry -----------------------------------------------------------

@@ -2,13 +2,16 @@
 
 A leaf module: the child protocol (`tfdet._runs._child`) applies the
 perturbations (`tfdet._runs._perturb`), and the perturbations name the kinds
-of child and the variables of the `interrupt` perturbation; both import these
-names from here, so neither imports the other back.
+of child; both import these names from here, so neither imports the other
+back. (The variables of the `interrupt` perturbation are in
+`tfdet._variables`, with tfdet's other environment variables.)
 """
 
 from __future__ import annotations
 
 import os
+
+from tfdet import _variables
 
 # The kinds of child, each with its module (imported only in the child).
 CHECK = "check"
@@ -22,13 +25,8 @@ KINDS = {
     PREFLIGHT: "tfdet._runs._target",
 }
 
-# The `interrupt` perturbation: steps after which the first process is
-# killed, and (in the process that resumes) after which it was.
-INTERRUPT_VAR = "TFDET_INTERRUPT_AFTER"
-RESUMED_VAR = "TFDET_RESUMED_AFTER"
-
 
 def resumed_after() -> int | None:
     """The steps recorded before this run was killed, when it resumes; else None."""
-    value = os.environ.get(RESUMED_VAR)
+    value = os.environ.get(_variables.RESUMED_AFTER)
     return int(value) if value else None

@@ -130,7 +130,7 @@ def pinned_environment(
         # A lower cap already set is the machine's ceiling: keep it, as
         # enable() does (it warns in the process that reads it).
         if existing is None or _isa.rank(existing) >= _isa.rank(cpu_isa):
-            env[_isa.ENV_VAR] = cpu_isa
+            env[_isa.ONEDNN_ISA_VARIABLE] = cpu_isa
     if onednn is not None:
         env["TF_ENABLE_ONEDNN_OPTS"] = "1" if onednn else "0"
     return env
@@ -167,7 +167,7 @@ def _resolve_isa(requested: str | None, strict: bool, started: bool) -> str:
     existing = _isa.current_cap()
     if existing is not None and _isa.rank(existing) < _isa.rank(wanted):
         warnings.warn(
-            f"{_isa.ENV_VAR}={existing} is already set, below the requested "
+            f"{_isa.ONEDNN_ISA_VARIABLE}={existing} is already set, below the requested "
             f"cpu_isa={wanted!r}; keeping {existing} as this machine's ceiling. "
             f"Bits will differ from machines pinned at {wanted}.",
             stacklevel=3,
@@ -176,7 +176,7 @@ def _resolve_isa(requested: str | None, strict: bool, started: bool) -> str:
     if existing != wanted and started:
         error = TooLateError(
             "cpu_isa",
-            f"oneDNN reads {_isa.ENV_VAR} at its first primitive, and "
+            f"oneDNN reads {_isa.ONEDNN_ISA_VARIABLE} at its first primitive, and "
             "TensorFlow has already run ops in this process.",
         )
         if strict:
@@ -184,14 +184,14 @@ def _resolve_isa(requested: str | None, strict: bool, started: bool) -> str:
         # A model's weights can exist before any oneDNN primitive (conv,
         # matmul) ran; then the cap written now is still read (measured on TF 2.21).
         warnings.warn(
-            f"{error} (strict=False: wrote {_isa.ENV_VAR}={wanted} anyway; it "
+            f"{error} (strict=False: wrote {_isa.ONEDNN_ISA_VARIABLE}={wanted} anyway; it "
             "takes effect only if no oneDNN primitive, such as a convolution "
             "or matmul, has run in this process yet. If one has, the bits "
             f"follow the cap it saw ({existing or 'uncapped'}), not the "
             "profile's.)",
             stacklevel=3,
         )
-    os.environ[_isa.ENV_VAR] = wanted
+    os.environ[_isa.ONEDNN_ISA_VARIABLE] = wanted
     return wanted
 
 

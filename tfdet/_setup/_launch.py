@@ -12,6 +12,7 @@ import os
 import runpy
 import sys
 
+from tfdet import _variables
 from tfdet._errors import EXIT_USAGE, ProfileMismatchError
 
 # `tfdet run`'s flag for each profile setting a script's own enable() may ask for.
@@ -46,7 +47,7 @@ def main(argv: list[str]) -> None:
     from tfdet import _notices
     from tfdet._setup._enable import enable
 
-    if os.environ.get(_notices.VERBOSE_VARIABLE) != "1":  # `tfdet --verbose run`
+    if os.environ.get(_variables.VERBOSE) != "1":  # `tfdet --verbose run`
         _notices.hide_at_import()
 
     enable(**json.loads(settings))
