@@ -44,7 +44,9 @@ import warnings
 from typing import Any
 
 from tfdet import _variables
+from tfdet._pin._settings import DEFAULT_THREADS
 from tfdet._runs._protocol import KINDS, PREFLIGHT, SCRIPT
+from tfdet.patches._registry import AUTO
 
 MODULE = "tfdet._runs._child"
 
@@ -90,9 +92,9 @@ class WorkerSpec:
     kind: str
     seed: int = 0
     enable: bool = True
-    threads: int = 1
+    threads: int = DEFAULT_THREADS
     cpu_isa: str | None = None
-    patches: tuple[str, ...] = ("auto",)
+    patches: tuple[str, ...] = (AUTO,)
     target: str | None = None
     steps: int = 0
     workers: int = 1

@@ -15,6 +15,7 @@ from typing import Any
 
 from tfdet._pin import _settings
 from tfdet._runs import _emulation, _perturb, _target
+from tfdet.patches._registry import AUTO
 
 DEFAULT_RUNS = 2
 DEFAULT_STEPS = 3
@@ -23,7 +24,7 @@ DEFAULT_DEVICE = "all"
 DEFAULT_WORKERS = 1
 DEFAULT_REPLICAS = 1
 # `tfdet.enable(patches=...)`'s default: the patches these versions need.
-DEFAULT_PATCHES = "auto"
+DEFAULT_PATCHES = AUTO
 # Each worker is a TensorFlow process and each replica a logical CPU device;
 # beyond this many a typo (--workers 200) would exhaust the machine, not test it.
 MAX_WORKERS = 64

@@ -31,7 +31,7 @@ from typing import Any
 from tfdet import _variables
 from tfdet._pin import _cache_sizes, _cpuid, _environment, _isa
 from tfdet._pin._environment import affinity
-from tfdet._pin._settings import DEFAULT_THREADS
+from tfdet._pin._settings import DEFAULT_CPU_ISA, DEFAULT_THREADS
 from tfdet._runs import _emulation, _protocol
 
 NONE = "none"
@@ -747,7 +747,7 @@ def _context(
     )
 
 
-def applicable(pinned_isa: str | None = "AVX2") -> dict[str, str | None]:
+def applicable(pinned_isa: str | None = DEFAULT_CPU_ISA) -> dict[str, str | None]:
     """`{perturbation: None if it applies here, else the reason it doesn't}`.
 
     Args:
@@ -758,7 +758,9 @@ def applicable(pinned_isa: str | None = "AVX2") -> dict[str, str | None]:
     return {name: record.unavailable(context) for name, record in REGISTRY.items()}
 
 
-def skipped(names: Sequence[str], pinned_isa: str | None = "AVX2") -> dict[str, str]:
+def skipped(
+    names: Sequence[str], pinned_isa: str | None = DEFAULT_CPU_ISA
+) -> dict[str, str]:
     """`{name: reason}` for requested perturbations that do not apply here."""
     reasons = applicable(pinned_isa)
     return {name: reasons[name] for name in names if reasons[name] is not None}

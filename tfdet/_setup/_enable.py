@@ -279,7 +279,7 @@ def enable(
     threads: int = DEFAULT_THREADS,
     cpu_isa: str | None = DEFAULT_CPU_ISA,
     onednn: bool | None = DEFAULT_ONEDNN,
-    patches: str | list[str] | tuple[str, ...] | None = "auto",
+    patches: str | list[str] | tuple[str, ...] | None = _registry.AUTO,
     strict: bool = True,
 ) -> Profile:
     """Makes the training that follows bit-for-bit reproducible.
@@ -524,7 +524,7 @@ def _normalize_patch_request(patches: Any) -> Any:
         return patches
     if isinstance(patches, str):
         # "auto", or a bad string: `resolve` says which names exist.
-        return patches if patches == "auto" else _registry.resolve(patches)
+        return patches if patches == _registry.AUTO else _registry.resolve(patches)
     if not isinstance(patches, list | tuple | set | frozenset) or not all(
         isinstance(name, str) for name in patches
     ):
