@@ -118,16 +118,23 @@ def test_check_into_a_pipe_writes_lines_only():
 
 
 def test_locate_steps_go_through_the_same_display(monkeypatch):
-    from tfdet._cli import _training_flags
+    # check and locate hand their runs' steps to the display as numbers
+    # (`_spawn.steps_to`), never as text parsed back.
+    from tfdet._runs import _spawn
 
     stream = io.StringIO()
-    route = _training_flags.routed(_display(monkeypatch, stream), "cpu")
-    route("run 0: step 1/30")
-    route("run 0: step 2/30")  # Not a tenth of 30: no line in a log.
-    route("run 1: step 3/30")
-    route("comparing the runs")
+    display = _display(monkeypatch, stream)
+    on_step = _spawn.steps_to(display.message, display.step, "cpu")
+    on_step(0, 1, 30)
+    on_step(0, 2, 30)  # Not a tenth of 30: no line in a log.
+    on_step(1, 3, 30)
+    display.message("comparing the runs")
     assert stream.getvalue().splitlines() == [
         "  [cpu] run 0: step 1/30",
         "  [cpu] run 1: step 3/30",
         "  comparing the runs",
     ]
+    # Without a display, the lines go to `progress`.
+    lines = []
+    _spawn.steps_to(lines.append, None, "cpu")(0, 3, 30)
+    assert lines == ["[cpu] run 0: step 3/30"]

@@ -9,8 +9,6 @@ options object validates.
 from __future__ import annotations
 
 import argparse
-import re
-from collections.abc import Callable
 from typing import Any
 
 from tfdet._cli import _output, usage_errors
@@ -154,20 +152,3 @@ def script_arguments(args: argparse.Namespace, command: str) -> list[str]:
 def progress(message: str) -> None:
     """Progress lines go to stderr while runs are going."""
     _output.progress(f"  {message}")
-
-
-# A run's step as `tfdet._runs._locate` reports it: "run 0: step 3/10".
-_STEP = re.compile(r"^run (\d+): step (\d+)/(\d+)$")
-
-
-def routed(display: _output.StepsDisplay, device: str) -> Callable[[str], None]:
-    """A progress function that sends step lines to `display.step`."""
-
-    def route(message: str) -> None:
-        match = _STEP.match(message)
-        if match is None:
-            display.message(message)
-        else:
-            display.step(device, *(int(group) for group in match.groups()))
-
-    return route

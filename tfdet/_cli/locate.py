@@ -105,13 +105,14 @@ def execute(args: argparse.Namespace) -> int:
     _output.progress(
         f"tfdet locate {options.target_spec.text}: {plan}; starting TensorFlow"
     )
+    # Steps go to the display as check's do; layer fingerprints are taken
+    # on the CPU.
     display = _output.StepsDisplay()
-    progress = _training_flags.routed(display, "cpu")
-    try:  # Layer fingerprints are taken on the CPU.
+    try:
         if args.record:
-            report = _locate.record(options, args.record, progress)
+            report = _locate.record(options, args.record, display.message, display.step)
         else:
-            report = _locate.locate(options, progress)
+            report = _locate.locate(options, display.message, display.step)
     finally:
         display.finish()
     # The file first: a closed stdout must not lose the machine-readable report.

@@ -18,7 +18,6 @@ import functools
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
 from typing import Any
 
 from tfdet import _notices
@@ -349,8 +348,7 @@ def _keep_trace(run: _FinishedRun, directory: str | None) -> str | None:
     return kept
 
 
-# Called as `on_step(device, run_index, steps_done, steps_total)`.
-StepFn = Callable[[str, int, int, int], None]
+StepFn = _spawn.StepFn
 
 
 def _divergence_report(
@@ -398,11 +396,7 @@ def _run_jobs(
             f"[{device}] starting TensorFlow in {processes} "
             f"({options.steps} steps each){_spawn.slow_note(setups, options.timeout)}"
         )
-    # A caller's `step` gets the numbers; otherwise `progress` gets lines.
-    if step is None:
-        on_step = _spawn.step_lines(progress, device)
-    else:
-        on_step = functools.partial(step, device)
+    on_step = _spawn.steps_to(progress, step, device)
     outcomes = _spawn.run_jobs(
         [_expand(setup, workers) for setup in setups],
         worker_spec,

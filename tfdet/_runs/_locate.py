@@ -35,6 +35,7 @@ def _run(
     setups: list[_perturb.RunSetup],
     record_path: str | None,
     progress: ProgressFn | None,
+    on_step: _spawn.StepFn | None,
 ) -> list[_spawn.RunOutcome]:
     """Runs the locate worker in one process per setup; raises if one failed.
 
@@ -51,7 +52,7 @@ def _run(
             # Layer fingerprints are taken on the CPU: GPUs are hidden.
             base_env=_spawn.run_environment(spec, "cpu"),
             timeout=options.timeout,
-            progress=_spawn.step_lines(progress),
+            progress=_spawn.steps_to(progress, on_step, "cpu"),
         )
     _spawn.raise_unbuilt_target(outcomes, spec.text, options.timeout)
     failed = [outcome for outcome in outcomes if not outcome.ok]
@@ -65,7 +66,10 @@ def _run(
 
 
 def record(
-    options: RunOptions, path: str, progress: ProgressFn | None = None
+    options: RunOptions,
+    path: str,
+    progress: ProgressFn | None = None,
+    on_step: _spawn.StepFn | None = None,
 ) -> dict[str, Any]:
     """Trains TARGET in one unperturbed process that writes its layer record.
 
@@ -91,7 +95,7 @@ def record(
         if why is not None:
             raise Error(f"Expected to record on an emulated CPU. Received: {why}")
         setup = _perturb.emulated_setup(options)
-    (outcome,) = _run(options, [setup], path, progress)
+    (outcome,) = _run(options, [setup], path, progress, on_step)
     return {
         "target": options.target_spec.text,
         "enable": options.enable,
@@ -106,7 +110,11 @@ def record(
     }
 
 
-def locate(options: RunOptions, progress: ProgressFn | None = None) -> dict[str, Any]:
+def locate(
+    options: RunOptions,
+    progress: ProgressFn | None = None,
+    on_step: _spawn.StepFn | None = None,
+) -> dict[str, Any]:
     """Runs two perturbed processes and finds the first layer that differs.
 
     Of `options`, locate uses `target`, `steps`, `perturb`, `enable`, `seed`,
@@ -123,7 +131,7 @@ def locate(options: RunOptions, progress: ProgressFn | None = None) -> dict[str,
     """
     names = list(options.perturb)
     setups = _perturb.plan_for(options, 2, names, kind=_protocol.LOCATE)
-    outcomes = _run(options, setups, None, progress)
+    outcomes = _run(options, setups, None, progress, on_step)
     a, b = outcomes[0].result, outcomes[1].result
     location = _layer_walk.locate_results(a, b)
     return {

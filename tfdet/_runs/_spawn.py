@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import select
@@ -43,6 +44,8 @@ _TRACEBACK = "Traceback (most recent call last):"
 
 # Called with one line of progress for the user (`tfdet check`, `tfdet locate`).
 ProgressFn = Callable[[str], None]
+# Called as `on_step(device, run_index, steps_done, steps_total)`.
+StepFn = Callable[[str, int, int, int], None]
 
 
 def preflight(spec: _target.TargetSpec, timeout: float) -> None:
@@ -780,6 +783,17 @@ def slow_note(setups: list[RunSetup], timeout: float) -> str:
         f"; {names} on an emulated CPU, far slower (minutes; stopped after "
         f"{timeout * slow[0].slowdown:.0f} s)"
     )
+
+
+def steps_to(
+    progress: ProgressFn | None, step: StepFn | None, device: str
+) -> Callable[[int, int, int], None] | None:
+    """A `run_jobs` progress callback for the runs on `device`: their step
+    numbers to `step` when the caller gives one (a display), else lines to
+    `progress` (`step_lines`)."""
+    if step is None:
+        return step_lines(progress, device)
+    return functools.partial(step, device)
 
 
 def step_lines(
