@@ -359,7 +359,6 @@ def _divergence_report(
     **extra: Any,
 ) -> DivergenceReport:
     """`extra`: the `workers` that disagree, or the `attribution`."""
-    comparison = _diff.compare(a.trace, b.trace)
     return DivergenceReport(
         runs=(a.outcome.setup.index, b.outcome.setup.index),
         # Multi-worker runs: which worker's bits parted (None: one process).
@@ -369,7 +368,7 @@ def _divergence_report(
         # Reported first: a setting that differs usually explains the bits.
         profile_differences={
             name: list(values)
-            for name, values in comparison.profile_differences.items()
+            for name, values in _diff.profile_differences(a.trace, b.trace).items()
         },
         **extra,
     )
