@@ -19,7 +19,7 @@ def test_recorder_maps_each_output_to_its_consumers():
     from tfdet._runs import _locate_worker
 
     def consumers(model) -> dict[str, list[str]]:
-        recorder = _locate_worker._Recorder(model)
+        recorder = _locate_worker._LayerOutputs(model)
 
         @tf.function
         def forward(x):

@@ -195,7 +195,7 @@ def test_cli_rejects_bad_perturb_values_with_exit_2(value: str):
 
 
 def test_an_emulated_run_is_reported_as_emulated_not_imitated():
-    sections = _perturb.what_ran(["affinity", "emulated_cpu"], "Haswell-v4")
+    sections = _perturb.imitation_sections(["affinity", "emulated_cpu"], "Haswell-v4")
     assert set(sections["imitated"]) == {"affinity"}
     assert (
         "user-mode emulation of a Haswell-v4 CPU"
@@ -206,16 +206,16 @@ def test_an_emulated_run_is_reported_as_emulated_not_imitated():
     assert "cpu_vendor" not in sections["not_imitated"]
     assert "approximate_instructions" not in sections["not_imitated"]
     assert "vendor_hardware" in sections["not_imitated"]
-    without = _perturb.what_ran(["affinity"], None)
+    without = _perturb.imitation_sections(["affinity"], None)
     assert without["emulated"] == {}
     assert "emulated_cpu" in without["not_imitated"]["cpu_vendor"]
 
 
 def test_a_setting_or_a_preemption_is_varied_never_an_imitated_machine():
-    sections = _perturb.what_ran(["caches", "threads", "interrupt"], None)
+    sections = _perturb.imitation_sections(["caches", "threads", "interrupt"], None)
     assert set(sections["imitated"]) == {"caches"}
     assert set(sections["varied"]) == {"threads", "interrupt"}
-    assert _perturb.what_ran(["caches"], None)["varied"] == {}
+    assert _perturb.imitation_sections(["caches"], None)["varied"] == {}
 
 
 def test_an_emulated_run_gets_the_emulator_in_front_and_more_time():

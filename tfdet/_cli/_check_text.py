@@ -50,7 +50,7 @@ def format_header(options: _options.RunOptions) -> str:
     )
 
 
-def _what_ran(run: dict[str, Any]) -> list[str]:
+def _ran_lines(run: dict[str, Any]) -> list[str]:
     """What a finished run exercised: entry point, steps, XLA (and why not)."""
     xla = run.get("xla")
     if not run.get("ok") or xla is None:
@@ -111,7 +111,7 @@ def format_report(report: dict[str, Any]) -> str:
         nonfinite = False
         for run in result["runs"]:
             lines.append(_run_line(run))
-            lines.extend(_what_ran(run))
+            lines.extend(_ran_lines(run))
             for what in run.get("nonfinite") or []:
                 nonfinite = True
                 lines.append(f"    not finite: {what}")

@@ -374,7 +374,7 @@ def _divergence_report(
     )
 
 
-def _run_jobs(
+def _run_device(
     device: str,
     setups: list[_perturb.RunSetup],
     options: RunOptions,
@@ -423,7 +423,9 @@ def _check_device(
     env = _spawn.run_environment(options.target_spec, device)
     worker_spec = _spawn.worker_spec(options)
     workers = options.workers
-    jobs = _run_jobs(device, setups, options, env, worker_spec, workdir, progress, step)
+    jobs = _run_device(
+        device, setups, options, env, worker_spec, workdir, progress, step
+    )
     runs = [run for job in jobs for run in job]
     kept_in = None if options.traces is None else os.path.join(options.traces, device)
     report = functools.partial(
@@ -562,7 +564,7 @@ def check(
         # The runs are imitations of other machines on this one (one may be
         # an emulated CPU): say which differences they stood for, and which
         # no run here could.
-        **_perturb.what_ran(
+        **_perturb.imitation_sections(
             [
                 name
                 for name in options.perturb

@@ -30,7 +30,7 @@ _PLUMBING_OPS = frozenset(
 )
 
 
-class _Recorder:
+class _LayerOutputs:
     """Wraps each layer's `call` to collect its outputs while tracing."""
 
     def __init__(self, model: Any) -> None:
@@ -183,7 +183,7 @@ def _build_model(model: Any, x: Any) -> None:
             build(model.trainable_variables)
 
 
-def _train_step(model: Any, recorder: _Recorder, variables: list[Any]) -> Any:
+def _train_step(model: Any, recorder: _LayerOutputs, variables: list[Any]) -> Any:
     """A `tf.function` training step that returns what the recorder saw.
 
     Returns `(loss, layer outputs, gradients reaching them, variable
@@ -213,7 +213,7 @@ def _train_step(model: Any, recorder: _Recorder, variables: list[Any]) -> Any:
     return train_step
 
 
-def _layer_records(graph: Any, recorder: _Recorder) -> list[dict[str, Any]]:
+def _layer_records(graph: Any, recorder: _LayerOutputs) -> list[dict[str, Any]]:
     """One record per recorded layer call: its tensors, op types and consumers."""
     layers = []
     position = 0
@@ -271,7 +271,7 @@ def run(spec: WorkerSpec) -> None:
         )
     first_x, first_y = built.batch(0)
     _build_model(model, first_x)
-    recorder = _Recorder(model)
+    recorder = _LayerOutputs(model)
     variables = list(model.trainable_variables)
 
     train_step = _train_step(model, recorder, variables)

@@ -592,7 +592,9 @@ NOT_EMULATED = {
 }
 
 
-def what_ran(applied: Sequence[str], emulated_model: str | None) -> dict[str, Any]:
+def imitation_sections(
+    applied: Sequence[str], emulated_model: str | None
+) -> dict[str, Any]:
     """The report's `imitated`, `varied`, `emulated` and `not_imitated` sections.
 
     Args:

@@ -52,7 +52,7 @@ class _MaxStepsReached(BaseException):
     own `except Exception` does not swallow it."""
 
 
-class _Trace:
+class _RecordedTraining:
     """One recorded training: a fit call, a model's train_on_batch, a loop."""
 
     def __init__(self, name: str, kind: str, path: str, variables: Any) -> None:
@@ -120,22 +120,22 @@ class Recorder:
     def __init__(self, base: str, max_steps: int | None) -> None:
         self.base = base
         self.max_steps = max_steps
-        self.traces: list[_Trace] = []
+        self.traces: list[_RecordedTraining] = []
         self.entry_points: list[str] = []
         self.models: list[Any] = []
         self.total = 0
         self.depth = 0  # > 0 inside fit / train_on_batch: no optimizer records.
-        self._by_key: dict[int, _Trace] = {}
+        self._by_key: dict[int, _RecordedTraining] = {}
 
     def entry(self, name: str) -> None:
         if name not in self.entry_points:
             self.entry_points.append(name)
 
-    def new_trace(self, kind: str, label: str, variables: Any) -> _Trace:
+    def new_trace(self, kind: str, label: str, variables: Any) -> _RecordedTraining:
         """A new trace, named e.g. `fit #2 (model sequential)`."""
         index = len(self.traces)
         number = sum(t.kind == kind for t in self.traces) + 1
-        trace = _Trace(
+        trace = _RecordedTraining(
             f"{kind.split(' (')[0]} #{number} ({label})",
             kind,
             f"{self.base}.{index}.jsonl",
@@ -144,7 +144,9 @@ class Recorder:
         self.traces.append(trace)
         return trace
 
-    def trace_for(self, key: Any, kind: str, label: str, variables: Any) -> _Trace:
+    def trace_for(
+        self, key: Any, kind: str, label: str, variables: Any
+    ) -> _RecordedTraining:
         trace = self._by_key.get(id(key))
         if trace is None:
             trace = self._by_key[id(key)] = self.new_trace(kind, label, variables)
