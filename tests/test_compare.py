@@ -29,6 +29,8 @@ def _run(tmp_path, name, losses, checksums, final) -> _check._FinishedRun:
             n: _bits.array_digest(w) for n, w in zip(NAMES, final, strict=True)
         },
         "weights_file": str(weights_file),
+        "entry_points": ["train_on_batch"],
+        "xla": {"compiled": [], "trained": []},
     }
     setup = _perturb.RunSetup(0)
     outcome = _spawn.RunOutcome(setup, 0, result, "", False, 1.0)

@@ -184,9 +184,9 @@ def _run_report(run: _FinishedRun, kept_trace: str | None = None) -> RunReport:
             final_loss=((steps[-1].get("loss") if steps else None) or {}).get("value"),
             nonfinite=tuple(_nonfinite(run.trace)),
             trace=kept_trace or outcome.result["trace"],
-            # What ran (older workers' results lack these).
-            entry_points=outcome.result.get("entry_points"),
-            xla=outcome.result.get("xla"),
+            # What ran: every check worker writes both (`_worker.run`).
+            entry_points=outcome.result["entry_points"],
+            xla=outcome.result["xla"],
         )
     return RunReport(
         facts=outcome.facts(),
