@@ -98,6 +98,20 @@ def test_script_that_raises_is_a_failed_run_with_its_traceback(tmp_path):
     assert "RuntimeError: the data directory is missing" in output
 
 
+def test_a_run_that_fails_before_its_kill_is_not_said_to_be_resumed(tmp_path):
+    # The script raises before any training: the interrupt never came, and
+    # its label must say so (it said "killed (SIGKILL) ... and resumed").
+    code, report, output = _check_script(
+        "raises.py", "--perturb", "interrupt", tmp_path=tmp_path
+    )
+    assert code == EXIT_RUN_FAILED, output
+    interrupted = report["run_reports"][1]
+    assert interrupted["perturbations"]["interrupt"] == (
+        "not applied: the run ended (exited 1) before it was killed"
+    )
+    assert "resumed" not in output
+
+
 @pytest.mark.slow
 def test_max_steps_stops_the_script_as_a_normal_end(tmp_path):
     code, report, output = _check_script(

@@ -204,6 +204,9 @@ class RunOutcome:
         stage: How far the TARGET got (`_child.BUILDING`, `_child.BUILT`),
             as the run told it; None before the TARGET function was called,
             and for a run that builds no TARGET (a script).
+        interrupted: For a run of the `interrupt` perturbation, whether its
+            first process was killed and a second one resumed it; None for
+            any other run.
     """
 
     setup: RunSetup
@@ -215,6 +218,7 @@ class RunOutcome:
     failure: str | None = None
     target_error: str | None = None
     stage: str | None = None
+    interrupted: bool | None = None
 
     def facts(self) -> dict[str, Any]:
         """What a report says of every run, whatever it trained."""
@@ -233,7 +237,14 @@ class RunOutcome:
     @property
     def not_applied(self) -> dict[str, str]:
         """`{perturbation: "not applied: why"}` for those the run could not apply."""
-        reasons = (self.result or {}).get("perturbations_not_applied") or {}
+        reasons = dict((self.result or {}).get("perturbations_not_applied") or {})
+        if self.interrupted is False and _perturb.INTERRUPT not in reasons:
+            # Ended before its kill (a script that failed first): its label
+            # must not say it was killed and resumed.
+            ended = "timed out" if self.timed_out else describe_exit(self.returncode)
+            reasons[_perturb.INTERRUPT] = (
+                f"the run ended ({ended}) before it was killed"
+            )
         return {name: f"not applied: {why}" for name, why in reasons.items()}
 
     @property
@@ -556,7 +567,10 @@ def _run_one(
         process, timed_out = _start_and_wait(
             command, env, stem, setup, progress, stages, group, timeout, cwd
         )
-        if setup.resumes and not timed_out and process.returncode == -signal.SIGKILL:
+        resumed = (
+            setup.resumes and not timed_out and process.returncode == -signal.SIGKILL
+        )
+        if resumed:
             # The `interrupt` perturbation: killed as a preemption kills, now
             # resumed in a fresh process from what the first one saved.
             process, timed_out = _start_and_wait(
@@ -602,6 +616,7 @@ def _run_one(
         failure=failure,
         target_error=target_error,
         stage=stage,
+        interrupted=resumed if setup.resumes else None,
     )
 
 
