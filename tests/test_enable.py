@@ -181,9 +181,15 @@ out["op_determinism"] = config.is_op_determinism_enabled()
 out["tf_threads"] = [tf.config.threading.get_intra_op_parallelism_threads(),
                      tf.config.threading.get_inter_op_parallelism_threads()]
 # Same settings spelled differently, and strict=False: the same profile.
+from tfdet.patches import _registry
 out["repeat_is_same"] = all(
     tfdet.enable(**kwargs) is profile
-    for kwargs in ({}, {"seed": 0, "threads": 1, "cpu_isa": "avx2"}, {"strict": False})
+    for kwargs in (
+        {}, {"seed": 0, "threads": 1, "cpu_isa": "avx2"}, {"strict": False},
+        # The same patch selection written three ways (check --script pins
+        # ("auto",); a script may write "auto" or the names it selects).
+        {"patches": ("auto",)}, {"patches": _registry.resolve("auto")},
+    )
 )
 attempt("other_threads", threads=2)
 attempt("other_seed_and_isa", seed=1, cpu_isa="SSE41")

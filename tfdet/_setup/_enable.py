@@ -429,6 +429,20 @@ def _request(
     return request
 
 
+def _same_request(key: str, previous: Any, requested: Any) -> bool:
+    """Whether two values of an `enable()` argument ask for the same thing.
+
+    Patches are compared by the names they select: "auto", `("auto",)` and
+    the list "auto" selects here are one request (`tfdet check --script`
+    pins `("auto",)`; a script may write either).
+    """
+    if key == "patches":
+        return sorted(_registry.resolve(previous)) == sorted(
+            _registry.resolve(requested)
+        )
+    return previous == requested
+
+
 def _repeat_call(
     request: dict[str, Any], previous: dict[str, Any], profile: Profile
 ) -> Profile:
@@ -438,7 +452,7 @@ def _repeat_call(
     changed = {
         key: (previous[key], request[key])
         for key in request
-        if key != "strict" and previous[key] != request[key]
+        if key != "strict" and not _same_request(key, previous[key], request[key])
     }
     if not changed:
         return profile
