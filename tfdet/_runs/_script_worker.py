@@ -185,6 +185,29 @@ def _optimizer_steps(key: Any, default: int) -> int:
         return default
 
 
+def _updates(model: Any) -> int:
+    """The updates all of `model`'s optimizers have applied, summed.
+
+    A batch after which this did not move trained nothing (one an exact
+    resume skips). All of them: a GAN's `compile` keeps its two optimizers as
+    attributes (keras.io's DCGAN) and leaves `model.optimizer` an unused
+    default whose count never moves.
+    """
+    found = [getattr(model, "optimizer", None), *vars(model).values()]
+    optimizers = {
+        id(value): value
+        for value in found
+        if hasattr(value, "iterations") and hasattr(value, "apply_gradients")
+    }
+    total = 0
+    for optimizer in optimizers.values():
+        try:
+            total += int(optimizer.iterations.numpy())
+        except (AttributeError, TypeError, ValueError):
+            continue
+    return total
+
+
 def _callback_class(recorder: Recorder) -> type:
     """`DeterminismCallback` (its tf_keras flavour when in use) that counts steps.
 
@@ -217,14 +240,14 @@ def _callback_class(recorder: Recorder) -> type:
                     getattr(self.model, "_initial_epoch", 0) or 0
                 ) * steps
             self._writer.keep(kept)
-            self._optimizer_steps = _optimizer_steps(self.model, -1)
+            self._updates = _updates(self.model)
 
     def on_train_batch_end(self: Any, batch: int, logs: Any = None) -> None:
         if resuming:
-            done = _optimizer_steps(self.model, -1)
-            if done == self._optimizer_steps:
+            done = _updates(self.model)
+            if done == self._updates:
                 return  # Trained before the interruption, skipped now.
-            self._optimizer_steps = done
+            self._updates = done
         base.on_train_batch_end(self, batch, logs)
         self.steps_recorded_total = self.steps_recorded
         recorder.step_done()
