@@ -197,6 +197,9 @@ def test_loop_compiled_in_a_tf_function_compares_its_final_weights(tmp_path):
         (training,) = run["trainings"]
         assert training["updates"] == 3
         assert training["steps"] == 0
+        # The loop trains a keras.Sequential: its Keras is its optimizer's
+        # (the report said "no Keras model").
+        assert run["keras"] == ["Keras 3"]
     assert "3 updates in a tf.function" in output
 
 

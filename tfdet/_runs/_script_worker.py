@@ -572,7 +572,15 @@ def run(spec: WorkerSpec) -> int:
         "traces": [trace.to_dict() for trace in recorder.traces],
         "entry_points": recorder.entry_points,
         # Which Keras the trained models came from: the script's own choice.
-        "keras": sorted({_keras_of(model) for model in recorder.models}),
+        # A custom loop's Keras is its optimizer's (its model is not seen).
+        "keras": sorted(
+            {_keras_of(model) for model in recorder.models}
+            | {
+                _keras_of(trace.key)
+                for trace in recorder.traces
+                if trace.kind in (CUSTOM, CUSTOM_COMPILED)
+            }
+        ),
         "steps_recorded": sum(t.steps_recorded() for t in recorder.traces),
         "final_weights": final_digests(recorder),
         "xla": _xla.facts(recorder.models),
