@@ -3,6 +3,7 @@ ops that grew, one recommendation; and the same ratio as the benchmark's."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -152,6 +153,15 @@ def test_the_fastest_portable_setting_is_recommended_and_a_faster_tie_named():
     assert advice.startswith("Use tfdet.pool-size-free: 1.60x plain TensorFlow")
     assert "tfdet.enable(threads=2) is 1.10x but ties the bits to 2 threads" in advice
     assert "xla" not in advice
+
+
+def test_the_default_stays_when_a_faster_setting_is_within_its_spread():
+    within = _row("xla", 0.9)
+    within = dataclasses.replace(within, ratio_q1=0.8, ratio_q3=1.02)
+    default = dataclasses.replace(_row("enable()", 1.0), ratio_q1=0.97, ratio_q3=1.1)
+    assert _cost(default, within).recommended() is default
+    clearly = dataclasses.replace(within, ratio_q3=0.95)
+    assert _cost(default, clearly).recommended() is clearly
 
 
 def test_a_tie_that_saves_little_is_not_offered():

@@ -142,9 +142,22 @@ class CostReport:
         return [row for row in self.rows[1:] if row.note is None]
 
     def recommended(self) -> CostRow | None:
-        """The fastest setting whose bits this machine does not decide."""
+        """The fastest setting whose bits this machine does not decide.
+
+        The default profile (`enable()`, the first tfdet setting) is kept
+        when the fastest one is within its spread: the middle halves of
+        their block ratios overlap, so the difference is the machine's noise.
+        """
         portable = [row for row in self.candidates() if row.portable]
-        return min(portable, key=lambda row: row.ratio, default=None)
+        fastest = min(portable, key=lambda row: row.ratio, default=None)
+        default = self.rows[1] if len(self.rows) > 1 else None
+        if (
+            fastest is not None
+            and default in portable
+            and default.ratio_q1 <= fastest.ratio_q3
+        ):
+            return default
+        return fastest
 
     def recommendation(self) -> str:
         """One sentence: what to use, and what a faster setting would trade."""
