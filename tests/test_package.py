@@ -27,6 +27,7 @@ def test_public_names_are_pinned() -> None:
         "DeviceUnavailableError",
         "DivergenceError",
         "Error",
+        "ExitCode",
         "NondeterministicError",
         "Profile",
         "ProfileMismatchError",

@@ -7,13 +7,29 @@ failed or timed out, 4 a requested device is not available.
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
-EXIT_OK = 0
-EXIT_DIVERGED = 1
-EXIT_USAGE = 2
-EXIT_RUN_FAILED = 3
-EXIT_NO_DEVICE = 4
+
+class ExitCode(enum.IntEnum):
+    """The exit code of every `tfdet` subcommand, and `CheckReport.exit_code`.
+
+    Integers, as pytest's `pytest.ExitCode`: `code == 0` and `sys.exit(code)`
+    work as with plain ints, and the name says what the number means.
+    """
+
+    OK = 0  # Bit-identical, or nothing found.
+    DIVERGED = 1  # Divergence or hazards found.
+    USAGE = 2  # Usage error or bad input.
+    RUN_FAILED = 3  # A run failed or timed out; never reported as 0 or 1.
+    NO_DEVICE = 4  # A requested device is not available.
+
+
+EXIT_OK = ExitCode.OK
+EXIT_DIVERGED = ExitCode.DIVERGED
+EXIT_USAGE = ExitCode.USAGE
+EXIT_RUN_FAILED = ExitCode.RUN_FAILED
+EXIT_NO_DEVICE = ExitCode.NO_DEVICE
 
 
 class Error(Exception):
