@@ -45,10 +45,7 @@ Progress = Callable[[str], None]
 
 def cores() -> int:
     """The CPUs this process may use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    return len(_environment.affinity() or []) or os.cpu_count() or 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,7 @@ import collections
 import glob
 import os
 import re
+import tempfile
 from typing import Any
 
 from tfdet.patches._registry import SCOPE_PREFIXES
@@ -30,6 +31,30 @@ _ENCLOSING = frozenset(
     {"PartitionedCall", "StatefulPartitionedCall", "While", "StatelessWhile"}
     | {"If", "StatelessIf", "Case", "StatelessCase"}
 )
+
+
+class Profiling:
+    """One session of TensorFlow's profiler: `start()`, train, `stop(steps)`.
+
+    Started and stopped in separate calls, as a paused script needs.
+    """
+
+    def __init__(self) -> None:
+        self._logdir: tempfile.TemporaryDirectory | None = None
+
+    def start(self) -> None:
+        import tensorflow as tf
+
+        self._logdir = tempfile.TemporaryDirectory(prefix="tfdet-cost-profile-")
+        tf.profiler.experimental.start(self._logdir.name)
+
+    def stop(self, steps: int) -> dict[str, dict[str, Any]]:
+        """Ends the session: `per_op_type` of the `steps` steps trained in it."""
+        import tensorflow as tf
+
+        tf.profiler.experimental.stop()
+        with self._logdir as logdir:
+            return per_op_type(logdir, max(1, steps))
 
 
 def op_type(kernel: str) -> str:

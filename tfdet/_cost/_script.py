@@ -27,13 +27,13 @@ import json
 import os
 import runpy
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 from tfdet._cost import _ops
+from tfdet._runs import _script_worker
 
 Answer = Callable[[dict[str, Any]], None]
 
@@ -54,7 +54,7 @@ class _Gate:
         self._started = False  # "ready" answered: steps are timed.
         self._budget = 0
         self._times: list[float] = []
-        self._profile_dir: tempfile.TemporaryDirectory | None = None
+        self._profiling: _ops.Profiling | None = None
         self.steps = 0
         self.resumed_at = time.perf_counter()
         self.depth = 0  # Inside fit or train_on_batch: updates are theirs.
@@ -76,15 +76,11 @@ class _Gate:
             self._next()
 
     def _reply(self, **extra: Any) -> None:
-        if self._profile_dir is None:
+        if self._profiling is None:
             self._answer({"ms": self._times, **extra})
             return
-        import tensorflow as tf
-
-        tf.profiler.experimental.stop()
-        with self._profile_dir as logdir:
-            ops = _ops.per_op_type(logdir, max(1, len(self._times)))
-        self._profile_dir = None
+        ops = self._profiling.stop(len(self._times))
+        self._profiling = None
         self._answer({"ops": ops, **extra})
 
     def _next(self) -> None:
@@ -97,13 +93,9 @@ class _Gate:
                 self._budget = request["steps"]
                 break
             if "profile" in request:
-                import tensorflow as tf
-
                 self._budget = request["profile"]
-                self._profile_dir = tempfile.TemporaryDirectory(
-                    prefix="tfdet-cost-profile-"
-                )
-                tf.profiler.experimental.start(self._profile_dir.name)
+                self._profiling = _ops.Profiling()
+                self._profiling.start()
                 break
             if "digest" in request:
                 # Which of a script's models is "the" model is the script's
@@ -154,15 +146,12 @@ def _hook_model(model_class: Any, callback_base: type, gate: _Gate) -> None:
 
     @functools.wraps(fit)
     def timed_fit(self: Any, *args: Any, **kwargs: Any) -> Any:
-        args_list = list(args)
-        callback = _timed_callback(callback_base, gate)
-        if len(args_list) > 5:  # fit(x, y, batch_size, epochs, verbose, callbacks)
-            args_list[5] = [*(args_list[5] or []), callback]
-        else:
-            kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), callback]
+        args, kwargs = _script_worker.with_fit_callback(
+            args, kwargs, _timed_callback(callback_base, gate)
+        )
         gate.depth += 1
         try:
-            return fit(self, *args_list, **kwargs)
+            return fit(self, *args, **kwargs)
         finally:
             gate.depth -= 1
 

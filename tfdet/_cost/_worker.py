@@ -29,7 +29,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
 import warnings
 from typing import Any
@@ -42,9 +41,9 @@ def _apply(setting: Setting, seed: int) -> None:
     """The setting, before TensorFlow's runtime starts."""
     if setting.enable is None:
         # Plain TensorFlow: what a careful user does, Keras's seeding only.
-        import keras
+        from tfdet._runs import _child
 
-        keras.utils.set_random_seed(seed)
+        _child.seed_without_tfdet(seed)
         return
     from tfdet._setup._enable import enable
 
@@ -85,16 +84,11 @@ class _Stepper:
         return times
 
     def profiled(self, count: int) -> dict[str, dict[str, Any]]:
-        import tensorflow as tf
-
-        with tempfile.TemporaryDirectory(prefix="tfdet-cost-profile-") as logdir:
-            tf.profiler.experimental.start(logdir)
-            try:
-                for _ in range(count):
-                    self.step()
-            finally:
-                tf.profiler.experimental.stop()
-            return _ops.per_op_type(logdir, count)
+        profiling = _ops.Profiling()
+        profiling.start()
+        for _ in range(count):
+            self.step()
+        return profiling.stop(count)
 
 
 def main(argv: list[str]) -> int:

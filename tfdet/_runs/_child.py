@@ -272,18 +272,19 @@ def write_result(result: dict[str, Any]) -> None:
     os.replace(partial, _spec.result)
 
 
-def _seed_without_tfdet(spec: WorkerSpec) -> None:
-    """What a careful user does without tfdet: Keras's own seeding only."""
+def seed_without_tfdet(seed: int, workers: int = 1) -> None:
+    """What a careful user does without tfdet: Keras's own seeding only (and
+    tf_keras's, when it is the Keras in use)."""
     import keras
 
     from tfdet._pin import _versions
 
-    keras.utils.set_random_seed(spec.seed)
+    keras.utils.set_random_seed(seed)
     if _versions.uses_legacy_keras():
         import tf_keras
 
-        tf_keras.utils.set_random_seed(spec.seed)
-    elif spec.workers > 1:
+        tf_keras.utils.set_random_seed(seed)
+    elif workers > 1:
         # Keras 3 cannot train multi-worker at all without this fix
         # (keras-team/keras#20585); it changes which value Keras reads
         # shapes from, not the bits of any step.
@@ -327,7 +328,7 @@ def child_start(spec: WorkerSpec) -> None:
     if spec.enable:
         _enable(spec)
     elif spec.kind != SCRIPT:
-        _seed_without_tfdet(spec)
+        seed_without_tfdet(spec.seed, spec.workers)
     # In-child perturbations (e.g. another CPU's cache sizes) act once
     # TensorFlow's libraries are loaded and before its first op.
     _import_hook.when_imported("tensorflow", _apply_perturbations)

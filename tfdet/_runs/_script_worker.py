@@ -263,6 +263,20 @@ def _callback_class(recorder: Recorder) -> type:
     )
 
 
+def with_fit_callback(
+    args: tuple, kwargs: dict[str, Any], callback: Any
+) -> tuple[list[Any], dict[str, Any]]:
+    """`fit`'s arguments with `callback` appended to its callbacks, wherever
+    the caller passed them: `fit(x, y, batch_size, epochs, verbose, callbacks)`
+    positionally, or by keyword."""
+    args_list, kwargs = list(args), dict(kwargs)
+    if len(args_list) > 5:
+        args_list[5] = [*(args_list[5] or []), callback]
+    else:
+        kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), callback]
+    return args_list, kwargs
+
+
 def _wrap_fit(model_class: Any, recorder: Recorder) -> None:
     original = model_class.fit
 
@@ -272,11 +286,7 @@ def _wrap_fit(model_class: Any, recorder: Recorder) -> None:
         trace = recorder.new_trace(FIT, f"model {self.name}", lambda: self.weights)
         callback = _callback_class(recorder)(trace=trace.path)
         trace.callback = callback
-        args = list(args)
-        if len(args) > 5:  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
-            args[5] = [*(args[5] or []), callback]
-        else:
-            kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), callback]
+        args, kwargs = with_fit_callback(args, kwargs, callback)
         recorder.model_trained(self)
         recorder.depth += 1
         try:
@@ -532,7 +542,7 @@ def run(spec: WorkerSpec) -> int:
             if not isinstance(code, int):
                 # What the interpreter itself does with sys.exit("message"),
                 # so the run's stderr is the one `python train.py` gives.
-                print(code, file=sys.stderr)
+                sys.stderr.write(f"{code}\n")
     except BaseException as error:  # noqa: BLE001 - the script's failure is the report
         _print_script_traceback(error, script)
         from tfdet._errors import ProfileMismatchError
