@@ -35,6 +35,7 @@ round.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -46,6 +47,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tfdet._cost import _measure  # noqa: E402
 from tfdet._pin import _isa  # noqa: E402
 from tfdet._pin._environment import DETERMINISM_VARIABLES  # noqa: E402
 
@@ -268,21 +270,6 @@ def measure(
         finally:
             for worker in workers.values():
                 worker.close()
-    baseline = names[0]
-    table = {}
-    for name in names:
-        ratios = sorted(block[name] / block[baseline] for block in per_block)
-        table[name] = {
-            "ms_per_step": statistics.median(block[name] for block in per_block),
-            "ratio": statistics.median(ratios),
-            # Middle half of the block ratios: how stable the figure is.
-            "ratio_q1": ratios[len(ratios) // 4],
-            "ratio_q3": ratios[(3 * len(ratios)) // 4],
-            # One per round (a fresh process each): all equal = repeatable.
-            "digests": digests[name],
-            "repeatable": len(set(digests[name])) == 1,
-            "xla": xla[name],
-        }
     return {
         "target": target,
         "batch_size": batch_size,
@@ -293,7 +280,29 @@ def measure(
         "cores": available,
         "cpu_model": _isa.cpu_model(),
         "per_block_ms": per_block,
-        "table": table,
+        "table": table(per_block, digests, xla),
+    }
+
+
+def table(
+    per_block: list[dict[str, float]],
+    digests: dict[str, list[str]],
+    xla: dict[str, bool],
+) -> dict[str, dict]:
+    """Per configuration (the first is the baseline): its figures, as tfdet
+    cost reports them, with its digests and whether Keras used XLA."""
+    baseline = next(iter(digests))
+    return {
+        name: {
+            # Median ms/step, the median of the block ratios and their middle
+            # half (how stable the figure is).
+            **dataclasses.asdict(_measure.block_figures(per_block, name, baseline)),
+            # One per round (a fresh process each): all equal = repeatable.
+            "digests": digests[name],
+            "repeatable": len(set(digests[name])) == 1,
+            "xla": xla[name],
+        }
+        for name in digests
     }
 
 

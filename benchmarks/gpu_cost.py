@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +47,7 @@ sys.path.insert(0, str(HERE))
 import check_wall_time  # noqa: E402
 import cost_of_determinism  # noqa: E402  (puts the repository on sys.path)
 
+from tfdet._cost import _measure  # noqa: E402
 from tfdet._pin import _isa  # noqa: E402
 
 MODELS = str(HERE / "gpu_models.py")
@@ -96,9 +96,7 @@ def configurations(explain: bool) -> dict[str, dict | str | None]:
 
 def ratio_to(figures: dict, name: str, baseline: str) -> float:
     """Median over blocks of `name`'s step time over `baseline`'s."""
-    return statistics.median(
-        block[name] / block[baseline] for block in figures["per_block_ms"]
-    )
+    return _measure.block_figures(figures["per_block_ms"], name, baseline).ratio
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -335,23 +335,53 @@ def measure(
     )
 
 
-def _row(setting: Setting, figures: _Figures, baseline: str) -> _report.CostRow:
-    """One setting's figures from the blocks: medians and the middle half."""
-    name = setting.name
-    per_block = figures.per_block
+@dataclasses.dataclass(frozen=True)
+class BlockFigures:
+    """One setting's timing over the blocks (see `block_figures`)."""
+
+    ms_per_step: float
+    ratio: float
+    ratio_q1: float
+    ratio_q3: float
+
+
+def block_figures(
+    per_block: list[dict[str, float]], name: str, baseline: str
+) -> BlockFigures:
+    """The figures `tfdet cost` and the benchmarks report for `name`.
+
+    Args:
+        per_block: Per block, each setting's median ms/step in that block.
+        name: The setting.
+        baseline: The setting the ratios are to (plain TensorFlow).
+
+    Returns:
+        The median over blocks of its ms/step; the median over blocks of its
+        ratio to `baseline` *in the same block* (not the ratio of the two
+        medians: a load that slows one block slows both of its terms), and
+        the middle half of those block ratios.
+    """
     ratios = sorted(block[name] / block[baseline] for block in per_block)
-    xla = bool(figures.ready[name]["xla"])
-    ms_per_step = statistics.median(block[name] for block in per_block)
-    return _report.CostRow(
-        setting=setting,
-        ms_per_step=ms_per_step,
+    return BlockFigures(
+        ms_per_step=statistics.median(block[name] for block in per_block),
         ratio=statistics.median(ratios),
         ratio_q1=ratios[len(ratios) // 4],
         ratio_q3=ratios[(3 * len(ratios)) // 4],
+    )
+
+
+def _row(setting: Setting, figures: _Figures, baseline: str) -> _report.CostRow:
+    """One setting's row: its block figures, XLA, profile, digests and ops."""
+    name = setting.name
+    timing = block_figures(figures.per_block, name, baseline)
+    xla = bool(figures.ready[name]["xla"])
+    return _report.CostRow(
+        setting=setting,
+        **dataclasses.asdict(timing),
         xla=xla,
         bits_follow=tuple(_settings.bits_follow(figures.ready[name]["profile"], xla)),
         digests=tuple(figures.digests.get(name, [])),
-        ops=_shares(figures.ops.get(name, {}), ms_per_step),
+        ops=_shares(figures.ops.get(name, {}), timing.ms_per_step),
         note=None
         if not setting.jit_compile or xla
         else "Keras turned jit_compile off (no deterministic XLA path for a "
