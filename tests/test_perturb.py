@@ -54,7 +54,7 @@ def test_validate_takes_the_parsed_tuple_back():
 
 
 def test_threads_emulation_and_interrupt_are_opt_in_and_everything_is_described():
-    opt_in = {"threads", "emulated_cpu", "interrupt"}
+    opt_in = {"threads", "emulated_cpu", "interrupt", "migrate"}
     assert not opt_in & set(_perturb.ALL)
     assert set(_perturb.KNOWN) == set(_perturb.ALL) | opt_in
     assert set(_perturb.DESCRIPTIONS) == set(_perturb.KNOWN)
@@ -256,6 +256,78 @@ def test_interrupt_applies_to_single_process_keras3_runs_of_two_steps(options, r
             "TFDET_INTERRUPT_AFTER": None,
             "TFDET_RESUMED_AFTER": "2",
         }
+
+
+_KILLED_THEN_RESUMED = """
+import json, os, signal, sys
+spec = json.loads(sys.argv[1])
+seen = {"threads": spec["threads"], "hashseed": os.environ.get("PYTHONHASHSEED")}
+if os.environ.get("TFDET_INTERRUPT_AFTER"):  # The process to kill.
+    json.dump(seen, open(spec["result"] + ".killed", "w"))
+    os.kill(os.getpid(), signal.SIGKILL)
+resumed = os.environ.get("TFDET_RESUMED_AFTER")
+applied = {"migrate": "resumed"} if resumed else {}
+json.dump({**seen, "perturbations_applied": applied}, open(spec["result"], "w"))
+"""
+
+
+def test_migrate_kills_the_run_unperturbed_and_resumes_it_under_the_others(
+    tmp_path: Path,
+):
+    # A stand-in worker that says what each of its processes was given.
+    (tmp_path / "moving_worker.py").write_text(_KILLED_THEN_RESUMED)
+    env = clean_env(PYTHONPATH=str(tmp_path), PYTHONHASHSEED="0")
+    setups = _perturb.plan(2, ["migrate", "threads", "hashseed"], threads=1)
+    assert setups[1].resuming == "migrate"
+    assert set(setups[1].killed_on.changes) == {"migrate"}
+    assert setups[0].killed_on is setups[0]
+    outcomes = _spawn.run_all(
+        setups,
+        _child.WorkerSpec(_protocol.CHECK, threads=1),
+        str(tmp_path),
+        module="moving_worker",
+        base_env=env,
+        timeout=120.0,
+    )
+    assert [o.ok for o in outcomes] == [True, True], outcomes
+    assert [o.interrupted for o in outcomes] == [None, True]
+    killed = json.loads((tmp_path / "run1.json.killed").read_text())
+    # Before the move: this machine's (the profile's pool, the parent's seed).
+    assert killed == {"threads": 1, "hashseed": "0"}
+    # After it: the run's other perturbations.
+    resumed = outcomes[1].result
+    assert resumed["threads"] == 3
+    assert resumed["hashseed"] == setups[1].env["PYTHONHASHSEED"] != "0"
+    assert outcomes[0].result["threads"] == 1
+
+
+def test_migrate_alone_says_it_resumes_on_the_same_machine_and_replaces_interrupt():
+    alone = _perturb.plan(2, ["migrate"])[1]
+    assert "on the same machine" in alone.labels["migrate"]
+    both = _perturb.plan(2, ["interrupt", "migrate", "hashseed"])[1]
+    # One kill, one resume: migrate's.
+    assert both.resuming == "migrate" and not both.changes["interrupt"].resumes
+    assert set(both.killed_on.changes) == {"migrate"}
+
+
+def test_a_migrate_run_that_was_never_killed_never_moved():
+    setup = _perturb.plan(2, ["migrate", "hashseed"])[1]
+    outcome = _spawn.RunOutcome(
+        setup, 0, {"perturbations_not_applied": {}}, "", False, 1.0, interrupted=False
+    )
+    assert set(outcome.unapplied) == {"migrate", "hashseed"}
+    assert "never moved" in outcome.not_applied["hashseed"]
+    # A reason given for a perturbation the run did not have is not its own.
+    other = _spawn.RunOutcome(
+        _perturb.plan(2, ["interrupt"])[1],
+        0,
+        {"perturbations_not_applied": {"interrupt": "no backup", "migrate": "x"}},
+        "",
+        False,
+        1.0,
+        interrupted=False,
+    )
+    assert other.unapplied == {"interrupt": "no backup"}
 
 
 def test_an_emulated_run_says_it_is_allowed_ten_times_the_timeout():

@@ -163,6 +163,31 @@ def test_check_interrupts_a_target_run_and_resumes_it_exactly_with_tfdet():
 
 
 @pytest.mark.slow
+def test_check_migrate_resumes_on_another_pool_size_with_the_same_bits():
+    # Killed on the profile's pool (1 thread), resumed on a pool of 3. With
+    # the pool-size-free products the bits do not follow the pool: identical.
+    # The control, without them, diverges exactly at the first step after the
+    # move (2 of 4), so the first half did run on the profile's pool.
+    common = ["check", "builtin:bn_gelu", "--steps", "4", "--device", "cpu",
+              "--perturb", "migrate,threads", "--no-attribute"]  # fmt: skip
+    reports = _checks_at_once(
+        {
+            "free": [*common, "--patches", "auto,pool_size_free_products"],
+            "control": [*common, "--patches", "auto"],
+        }
+    )
+    assert reports["free"]["verdict"] == "identical"
+    baseline, moved = reports["free"]["devices"]["cpu"]["runs"]
+    assert "on this machine, and resumed" in moved["perturbations"]["migrate"]
+    assert moved["steps_recorded"] == 4
+    # The process that resumed (and wrote the result) had the other pool.
+    assert baseline["profile"]["intra_op_threads"] == 1
+    assert moved["profile"]["intra_op_threads"] == 3
+    assert reports["control"]["verdict"] == "diverged"
+    assert reports["control"]["devices"]["cpu"]["divergence"]["step"] == 2
+
+
+@pytest.mark.slow
 def test_check_script_interrupts_and_the_scripts_own_backup_resumes_it(tmp_path):
     (tmp_path / "preemptible_fit.py").write_text(
         (SCRIPTS / "preemptible_fit.py").read_text()

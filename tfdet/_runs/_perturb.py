@@ -399,6 +399,27 @@ def _interrupt_change(index: int, context: Context) -> Change:
     )
 
 
+def _migrate_change(index: int, context: Context) -> Change:
+    change = _interrupt_change(index, context)
+    if index == 0:
+        return change
+    return dataclasses.replace(
+        change,
+        label=change.label.replace(
+            "and resumed in a fresh process",
+            "on this machine, and resumed in a fresh process under the run's "
+            "other perturbations (the training moved to another imitated machine)",
+        ),
+    )
+
+
+def _migrate_supersedes(change: Change) -> Mapping[str, Change]:
+    if not change.resumes:
+        return {}
+    # One kill and one resume: the run's `interrupt` is this one.
+    return {INTERRUPT: Change("killed and resumed as migrate says")}
+
+
 def _interrupt_in_child() -> str | None:
     steps = _protocol.resumed_after()
     if steps is None:
@@ -432,6 +453,7 @@ STAGGER = "stagger"
 THREADS = "threads"
 EMULATED_CPU = "emulated_cpu"
 INTERRUPT = "interrupt"
+MIGRATE = "migrate"
 
 REGISTRY: Mapping[str, Perturbation] = types.MappingProxyType(
     {
@@ -539,6 +561,24 @@ REGISTRY: Mapping[str, Perturbation] = types.MappingProxyType(
                 unavailable=lambda context: context.not_resumable,
                 change=_interrupt_change,
                 in_child=_interrupt_in_child,
+            ),
+            Perturbation(
+                name=MIGRATE,
+                description="run 1 trained on this machine, killed (SIGKILL) "
+                "halfway and resumed in a fresh process under the other "
+                "perturbations given (e.g. threads, caches, emulated_cpu): a "
+                "training that moves to another machine (opt-in)",
+                imitates="A training moved between machines: killed at a step on "
+                "this machine and resumed in a fresh process, from its last "
+                "checkpoint, on the imitated machine the run's other "
+                "perturbations make (as a preempted job restarts on whichever "
+                "machine is free).",
+                default=False,
+                other_machine=False,
+                unavailable=lambda context: context.not_resumable,
+                change=_migrate_change,
+                in_child=_interrupt_in_child,
+                supersedes=_migrate_supersedes,
             ),
         )
     }
@@ -694,6 +734,26 @@ class RunSetup:
     def resumes(self) -> bool:
         """Whether the process is killed at a step and resumed in a second one."""
         return any(change.resumes for change in self.changes.values())
+
+    @property
+    def resuming(self) -> str | None:
+        """The perturbation that kills and resumes this process (None: none)."""
+        return next(
+            (name for name, change in self.changes.items() if change.resumes), None
+        )
+
+    @property
+    def killed_on(self) -> RunSetup:
+        """The setup of the process that is killed, before the run resumes.
+
+        Under `migrate` it has only the kill: the run's other perturbations
+        start with the process that resumes it. Otherwise this setup.
+        """
+        if self.resuming != MIGRATE:
+            return self
+        return dataclasses.replace(
+            self, changes=types.MappingProxyType({MIGRATE: self.changes[MIGRATE]})
+        )
 
     @property
     def labels(self) -> dict[str, str]:
@@ -865,6 +925,13 @@ def setup_of(index: int, active: Sequence[Perturbation], context: Context) -> Ru
             for name, change in record.supersedes(changes[record.name]).items():
                 if name in changes:
                     changes[name] = change
+    moved = changes.get(MIGRATE)
+    if moved is not None and moved.resumes and not set(changes) - {MIGRATE, INTERRUPT}:
+        changes[MIGRATE] = dataclasses.replace(
+            moved,
+            label=_interrupt_change(index, context).label
+            + " on the same machine (no other perturbation given to move to)",
+        )
     return RunSetup(index, types.MappingProxyType(changes))
 
 

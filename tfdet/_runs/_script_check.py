@@ -332,9 +332,7 @@ def check_script(
             **{
                 name: reason
                 for r in runs
-                for name, reason in (
-                    (r.outcome.result or {}).get("perturbations_not_applied") or {}
-                ).items()
+                for name, reason in r.outcome.unapplied.items()
             },
         },
         run_reports=reports,

@@ -571,7 +571,10 @@ def run(spec: WorkerSpec) -> int:
         # uninterrupted run, and the report says why.
         from tfdet._runs import _perturb
 
-        _child.note_not_applied(_perturb.INTERRUPT, not_interrupted)
+        # Under either name that kills and resumes (the parent keeps the
+        # one its run was given).
+        for name in (_perturb.INTERRUPT, _perturb.MIGRATE):
+            _child.note_not_applied(name, not_interrupted)
     from tfdet._runs import _xla
 
     result = {

@@ -237,15 +237,28 @@ class RunOutcome:
     @property
     def not_applied(self) -> dict[str, str]:
         """`{perturbation: "not applied: why"}` for those the run could not apply."""
-        reasons = dict((self.result or {}).get("perturbations_not_applied") or {})
-        if self.interrupted is False and _perturb.INTERRUPT not in reasons:
+        return {name: f"not applied: {why}" for name, why in self.unapplied.items()}
+
+    @property
+    def unapplied(self) -> dict[str, str]:
+        """`{perturbation: why}` for those of its own the run could not apply."""
+        given = (self.result or {}).get("perturbations_not_applied") or {}
+        reasons = {
+            name: why for name, why in given.items() if name in self.setup.changes
+        }
+        resuming = self.setup.resuming
+        if self.interrupted is False and resuming not in reasons:
             # Ended before its kill (a script that failed first): its label
             # must not say it was killed and resumed.
             ended = "timed out" if self.timed_out else describe_exit(self.returncode)
-            reasons[_perturb.INTERRUPT] = (
-                f"the run ended ({ended}) before it was killed"
-            )
-        return {name: f"not applied: {why}" for name, why in reasons.items()}
+            reasons[resuming] = f"the run ended ({ended}) before it was killed"
+        if self.interrupted is False and resuming == _perturb.MIGRATE:
+            for name in self.setup.changes.keys() - self.setup.killed_on.changes:
+                reasons[name] = (
+                    "the run was never killed, so it never moved to the "
+                    "perturbations it was to resume under"
+                )
+        return reasons
 
     @property
     def ok(self) -> bool:
@@ -552,46 +565,59 @@ def _run_one(
         spec,
         result=f"{stem}.json",
         trace=f"{stem}.jsonl",
-        threads=spec.threads if setup.threads is None else setup.threads,
         resume_dir=f"{stem}.resume" if setup.resumes else None,
     )
-    env = child_environment(base_env, setup.env)
-    command = [*setup.launcher, sys.executable, "-m", module, spec.to_json()]
-    neighbour = None
     stages: list[str] = []
+
+    def start(process_setup: RunSetup, resumed_env: dict[str, str | None]):
+        """One process of the run, perturbed as `process_setup` says."""
+        process_spec = dataclasses.replace(
+            spec,
+            threads=spec.threads
+            if process_setup.threads is None
+            else process_setup.threads,
+        )
+        command = [
+            *process_setup.launcher,
+            sys.executable,
+            "-m",
+            module,
+            process_spec.to_json(),
+        ]
+        env = child_environment(
+            child_environment(base_env, process_setup.env), resumed_env
+        )
+        return _start_and_wait(
+            command, env, stem, process_setup, progress, stages, group, timeout, cwd
+        )
+
+    neighbour = None
     try:
         if group.stopped.wait(setup.delay):
             raise RuntimeError("tfdet: runs were stopped before this one started")
         neighbour = _burn(group) if setup.neighbour else None
         started = time.perf_counter()
-        process, timed_out = _start_and_wait(
-            command, env, stem, setup, progress, stages, group, timeout, cwd
-        )
+        # Under `migrate` the killed process has none of the run's other
+        # perturbations: they start with the process that resumes it.
+        process, timed_out = start(setup.killed_on, {})
         resumed = (
             setup.resumes and not timed_out and process.returncode == -signal.SIGKILL
         )
         if resumed:
-            # The `interrupt` perturbation: killed as a preemption kills, now
+            # `interrupt` or `migrate`: killed as a preemption kills, now
             # resumed in a fresh process from what the first one saved.
-            process, timed_out = _start_and_wait(
-                command,
-                child_environment(
-                    env, _perturb.resumed_environment(setup, _killed_at(spec))
-                ),
-                stem,
-                setup,
-                progress,
-                stages,
-                group,
-                timeout,
-                cwd,
+            process, timed_out = start(
+                setup, _perturb.resumed_environment(setup, _killed_at(spec))
             )
     finally:
         if neighbour is not None:
             kill_tree(neighbour)
             neighbour.wait()
     seconds = time.perf_counter() - started
-    result, failure, target_error = _read_result(setup, spec.result)
+    # What the process that wrote the result was given to apply.
+    result, failure, target_error = _read_result(
+        setup if resumed else setup.killed_on, spec.result
+    )
     if process.returncode != 0 or timed_out:
         # Its exit status says why; a result it left is not trusted.
         result, failure = None, None
