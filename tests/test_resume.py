@@ -397,3 +397,50 @@ def test_a_pydataset_input_resumes_exactly_at_an_epoch_boundary(tmp_path):
         tmp_path / "b", FIT, *args, "--unpatched", interrupt=("--kill", "2:0")
     )
     assert resumed == _digest(full) != control
+
+
+@pytest.mark.slow
+def test_a_pydataset_input_resumes_exactly_in_the_middle_of_an_epoch(tmp_path):
+    # fit(shuffle=True) has Keras draw a PyDataset's batch order with
+    # random.shuffle as each epoch's iterator starts. A mid-epoch resume
+    # draws it again from the global generators as the epoch began; the
+    # control, a backup without that state (as tfdet wrote before), draws
+    # another order and trains other batches.
+    full = tmp_path / "full.json"
+    _run(FIT, full, str(tmp_path / "full-backup"), "--data", "pydataset")
+    args = ("--data", "pydataset", "--save-freq", "1")
+    interrupt = ("--kill", "1:3")
+    resumed = _interrupted_and_resumed(tmp_path / "a", FIT, *args, interrupt=interrupt)
+    tmp_path.joinpath("b").mkdir()
+    backup, out = tmp_path / "b" / "backup", tmp_path / "b" / "out.json"
+    _run(FIT, out, str(backup), *args, *interrupt, killed=True)
+    _run(FIT, out, str(backup), *args, "--drop-epoch-random")
+    assert resumed == _digest(full) != _digest(out)
+
+
+@pytest.mark.slow
+def test_check_script_interrupt_compares_every_resumed_batch(tmp_path):
+    # The NeMo form: each step's batch is in the trace, so a resume that
+    # trains other batches is caught at the first one, as "data". A
+    # reshuffling tf.data input and a PyDataset resumed mid-epoch train the
+    # batches of the run that never stopped; the control (a backup without
+    # the epoch's start state) trains another batch at the first resumed step.
+    (tmp_path / "resumable_fit.py").write_text(FIT.read_text())
+    common = ["check", "--script", "resumable_fit.py", "--perturb", "interrupt",
+              "--seed", "3", "--no-attribute"]  # fmt: skip
+    script = ["--", "out.json", "backup", "--save-freq", "1", "--data"]
+    reports = _checks_at_once(
+        {
+            "tfdata": [*common, *script, "tfdata"],
+            "pydataset": [*common, *script, "pydataset"],
+            "control": [*common, *script, "pydataset", "--drop-epoch-random"],
+        },
+        cwd=tmp_path,
+    )
+    assert reports["tfdata"]["verdict"] == "identical"
+    assert reports["pydataset"]["verdict"] == "identical"
+    divergence = reports["control"]["divergence"]
+    assert reports["control"]["verdict"] == "diverged"
+    # Killed after its third step (the first past 2 that follows a backup):
+    # the first resumed step trains another batch.
+    assert (divergence["quantity"], divergence["step"]) == ("data", 3), divergence

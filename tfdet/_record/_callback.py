@@ -21,7 +21,7 @@ import keras
 
 from tfdet._errors import ProfileMismatchError
 from tfdet._pin import _versions
-from tfdet._record import _bits, _diff, _trace
+from tfdet._record import _batches, _bits, _diff, _trace
 
 _LOG = logging.getLogger("tfdet")
 
@@ -172,6 +172,13 @@ class _DeterminismHooks:
         self.steps_recorded = 0
         # Set by `on_train_begin`; None until then (a `fit` may fail before).
         self._writer: _trace.TraceWriter | None = None
+        self._batches: _batches.BatchWatch | None = None
+
+    def set_model(self, model: Any) -> None:
+        super().set_model(model)
+        # Here, before `fit` traces its train function: each step then
+        # leaves its batch's fingerprint for the trace (`data`).
+        self._batches = _batches.watch(model)
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         from tfdet._pin import _distribution, _environment
@@ -331,6 +338,7 @@ class _DeterminismHooks:
             batch=batch,
             with_variables=bool(self.variables_every)
             and self.steps_recorded % self.variables_every == 0,
+            data=None if self._batches is None else self._batches.fingerprint(),
         )
 
     def _act(self, divergence: _diff.Divergence) -> None:

@@ -30,7 +30,8 @@ class Divergence:
     Attributes:
         step: Global step (0-based).
         epoch: Epoch of the step, when recorded.
-        quantity: `"loss"`, `"metric:NAME"`, `"weights"`,
+        quantity: `"data"` (the batch the step trained on: its inputs,
+            targets or sample weights differ), `"loss"`, `"metric:NAME"`, `"weights"`,
             `"weights:VARIABLE"` (the first differing variable, when
             per-variable fingerprints exist at that step), or `"steps"` (the
             step is recorded in only one of the traces).
@@ -155,8 +156,9 @@ def compare_steps(
 ) -> Divergence | None:
     """The first differing quantity of two records of the same step, or None.
 
-    Quantities are checked in the order they are computed: the loss, the
-    metrics (by name), then the weights after the update.
+    Quantities are checked in the order they are computed: the batch the
+    step trained on (where both records have it), the loss, the metrics (by
+    name), then the weights after the update.
 
     Args:
         expected: The reference record.
@@ -165,7 +167,13 @@ def compare_steps(
     """
     step = int(received.get("step", expected.get("step", -1)))
     epoch = received.get("epoch", expected.get("epoch"))
-    found = _compare_values("loss", expected.get("loss"), received.get("loss"))
+    found = None
+    data_a, data_b = expected.get("data"), received.get("data")
+    if data_a is not None and data_b is not None and data_a != data_b:
+        # Another batch: what follows from it (loss, weights) differs too.
+        found = ("data", data_a, data_b, None)
+    if found is None:
+        found = _compare_values("loss", expected.get("loss"), received.get("loss"))
     if found is None:
         metrics_a = expected.get("metrics") or {}
         metrics_b = received.get("metrics") or {}

@@ -5,13 +5,15 @@ Line 1 is a header: `{"format": "tfdet-trace", "version": 2, "profile": ...,
 the environment fingerprint of `tfdet env`. Every further line is one
 training step:
 
-    {"epoch": 0, "step": 3, "batch": 3,
+    {"epoch": 0, "step": 3, "batch": 3, "data": "<16 hex digits>",
      "loss": {"dtype": "float32", "bits": "3f8ccccd", "value": "1.1"},
      "metrics": {"accuracy": {...}},
      "weights": "<32 hex digits>",
      "variables": ["<16 hex digits>", ...]}
 
-`weights` fingerprints every weight of the model exactly (any single flipped
+`data`, where the recorder saw the batch, fingerprints the batch the step
+trained on (inputs, targets, sample weights; `_batches`). `weights`
+fingerprints every weight of the model exactly (any single flipped
 bit changes it); `variables`, present every `variables_every` recorded steps,
 holds one fingerprint per variable, in the order of the header's
 `variables`. A metric that logs an array is recorded by its digest, with a
@@ -76,6 +78,7 @@ def step_record(
     epoch: int = 0,
     batch: int | None = None,
     with_variables: bool = True,
+    data: str | None = None,
 ) -> dict[str, Any]:
     """One step line: the logged loss and metrics as bits, weight fingerprints.
 
@@ -86,6 +89,7 @@ def step_record(
         epoch: The step's epoch.
         batch: Its batch index in the epoch (default: `step`).
         with_variables: Also record one fingerprint per variable.
+        data: The fingerprint of the batch the step trained on, when known.
     """
     values = {
         name: _bits.logged_value_bits(value)
@@ -96,6 +100,7 @@ def step_record(
         "epoch": epoch,
         "step": step,
         "batch": step if batch is None else batch,
+        **({} if data is None else {"data": data}),
         "loss": values.pop("loss", None),
         "metrics": values,
         "weights": weights_fingerprint(checksums),
@@ -397,6 +402,8 @@ def _check_step(record: Any) -> None:
     for key in ("epoch", "batch"):
         if record.get(key) is not None and not _is_int(record[key]):
             raise ValueError(f"{key} is not an integer: {record[key]!r:.40}")
+    if record.get("data") is not None and not isinstance(record["data"], str):
+        raise ValueError(f"data is not a fingerprint string: {record['data']!r:.40}")
     if record.get("loss") is not None:
         _check_bits("loss", record["loss"])
     metrics = record.get("metrics")

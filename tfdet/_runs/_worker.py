@@ -130,7 +130,7 @@ def _train_on_batches(built: Any, spec: WorkerSpec) -> None:
     keeps the killed process's trace up to there and trains the rest.
     """
     from tfdet._pin import _environment
-    from tfdet._record import _bits, _trace
+    from tfdet._record import _batches, _bits, _trace
     from tfdet._setup import _enable
 
     model = built.model
@@ -141,7 +141,9 @@ def _train_on_batches(built: Any, spec: WorkerSpec) -> None:
     writer = None
     try:
         for step in range(first, spec.steps):
-            logs = _train_step(model, *built.batch(step), built.sample_weight(step))
+            x, y = built.batch(step)
+            sample_weight = built.sample_weight(step)
+            logs = _train_step(model, x, y, sample_weight)
             if writer is None:
                 # After the first step: a model may create its weights then.
                 header = _trace.make_header(
@@ -157,7 +159,14 @@ def _train_on_batches(built: Any, spec: WorkerSpec) -> None:
                     else _trace.TraceWriter(spec.trace, header)
                 )
             checksums = _bits.weight_checksums(model.weights)
-            writer.write_step(_trace.step_record(step, logs, checksums))
+            writer.write_step(
+                _trace.step_record(
+                    step,
+                    logs,
+                    checksums,
+                    data=_batches.fingerprint((x, y, sample_weight)),
+                )
+            )
             if resumable is not None:
                 resumable.save(step + 1)
             _child.report_progress(step + 1, spec.steps)

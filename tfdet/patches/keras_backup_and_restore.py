@@ -15,7 +15,11 @@ uninterrupted (docs/how-to/resume.md). What Keras 3's backup loses:
   generator advances once per `iter()`, two per epoch in Keras 3.15's fit);
 - the metric accumulators of an epoch resumed in its middle;
 - Python's and NumPy's global generators and TF's eager op-seed generator,
-  for code that draws from them while training.
+  for code that draws from them while training; and, for a resume in the
+  middle of an epoch, the two global generators as the epoch began: what was
+  drawn there is drawn again when the resumed epoch begins (a
+  `keras.utils.PyDataset` under `fit(shuffle=True)` has Keras draw its batch
+  order with `random.shuffle` as each epoch's iterator starts).
 
 This patch puts `ExactBackupAndRestore` (a subclass) where Keras's class is
 looked up, so `keras.callbacks.BackupAndRestore(...)` saves and restores all
@@ -162,7 +166,27 @@ def _encode_state(state: dict[str, Any]) -> dict[str, Any]:
         if state["eager_seed"] is None
         else _python_random(state["eager_seed"]),
         "counters": list(state["counters"]),
+        "epoch_random": _encode_globals(state["epoch_random"]),
     }
+
+
+def _encode_globals(pair: Any) -> Any:
+    """`(random.getstate(), np.random.get_state())` as JSON, or None."""
+    if pair is None:
+        return None
+    python, (name, keys, position, has_gauss, cached) = pair
+    return [_python_random(python), [name, _array(keys), position, has_gauss, cached]]
+
+
+def _decode_globals(data: Any) -> Any:
+    """Inverse of `_encode_globals`."""
+    if data is None:
+        return None
+    python, (name, keys, position, has_gauss, cached) = data
+    return (
+        _from_python_random(python),
+        (str(name), _from_array(keys), int(position), int(has_gauss), float(cached)),
+    )
 
 
 def _decode_state(data: Any, path: str) -> dict[str, Any]:
@@ -193,6 +217,9 @@ def _decode_state(data: Any, path: str) -> dict[str, Any]:
             ),
             "eager_seed": None if eager is None else _from_python_random(eager),
             "counters": tuple(int(count) for count in data["counters"]),
+            # Absent from the backups of tfdet 0.x before it: a mid-epoch
+            # resume from one replays the epoch's start draws as before.
+            "epoch_random": _decode_globals(data.get("epoch_random")),
         }
     except (KeyError, TypeError, ValueError) as error:
         raise RuntimeError(
@@ -233,6 +260,11 @@ def exact_backup_and_restore_class() -> type:
             self._to_skip = 0  # Batches to pull without training (resume).
             self._skipping = False
             self._saved_metrics: list[Any] | None = None
+            # Python's and NumPy's global generators as the epoch began.
+            self._epoch_random: Any = None
+            # At a mid-epoch resume: the generators' state at the backup,
+            # set once the skipped batches are pulled.
+            self._random_after_skip: Any = None
 
         # -- saving ---------------------------------------------------------
 
@@ -259,6 +291,7 @@ def exact_backup_and_restore_class() -> type:
                     self._batches_seen_since_last_saving,
                     self._last_batch_seen,
                 ),
+                "epoch_random": self._epoch_random,
             }
 
         def _save_model(self) -> None:
@@ -284,11 +317,20 @@ def exact_backup_and_restore_class() -> type:
                         os.remove(os.path.join(self.backup_dir, name.format(n=current)))
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            import numpy as np
+
             if not self._to_skip:
                 self._steps_done = 0
+            # Before the epoch's iterator starts (and draws its order).
+            self._epoch_random = (random.getstate(), np.random.get_state())
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
             self._skipping = self._to_skip > 0
+            if not self._skipping and self._random_after_skip is not None:
+                # The skipped batches are pulled (the epoch's order drawn
+                # again): on from where the interrupted run saved.
+                _set_globals(self._random_after_skip)
+                self._random_after_skip = None
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             if self._skipping:
@@ -332,7 +374,6 @@ def exact_backup_and_restore_class() -> type:
             self._restore(_decode_state(data, path))
 
         def _restore(self, state: dict[str, Any]) -> None:
-            import numpy as np
 
             model = self.model
             position = (state["epoch"], state["steps_done"], state["iterations"])
@@ -377,8 +418,14 @@ def exact_backup_and_restore_class() -> type:
                 generator.state.assign(value)
             if state["global_seed"] is not None:
                 _global_seed_generator(create=True).state.assign(state["global_seed"])
-            random.setstate(state["python_random"])
-            np.random.set_state(state["numpy_random"])
+            backup_time = (state["python_random"], state["numpy_random"])
+            if state["steps_done"] and state["epoch_random"] is not None:
+                # The resumed epoch begins as the interrupted one began; the
+                # generators take their backup-time state after the skip.
+                _set_globals(state["epoch_random"])
+                self._random_after_skip = backup_time
+            else:
+                _set_globals(backup_time)
             eager = _eager_seed_generator()
             if eager is not None and state["eager_seed"] is not None:
                 eager.setstate(state["eager_seed"])
@@ -398,7 +445,6 @@ def exact_backup_and_restore_class() -> type:
                 self._saved_metrics = state["metrics"]
                 self._to_skip = state["steps_done"]
                 self._skip_trained_batches()
-                _warn_if_inexact_mid_epoch(getattr(self.model, _FIT_INPUT, None))
 
         def _skip_trained_batches(self) -> None:
             """Pulls the trained batches without training, once per fit.
@@ -533,6 +579,15 @@ def _check_owned(directory: str) -> None:
         )
 
 
+def _set_globals(pair: Any) -> None:
+    """Sets Python's and NumPy's global generators to `(python, numpy)`."""
+    import numpy as np
+
+    python, numpy_state = pair
+    random.setstate(python)
+    np.random.set_state(numpy_state)
+
+
 def _current(directory: str) -> int | None:
     try:
         with open(os.path.join(directory, CURRENT), encoding="utf-8") as handle:
@@ -559,25 +614,6 @@ def _fast_forward(data: Any, epochs: int) -> None:
         for _ in range(epochs):
             getattr(data, "on_epoch_begin", lambda: None)()
             data.on_epoch_end()
-
-
-def _warn_if_inexact_mid_epoch(data: Any) -> None:
-    """Says so when a resume in the middle of an epoch is known to be inexact.
-
-    Measured (Keras 3.15): a `keras.utils.PyDataset` input resumed at an
-    epoch's start gives the uninterrupted run's bits, but resumed in the
-    middle of one, the batches after the skipped ones differ from step two
-    on (cause not found yet).
-    """
-    import keras
-
-    if isinstance(data, keras.utils.PyDataset):
-        warnings.warn(
-            "tfdet: a keras.utils.PyDataset input resumed in the middle of an "
-            "epoch does not give the uninterrupted run's bits yet; resume from "
-            'epoch boundaries (BackupAndRestore(save_freq="epoch")) for exact bits.',
-            stacklevel=2,
-        )
 
 
 def _wrap_fit(original: Any) -> Any:

@@ -1,12 +1,15 @@
 """A fit that BackupAndRestore resumes: Dense + Dropout, Adam with a schedule.
 
 `python resumable_fit.py OUT BACKUP [--save-freq N] [--kill E:B] [--kill-at-save K]
-[--data array|tfdata|pydataset] [--backups N] [--unpatched]`: trains 4 epochs of 256 samples (8 batches
+[--data array|tfdata|pydataset] [--backups N] [--unpatched] [--drop-epoch-random]`: trains 4 epochs of 256 samples (8 batches
 of 32, shuffled) under `tfdet.enable(seed=3)` and writes the final weights'
 digest to OUT. `--kill E:B` kills the process (SIGKILL) after batch B of epoch E;
 `--kill-at-save K` kills it while it writes its K-th backup, after the weights
 and before the backup is made current; `--unpatched` leaves out tfdet's
-`keras_backup_and_restore` patch (Keras's own BackupAndRestore); `--backups N`
+`keras_backup_and_restore` patch (Keras's own BackupAndRestore);
+`--drop-epoch-random` removes from the current backup the global generators'
+state at its epoch's start, as a backup written before tfdet kept it;
+`--backups N`
 gives fit N BackupAndRestore callbacks (BACKUP, BACKUP-2, ...), with the one
 save_freq or one each (`--save-freq 3,epoch`). OUT also gets the optimizer's
 step count.
@@ -30,7 +33,25 @@ parser.add_argument("--kill-at-save", type=int)
 parser.add_argument("--data", default="array")
 parser.add_argument("--backups", type=int, default=1)
 parser.add_argument("--unpatched", action="store_true")
+parser.add_argument("--drop-epoch-random", action="store_true")
 args = parser.parse_args()
+
+if args.drop_epoch_random:
+    from tfdet.patches import keras_backup_and_restore as exact
+
+    try:
+        with open(os.path.join(args.backup, exact.CURRENT)) as handle:
+            state = os.path.join(
+                args.backup, f"tfdet-{handle.read().strip()}.state.json"
+            )
+    except FileNotFoundError:
+        state = None
+    if state is not None:
+        with open(state) as handle:
+            saved = json.load(handle)
+        saved.pop("epoch_random", None)
+        with open(state, "w") as handle:
+            json.dump(saved, handle)
 
 patches = [
     name
