@@ -422,8 +422,9 @@ def test_a_pydataset_input_resumes_exactly_in_the_middle_of_an_epoch(tmp_path):
 def test_check_script_interrupt_compares_every_resumed_batch(tmp_path):
     # The NeMo form: each step's batch is in the trace, so a resume that
     # trains other batches is caught at the first one, as "data". A
-    # reshuffling tf.data input and a PyDataset resumed mid-epoch train the
-    # batches of the run that never stopped; the control (a backup without
+    # reshuffling tf.data input, a PyDataset resumed mid-epoch and a
+    # generator (one stream for all epochs) train the batches of the run that
+    # never stopped; the control (a backup without
     # the epoch's start state) trains another batch at the first resumed step.
     (tmp_path / "resumable_fit.py").write_text(FIT.read_text())
     common = ["check", "--script", "resumable_fit.py", "--perturb", "interrupt",
@@ -433,14 +434,36 @@ def test_check_script_interrupt_compares_every_resumed_batch(tmp_path):
         {
             "tfdata": [*common, *script, "tfdata"],
             "pydataset": [*common, *script, "pydataset"],
+            "generator": [*common, *script, "generator"],
             "control": [*common, *script, "pydataset", "--drop-epoch-random"],
         },
         cwd=tmp_path,
     )
     assert reports["tfdata"]["verdict"] == "identical"
     assert reports["pydataset"]["verdict"] == "identical"
+    assert reports["generator"]["verdict"] == "identical"
     divergence = reports["control"]["divergence"]
     assert reports["control"]["verdict"] == "diverged"
     # Killed after its third step (the first past 2 that follows a backup):
     # the first resumed step trains another batch.
     assert (divergence["quantity"], divergence["step"]) == ("data", 3), divergence
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("data", ["generator", "tfdata-repeat"])
+def test_one_stream_for_every_epoch_resumes_at_its_position(tmp_path, data):
+    # fit(steps_per_epoch=8) draws every epoch from one iterator: a Python
+    # generator, a repeated tf.data. A fresh process starts the stream at its
+    # first batch; the resume pulls what the finished epochs took (before,
+    # a generator resumed in epoch 2 retrained epoch 0's batches:
+    # 77913aa56e570eef instead of 4a43dbd124f324ba). The control: Keras's own
+    # BackupAndRestore.
+    full = tmp_path / "full.json"
+    _run(FIT, full, str(tmp_path / "full-backup"), "--data", data)
+    args = ("--data", data, "--save-freq", "1")
+    interrupt = ("--kill", "2:3")
+    resumed = _interrupted_and_resumed(tmp_path / "a", FIT, *args, interrupt=interrupt)
+    control = _interrupted_and_resumed(
+        tmp_path / "b", FIT, *args, "--unpatched", interrupt=interrupt
+    )
+    assert resumed == _digest(full) != control

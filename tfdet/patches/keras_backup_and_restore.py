@@ -13,6 +13,11 @@ uninterrupted (docs/how-to/resume.md). What Keras 3's backup loses:
   process, so a second interruption restarted training from epoch 0;
 - the order of a `tf.data` input that reshuffles on each iteration (its seed
   generator advances once per `iter()`, two per epoch in Keras 3.15's fit);
+- with `steps_per_epoch`, where the input's stream stood: Keras then draws
+  every epoch from one iterator (a generator, a repeated `tf.data`), and a
+  resumed `fit` starts a fresh one at the stream's first batch, so a resume
+  at epoch E retrained epoch 0's batches; the resume pulls the
+  `E * steps_per_epoch` batches the finished epochs took;
 - the metric accumulators of an epoch resumed in its middle;
 - Python's and NumPy's global generators and TF's eager op-seed generator,
   for code that draws from them while training; and, for a resume in the
@@ -56,8 +61,10 @@ STATE_FORMAT = 1
 # Notes on the model for one `fit`: the BackupAndRestore that restored it
 # (backup directory, position), and the callbacks skipping trained batches.
 _RESTORED_BY = "_tfdet_restored_by"
-# ... and the input `fit` was given, which a resume fast-forwards.
+# ... and the input `fit` was given, which a resume fast-forwards, and its
+# `steps_per_epoch` (given: one iterator serves every epoch).
 _FIT_INPUT = "_tfdet_fit_input"
+_FIT_STEPS_PER_EPOCH = "_tfdet_fit_steps_per_epoch"
 _SKIPPING = "_tfdet_skipping"
 # Iterators Keras 3's TF `fit` makes of a `tf.data` input per epoch (one at
 # the epoch's start, one made at its end and dropped), when `steps_per_epoch`
@@ -265,6 +272,9 @@ def exact_backup_and_restore_class() -> type:
             # At a mid-epoch resume: the generators' state at the backup,
             # set once the skipped batches are pulled.
             self._random_after_skip: Any = None
+            # At a resume under `steps_per_epoch`: the finished epochs'
+            # batches, pulled from the fresh iterator before anything else.
+            self._stream_skip = 0
 
         # -- saving ---------------------------------------------------------
 
@@ -411,7 +421,13 @@ def exact_backup_and_restore_class() -> type:
                 )
             # Before the global generators are restored: a PyDataset's
             # epoch hooks may draw from them, as they did in the first run.
-            _fast_forward(getattr(model, _FIT_INPUT, None), state["epoch"])
+            stream_steps = getattr(model, _FIT_STEPS_PER_EPOCH, None)
+            if stream_steps is None:
+                _fast_forward(getattr(model, _FIT_INPUT, None), state["epoch"])
+            else:
+                # One iterator for all epochs: started afresh, it must give
+                # up what the finished epochs took (pulled with the skip).
+                self._stream_skip = state["epoch"] * stream_steps
             for (_, generator), (_, value) in zip(
                 seed_generators(model), state["seeds"], strict=True
             ):
@@ -444,6 +460,7 @@ def exact_backup_and_restore_class() -> type:
             if state["steps_done"]:
                 self._saved_metrics = state["metrics"]
                 self._to_skip = state["steps_done"]
+            if state["steps_done"] or self._stream_skip:
                 self._skip_trained_batches()
 
         def _skip_trained_batches(self) -> None:
@@ -463,6 +480,9 @@ def exact_backup_and_restore_class() -> type:
             original = model.train_function
 
             def train_function(iterator: Any) -> Any:
+                for _ in range(self._stream_skip):
+                    next(iterator)  # Taken by the finished epochs.
+                self._stream_skip = 0
                 if self._to_skip <= 0:
                     model.train_function = original
                     return original(iterator)
@@ -622,6 +642,7 @@ def _wrap_fit(original: Any) -> Any:
         # What a resume must fast-forward: the input (`_fast_forward`).
         # Set past Keras's attribute tracking: tfdet's notes, not model state.
         object.__setattr__(self, _FIT_INPUT, x)
+        object.__setattr__(self, _FIT_STEPS_PER_EPOCH, kwargs.get("steps_per_epoch"))
         # Which BackupAndRestore restored this fit, which ones skip.
         object.__setattr__(self, _RESTORED_BY, None)
         object.__setattr__(self, _SKIPPING, None)
@@ -643,7 +664,8 @@ def _apply(swap: Any) -> None:
 
 PATCH = Patch(
     summary="keras.callbacks.BackupAndRestore (loses seed states, the position "
-    "in an epoch, tf.data order) -> a subclass that resumes bit for bit",
+    "in an epoch and in the input's stream, tf.data and PyDataset order) -> a "
+    "subclass that resumes bit for bit",
     upstream="https://github.com/keras-team/keras/blob/master/keras/src/callbacks/backup_and_restore.py",
     apply=_apply,
     requires=KERAS3,

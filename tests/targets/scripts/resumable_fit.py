@@ -1,7 +1,7 @@
 """A fit that BackupAndRestore resumes: Dense + Dropout, Adam with a schedule.
 
 `python resumable_fit.py OUT BACKUP [--save-freq N] [--kill E:B] [--kill-at-save K]
-[--data array|tfdata|pydataset] [--backups N] [--unpatched] [--drop-epoch-random]`: trains 4 epochs of 256 samples (8 batches
+[--data array|tfdata|tfdata-repeat|pydataset|generator] [--backups N] [--unpatched] [--drop-epoch-random]`: trains 4 epochs of 256 samples (8 batches
 of 32, shuffled) under `tfdet.enable(seed=3)` and writes the final weights'
 digest to OUT. `--kill E:B` kills the process (SIGKILL) after batch B of epoch E;
 `--kill-at-save K` kills it while it writes its K-th backup, after the weights
@@ -142,6 +142,23 @@ if args.data == "pydataset":
             self.rng.shuffle(self.order)
 
     model.fit(Batches(), epochs=4, verbose=0, callbacks=callbacks)
+elif args.data == "generator":
+
+    def batches():
+        """Endless shuffled batches of 32, from a generator of its own seed."""
+        order_rng = np.random.RandomState(7)
+        while True:
+            order = order_rng.permutation(256)
+            for start in range(0, 256, 32):
+                rows = order[start : start + 32]
+                yield x[rows], y[rows]
+
+    model.fit(batches(), steps_per_epoch=8, epochs=4, verbose=0, callbacks=callbacks)
+elif args.data == "tfdata-repeat":
+    # One stream for all epochs (steps_per_epoch), reshuffled on each pass.
+    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(256, seed=11)
+    data = data.batch(32).repeat()
+    model.fit(data, steps_per_epoch=8, epochs=4, verbose=0, callbacks=callbacks)
 elif args.data == "tfdata":
     data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(256, seed=11).batch(32)
     model.fit(data, epochs=4, verbose=0, callbacks=callbacks)
