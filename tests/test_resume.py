@@ -9,15 +9,23 @@ patch (or without the random state) resumes into other bits.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import signal
 
 import pytest
+from packaging.version import Version
 
 from tests.conftest import REPO, clean_env, run_python
 
 SCRIPTS = REPO / "tests" / "targets" / "scripts"
+# From Keras 3.6 fit(shuffle=True) draws a PyDataset's batch order with
+# random.shuffle; Keras 3.5 shuffled it in tf.data (seeded), where a resume
+# without the epoch's start state is exact too: no control there.
+KERAS_SHUFFLES_PYDATASET_WITH_RANDOM = Version(
+    importlib.metadata.version("keras")
+) >= Version("3.6")
 FIT = SCRIPTS / "resumable_fit.py"
 LOOP = SCRIPTS / "resumable_loop.py"
 
@@ -415,7 +423,9 @@ def test_a_pydataset_input_resumes_exactly_in_the_middle_of_an_epoch(tmp_path):
     backup, out = tmp_path / "b" / "backup", tmp_path / "b" / "out.json"
     _run(FIT, out, str(backup), *args, *interrupt, killed=True)
     _run(FIT, out, str(backup), *args, "--drop-epoch-random")
-    assert resumed == _digest(full) != _digest(out)
+    assert resumed == _digest(full)
+    if KERAS_SHUFFLES_PYDATASET_WITH_RANDOM:
+        assert _digest(out) != _digest(full)
 
 
 @pytest.mark.slow
@@ -442,6 +452,8 @@ def test_check_script_interrupt_compares_every_resumed_batch(tmp_path):
     assert reports["tfdata"]["verdict"] == "identical"
     assert reports["pydataset"]["verdict"] == "identical"
     assert reports["generator"]["verdict"] == "identical"
+    if not KERAS_SHUFFLES_PYDATASET_WITH_RANDOM:
+        return
     divergence = reports["control"]["divergence"]
     assert reports["control"]["verdict"] == "diverged"
     # Killed after its third step (the first past 2 that follows a backup):
