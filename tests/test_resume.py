@@ -479,3 +479,28 @@ def test_one_stream_for_every_epoch_resumes_at_its_position(tmp_path, data):
         tmp_path / "b", FIT, *args, "--unpatched", interrupt=interrupt
     )
     assert resumed == _digest(full) != control
+
+
+@pytest.mark.slow
+def test_a_manual_resume_from_a_saved_model_says_it_is_not_exact(tmp_path):
+    # ModelCheckpoint + load_model + fit(initial_epoch=2): the saved model
+    # holds no seed state, so the resumed epochs replay the first epochs'
+    # Dropout masks: other bits, and tfdet says so (the run that never
+    # stopped, which starts at epoch 0, is not warned).
+    script = SCRIPTS / "model_checkpoint_resume.py"
+
+    def run(out, checkpoint, mode):
+        code = f"import runpy, sys; sys.argv = {[str(script), str(out), str(checkpoint), mode]!r}\n"
+        code += f"runpy.run_path({str(script)!r}, run_name='__main__')"
+        return run_python(code, env=clean_env(PYTHONHASHSEED="0"))
+
+    full = run(tmp_path / "full.json", tmp_path / "a.keras", "full")
+    assert full.returncode == 0, full.stderr[-3000:]
+    killed = run(tmp_path / "resumed.json", tmp_path / "b.keras", "kill")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = run(tmp_path / "resumed.json", tmp_path / "b.keras", "resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    warning = "fit(initial_epoch=2) continues a model whose random layers"
+    assert warning in resumed.stderr and "not exact" in resumed.stderr
+    assert warning not in full.stderr
+    assert _digest(tmp_path / "resumed.json") != _digest(tmp_path / "full.json")
