@@ -648,6 +648,7 @@ def _warn_if_resumed_without_state(model: Any, kwargs: dict[str, Any]) -> None:
     """
     initial_epoch = kwargs.get("initial_epoch") or 0
     callbacks = kwargs.get("callbacks") or []
+    callbacks = getattr(callbacks, "callbacks", callbacks)  # A CallbackList.
     if initial_epoch <= 0 or any(
         getattr(callback, "_tfdet_exact", False) for callback in callbacks
     ):
