@@ -416,6 +416,10 @@ def test_a_pydataset_input_resumes_exactly_at_an_epoch_boundary(tmp_path):
 
 @pytest.mark.slow
 def test_a_pydataset_input_resumes_exactly_in_the_middle_of_an_epoch(tmp_path):
+    if not KERAS_SHUFFLES_PYDATASET_WITH_RANDOM:
+        # Measured on TF 2.16 + Keras 3.5: exact in one matrix run, not in
+        # another on a loaded machine (its tf.data shuffle of the batches).
+        pytest.skip("Keras 3.5 orders a PyDataset in tf.data: not claimed there")
     # fit(shuffle=True) has Keras draw a PyDataset's batch order with
     # random.shuffle as each epoch's iterator starts. A mid-epoch resume
     # draws it again from the global generators as the epoch began; the
