@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfdet._pin import _distribution
 from tfdet._record import _bits
 
 # The model attribute that holds the watch of its wrapped `train_step`.
@@ -70,9 +71,8 @@ def watch(model: Any) -> BatchWatch | None:
         return existing
     if not tf.executing_eagerly() or not callable(getattr(model, "train_step", None)):
         return None
-    strategy = getattr(model, "distribute_strategy", None)
-    if strategy is not None and not type(strategy).__name__.startswith("_Default"):
-        return None
+    if _distribution.describe(getattr(model, "distribute_strategy", None)):
+        return None  # Under a strategy: each replica sees part of the batch.
     # Not tracked by the model (it is no weight of it, and no checkpoint
     # holds it): created outside any Keras scope, held by the closure only.
     with tf.init_scope():

@@ -246,18 +246,20 @@ class RunOutcome:
         reasons = {
             name: why for name, why in given.items() if name in self.setup.changes
         }
+        if self.interrupted is not False:
+            return reasons
         resuming = self.setup.resuming
-        if self.interrupted is False and resuming not in reasons:
+        if resuming not in reasons:
             # Ended before its kill (a script that failed first): its label
             # must not say it was killed and resumed.
             ended = "timed out" if self.timed_out else describe_exit(self.returncode)
             reasons[resuming] = f"the run ended ({ended}) before it was killed"
-        if self.interrupted is False and resuming == _perturb.MIGRATE:
-            for name in self.setup.changes.keys() - self.setup.killed_on.changes:
-                reasons[name] = (
-                    "the run was never killed, so it never moved to the "
-                    "perturbations it was to resume under"
-                )
+        # Under `migrate`, what the run was to resume under never started.
+        for name in self.setup.changes.keys() - self.setup.killed_on.changes:
+            reasons[name] = (
+                "the run was never killed, so it never moved to the "
+                "perturbations it was to resume under"
+            )
         return reasons
 
     @property

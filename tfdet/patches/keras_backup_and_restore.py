@@ -154,9 +154,20 @@ def _from_python_random(data: Any) -> Any:
     return int(version), tuple(int(i) for i in internal), gauss
 
 
+def _numpy_random(state: Any) -> Any:
+    """`np.random.get_state()` as JSON: `[name, keys, position, gauss...]`."""
+    name, keys, position, has_gauss, cached = state
+    return [name, _array(keys), position, has_gauss, cached]
+
+
+def _from_numpy_random(data: Any) -> Any:
+    """Inverse of `_numpy_random`: what `np.random.set_state()` takes."""
+    name, keys, position, has_gauss, cached = data
+    return str(name), _from_array(keys), int(position), int(has_gauss), float(cached)
+
+
 def _encode_state(state: dict[str, Any]) -> dict[str, Any]:
     """The resume state as JSON values (Python floats keep every bit)."""
-    name, keys, position, has_gauss, cached = state["numpy_random"]
     return {
         "format": STATE_FORMAT,
         "epoch": state["epoch"],
@@ -168,7 +179,7 @@ def _encode_state(state: dict[str, Any]) -> dict[str, Any]:
         else _array(state["global_seed"]),
         "metrics": [_array(value) for value in state["metrics"]],
         "python_random": _python_random(state["python_random"]),
-        "numpy_random": [name, _array(keys), position, has_gauss, cached],
+        "numpy_random": _numpy_random(state["numpy_random"]),
         "eager_seed": None
         if state["eager_seed"] is None
         else _python_random(state["eager_seed"]),
@@ -181,19 +192,16 @@ def _encode_globals(pair: Any) -> Any:
     """`(random.getstate(), np.random.get_state())` as JSON, or None."""
     if pair is None:
         return None
-    python, (name, keys, position, has_gauss, cached) = pair
-    return [_python_random(python), [name, _array(keys), position, has_gauss, cached]]
+    python, numpy_state = pair
+    return [_python_random(python), _numpy_random(numpy_state)]
 
 
 def _decode_globals(data: Any) -> Any:
     """Inverse of `_encode_globals`."""
     if data is None:
         return None
-    python, (name, keys, position, has_gauss, cached) = data
-    return (
-        _from_python_random(python),
-        (str(name), _from_array(keys), int(position), int(has_gauss), float(cached)),
-    )
+    python, numpy_state = data
+    return _from_python_random(python), _from_numpy_random(numpy_state)
 
 
 def _decode_state(data: Any, path: str) -> dict[str, Any]:
@@ -201,7 +209,6 @@ def _decode_state(data: Any, path: str) -> dict[str, Any]:
     try:
         if data["format"] != STATE_FORMAT:
             raise ValueError(f"format {data['format']!r}")
-        name, keys, position, has_gauss, cached = data["numpy_random"]
         eager = data["eager_seed"]
         return {
             "epoch": int(data["epoch"]),
@@ -215,13 +222,7 @@ def _decode_state(data: Any, path: str) -> dict[str, Any]:
             else _from_array(data["global_seed"]),
             "metrics": [_from_array(value) for value in data["metrics"]],
             "python_random": _from_python_random(data["python_random"]),
-            "numpy_random": (
-                str(name),
-                _from_array(keys),
-                int(position),
-                int(has_gauss),
-                float(cached),
-            ),
+            "numpy_random": _from_numpy_random(data["numpy_random"]),
             "eager_seed": None if eager is None else _from_python_random(eager),
             "counters": tuple(int(count) for count in data["counters"]),
             # Absent from the backups of tfdet 0.x before it: a mid-epoch
