@@ -33,6 +33,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -103,7 +104,9 @@ def label(name: str) -> str:
 
 
 def target(name: str) -> str:
-    """The TARGET that trains model `name`."""
+    """The TARGET that trains model `name` (a TARGET itself when it has a ':')."""
+    if ":" in name and not name.startswith(SURVEY_PREFIX):
+        return name
     if name.startswith(SURVEY_PREFIX):
         return f"{SURVEY}:{name[len(SURVEY_PREFIX) :]}"
     return f"builtin:{name}"
@@ -145,7 +148,7 @@ def software() -> dict[str, Any]:
     }
 
 
-def _environment_for(name: str) -> dict[str, str]:
+def _environment_for(name: str, threads: int = 1) -> dict[str, str]:
     env = {
         key: value
         for key, value in os.environ.items()
@@ -154,12 +157,12 @@ def _environment_for(name: str) -> dict[str, str]:
     # What `tfdet run` sets before the interpreter starts (PYTHONHASHSEED,
     # pools, the cap); the worker's enable() then pins the rest.
     cap = "AVX2" if _isa.applies() else None
-    env.update(_enable.pinned_environment(SEED, 1, cap, _enable.DEFAULT_ONEDNN))
+    env.update(_enable.pinned_environment(SEED, threads, cap, _enable.DEFAULT_ONEDNN))
     env.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="-1")
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(REPO), env.get("PYTHONPATH")])
     )
-    if not name.startswith(SURVEY_PREFIX) and _builtins.get(name).legacy_keras:
+    if ":" not in name and _builtins.get(name).legacy_keras:
         env["TF_USE_LEGACY_KERAS"] = "1"
     return env
 
@@ -176,20 +179,26 @@ def digest_of(weights_file: str) -> str:
 
 
 def train(
-    name: str, workdir: str, timeout: float = 600.0, emulated: str | None = None
+    name: str,
+    workdir: str,
+    timeout: float = 600.0,
+    emulated: str | None = None,
+    **profile: Any,
 ) -> dict[str, Any]:
     """Trains model `name` in a fresh process; its digest and seconds.
 
     With `emulated` (a QEMU CPU model), the process runs on that emulated CPU.
+    `profile` overrides `RunOptions` fields of the default profile (`threads`,
+    `patches`), for measurements other than the record.
 
     Raises:
         RuntimeError: the process failed (its stderr tail in the message).
     """
-    run_dir = os.path.join(workdir, name.replace(":", "-"))
+    run_dir = os.path.join(workdir, re.sub(r"[^\w.-]", "-", name))
     os.makedirs(run_dir)
     # The default profile (enable() with its defaults): stated once, in RunOptions.
     options = _options.RunOptions(
-        target=target(name), seed=SEED, steps=STEPS, emulate_cpu=emulated
+        target=target(name), seed=SEED, steps=STEPS, emulate_cpu=emulated, **profile
     )
     setup = _perturb.RunSetup(0)
     if emulated is not None:
@@ -198,7 +207,7 @@ def train(
         [setup],
         _spawn.worker_spec(options),
         run_dir,
-        base_env=_environment_for(name),
+        base_env=_environment_for(name, options.threads),
         timeout=timeout,
     )
     if not outcome.ok:

@@ -1,11 +1,16 @@
 """`pool_size_free_products`: weights that do not follow the thread-pool size.
 
 Under the default profile, `MatMul` (oneDNN's sgemm), `BatchMatMul` and
-`Einsum`, `Conv2DBackpropFilter` and `BiasAddGrad` give other bits with
-another pool size. With the opt-in patch, a fresh process per pool size (1,
-2, 3, 4, 8) trains a Keras 3 built-in and the survey's attention model to
-the same weights; the control, the same processes before the patch is
-installed, trains them to other weights.
+`Einsum`, `Conv2DBackpropFilter`, `Conv2DBackpropInput` (strided) and
+`BiasAddGrad` give other bits with another pool size. With the opt-in patch,
+a fresh process per pool size (1, 2, 3, 4, 6, 8) trains a Keras 3 built-in,
+the survey's attention model and a model whose shapes cross the libraries'
+splitting thresholds to the same weights; the control, the same processes
+before the patch is installed, trains them to other weights. Op by op, the
+replacements agree with TensorFlow's ops to float32 rounding, leave the
+inputs they cannot compute to them, and compute element-wise functions the
+same way whatever the tensor's length (tests/test_batch_invariance.py
+shows what that buys: each sample's bits whatever its batch).
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ import pytest
 from tests.conftest import REPO, clean_env, last_json_line, run_python
 from tfdet.patches import _hazards, pool_size_free_products
 
-POOL_SIZES = (1, 2, 3, 4, 8)
-# Convolutions with BatchNormalization and a Dense head; attention's einsums.
+# Odd pool sizes, and 6: channel counts that do not divide by them.
+POOL_SIZES = (1, 2, 3, 4, 6, 8)
+# Convolutions with BatchNormalization and a Dense head; attention's einsums;
+# a stride-2 convolution whose input gradient oneDNN splits by the pool.
 # (builtin:cnn and the whole survey: docs/measurements.md, "Thread pools".)
 MODELS = (
     "builtin:bn_gelu",
     f"{REPO / 'benchmarks' / 'survey_models.py'}:multi_head_attention",
+    f"{REPO / 'benchmarks' / 'split_models.py'}:stride_two_cnn",
 )
 
 # One process per pool size: the weights of each model after 3 steps, first
@@ -123,12 +131,21 @@ cases = {
                      (arr(3, 4, 10, 6), arr(3, 4, 7, 6))),
     "einsum": (lambda a, b: tf.einsum("aecd,abcd->acbe", a, b),
                (arr(2, 9, 4, 6), arr(2, 7, 4, 6))),
+    "conv one image": (lambda x, w: tf.nn.conv2d(x, w, 1, "SAME"),
+                       (arr(1, 9, 11, 3), arr(3, 3, 3, 5))),
+    "conv stride 3": (lambda x, w: tf.nn.conv2d(x, w, 3, "SAME"),
+                      (arr(2, 12, 13, 4), arr(5, 5, 4, 6))),
+    "conv 1x1 stride 2": (lambda x, w: tf.nn.conv2d(x, w, 2, "VALID"),
+                          (arr(3, 8, 8, 8), arr(1, 1, 8, 3))),
+    "conv transpose": (lambda x, w: tf.nn.conv2d_transpose(x, w, [2, 9, 11, 3], 2,
+                       "SAME"), (arr(2, 5, 6, 4), arr(3, 3, 3, 4))),
+    "batch matmul broadcast": (tf.matmul, (arr(3, 1, 5, 6), arr(4, 6, 7))),
     "bias_add": (tf.nn.bias_add, (arr(6, 5, 4, 8), arr(8))),
     "bias_add NCHW": (lambda x, b: tf.nn.bias_add(x, b, data_format="NCHW"),
                       (arr(6, 8, 5, 4), arr(8))),
 }
 REPLACED = {"MatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
-            "Conv2DBackpropFilter", "BiasAddGrad"}
+            "Conv2DBackpropFilter", "Conv2DBackpropInput", "BiasAddGrad"}
 report = {}
 for name, (fn, inputs) in cases.items():
     patched = with_grads(fn, *inputs)
@@ -139,6 +156,57 @@ for name, (fn, inputs) in cases.items():
     _registry.install(["pool_size_free_products"])
     report[name] = {"error": worst(patched, original),
                     "replaced": sorted(ops & REPLACED)}
+# Traced with an unknown batch, as Keras traces a step: still replaced.
+spec = [tf.TensorSpec([None, 4, 10, 6]), tf.TensorSpec([None, 4, 7, 6])]
+traced = tf.function(lambda a, b: tf.matmul(a, b, adjoint_b=True),
+                     input_signature=spec).get_concrete_function()
+report["unknown batch"] = {
+    "replaced": sorted({op.type for op in traced.graph.get_operations()} & REPLACED)}
+# What the replacements cannot compute goes to TensorFlow's op, which gives
+# its result (the same bits) instead of an error.
+fallbacks = {
+    "einsum ii->i": (lambda a: tf.einsum("ii->i", a), (arr(4, 4),)),
+    "einsum ii->": (lambda a: tf.einsum("ii->", a), (arr(4, 4),)),
+    "einsum iij,jk->ik": (lambda a, b: tf.einsum("iij,jk->ik", a, b),
+                          (arr(3, 3, 4), arr(4, 2))),
+    "matmul zero inner": (tf.matmul, (arr(3, 0), arr(0, 4))),
+    "matmul zero outer": (tf.matmul, (arr(3, 5), arr(5, 0))),
+    "grouped conv": (lambda x, w: tf.nn.conv2d(x, w, 1, "SAME"),
+                     (arr(2, 6, 6, 4), arr(3, 3, 2, 6))),
+}
+for name, (fn, inputs) in fallbacks.items():
+    patched = with_grads(fn, *inputs)
+    _registry.restore(["pool_size_free_products"])
+    original = with_grads(fn, *inputs)
+    _registry.install(["pool_size_free_products"])
+    report[name] = {"same": all(np.array_equal(p, o)
+                                for p, o in zip(patched, original))}
+# Element-wise functions: an element's bits whatever its tensor's length
+# (computed whole, then in pieces of 7), with the patch and without it.
+x = arr(1000) * 3.0
+# Each looked up when called: `tf.sin` is the generated wrapper itself, and
+# the patch replaces it in `tf`'s namespace too.
+elementwise = {
+    "sigmoid": lambda t: tf.sigmoid(t), "exp": lambda t: tf.exp(t),
+    "log": lambda t: tf.math.log(tf.abs(t)),
+    "log1p": lambda t: tf.math.log1p(tf.abs(t)), "expm1": lambda t: tf.math.expm1(t),
+    "softplus": lambda t: tf.nn.softplus(t), "elu": lambda t: tf.nn.elu(t),
+    "selu": lambda t: tf.nn.selu(t), "sin": lambda t: tf.sin(t),
+    "cos": lambda t: tf.cos(t), "pow": lambda t: tf.pow(tf.abs(t), 1.7),
+    "gelu": lambda t: tf.nn.gelu(t),
+    "gelu exact": lambda t: tf.nn.gelu(t, approximate=False),
+}
+def same_in_pieces(fn):
+    pieces = tf.concat([fn(x[i : i + 7]) for i in range(0, 1000, 7)], 0)
+    return bool(np.array_equal(np.asarray(fn(x)).view(np.uint32),
+                               np.asarray(pieces).view(np.uint32)))
+report["elementwise"] = {}
+for name, fn in elementwise.items():
+    patched = same_in_pieces(fn)
+    _registry.restore(["pool_size_free_products"])
+    original = same_in_pieces(fn)
+    _registry.install(["pool_size_free_products"])
+    report["elementwise"][name] = {"patched": patched, "original": original}
 # float64 is left to the original op: the same bits.
 a, b = arr(5, 7, dtype=np.float64), arr(7, 3, dtype=np.float64)
 report["float64"] = {"same": bool(np.array_equal(tf.matmul(a, b),
@@ -162,7 +230,12 @@ def checks() -> dict:
         "conv same stride 2",
         "conv valid dilated",
         "conv explicit",
+        "conv one image",
+        "conv stride 3",
+        "conv 1x1 stride 2",
+        "conv transpose",
         "batch matmul",
+        "batch matmul broadcast",
         "einsum",
         "bias_add",
         "bias_add NCHW",
@@ -178,6 +251,43 @@ def test_values_agree_with_the_original_and_the_op_is_gone(checks, case):
 
 def test_other_dtypes_go_to_the_original_op(checks):
     assert checks["float64"]["same"]
+
+
+def test_a_batch_unknown_when_traced_is_still_replaced(checks):
+    # Falling back for it gave other bits than the same product traced with
+    # a known batch: Keras's predict at batch 96 and then 32 disagreed.
+    assert checks["unknown batch"]["replaced"] == []
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "einsum ii->i",
+        "einsum ii->",
+        "einsum iij,jk->ik",
+        "matmul zero inner",
+        "matmul zero outer",
+        "grouped conv",
+    ],
+)
+def test_what_the_patch_cannot_compute_goes_to_tensorflow(checks, case):
+    # Each raised inside the patch before ("Subscript not supported", "filter
+    # must not have zero elements", a reshape error).
+    assert checks[case]["same"], checks[case]
+
+
+def test_element_wise_bits_do_not_follow_the_tensor_length_only_with_the_patch(
+    checks,
+):
+    found = checks["elementwise"]
+    assert {name: r["patched"] for name, r in found.items()} == dict.fromkeys(
+        found, True
+    )
+    # The control: TensorFlow's kernels compute the last `length % lanes`
+    # elements with the scalar function, which for these gives other bits.
+    assert {name: r["original"] for name, r in found.items()} == dict.fromkeys(
+        found, False
+    )
 
 
 def test_check_with_the_patch_passes_the_threads_perturbation(tmp_path):

@@ -62,9 +62,13 @@ def swap_everywhere(
     attribute of a loaded `tensorflow` module holding a function defined as
     `module.function` is replaced.
 
+    Two patches of one wrapper stack: the later one finds the earlier one's
+    replacement where the wrapper was (by identity) and calls it as its
+    original.
+
     Returns:
-        The original `module.function`, which the replacement calls for the
-        dtypes and inputs it leaves alone.
+        The original `module.function` (or an earlier patch's replacement),
+        which the replacement calls for the dtypes and inputs it leaves alone.
     """
     original = getattr(sys.modules[module], function)
     for name, loaded in sorted(sys.modules.items()):
@@ -73,13 +77,37 @@ def swap_everywhere(
         ):
             continue
         for attribute, value in list(vars(loaded).items()):
-            if (
+            if value is original or (
                 callable(value)
                 and getattr(value, "__module__", None) == module
                 and getattr(value, "__name__", None) == function
             ):
                 swap.attribute(loaded, attribute, replacement)
     return original
+
+
+def static_shape(sizes: Any) -> Any:
+    """The static `tf.TensorShape` that a sizes tensor (4 numbers) holds.
+
+    The registered gradients pass `shape_n([input, filter])[i]`, which has
+    no static value in a graph; its input has a static shape.
+    """
+    import tensorflow as tf
+
+    value = tf.get_static_value(sizes, partial=True)
+    if value is not None:
+        return tf.TensorShape([None if size is None else int(size) for size in value])
+    op = getattr(sizes, "op", None)
+    if op is not None and op.type in ("Shape", "ShapeN"):
+        return op.inputs[sizes.value_index].shape
+    return tf.TensorShape([None] * 4)
+
+
+def attribute_text(attribute: Any, default: str) -> str:
+    """A string attribute as the registered gradients pass it (bytes, or None)."""
+    if isinstance(attribute, bytes):
+        return attribute.decode()
+    return attribute or default
 
 
 def portable_op(

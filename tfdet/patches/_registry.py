@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import itertools
 import logging
 import pkgutil
 import types
@@ -46,9 +47,15 @@ KERAS3 = types.MappingProxyType({"keras": ">=3.0", KERAS_IN_USE: "keras3"})
 Apply = Callable[[Swap], None]
 
 
+# Install order: two patches of one op stack (the later one calls the
+# earlier one's replacement), so they are undone newest first.
+_INSTALLS = itertools.count()
+
+
 @dataclasses.dataclass
 class _State:
     installed: bool = False
+    order: int = -1
     hooks: list[_import_hook.Hook] = dataclasses.field(default_factory=list)
 
 
@@ -155,6 +162,7 @@ class Patch:
         if self._state.installed:
             return
         self._state.installed = True
+        self._state.order = next(_INSTALLS)
         if self.apply is not None:
             self.apply(self._swap)
         for module, apply in self.after_import:
@@ -283,7 +291,28 @@ def install(names: Iterable[str]) -> tuple[str, ...]:
 
 
 def restore(names: Iterable[str] | None = None) -> None:
-    """Undoes the named patches (all installed ones when None)."""
+    """Undoes the named patches (all installed ones when None).
+
+    Patches installed after the oldest named one are undone too, newest
+    first, and those not named installed again: a patch stacked on a named
+    one's replacement would otherwise put that replacement back.
+    """
     patches = available()
-    for name in installed() if names is None else names:
-        patches[name].restore()
+    named = set(installed() if names is None else names)
+    newest_first = sorted(
+        (patch for patch in patches.values() if patch.installed),
+        key=lambda patch: patch._state.order,
+        reverse=True,
+    )
+    oldest_named = min(
+        (patch._state.order for patch in newest_first if patch.name in named),
+        default=None,
+    )
+    if oldest_named is None:
+        return
+    undone = [patch for patch in newest_first if patch._state.order >= oldest_named]
+    for patch in undone:
+        patch.restore()
+    for patch in reversed(undone):
+        if patch.name not in named:
+            patch.install()

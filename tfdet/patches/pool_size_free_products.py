@@ -1,44 +1,62 @@
-"""Products whose bits do not follow the thread-pool size (opt-in).
+"""Bits that follow neither the thread-pool size nor the batch (opt-in).
 
 With oneDNN on, TensorFlow's CPU `MatMul` is oneDNN's sgemm, whose work is
 split among the pool's threads by output columns (and, with AVX2, capped by
 the L2 cache per core): the last columns of each thread's share go through
 a remainder micro-kernel that sums with other accumulators (two partial
 sums for even and odd k, or multiply-then-add instead of FMA), so which
-columns end up in a remainder, and so their bits, follow the pool size.
+columns end up in a remainder, and so their bits, follow the pool size, and
+which rows do follow the number of rows: a sample's bits follow its batch.
 `Conv2DBackpropFilter` (oneDNN's backward-by-weights) splits its sum over
 the batch and the image among threads when it has few jobs and adds the
-partial sums afterwards; `BiasAddGrad` (TensorFlow's `ReduceOuterDimensions`)
+partial sums afterwards; `Conv2DBackpropInput` of a strided convolution
+splits by the pool too; `BiasAddGrad` (TensorFlow's `ReduceOuterDimensions`)
 splits the rows into up to one block per thread when there are few
 channels. Each gives other bits with another pool size, under one seed.
 
 oneDNN's forward convolution splits work only over its outputs (images,
 output channels, positions) and sums every output's channels inside one
 thread, in the same order whatever the pool size (measured: bits equal for
-pools of 1, 2, 3, 4 and 8 on every shape tried, including a 20000-long sum).
-So this patch computes each product as one:
+pools of 1, 2, 3, 4, 6 and 8 on every shape tried, including a 20000-long
+sum) and whatever the number of images from two on. So this patch computes
+each product as one:
 
 - `MatMul` a (m x k) @ b (k x n): a 1x1 convolution by an (1, 1, k, n)
   filter of images of 8 pixels (rows of a) with k channels, each image
   computed by one thread; its gradients are the same kind of product
   (dy @ b^T, a^T @ dy), never sgemm;
 - `BatchMatMulV2/V3` (batch, m, k) @ (batch, k, n): the same, with one
-  convolution group per batch entry; `Einsum` through TensorFlow's Python
-  decomposition (`_einsum_v1`: transposes, reshapes and those products);
+  convolution group per batch entry (batch shapes broadcast, known or not
+  when traced); `Einsum` through TensorFlow's Python decomposition
+  (`_einsum_v1`: transposes, reshapes and those products);
+- `Conv2D`: TensorFlow's, but never on a batch of one image, which oneDNN
+  computes with another kernel (one zero image beside it);
 - `Conv2DBackpropFilter`: the image patches (strided slices, a copy)
   transposed, times the output gradient, as above;
+- `Conv2DBackpropInput`: a forward convolution of the output gradient
+  (zeros between its values for a stride, padded by the filter's reach) by
+  the filter reversed in space, its channels swapped;
 - `BiasAddGrad`: a `Sum` over every axis but the channels, which splits
-  only over the channels.
+  only over the channels;
+- element-wise functions whose last `length % lanes` elements Eigen
+  computes with another approximation (Sigmoid, Exp, Log, Softplus, Elu,
+  Pow, ...: `tfdet.patches._whole_packets`): on whole packets.
+
+Together: with the patch, each sample's output bits do not depend on what
+else is in its batch (`model.predict` at any batch size, in any order, or
+`model(x[i:j])`), and a model's weights do not depend on the pool size.
 
 Values agree with the originals to float32 rounding (the sums run in
-another order). float32 only (NHWC for convolutions, equal batch shapes for
-batched products); anything else goes to the original op. Not covered
-(measured, still following the pool size with the patch): depthwise and
-3-D convolution filter gradients, and a full `Sum` or `Mean` large enough
-for Eigen to split it into one block per thread (of 256x4096 elements; a
-training step's loss, a mean over one batch, stays on one thread). Cost:
-`benchmarks/patch_cost.py --patch pool_size_free_products` and
-`benchmarks/cost_of_determinism.py`.
+another order). float32 only (NHWC for convolutions); anything else, and
+what the replacements cannot compute (a product with an empty dimension, a
+grouped convolution's gradients, an `Einsum` with a diagonal such as
+"ii->i"), goes to the original op. Not covered (measured, still following
+the pool size with the patch): depthwise and 3-D convolution filter
+gradients, and a full `Sum` or `Mean` large enough for Eigen to split it
+into one block per thread (of 256x4096 elements; a training step's loss, a
+mean over one batch, stays on one thread). Cost:
+`benchmarks/patch_cost.py --patch pool_size_free_products`,
+`benchmarks/cost_of_determinism.py` and `benchmarks/batch_invariance.py`.
 
 Opt-in, never installed by "auto": `tfdet.enable(threads=N, patches=["auto",
 "pool_size_free_products"])`, or `tfdet check --patches
@@ -49,12 +67,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet.patches import _exact_math
+from tfdet.patches import _exact_math, _whole_packets
 from tfdet.patches._registry import Patch
 
 _MAT_MUL = _exact_math.GeneratedOp("tensorflow.python.ops.gen_math_ops", "mat_mul")
+_CONV = _exact_math.GeneratedOp("tensorflow.python.ops.gen_nn_ops", "conv2d")
 _FILTER_GRAD = _exact_math.GeneratedOp(
     "tensorflow.python.ops.gen_nn_ops", "conv2d_backprop_filter"
+)
+_INPUT_GRAD = _exact_math.GeneratedOp(
+    "tensorflow.python.ops.gen_nn_ops", "conv2d_backprop_input"
 )
 _BIAS_GRAD = _exact_math.GeneratedOp(
     "tensorflow.python.ops.gen_nn_ops", "bias_add_grad"
@@ -119,6 +141,15 @@ def _batch_matmul(a: Any, b: Any) -> Any:
     return run(a, b)
 
 
+def _has_no_elements(*shapes: Any) -> bool:
+    """Whether a dimension of the product's matrices is statically 0.
+
+    oneDNN refuses a convolution whose filter has no elements; TensorFlow's
+    products return the empty or zero result, so those go to the original.
+    """
+    return any(dimension == 0 for shape in shapes for dimension in shape)
+
+
 def _batch_mat_mul(version: str) -> Any:
     """The replacement of `gen_math_ops.<version>` (BatchMatMulV2 or V3)."""
 
@@ -141,15 +172,21 @@ def _batch_mat_mul(version: str) -> Any:
             or b.dtype != tf.float32
             or tf.as_dtype(out_type) != tf.float32
             or a.shape.rank is None
-            or a.shape.rank < 3
-            or a.shape.rank != b.shape.rank
-            or a.shape[:-2] != b.shape[:-2]
-            or not a.shape[:-2].is_fully_defined()
+            or b.shape.rank is None
+            or min(a.shape.rank, b.shape.rank) < 2
+            or _has_no_elements(a.shape[-2:], b.shape[-2:])
         ):
-            # Broadcast or unknown batch shapes: the original op.
             return original(x, y, *args, adj_x=adj_x, adj_y=adj_y, name=name, **flags)
         with tf.name_scope(name or "PoolSizeFreeBatchMatMul"):
-            batch = a.shape[:-2]
+            # Batch shapes broadcast as TensorFlow's op does them, known or
+            # not when traced (a Keras step's batch is not): falling back to
+            # the original op for an unknown batch would give other bits
+            # than the same product traced with a known one.
+            static_batch = tf.broadcast_static_shape(a.shape[:-2], b.shape[:-2])
+            batch = tf.broadcast_dynamic_shape(tf.shape(a)[:-2], tf.shape(b)[:-2])
+            # BroadcastTo hands its input on when the shape is already that.
+            a = tf.broadcast_to(a, tf.concat([batch, tf.shape(a)[-2:]], 0))
+            b = tf.broadcast_to(b, tf.concat([batch, tf.shape(b)[-2:]], 0))
             a = tf.reshape(a, tf.concat([[-1], tf.shape(a)[-2:]], 0))
             b = tf.reshape(b, tf.concat([[-1], tf.shape(b)[-2:]], 0))
             if adj_x:
@@ -157,7 +194,9 @@ def _batch_mat_mul(version: str) -> Any:
             if adj_y:
                 b = tf.linalg.matrix_transpose(b)
             product = _batch_matmul(a, b)
-            return tf.reshape(product, tf.concat([batch, tf.shape(product)[1:]], 0))
+            product = tf.reshape(product, tf.concat([batch, tf.shape(product)[1:]], 0))
+            product.set_shape(static_batch.concatenate(product.shape[-2:]))
+            return product
 
     return batch_mat_mul
 
@@ -175,7 +214,12 @@ def einsum(inputs: Any, equation: str, name: str | None = None) -> Any:
     tensors = [tf.convert_to_tensor(x) for x in inputs]
     if any(t.dtype != tf.float32 for t in tensors):
         return _EINSUM.original(inputs, equation, name=name)
-    return special_math_ops._einsum_v1(equation, *tensors, name=name)
+    try:
+        return special_math_ops._einsum_v1(equation, *tensors, name=name)
+    except ValueError:
+        # A subscript the decomposition does not take (a diagonal such as
+        # "ii->i"); it raises while building, before any op runs.
+        return _EINSUM.original(inputs, equation, name=name)
 
 
 def mat_mul(
@@ -190,7 +234,11 @@ def mat_mul(
     import tensorflow as tf
 
     a_tensor, b_tensor = tf.convert_to_tensor(a), tf.convert_to_tensor(b)
-    if a_tensor.dtype != tf.float32 or b_tensor.dtype != tf.float32:
+    if (
+        a_tensor.dtype != tf.float32
+        or b_tensor.dtype != tf.float32
+        or _has_no_elements(a_tensor.shape, b_tensor.shape)
+    ):
         return _MAT_MUL.original(
             a, b, transpose_a=transpose_a, transpose_b=transpose_b, name=name, **flags
         )
@@ -204,29 +252,9 @@ def mat_mul(
 
 
 def _static_filter_shape(filter_sizes: Any) -> tuple[int, ...] | None:
-    """The filter's shape as numbers, or None when it is not known statically.
-
-    The registered gradient passes `shape_n([input, filter])[1]`, which has
-    no static value in a graph; its filter input has a static shape.
-    """
-    import tensorflow as tf
-
-    value = tf.get_static_value(filter_sizes)
-    if value is not None:
-        return tuple(int(size) for size in value)
-    op = getattr(filter_sizes, "op", None)
-    if op is not None and op.type in ("Shape", "ShapeN"):
-        shape = op.inputs[filter_sizes.value_index].shape
-        if shape.is_fully_defined():
-            return tuple(shape.as_list())
-    return None
-
-
-def _text(attribute: Any, default: str) -> str:
-    """A string attribute as the registered gradients pass it (bytes, or None)."""
-    if isinstance(attribute, bytes):
-        return attribute.decode()
-    return attribute or default
+    """The filter's shape as numbers, or None when it is not known statically."""
+    shape = _exact_math.static_shape(filter_sizes)
+    return tuple(shape.as_list()) if shape.is_fully_defined() else None
 
 
 def _same_padding(size: Any, kernel: int, stride: int, dilation: int) -> Any:
@@ -283,8 +311,17 @@ def conv2d_backprop_filter(
 
     x = tf.convert_to_tensor(input)
     sizes = _static_filter_shape(filter_sizes)
-    data_format, padding = _text(data_format, "NHWC"), _text(padding, "VALID")
-    if x.dtype != tf.float32 or data_format != "NHWC" or sizes is None:
+    data_format, padding = (
+        _exact_math.attribute_text(data_format, "NHWC"),
+        _exact_math.attribute_text(padding, "VALID"),
+    )
+    if (
+        x.dtype != tf.float32
+        or data_format != "NHWC"
+        or sizes is None
+        # A grouped convolution (its filter has fewer channels than x).
+        or x.shape[-1] != sizes[2]
+    ):
         return _FILTER_GRAD.original(
             input,
             filter_sizes,
@@ -322,6 +359,188 @@ def conv2d_backprop_filter(
         return tf.reshape(gradient, [height, width, channels, filters])
 
 
+def _conv(
+    x: Any,
+    kernel: Any,
+    strides: Any,
+    padding: Any,
+    explicit_paddings: Any = (),
+    dilations: Any = (1, 1, 1, 1),
+) -> Any:
+    """TensorFlow's NHWC float32 `Conv2D`, never on a batch of one image.
+
+    oneDNN computes a batch of one with another kernel than larger batches
+    (measured on 7 of 8 shapes: other bits for the one image; which kernel
+    it takes also follows the pool size), so one image is computed beside a
+    zero image and the pair's first output kept. From two images on, the
+    kernel and each output's summation order are the same for every batch
+    size tried (2-64).
+    """
+    import tensorflow as tf
+
+    def convolve(images: Any) -> Any:
+        return _CONV.original(
+            images,
+            kernel,
+            strides=strides,
+            padding=padding,
+            explicit_paddings=list(explicit_paddings),
+            data_format="NHWC",
+            dilations=list(dilations),
+        )
+
+    def paired(images: Any) -> Any:
+        return convolve(tf.concat([images, tf.zeros_like(images)], 0))[:1]
+
+    if x.shape[0] is not None:
+        return paired(x) if x.shape[0] == 1 else convolve(x)
+    # tf.equal: under tf.compat.v1 graphs, `==` compares the tensors themselves.
+    one_image = tf.equal(tf.shape(x)[0], 1)
+    return tf.cond(one_image, lambda: paired(x), lambda: convolve(x))
+
+
+def conv2d(
+    input: Any,  # noqa: A002 - TensorFlow's argument name
+    filter: Any,  # noqa: A002 - TensorFlow's argument name
+    strides: Any,
+    padding: str,
+    use_cudnn_on_gpu: bool = True,
+    explicit_paddings: Any = (),
+    data_format: str = "NHWC",
+    dilations: Any = (1, 1, 1, 1),
+    name: str | None = None,
+) -> Any:
+    """`tf.raw_ops.Conv2D`, each image's bits independent of the batch size."""
+    import tensorflow as tf
+
+    x = tf.convert_to_tensor(input)
+    data_format, padding = (
+        _exact_math.attribute_text(data_format, "NHWC"),
+        _exact_math.attribute_text(padding, "VALID"),
+    )
+    if x.dtype != tf.float32 or data_format != "NHWC" or x.shape.rank != 4:
+        return _CONV.original(
+            input,
+            filter,
+            strides,
+            padding,
+            use_cudnn_on_gpu=use_cudnn_on_gpu,
+            explicit_paddings=list(explicit_paddings),
+            data_format=data_format,
+            dilations=list(dilations),
+            name=name,
+        )
+    with tf.name_scope(name or "PoolSizeFreeConv2D"):
+        return _conv(x, filter, strides, padding, explicit_paddings, dilations)
+
+
+def _dilate(gradient: Any, axis: int, stride: int) -> Any:
+    """`stride - 1` zeros between neighbours along `axis` (1 or 2) of NHWC."""
+    import tensorflow as tf
+
+    if stride == 1:
+        return gradient
+    spread = tf.expand_dims(gradient, axis + 1)
+    zeros_shape = tf.tensor_scatter_nd_update(
+        tf.shape(spread), [[axis + 1]], [stride - 1]
+    )
+    spread = tf.concat([spread, tf.zeros(zeros_shape)], axis + 1)
+    shape = tf.shape(gradient)
+    merged = tf.tensor_scatter_nd_update(shape, [[axis]], [shape[axis] * stride])
+    spread = tf.reshape(spread, merged)
+    # The zeros after the last row (or column) reach past the input.
+    keep = (shape[axis] - 1) * stride + 1
+    return spread[:, :keep] if axis == 1 else spread[:, :, :keep]
+
+
+def conv2d_backprop_input(
+    input_sizes: Any,
+    filter: Any,  # noqa: A002 - TensorFlow's argument name
+    out_backprop: Any,
+    strides: Any,
+    padding: str,
+    use_cudnn_on_gpu: bool = True,
+    explicit_paddings: Any = (),
+    data_format: str = "NHWC",
+    dilations: Any = (1, 1, 1, 1),
+    name: str | None = None,
+) -> Any:
+    """`tf.raw_ops.Conv2DBackpropInput` as a forward convolution.
+
+    oneDNN's backward-by-data splits a strided convolution's work by the
+    pool size (a 24x24, 24 -> 48 channel, stride-2 layer: other bits with 3
+    and 6 threads than with 1, 2, 4, 8), where its forward convolution splits
+    only over outputs. The input gradient is the convolution of the output
+    gradient, `stride - 1` zeros between its values and padded by the
+    filter's reach, with the filter reversed in space and its channels
+    swapped.
+    """
+    import tensorflow as tf
+
+    kernel = tf.convert_to_tensor(filter)
+    upstream = tf.convert_to_tensor(out_backprop)
+    sizes = tf.cast(input_sizes, tf.int32)
+    data_format, padding = (
+        _exact_math.attribute_text(data_format, "NHWC"),
+        _exact_math.attribute_text(padding, "VALID"),
+    )
+    input_channels = _exact_math.static_shape(input_sizes)[3]
+    if (
+        upstream.dtype != tf.float32
+        or data_format != "NHWC"
+        or not kernel.shape.is_fully_defined()
+        # A grouped convolution (its filter has fewer channels than x).
+        or input_channels != kernel.shape[2]
+    ):
+        return _INPUT_GRAD.original(
+            input_sizes,
+            filter,
+            out_backprop,
+            strides,
+            padding,
+            use_cudnn_on_gpu=use_cudnn_on_gpu,
+            explicit_paddings=list(explicit_paddings),
+            data_format=data_format,
+            dilations=list(dilations),
+            name=name,
+        )
+    height, width = kernel.shape[0], kernel.shape[1]
+    with tf.name_scope(name or "PoolSizeFreeConv2DBackpropInput"):
+        spread = upstream
+        for axis, size in ((1, height), (2, width)):
+            stride, dilation = int(strides[axis]), int(dilations[axis])
+            reach = (size - 1) * dilation + 1
+            if padding == "SAME":
+                before = _same_padding(sizes[axis], size, stride, dilation)[0]
+            elif padding == "EXPLICIT":
+                before = int(explicit_paddings[2 * axis])
+            else:
+                before = 0
+            spread = _dilate(spread, axis, stride)
+            # The padded gradient spans the input plus the reach less one:
+            # `reach - 1 - before` in front, the rest behind. A forward pad
+            # wider than the reach makes a side negative: rows that only
+            # padding saw, cut off.
+            length = tf.shape(spread)[axis]
+            front = reach - 1 - before
+            back = sizes[axis] + before - length
+            spread = _cut_and_pad(spread, axis, front, back, length)
+        flipped = tf.transpose(tf.reverse(kernel, [0, 1]), [0, 1, 3, 2])
+        return _conv(spread, flipped, [1, 1, 1, 1], "VALID", (), dilations)
+
+
+def _cut_and_pad(tensor: Any, axis: int, front: Any, back: Any, length: Any) -> Any:
+    """`tensor` padded by zeros along `axis` (1 or 2), or cut where negative."""
+    import tensorflow as tf
+
+    start = tf.maximum(-front, 0)
+    stop = length - tf.maximum(-back, 0)
+    kept = tensor[:, start:stop] if axis == 1 else tensor[:, :, start:stop]
+    pads = [[0, 0]] * 4
+    pads[axis] = tf.stack([tf.maximum(front, 0), tf.maximum(back, 0)])
+    return tf.pad(kept, tf.stack(pads))
+
+
 def bias_add_grad(
     out_backprop: Any, data_format: str = "NHWC", name: str | None = None
 ) -> Any:
@@ -332,7 +551,7 @@ def bias_add_grad(
     rank = upstream.shape.rank
     if rank is None or upstream.dtype != tf.float32:
         return _BIAS_GRAD.original(out_backprop, data_format=data_format, name=name)
-    data_format = _text(data_format, "NHWC")
+    data_format = _exact_math.attribute_text(data_format, "NHWC")
     channel = 1 if data_format.startswith("NC") and rank > 2 else rank - 1
     axes = [axis for axis in range(rank) if axis != channel]
     with tf.name_scope(name or "PoolSizeFreeBiasAddGrad"):
@@ -341,6 +560,7 @@ def bias_add_grad(
 
 # The op types this patch computes apart from the pool size.
 COVERED = (
+    "Conv2DBackpropInput",
     "MatMul",
     "BatchMatMulV2",
     "BatchMatMulV3",
@@ -348,6 +568,10 @@ COVERED = (
     "Conv2DBackpropFilter",
     "BiasAddGrad",
 )
+# The op types this patch computes apart from the batch size (and with
+# them, `COVERED`): each sample's bits do not follow what else is in its
+# batch.
+BATCH_SIZE_FREE = (*COVERED, "Conv2D", "Pow", *_whole_packets.UNARY)
 
 
 def _apply(swap: Any) -> None:
@@ -355,14 +579,17 @@ def _apply(swap: Any) -> None:
     for version, op in _BATCH_MAT_MUL.items():
         op.replace(swap, _batch_mat_mul(version))
     _EINSUM.replace(swap, einsum)
+    _CONV.replace(swap, conv2d)
     _FILTER_GRAD.replace(swap, conv2d_backprop_filter)
+    _INPUT_GRAD.replace(swap, conv2d_backprop_input)
     _BIAS_GRAD.replace(swap, bias_add_grad)
+    _whole_packets.apply(swap)
 
 
 PATCH = Patch(
-    summary="MatMul, BatchMatMul, Einsum, Conv2DBackpropFilter, BiasAddGrad -> "
-    "1x1 convolutions and Sums that split only over outputs (bits independent "
-    "of the pool size)",
+    summary="MatMul, BatchMatMul, Einsum, Conv2D and its gradients, BiasAddGrad, "
+    "Sigmoid/Exp/Log/... -> 1x1 convolutions, Sums and whole packets that "
+    "split only over outputs (bits independent of the pool size and the batch)",
     upstream="https://github.com/uxlfoundation/oneDNN/issues/1443",
     apply=_apply,
     opt_in=True,
