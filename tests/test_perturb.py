@@ -54,7 +54,7 @@ def test_validate_takes_the_parsed_tuple_back():
 
 
 def test_threads_emulation_and_interrupt_are_opt_in_and_everything_is_described():
-    opt_in = {"threads", "emulated_cpu", "interrupt", "migrate"}
+    opt_in = {"threads", "emulated_cpu", "interrupt", "migrate", "batch"}
     assert not opt_in & set(_perturb.ALL)
     assert set(_perturb.KNOWN) == set(_perturb.ALL) | opt_in
     assert set(_perturb.DESCRIPTIONS) == set(_perturb.KNOWN)
@@ -212,9 +212,11 @@ def test_an_emulated_run_is_reported_as_emulated_not_imitated():
 
 
 def test_a_setting_or_a_preemption_is_varied_never_an_imitated_machine():
-    sections = _perturb.imitation_sections(["caches", "threads", "interrupt"], None)
+    sections = _perturb.imitation_sections(
+        ["caches", "threads", "interrupt", "batch"], None
+    )
     assert set(sections["imitated"]) == {"caches"}
-    assert set(sections["varied"]) == {"threads", "interrupt"}
+    assert set(sections["varied"]) == {"threads", "interrupt", "batch"}
     assert _perturb.imitation_sections(["caches"], None)["varied"] == {}
 
 
@@ -338,3 +340,27 @@ def test_an_emulated_run_says_it_is_allowed_ten_times_the_timeout():
     change = _perturb._emulated_change(1, context)
     assert change.slowdown == 10.0
     assert "allowed 10x --timeout" in change.label
+
+
+@pytest.mark.parametrize(
+    ("options", "kind", "reason"),
+    [
+        ({}, _protocol.CHECK, None),
+        ({"workers": 2}, _protocol.CHECK, "not for --workers"),
+        ({}, _protocol.LOCATE, "compares training steps"),
+        ({}, _protocol.SCRIPT, "a script predicts what it chooses"),
+    ],
+)
+def test_batch_applies_to_the_runs_of_a_target(options, kind, reason):
+    from tfdet._runs import _options
+
+    run_options = _options.RunOptions(perturb=("batch",), **options)
+    skipped = _perturb.skipped_for(run_options, kind=kind).get("batch")
+    assert (skipped is None) if reason is None else reason in skipped
+    if reason is None:
+        base, other = _perturb.plan_for(run_options)
+        # Both runs predict; only the other one in other batches, confirmed.
+        assert base.env["TFDET_PREDICT"] == "whole"
+        assert other.env["TFDET_PREDICT"] == "split"
+        assert _perturb.applied_by_child(other) == ["batch"]
+        assert _perturb.applied_by_child(base) == []

@@ -17,6 +17,11 @@ EMULATED_CPU = "TFDET_EMULATED_CPU"
 # run imitates in Eigen's and oneDNN's CPUID results.
 IMITATE_CACHES = "TFDET_IMITATE_CACHES"
 
+# The `batch` perturbation: how a TARGET run predicts its inputs after
+# training ("whole": one batch, in order; "split": another order, batches of
+# 1, 5 and 32 in turn).
+PREDICT = "TFDET_PREDICT"
+
 # The `interrupt` perturbation: the steps after which the first process is
 # killed, and, in the process that resumes it, the steps it had done.
 INTERRUPT_AFTER = "TFDET_INTERRUPT_AFTER"

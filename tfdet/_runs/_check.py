@@ -31,7 +31,7 @@ from tfdet._errors import (
 )
 from tfdet._pin import _devices
 from tfdet._record import _bits, _diff, _trace
-from tfdet._runs import _child, _perturb, _spawn
+from tfdet._runs import _child, _perturb, _predict, _spawn
 from tfdet._runs._options import RunOptions
 from tfdet._runs._report import (
     Attribution,
@@ -97,6 +97,14 @@ def first_divergence(a: _FinishedRun, b: _FinishedRun) -> _diff.Divergence | Non
                     str(db),
                 )
                 break
+    if divergence is None:
+        # The same weights: the `batch` perturbation's predictions, if any.
+        predicted = _predict.first_difference(result_a, result_b)
+        if predicted is not None:
+            last = a.trace.steps[-1] if a.trace.steps else {}
+            return _diff.Divergence(
+                int(last.get("step", 0)), last.get("epoch"), *predicted
+            )
     if divergence is None or "weights" not in divergence.quantity:
         return divergence
     index = _diff.variable_index(divergence.quantity, names)
@@ -210,9 +218,8 @@ def _through_step(divergence: _diff.Divergence) -> int | None:
     can stop there; one seen only in the final weights (or a step missing
     from one trace) needs the whole run.
     """
-    if (
-        divergence.quantity.startswith("final weights")
-        or divergence.quantity == "steps"
+    if divergence.quantity.startswith(("final weights", "prediction")) or (
+        divergence.quantity == "steps"
     ):
         return None
     return divergence.step

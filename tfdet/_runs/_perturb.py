@@ -32,7 +32,7 @@ from tfdet import _variables
 from tfdet._pin import _cache_sizes, _cpuid, _environment, _isa
 from tfdet._pin._environment import affinity
 from tfdet._pin._settings import DEFAULT_CPU_ISA, DEFAULT_THREADS
-from tfdet._runs import _emulation, _protocol
+from tfdet._runs import _emulation, _predict, _protocol
 
 NONE = "none"
 STAGGER_SECONDS = 0.75
@@ -60,6 +60,8 @@ class Context:
             chooses); False: the run saves at every step (a TARGET's run).
         not_resumable: Why these runs cannot be interrupted and resumed
             (None: they can).
+        not_predicting: Why these runs cannot predict their inputs for the
+            `batch` perturbation (None: they can).
     """
 
     runs: int
@@ -69,6 +71,7 @@ class Context:
     interrupt_after: int = 1
     interrupt_after_a_backup: bool = False
     not_resumable: str | None = None
+    not_predicting: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -427,6 +430,29 @@ def _interrupt_in_child() -> str | None:
     return f"resumed in a fresh process after a SIGKILL at {steps} recorded steps"
 
 
+# --- batch --------------------------------------------------------------------
+
+
+def _batch_change(index: int, context: Context) -> Change:
+    if index == 0:
+        return Change(
+            "predicted its inputs in one batch, in order",
+            env={_variables.PREDICT: _predict.WHOLE},
+        )
+    sizes = ", ".join(map(str, _predict.SPLIT_SIZES))
+    return Change(
+        f"predicted its inputs in another order, in batches of {sizes} in turn",
+        env={_variables.PREDICT: _predict.SPLIT},
+        by_child=True,
+    )
+
+
+def _batch_in_child() -> str | None:
+    if _predict.requested() != _predict.SPLIT:
+        return None  # Run 0 predicts too, as asked; nothing to confirm.
+    return "predicts its inputs in another order and other batch sizes"
+
+
 def resumed_environment(
     setup: RunSetup, killed_at: str | None = None
 ) -> dict[str, str | None]:
@@ -454,6 +480,7 @@ THREADS = "threads"
 EMULATED_CPU = "emulated_cpu"
 INTERRUPT = "interrupt"
 MIGRATE = "migrate"
+BATCH = "batch"
 
 REGISTRY: Mapping[str, Perturbation] = types.MappingProxyType(
     {
@@ -579,6 +606,21 @@ REGISTRY: Mapping[str, Perturbation] = types.MappingProxyType(
                 change=_migrate_change,
                 in_child=_interrupt_in_child,
                 supersedes=_migrate_supersedes,
+            ),
+            Perturbation(
+                name=BATCH,
+                description="after training, run 1 predicts the TARGET's "
+                "inputs in another order and in batches of 1, 5 and 32, run 0 "
+                "in one batch, and each sample's output bits are compared: "
+                "batch invariance (opt-in; TARGETs)",
+                imitates="Another batch around each sample at prediction: "
+                "what else is in it and where the sample sits (a served "
+                "model's request batching, predict on one sample).",
+                default=False,
+                other_machine=False,
+                unavailable=lambda context: context.not_predicting,
+                change=_batch_change,
+                in_child=_batch_in_child,
             ),
         )
     }
@@ -959,8 +1001,17 @@ def context_for(
     )
     if kind == _protocol.SCRIPT:
         return dataclasses.replace(
-            base, interrupt_after=SCRIPT_INTERRUPT_AFTER, interrupt_after_a_backup=True
+            base,
+            interrupt_after=SCRIPT_INTERRUPT_AFTER,
+            interrupt_after_a_backup=True,
+            not_predicting="a script predicts what it chooses: tfdet predicts "
+            "a TARGET's model",
         )
+    not_predicting = None
+    if kind != _protocol.CHECK:
+        not_predicting = "tfdet locate compares training steps"
+    elif options.distributed:
+        not_predicting = "not for --workers or --replicas"
     reason = None
     if kind != _protocol.CHECK:
         reason = "tfdet locate does not interrupt its runs"
@@ -974,7 +1025,10 @@ def context_for(
             "in a kernel no checkpoint can save"
         )
     return dataclasses.replace(
-        base, interrupt_after=max(1, options.steps // 2), not_resumable=reason
+        base,
+        interrupt_after=max(1, options.steps // 2),
+        not_resumable=reason,
+        not_predicting=not_predicting,
     )
 
 

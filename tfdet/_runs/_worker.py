@@ -241,7 +241,7 @@ def run(spec: WorkerSpec) -> None:
     import numpy as np
 
     from tfdet._record import _bits
-    from tfdet._runs import _xla
+    from tfdet._runs import _predict, _xla
 
     started = time.perf_counter()
     built = start(spec)
@@ -255,6 +255,11 @@ def run(spec: WorkerSpec) -> None:
         entry_point = "train_on_batch"
     final = model.get_weights()
     final_weights = _bits.weights_digests(model.weights, final)
+    predicted = {}
+    mode = _predict.requested()
+    if mode is not None:
+        inputs = _predict.inputs_of(built, spec.steps)
+        predicted = _predict.predict(model, inputs, mode)
     weights_path = spec.result + ".npz"
     np.savez(weights_path, *final)
     _child.write_result(
@@ -270,5 +275,6 @@ def run(spec: WorkerSpec) -> None:
             "entry_points": [entry_point],
             "xla": _xla.facts([model]),
             "seconds": time.perf_counter() - started,
+            **predicted,
         }
     )
