@@ -7,7 +7,8 @@ LayerNormalization; LSTM; Embedding + pooling) and each of the op survey's
 when predicted in another order in batches of 1, 5 or 32, or eagerly as
 `model(x[i:i + 5])`. The control: under tfdet's default profile the same
 predictions differ (oneDNN's sgemm and its batch-of-one convolution kernel,
-the scalar tails of element-wise functions).
+the scalar tails of element-wise functions). A model exported under the
+patch keeps the property where it is served without tfdet.
 
 Each setting runs in a fresh process (`benchmarks/batch_invariance.py`, the
 measurement the docs quote).
@@ -20,7 +21,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, clean_env, last_json_line, run_python
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import batch_invariance  # noqa: E402
@@ -67,3 +68,54 @@ def test_each_sample_keeps_its_bits_in_any_batch_only_with_the_patch(counts, mod
         assert sorted(following) == sorted(default)
     else:
         assert len(following) >= 20, default
+
+
+EXPORT = """
+import sys
+import numpy as np
+import tfdet
+tfdet.enable(seed=0, patches=PATCHES)
+import keras
+inputs = keras.Input((10, 16))
+h = keras.layers.MultiHeadAttention(num_heads=2, key_dim=8)(inputs, inputs)
+h = keras.layers.LayerNormalization()(h + inputs)
+h = keras.layers.Conv1D(8, 3, strides=2)(h)
+h = keras.layers.GlobalAveragePooling1D()(h)
+outputs = keras.layers.Dense(1, activation="sigmoid")(h)
+keras.Model(inputs, outputs).export(PATH, verbose=False)
+"""
+
+SERVE = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+served = tf.saved_model.load(PATH)
+x = np.random.default_rng(1).standard_normal((96, 10, 16)).astype("float32")
+whole = np.asarray(served.serve(x)).view(np.uint32)
+rows = {}
+for batch in (1, 5, 32):
+    parts = [np.asarray(served.serve(x[i : i + batch])) for i in range(0, 96, batch)]
+    rows[batch] = int(np.any(np.concatenate(parts).view(np.uint32) != whole, axis=1).sum())
+print(json.dumps({"rows": rows, "tfdet": "tfdet" in sys.modules}))
+"""
+
+
+def test_an_exported_model_keeps_it_where_tfdet_is_not_imported(tmp_path):
+    served = {}
+    for name, patches in (
+        ("patched", ["auto", "pool_size_free_products"]),
+        ("default", ["auto"]),
+    ):
+        path = str(tmp_path / name)
+        exported = run_python(
+            f"PATCHES, PATH = {patches!r}, {path!r}\n{EXPORT}", env=clean_env()
+        )
+        assert exported.returncode == 0, exported.stderr[-3000:]
+        # TensorFlow's defaults there: all cores, oneDNN's ISA uncapped.
+        result = run_python(f"PATH = {path!r}\n{SERVE}", env=clean_env())
+        assert result.returncode == 0, result.stderr[-3000:]
+        served[name] = last_json_line(result.stdout)
+        assert served[name]["tfdet"] is False
+    # The SavedModel holds the patch's ops: they need no tfdet to run.
+    assert served["patched"]["rows"] == {"1": 0, "5": 0, "32": 0}
+    assert any(served["default"]["rows"].values()), served
