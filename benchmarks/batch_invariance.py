@@ -16,9 +16,14 @@ batch. The settings:
 - plain: TensorFlow at its defaults, no tfdet;
 - enable: `tfdet.enable()`;
 - pool_size_free_products: `tfdet.enable(patches=["auto",
-  "pool_size_free_products"])`.
+  "pool_size_free_products"])`;
+- pool_size_free_products_all_cores: the same with `threads=os.cpu_count()`
+  (not in the default `--settings`).
 
-`--survey` measures the op survey's 29 models (`survey_models.py`, each
+`--cost` times instead `predict_on_batch` of 256 inputs in batches of B =
+1, 32, 256 per model and setting, in one long-lived process per setting,
+interleaved block by block, and prints each setting's ratio to plain
+TensorFlow. `--survey` measures the op survey's 29 models (`survey_models.py`, each
 with its 32 inputs) instead of the five. `--ops` prints instead, per op, the rows that differ when the op runs on the
 first B rows of its input rather than on all of them (the forward products
 that a Keras layer calls), under each setting.
@@ -44,6 +49,11 @@ SETTINGS = {
     "pool_size_free_products": (
         "import tfdet; "
         "tfdet.enable(seed=0, patches=['auto', 'pool_size_free_products'])"
+    ),
+    # The same at a pool of all the cores (the bits do not follow it).
+    "pool_size_free_products_all_cores": (
+        "import os, tfdet; tfdet.enable(seed=0, threads=os.cpu_count(), "
+        "patches=['auto', 'pool_size_free_products'])"
     ),
 }
 
@@ -123,6 +133,44 @@ for name, model, x in models:
 print(json.dumps(counts))
 """
 
+# A cost child: builds the five models, warms `predict_on_batch` at each
+# batch size, then times one block per line it reads: per (model, B), the
+# median ms of predicting 256 samples in batches of B.
+COST_CHILD = (
+    r"""
+import json, statistics, sys, time
+import numpy as np
+import keras
+keras.utils.set_random_seed(0)
+batches = [int(b) for b in sys.argv[2].split(",")]
+SAMPLES = 256
+"""
+    + MODELS_CHILD.split("counts = {}")[0].split("def differing_rows")[0]
+    + r"""
+ROWS = SAMPLES
+models = {build.__name__: build() for build in (mlp, cnn, attention, lstm, embedding)}
+def predict_all(model, x, batch):
+    for start in range(0, SAMPLES, batch):
+        model.predict_on_batch(x[start : start + batch])
+for model, x in models.values():
+    for batch in batches:
+        predict_all(model, x, batch)
+print("ready", flush=True)
+for _ in sys.stdin:
+    block = {}
+    for name, (model, x) in models.items():
+        for batch in batches:
+            times = []
+            for _ in range(3):
+                started = time.perf_counter()
+                predict_all(model, x, batch)
+                times.append(1000 * (time.perf_counter() - started))
+            block[f"{name} B={batch}"] = statistics.median(times)
+    print(json.dumps(block), flush=True)
+"""
+)
+
+
 OPS_CHILD = r"""
 import json, sys
 import numpy as np
@@ -136,6 +184,8 @@ def arr(*shape):
 w, x = arr(64, 48), arr(ROWS, 64)
 k3, img = arr(3, 3, 8, 16), arr(ROWS, 12, 12, 8)
 k1 = arr(1, 1, 8, 16)
+dw, kt = arr(3, 3, 8, 2), arr(3, 3, 4, 8)
+vol, k5 = arr(ROWS, 6, 6, 6, 3), arr(3, 3, 3, 3, 4)
 # Queries and keys side by side on axis 1, so a slice of rows keeps its pairs.
 qk = arr(ROWS, 2, 2, 10, 8)
 ops = {
@@ -149,6 +199,16 @@ ops = {
         lambda t: tf.einsum("bhqd,bhkd->bhqk", t[:, 0], t[:, 1]), qk),
     "Sum over the last axis": (lambda t: tf.reduce_sum(t, -1), x),
     "Softmax": (lambda t: tf.nn.softmax(t), x),
+    # One value per row: the tensor's length is the batch size.
+    "Sigmoid (one column)": (lambda t: tf.sigmoid(t[:, :1]), x),
+    "Exp (3 columns)": (lambda t: tf.exp(t[:, :3]), x),
+    "Pow (one column)": (lambda t: tf.pow(tf.abs(t[:, :1]), 1.7), x),
+    "DepthwiseConv2D": (
+        lambda t: tf.nn.depthwise_conv2d(t, dw, [1, 1, 1, 1], "SAME"), img),
+    "Conv2DTranspose stride 2": (
+        lambda t: tf.nn.conv2d_transpose(
+            t, kt, [t.shape[0], 24, 24, 4], 2, "SAME"), img),
+    "Conv3D": (lambda t: tf.nn.conv3d(t, k5, [1] * 5, "SAME"), vol),
 }
 counts = {}
 for name, (op, data) in ops.items():
@@ -188,6 +248,76 @@ def measure(setting: str, child: str, batches: list[int], *arguments: str) -> di
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
+def cost(batches: list[str], blocks: int, settings: list[str]) -> str:
+    """Predict time per setting, interleaved block by block; ratios to plain.
+
+    One long-lived process per setting; in each block every process times
+    its predictions in turn (the order rotating), so a load that slows a
+    block slows every setting in it. Per (model, B): the median over blocks
+    of the ratio to plain TensorFlow in the same block, and its middle half
+    (`tfdet._cost._measure.block_figures`, as `tfdet cost` computes them).
+    """
+    sys.path.insert(0, str(REPO))
+    from tfdet._cost._measure import block_figures
+
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    environment["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO), environment.get("PYTHONPATH")])
+    )
+    processes = {
+        setting: subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                SETTINGS[setting] + "\n" + COST_CHILD,
+                "256",
+                ",".join(batches),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=environment,
+        )
+        for setting in settings
+    }
+    for setting, process in processes.items():
+        if process.stdout.readline().strip() != "ready":
+            raise SystemExit(f"{setting}: the child failed to start")
+    per_block: dict[str, list[dict[str, float]]] = {}
+    for block in range(blocks):
+        turn = settings[block % len(settings) :] + settings[: block % len(settings)]
+        timed = {}
+        for setting in turn:
+            processes[setting].stdin.write("block\n")
+            processes[setting].stdin.flush()
+            timed[setting] = json.loads(processes[setting].stdout.readline())
+        for case in timed[settings[0]]:
+            per_block.setdefault(case, []).append(
+                {setting: timed[setting][case] for setting in settings}
+            )
+    for process in processes.values():
+        process.stdin.close()
+        process.wait()
+    baseline, others = settings[0], settings[1:]
+    lines = [
+        f"predict 256 samples in batches of B: ms ({baseline}), and the ratio "
+        f"to it [middle half], median of {blocks} interleaved blocks",
+        "",
+        f"| model, B | {baseline} ms | " + " | ".join(others) + " |",
+        "|---" * (len(others) + 2) + "|",
+    ]
+    for case, rows in per_block.items():
+        base = block_figures(rows, baseline, baseline)
+        cells = []
+        for setting in others:
+            figures = block_figures(rows, setting, baseline)
+            cells.append(
+                f"{figures.ratio:.2f}x [{figures.ratio_q1:.2f}-{figures.ratio_q3:.2f}]"
+            )
+        lines.append(f"| {case} | {base.ms_per_step:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def table(results: dict[str, dict], batches: list[str], rows: int = ROWS) -> str:
     """Markdown: one row per setting, one column per model, `a/b/c` per B."""
     names = list(next(iter(results.values())))
@@ -211,16 +341,27 @@ def main() -> None:
         default="1,5,32",
         help="batch sizes, and 'call' for model(x[i:i+5]) eagerly",
     )
-    parser.add_argument("--settings", default=",".join(SETTINGS))
+    parser.add_argument("--settings", default="plain,enable,pool_size_free_products")
     parser.add_argument("--ops", action="store_true", help="per op, not per model")
     parser.add_argument(
         "--survey",
         action="store_true",
         help="the op survey's models (benchmarks/survey_models.py, 32 inputs)",
     )
+    parser.add_argument(
+        "--cost",
+        action="store_true",
+        help="time predict per setting instead (default batches 1,32,256)",
+    )
+    parser.add_argument("--blocks", type=int, default=7, help="--cost's blocks")
     parser.add_argument("--json", help="also write the counts to this file")
     args = parser.parse_args()
     batches = args.batches.split(",")
+    if args.cost:
+        if args.batches == parser.get_default("batches"):
+            batches = ["1", "32", "256"]
+        print(cost(batches, args.blocks, args.settings.split(",")))
+        return
     child = OPS_CHILD if args.ops else MODELS_CHILD
     arguments = [str(REPO / "benchmarks")] if args.survey else []
     results = {

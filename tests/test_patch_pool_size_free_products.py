@@ -95,6 +95,13 @@ tfdet.enable(seed=0, patches=["auto", "pool_size_free_products"])
 import tensorflow as tf
 from tfdet.patches import pool_size_free_products as patch
 
+import logging
+warnings = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        warnings.append(record.getMessage())
+logging.getLogger("tfdet").addHandler(Keep())
+
 rng = np.random.default_rng(0)
 def arr(*shape, dtype=np.float32):
     return tf.constant(rng.standard_normal(shape).astype(dtype))
@@ -211,6 +218,8 @@ for name, fn in elementwise.items():
 a, b = arr(5, 7, dtype=np.float64), arr(7, 3, dtype=np.float64)
 report["float64"] = {"same": bool(np.array_equal(tf.matmul(a, b),
                                                  originals["mat_mul"](a, b)))}
+tf.matmul(a, b)
+report["warnings"] = warnings
 print(json.dumps(report))
 """
 
@@ -251,6 +260,15 @@ def test_values_agree_with_the_original_and_the_op_is_gone(checks, case):
 
 def test_other_dtypes_go_to_the_original_op(checks):
     assert checks["float64"]["same"]
+
+
+def test_what_loses_the_property_is_said_once(checks):
+    left = [w for w in checks["warnings"] if "leaves" in w]
+    # float64 MatMul twice, the diagonal equations: once each; an empty
+    # product or an integer one loses nothing and says nothing.
+    assert sum("MatMul on float64" in w for w in left) == 1, left
+    assert any("Einsum on the equation 'ii->i'" in w for w in left), left
+    assert not any("int" in w for w in left), left
 
 
 def test_a_batch_unknown_when_traced_is_still_replaced(checks):

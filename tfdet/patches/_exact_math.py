@@ -22,6 +22,7 @@ divisor it cannot see through (`opaque()`). Each replacement keeps the original 
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -84,6 +85,34 @@ def swap_everywhere(
             ):
                 swap.attribute(loaded, attribute, replacement)
     return original
+
+
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """Logs `message` on tfdet's logger the first time this process gives it."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logging.getLogger("tfdet").warning(message)
+
+
+def left_to_tensorflow(
+    patch: str, op_type: str, dtype: Any, reason: str | None
+) -> None:
+    """Says once when a patch leaves an input to TensorFlow's op, losing its promise.
+
+    Integer products are exact and an empty product has nothing to sum, so
+    only floating-point dtypes the patch does not compute, or `reason` (what
+    its replacement cannot take), lose it.
+    """
+    if reason is None and (not dtype.is_floating or dtype.name == "float32"):
+        return
+    warn_once(
+        f"tfdet: {patch} leaves {op_type} on {reason or dtype.name} to "
+        "TensorFlow's own op, whose bits may follow the thread-pool size and "
+        "the batch."
+    )
 
 
 def static_shape(sizes: Any) -> Any:

@@ -46,6 +46,10 @@ UNARY = {
 POW = _exact_math.GeneratedOp(_MATH, "_pow")
 
 
+def left_to_tensorflow(op_type: str, dtype: Any, reason: str | None = None) -> None:
+    _exact_math.left_to_tensorflow("pool_size_free_products", op_type, dtype, reason)
+
+
 def _padded(flat: Any) -> Any:
     """`flat` (rank 1) and zeros up to a whole number of packets."""
     import tensorflow as tf
@@ -77,6 +81,7 @@ def _unary(op_type: str) -> Callable[..., Any]:
 
         tensor = tf.convert_to_tensor(x)
         if tensor.dtype != tf.float32:
+            left_to_tensorflow(op_type, tensor.dtype)
             return generated.original(x, name=name)
         return _on_whole_packets(
             generated.original, [tensor], name or f"PoolSizeFree{op_type}"
@@ -93,6 +98,7 @@ def _pow(x: Any, y: Any, name: str | None = None) -> Any:
     # A Python number takes the base's dtype, as the op's own conversion does.
     exponent = tf.convert_to_tensor(y, dtype_hint=base.dtype)
     if base.dtype != tf.float32 or exponent.dtype != tf.float32:
+        left_to_tensorflow("Pow", base.dtype)
         return POW.original(x, y, name=name)
     scope = name or "PoolSizeFreePow"
     if exponent.shape.rank == 0:
@@ -101,6 +107,7 @@ def _pow(x: Any, y: Any, name: str | None = None) -> Any:
         return _on_whole_packets(lambda e: POW.original(base, e), [exponent], scope)
     if base.shape.is_fully_defined() and base.shape == exponent.shape:
         return _on_whole_packets(POW.original, [base, exponent], scope)
+    left_to_tensorflow("Pow", base.dtype, "broadcast or unknown shapes")
     return POW.original(x, y, name=name)
 
 

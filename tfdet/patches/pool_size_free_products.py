@@ -176,6 +176,10 @@ def _batch_mat_mul(version: str) -> Any:
             or min(a.shape.rank, b.shape.rank) < 2
             or _has_no_elements(a.shape[-2:], b.shape[-2:])
         ):
+            unknown = a.shape.rank is None or b.shape.rank is None
+            _whole_packets.left_to_tensorflow(
+                "BatchMatMul", a.dtype, "an unknown rank" if unknown else None
+            )
             return original(x, y, *args, adj_x=adj_x, adj_y=adj_y, name=name, **flags)
         with tf.name_scope(name or "PoolSizeFreeBatchMatMul"):
             # Batch shapes broadcast as TensorFlow's op does them, known or
@@ -213,12 +217,16 @@ def einsum(inputs: Any, equation: str, name: str | None = None) -> Any:
 
     tensors = [tf.convert_to_tensor(x) for x in inputs]
     if any(t.dtype != tf.float32 for t in tensors):
+        _whole_packets.left_to_tensorflow("Einsum", tensors[0].dtype)
         return _EINSUM.original(inputs, equation, name=name)
     try:
         return special_math_ops._einsum_v1(equation, *tensors, name=name)
     except ValueError:
         # A subscript the decomposition does not take (a diagonal such as
         # "ii->i"); it raises while building, before any op runs.
+        _whole_packets.left_to_tensorflow(
+            "Einsum", tensors[0].dtype, f"the equation {equation!r}"
+        )
         return _EINSUM.original(inputs, equation, name=name)
 
 
@@ -239,6 +247,7 @@ def mat_mul(
         or b_tensor.dtype != tf.float32
         or _has_no_elements(a_tensor.shape, b_tensor.shape)
     ):
+        _whole_packets.left_to_tensorflow("MatMul", a_tensor.dtype)
         return _MAT_MUL.original(
             a, b, transpose_a=transpose_a, transpose_b=transpose_b, name=name, **flags
         )
@@ -322,6 +331,11 @@ def conv2d_backprop_filter(
         # A grouped convolution (its filter has fewer channels than x).
         or x.shape[-1] != sizes[2]
     ):
+        _whole_packets.left_to_tensorflow(
+            "Conv2DBackpropFilter",
+            x.dtype,
+            _convolution_unsupported(data_format, sizes),
+        )
         return _FILTER_GRAD.original(
             input,
             filter_sizes,
@@ -419,6 +433,9 @@ def conv2d(
         _exact_math.attribute_text(padding, "VALID"),
     )
     if x.dtype != tf.float32 or data_format != "NHWC" or x.shape.rank != 4:
+        _whole_packets.left_to_tensorflow(
+            "Conv2D", x.dtype, None if data_format == "NHWC" else data_format
+        )
         return _CONV.original(
             input,
             filter,
@@ -432,6 +449,20 @@ def conv2d(
         )
     with tf.name_scope(name or "PoolSizeFreeConv2D"):
         return _conv(x, filter, strides, padding, explicit_paddings, dilations)
+
+
+def _convolution_unsupported(data_format: str, ungrouped: bool) -> str | None:
+    """What a convolution's gradient replacement cannot take, or None.
+
+    Args:
+        data_format: The convolution's; only NHWC is computed here.
+        ungrouped: Whether the filter's shape is known and has x's channels.
+    """
+    if data_format != "NHWC":
+        return data_format
+    if not ungrouped:
+        return "a grouped convolution or an unknown filter shape"
+    return None
 
 
 def _dilate(gradient: Any, axis: int, stride: int) -> Any:
@@ -492,6 +523,14 @@ def conv2d_backprop_input(
         # A grouped convolution (its filter has fewer channels than x).
         or input_channels != kernel.shape[2]
     ):
+        _whole_packets.left_to_tensorflow(
+            "Conv2DBackpropInput",
+            upstream.dtype,
+            _convolution_unsupported(
+                data_format,
+                kernel.shape.is_fully_defined() and input_channels == kernel.shape[2],
+            ),
+        )
         return _INPUT_GRAD.original(
             input_sizes,
             filter,
@@ -550,6 +589,9 @@ def bias_add_grad(
     upstream = tf.convert_to_tensor(out_backprop)
     rank = upstream.shape.rank
     if rank is None or upstream.dtype != tf.float32:
+        _whole_packets.left_to_tensorflow(
+            "BiasAddGrad", upstream.dtype, "an unknown rank" if rank is None else None
+        )
         return _BIAS_GRAD.original(out_backprop, data_format=data_format, name=name)
     data_format = _exact_math.attribute_text(data_format, "NHWC")
     channel = 1 if data_format.startswith("NC") and rank > 2 else rank - 1
