@@ -347,14 +347,19 @@ def test_check_with_the_patch_passes_the_threads_perturbation(tmp_path):
         "divergence"
     ]["attribution"]
     assert attribution["responsible"] == ["threads"]
-    # bn_gelu's convolutions and Dense layers (with their biases).
+    # bn_gelu's convolutions and Dense layers (with their biases): the ops
+    # of the model that can follow the pool size.
     assert attribution["pool_size_ops"] == [
         "BiasAddGrad",
         "Conv2DBackpropFilter",
+        "Conv2DBackpropInput",
         "MatMul",
     ]
     assert "pool_size_free_products" in attribution["verdict"]
-    assert "BiasAddGrad, Conv2DBackpropFilter, MatMul" in outputs["without"]
+    assert (
+        "BiasAddGrad, Conv2DBackpropFilter, Conv2DBackpropInput, MatMul"
+        in outputs["without"]
+    )
 
 
 def test_the_table_says_every_covered_op_follows_the_pool_size():
