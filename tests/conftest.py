@@ -175,6 +175,37 @@ def run_tfdet(
     )
 
 
+def run_checks_side_by_side(
+    args: list[str], variants: dict[str, list[str]], reports: Path, timeout: float = 900
+) -> tuple[dict[str, str], dict[str, int], dict[str, dict]]:
+    """Runs `tfdet check ARGS --json REPORTS/NAME FLAGS` per variant, at once.
+
+    Returns:
+        Each variant's output (stdout and stderr), exit code and JSON report
+        (empty when it wrote none).
+    """
+    processes = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "tfdet", "check", *args, "--json",
+             str(reports / name), *flags],
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name, flags in variants.items()
+    }  # fmt: skip
+    outputs = {name: p.communicate(timeout=timeout)[0] for name, p in processes.items()}
+    codes = {name: p.returncode for name, p in processes.items()}
+    found = {
+        name: json.loads((reports / name).read_text())
+        if (reports / name).exists()
+        else {}
+        for name in variants
+    }
+    return outputs, codes, found
+
+
 def last_json_line(stdout: str) -> dict:
     """The last line of `stdout` that parses as a JSON object."""
     for line in reversed(stdout.strip().splitlines()):

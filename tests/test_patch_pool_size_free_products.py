@@ -15,13 +15,18 @@ shows what that buys: each sample's bits whatever its batch).
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import REPO, clean_env, last_json_line, run_python
+from tests.conftest import (
+    REPO,
+    clean_env,
+    last_json_line,
+    run_checks_side_by_side,
+    run_python,
+)
 from tfdet.patches import _hazards, pool_size_free_products
 
 # Odd pool sizes, and 6: channel counts that do not divide by them.
@@ -312,28 +317,17 @@ def test_check_with_the_patch_passes_the_threads_perturbation(tmp_path):
     # Run 1 trains with another pool size. With the patch: identical; the
     # control, the same check without it: diverged, the pool size named as
     # the cause and the model's ops that follow it named.
-    common = [
-        sys.executable, "-m", "tfdet", "check", "builtin:bn_gelu", "--steps", "2",
-        "--device", "cpu", "--perturb", "threads",
-    ]  # fmt: skip
-    patches = {
-        "with": ["--patches", "auto,pool_size_free_products", "--no-attribute"],
-        "without": ["--patches", "auto"],
-    }
-    processes = {
-        name: subprocess.Popen(
-            [*common, "--json", str(tmp_path / name), *flags],
-            env=clean_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for name, flags in patches.items()
-    }
-    outputs = {name: p.communicate(timeout=900)[0] for name, p in processes.items()}
-    codes = {name: p.returncode for name, p in processes.items()}
+    outputs, codes, reports = run_checks_side_by_side(
+        ["builtin:bn_gelu", "--steps", "2", "--device", "cpu", "--perturb",
+         "threads"],
+        {
+            "with": ["--patches", "auto,pool_size_free_products", "--no-attribute"],
+            "without": ["--patches", "auto"],
+        },
+        tmp_path,
+    )  # fmt: skip
     assert codes == {"with": 0, "without": 1}, outputs
-    report = json.loads((tmp_path / "with").read_text())
+    report = reports["with"]
     assert report["patches"] == ["auto", "pool_size_free_products"]
     # Another pool size is a setting, not another machine: never "imitated".
     assert list(report["varied"]) == ["threads"] and not report["imitated"]
@@ -343,9 +337,7 @@ def test_check_with_the_patch_passes_the_threads_perturbation(tmp_path):
         baseline["profile"]["intra_op_threads"] != other["profile"]["intra_op_threads"]
     )
     assert "pool_size_free_products" in other["profile"]["patches"]
-    attribution = json.loads((tmp_path / "without").read_text())["devices"]["cpu"][
-        "divergence"
-    ]["attribution"]
+    attribution = reports["without"]["devices"]["cpu"]["divergence"]["attribution"]
     assert attribution["responsible"] == ["threads"]
     # bn_gelu's convolutions and Dense layers (with their biases): the ops
     # of the model that can follow the pool size.

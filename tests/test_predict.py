@@ -9,14 +9,11 @@ default profile, on a CNN) and is identical where none does (the opt-in
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import clean_env
+from tests.conftest import run_checks_side_by_side
 from tfdet._runs import _predict
 
 
@@ -52,34 +49,21 @@ def test_the_first_sample_predicted_apart_is_named_with_its_batches():
 
 
 def test_check_batch_diverges_without_the_patch_and_not_with_it(tmp_path: Path):
-    common = [
-        sys.executable, "-m", "tfdet", "check", "builtin:cnn", "--steps", "2",
-        "--device", "cpu", "--perturb", "batch", "--no-attribute",
-    ]  # fmt: skip
-    patches = {
-        "with": ["--patches", "auto,pool_size_free_products"],
-        "without": ["--patches", "auto"],
-    }
-    processes = {
-        name: subprocess.Popen(
-            [*common, "--json", str(tmp_path / name), *flags],
-            env=clean_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for name, flags in patches.items()
-    }
-    outputs = {name: p.communicate(timeout=900)[0] for name, p in processes.items()}
-    codes = {name: p.returncode for name, p in processes.items()}
+    outputs, codes, reports = run_checks_side_by_side(
+        ["builtin:cnn", "--steps", "2", "--device", "cpu", "--perturb", "batch",
+         "--no-attribute"],
+        {
+            "with": ["--patches", "auto,pool_size_free_products"],
+            "without": ["--patches", "auto"],
+        },
+        tmp_path,
+    )  # fmt: skip
     assert codes == {"with": 0, "without": 1}, outputs
-    report = json.loads((tmp_path / "with").read_text())
+    report = reports["with"]
     assert list(report["varied"]) == ["batch"] and not report["imitated"]
     baseline, other = report["devices"]["cpu"]["runs"]
     assert "in one batch" in baseline["perturbations"]["batch"]
     assert "batches of 1, 5, 32" in other["perturbations"]["batch"]
-    divergence = json.loads((tmp_path / "without").read_text())["devices"]["cpu"][
-        "divergence"
-    ]
+    divergence = reports["without"]["devices"]["cpu"]["divergence"]
     assert divergence["quantity"].startswith("prediction of sample")
     assert "prediction of sample" in outputs["without"]

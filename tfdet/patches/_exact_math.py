@@ -115,6 +115,34 @@ def left_to_tensorflow(
     )
 
 
+def call_convolution(
+    original: Callable[..., Any],
+    inputs: tuple[Any, ...],
+    strides: Any,
+    padding: Any,
+    use_cudnn_on_gpu: bool,
+    explicit_paddings: Any,
+    data_format: Any,
+    dilations: Any,
+    name: str | None,
+) -> Any:
+    """Calls a generated 2-D convolution wrapper (`conv2d`, `conv2d_backprop_*`).
+
+    For the replacements of those wrappers, which share their signature: the
+    inputs they leave to TensorFlow go to `original` as they came.
+    """
+    return original(
+        *inputs,
+        strides,
+        padding,
+        use_cudnn_on_gpu=use_cudnn_on_gpu,
+        explicit_paddings=list(explicit_paddings),
+        data_format=data_format,
+        dilations=list(dilations),
+        name=name,
+    )
+
+
 def static_shape(sizes: Any) -> Any:
     """The static `tf.TensorShape` that a sizes tensor (4 numbers) holds.
 

@@ -336,17 +336,16 @@ def conv2d_backprop_filter(
             x.dtype,
             _convolution_unsupported(data_format, sizes),
         )
-        return _FILTER_GRAD.original(
-            input,
-            filter_sizes,
-            out_backprop,
+        return _exact_math.call_convolution(
+            _FILTER_GRAD.original,
+            (input, filter_sizes, out_backprop),
             strides,
             padding,
-            use_cudnn_on_gpu=use_cudnn_on_gpu,
-            explicit_paddings=list(explicit_paddings),
-            data_format=data_format,
-            dilations=list(dilations),
-            name=name,
+            use_cudnn_on_gpu,
+            explicit_paddings,
+            data_format,
+            dilations,
+            name,
         )
     height, width, channels, filters = (int(s) for s in sizes)
     with tf.name_scope(name or "PoolSizeFreeConv2DBackpropFilter"):
@@ -436,16 +435,16 @@ def conv2d(
         _whole_packets.left_to_tensorflow(
             "Conv2D", x.dtype, None if data_format == "NHWC" else data_format
         )
-        return _CONV.original(
-            input,
-            filter,
+        return _exact_math.call_convolution(
+            _CONV.original,
+            (input, filter),
             strides,
             padding,
-            use_cudnn_on_gpu=use_cudnn_on_gpu,
-            explicit_paddings=list(explicit_paddings),
-            data_format=data_format,
-            dilations=list(dilations),
-            name=name,
+            use_cudnn_on_gpu,
+            explicit_paddings,
+            data_format,
+            dilations,
+            name,
         )
     with tf.name_scope(name or "PoolSizeFreeConv2D"):
         return _conv(x, filter, strides, padding, explicit_paddings, dilations)
@@ -531,17 +530,16 @@ def conv2d_backprop_input(
                 kernel.shape.is_fully_defined() and input_channels == kernel.shape[2],
             ),
         )
-        return _INPUT_GRAD.original(
-            input_sizes,
-            filter,
-            out_backprop,
+        return _exact_math.call_convolution(
+            _INPUT_GRAD.original,
+            (input_sizes, filter, out_backprop),
             strides,
             padding,
-            use_cudnn_on_gpu=use_cudnn_on_gpu,
-            explicit_paddings=list(explicit_paddings),
-            data_format=data_format,
-            dilations=list(dilations),
-            name=name,
+            use_cudnn_on_gpu,
+            explicit_paddings,
+            data_format,
+            dilations,
+            name,
         )
     height, width = kernel.shape[0], kernel.shape[1]
     with tf.name_scope(name or "PoolSizeFreeConv2DBackpropInput"):

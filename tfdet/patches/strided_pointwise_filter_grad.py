@@ -71,17 +71,16 @@ def conv2d_backprop_filter(
         or sizes.rank != 4
         or not _pointwise_strided(x.shape, sizes, strides)
     ):
-        return _FILTER_GRAD.original(
-            input,
-            filter_sizes,
-            out_backprop,
+        return _exact_math.call_convolution(
+            _FILTER_GRAD.original,
+            (input, filter_sizes, out_backprop),
             strides,
             padding,
-            use_cudnn_on_gpu=use_cudnn_on_gpu,
-            explicit_paddings=list(explicit_paddings),
-            data_format=data_format,
-            dilations=list(dilations),
-            name=name,
+            use_cudnn_on_gpu,
+            explicit_paddings,
+            data_format,
+            dilations,
+            name,
         )
     channels, filters = sizes[2], sizes[3]
     with tf.name_scope(name or "DeterministicStridedPointwiseFilterGrad"):
