@@ -82,7 +82,7 @@ h = keras.layers.LayerNormalization()(h + inputs)
 h = keras.layers.Conv1D(8, 3, strides=2)(h)
 h = keras.layers.GlobalAveragePooling1D()(h)
 outputs = keras.layers.Dense(1, activation="sigmoid")(h)
-keras.Model(inputs, outputs).export(PATH, verbose=False)
+keras.Model(inputs, outputs).export(PATH)
 """
 
 SERVE = """
