@@ -219,6 +219,12 @@ for name, fn in elementwise.items():
     original = same_in_pieces(fn)
     _registry.install(["pool_size_free_products"])
     report["elementwise"][name] = {"patched": patched, "original": original}
+# tf.nn.gelu's exact form: the same bits eagerly and traced (TF 2.16-2.18
+# divide by sqrt(2), which Grappler turns into a multiplication when traced).
+exact = lambda t: tf.nn.gelu(t, approximate=False)
+report["gelu traced"] = {"same": bool(np.array_equal(
+    np.asarray(exact(x)).view(np.uint32),
+    np.asarray(tf.function(exact)(x)).view(np.uint32)))}
 # float64 is left to the original op: the same bits.
 a, b = arr(5, 7, dtype=np.float64), arr(7, 3, dtype=np.float64)
 report["float64"] = {"same": bool(np.array_equal(tf.matmul(a, b),
@@ -276,6 +282,13 @@ def test_what_loses_the_property_is_said_once(checks):
     assert not any("int" in w for w in left), left
 
 
+def test_exact_gelu_has_the_same_bits_eagerly_and_traced(checks):
+    # `model(x)` against `model.predict(x)`; the control is TensorFlow
+    # 2.16-2.18's own gelu (the version matrix's oldest combination), whose
+    # division Grappler rewrites: 96 of 96 rows of a Dense(64, "gelu").
+    assert checks["gelu traced"]["same"]
+
+
 def test_a_batch_unknown_when_traced_is_still_replaced(checks):
     # Falling back for it gave other bits than the same product traced with
     # a known batch: Keras's predict at batch 96 and then 32 disagreed.
@@ -308,8 +321,11 @@ def test_element_wise_bits_do_not_follow_the_tensor_length_only_with_the_patch(
     )
     # The control: TensorFlow's kernels compute the last `length % lanes`
     # elements with the scalar function, which for these gives other bits.
-    assert {name: r["original"] for name, r in found.items()} == dict.fromkeys(
-        found, False
+    # (GELU is built of them in a way that changed with the version: erf,
+    # whose paths agree, until TensorFlow 2.18; erfc since.)
+    primitives = {name: r for name, r in found.items() if "gelu" not in name}
+    assert {name: r["original"] for name, r in primitives.items()} == dict.fromkeys(
+        primitives, False
     )
 
 
