@@ -47,6 +47,7 @@ POW = _exact_math.GeneratedOp(_MATH, "_pow")
 
 
 def left_to_tensorflow(op_type: str, dtype: Any, reason: str | None = None) -> None:
+    """Says once that `pool_size_free_products` left an input to TensorFlow."""
     _exact_math.left_to_tensorflow("pool_size_free_products", op_type, dtype, reason)
 
 
