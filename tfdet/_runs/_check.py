@@ -84,11 +84,12 @@ def first_divergence(a: _FinishedRun, b: _FinishedRun) -> _diff.Divergence | Non
     names = list(result_a["variables"])
     divergence = _diff.compare(a.trace, b.trace).divergence
     finals_a, finals_b = result_a["final_weights"], result_b["final_weights"]
+    # What only the final results hold is reported at the last step.
+    last = a.trace.steps[-1] if a.trace.steps else {}
     if divergence is None:
         for name in [*names, *(n for n in finals_b if n not in finals_a)]:
             da, db = finals_a.get(name), finals_b.get(name)
             if da != db:
-                last = a.trace.steps[-1] if a.trace.steps else {}
                 divergence = _diff.Divergence(
                     int(last.get("step", 0)),
                     last.get("epoch"),
@@ -101,7 +102,6 @@ def first_divergence(a: _FinishedRun, b: _FinishedRun) -> _diff.Divergence | Non
         # The same weights: the `batch` perturbation's predictions, if any.
         predicted = _predict.first_difference(result_a, result_b)
         if predicted is not None:
-            last = a.trace.steps[-1] if a.trace.steps else {}
             return _diff.Divergence(
                 int(last.get("step", 0)), last.get("epoch"), *predicted
             )

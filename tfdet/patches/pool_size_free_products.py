@@ -171,16 +171,15 @@ def _batch_mat_mul(version: str) -> Any:
         original = _BATCH_MAT_MUL[version].original
         a, b = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
         out_type = args[0] if args else flags.get("Tout", tf.float32)
+        unknown = a.shape.rank is None or b.shape.rank is None
         if (
-            a.dtype != tf.float32
+            unknown
+            or a.dtype != tf.float32
             or b.dtype != tf.float32
             or tf.as_dtype(out_type) != tf.float32
-            or a.shape.rank is None
-            or b.shape.rank is None
             or min(a.shape.rank, b.shape.rank) < 2
             or _has_no_elements(a.shape[-2:], b.shape[-2:])
         ):
-            unknown = a.shape.rank is None or b.shape.rank is None
             _whole_packets.left_to_tensorflow(
                 "BatchMatMul", a.dtype, "an unknown rank" if unknown else None
             )
@@ -348,18 +347,12 @@ def conv2d_backprop_filter(
         _exact_math.attribute_text(data_format, "NHWC"),
         _exact_math.attribute_text(padding, "VALID"),
     )
-    if (
-        x.dtype != tf.float32
-        or data_format != "NHWC"
-        or sizes is None
-        # A grouped convolution (its filter has fewer channels than x).
-        or x.shape[-1] != sizes[2]
-    ):
-        _whole_packets.left_to_tensorflow(
-            "Conv2DBackpropFilter",
-            x.dtype,
-            _convolution_unsupported(data_format, sizes),
-        )
+    # A grouped convolution's filter has fewer channels than x.
+    unsupported = _convolution_unsupported(
+        data_format, sizes is not None and x.shape[-1] == sizes[2]
+    )
+    if x.dtype != tf.float32 or unsupported is not None:
+        _whole_packets.left_to_tensorflow("Conv2DBackpropFilter", x.dtype, unsupported)
         return _exact_math.call_convolution(
             _FILTER_GRAD.original,
             (input, filter_sizes, out_backprop),
@@ -539,20 +532,14 @@ def conv2d_backprop_input(
         _exact_math.attribute_text(padding, "VALID"),
     )
     input_channels = _exact_math.static_shape(input_sizes)[3]
-    if (
-        upstream.dtype != tf.float32
-        or data_format != "NHWC"
-        or not kernel.shape.is_fully_defined()
-        # A grouped convolution (its filter has fewer channels than x).
-        or input_channels != kernel.shape[2]
-    ):
+    # A grouped convolution's filter has fewer channels than x.
+    unsupported = _convolution_unsupported(
+        data_format,
+        kernel.shape.is_fully_defined() and input_channels == kernel.shape[2],
+    )
+    if upstream.dtype != tf.float32 or unsupported is not None:
         _whole_packets.left_to_tensorflow(
-            "Conv2DBackpropInput",
-            upstream.dtype,
-            _convolution_unsupported(
-                data_format,
-                kernel.shape.is_fully_defined() and input_channels == kernel.shape[2],
-            ),
+            "Conv2DBackpropInput", upstream.dtype, unsupported
         )
         return _exact_math.call_convolution(
             _INPUT_GRAD.original,
