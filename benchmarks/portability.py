@@ -1,7 +1,7 @@
 """Portability record: one weights digest per reference model, per machine.
 
 Usage:
-    python benchmarks/portability.py [--models NAME,...] [--json FILE] [--record]
+    python benchmarks/portability.py [--models NAME,...] [--jobs N] [--json FILE] [--record]
 
 Trains a fixed reference set under the default profile (`tfdet.enable(seed=7)`:
 one thread per pool, oneDNN custom ops on and capped at AVX2 on x86-64), each model for 4
@@ -68,6 +68,11 @@ CPU_KEYS = (
     "cpu_isa_best",
 )
 SOFTWARE_KEYS = ("tensorflow", "keras_version", "numpy", "python", "tfdet_patches")
+# The software that decides the bits: entries compare on these. Python and
+# NumPy are recorded, not compared: an AMD EPYC (Python 3.11, NumPy 2.4) and
+# an Intel Xeon (Python 3.12, NumPy 2.5) gave the same 36 digests (see
+# docs/measurements.md, "AMD EPYC and Intel Xeon").
+BITS_SOFTWARE_KEYS = ("tensorflow", "keras_version", "tfdet_patches")
 # The CPU facts of an entry recorded on an emulated CPU (see `cpu`).
 EMULATED_KEYS = ("emulated", "emulated_model", "emulator_version", "host")
 # Small enough for a test (about 25 s on 2 shared cores, fresh processes).
@@ -224,10 +229,24 @@ def train(
     }
 
 
-def measure(names: list[str], emulated: str | None = None) -> dict[str, dict[str, Any]]:
-    """`{name: train(name)}`, one fresh process per model, one at a time."""
-    with tempfile.TemporaryDirectory(prefix="tfdet-portability-") as workdir:
-        return {name: train(name, workdir, emulated=emulated) for name in names}
+def measure(
+    names: list[str], emulated: str | None = None, jobs: int = 1
+) -> dict[str, dict[str, Any]]:
+    """`{name: train(name)}`, one fresh process per model, `jobs` at a time.
+
+    Each process runs the profile's one thread per pool, so on a machine with
+    many cores several side by side change no bits (only the seconds).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    with (
+        tempfile.TemporaryDirectory(prefix="tfdet-portability-") as workdir,
+        ThreadPoolExecutor(max_workers=jobs) as pool,
+    ):
+        trained = pool.map(
+            functools.partial(train, workdir=workdir, emulated=emulated), names
+        )
+        return dict(zip(names, trained, strict=True))
 
 
 def load_table(path: Path = TABLE) -> dict[str, Any]:
@@ -237,17 +256,22 @@ def load_table(path: Path = TABLE) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def same_software(recorded: dict[str, Any], soft: dict[str, Any]) -> bool:
+    """Whether an entry's software is `soft` in what decides the bits."""
+    return all(recorded.get(key) == soft.get(key) for key in BITS_SOFTWARE_KEYS)
+
+
 def portable_models(table: dict[str, Any], soft: dict[str, Any]) -> dict[str, str]:
     """`{model: digest}` for models recorded identical on >= 2 different CPUs.
 
-    Only entries of real CPUs with the same software versions count (other
-    versions may change the bits on any machine; an emulated CPU is an
+    Only entries of real CPUs with the same software (`same_software`) count
+    (other versions may change the bits on any machine; an emulated CPU is an
     imitation, evidence but not a machine). A model recorded with two digests
     under these versions is not portable.
     """
     seen: dict[str, dict[str, set[str]]] = {}
     for machine in table["machines"]:
-        if machine["software"] != soft or "emulated" in machine["cpu"]:
+        if not same_software(machine["software"], soft) or "emulated" in machine["cpu"]:
             continue
         cpu_key = json.dumps(machine["cpu"], sort_keys=True)
         for name, digest in machine["digests"].items():
@@ -275,7 +299,11 @@ def compare(
     """
     failures: list[str] = []
     notes: list[str] = []
-    same = [m for m in table["machines"] if m["cpu"] == facts and m["software"] == soft]
+    same = [
+        m
+        for m in table["machines"]
+        if m["cpu"] == facts and same_software(m["software"], soft)
+    ]
     for name, digest in digests.items():
         recorded = {m["digests"][name] for m in same if name in m["digests"]}
         if recorded and digest not in recorded:
@@ -352,7 +380,16 @@ def main(argv: list[str] | None = None) -> int:
         help="Train on QEMU's emulated CPU MODEL (e.g. Haswell-v4) instead: an "
         "entry of its own, named as an emulation.",
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="Models trained side by side (default 1; each process uses one "
+        "thread per pool).",
+    )
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"Expected --jobs of at least 1. Received: {args.jobs}")
     names = expand(args.models.split(",")) if args.models else models()
     known = models()
     unknown = [name for name in names if name not in known]
@@ -374,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{key}: {' '.join(map(str, value)) if isinstance(value, list) else value}"
         )
-    results = measure(names, args.emulate_cpu)
+    results = measure(names, args.emulate_cpu, args.jobs)
     for name, result in results.items():
         print(
             f"{label(name):44s} {result['digest']}  ({result['seconds']} s, "

@@ -5,8 +5,9 @@ the best ISA the CPU offers: on x86-64 the bits change with the ISA even with
 TensorFlow's oneDNN custom ops off, because Eigen's contraction kernel also
 goes through oneDNN. Capping the ISA at a level most x86-64 machines have
 (AVX2) removes that one cause of difference between CPU generations; it does
-not make every model's bits portable (measured: an AMD EPYC and an Intel Xeon,
-both capped at AVX2, gave different weights for BatchNorm/GELU/Adam models).
+not make every model's bits portable on its own (capped, an AMD and an Intel
+CPU still differed in the approximate instructions, which the portable
+patches replace).
 
 XLA:CPU generates its own code for the host's ISA, so the same cap is also
 given to XLA (`--xla_cpu_max_isa`, its coarser names): measured with TF 2.21

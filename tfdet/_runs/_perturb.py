@@ -15,9 +15,9 @@ when they are not pinned; the hash seed, a busy neighbour and a staggered
 start must not change them at all.
 
 These are imitations on one machine. Each record's `imitates` and
-`NOT_IMITATED` say what a check can and cannot stand for: measured, two real
-machines (an AMD EPYC and an Intel Xeon) under the same profile gave
-different weights for some models that `check` reported identical on each.
+`NOT_IMITATED` say what a check can and cannot stand for: identical here is
+not yet identical on a CPU of another vendor, which only two real machines
+show (`benchmarks/portability.py`, `benchmarks/two_machines.sh`).
 """
 
 from __future__ import annotations
@@ -639,8 +639,8 @@ _NOT_EMULATED = (
 NOT_IMITATED = {
     "cpu_vendor": "The CPU vendor: an AMD and an Intel CPU run different "
     "microcode and, in oneDNN and Eigen, sometimes different code paths; "
-    "measured, they gave different weights for BatchNorm/GELU/Adam models."
-    + _NOT_EMULATED,
+    "before enable()'s portable patches they gave BatchNorm/GELU/Adam models "
+    "different weights." + _NOT_EMULATED,
     "approximate_instructions": "The CPU's own results for approximate "
     "instructions (RSQRTPS, RCPPS), which are implementation-specific: Eigen "
     "starts rsqrt, reciprocal, erfc (exact GELU) and softmax from them. "
