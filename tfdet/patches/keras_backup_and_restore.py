@@ -37,6 +37,12 @@ directory is often a shared path (`/tmp/backup` in Keras's own example),
 and reading a pickle from it would run whatever code was planted there.
 `tfdet.random_state(model)` gives the same seed states to a
 `tf.train.Checkpoint` of a custom loop.
+
+tf_keras's own `BackupAndRestore` is not made exact: its random layers keep
+their state inside legacy random kernels that no checkpoint holds, and a
+resume trains other bits than the run that never stopped, killed per epoch
+or in the middle of one. Constructing it under `tfdet.enable()` warns so,
+naming Keras 3's callback, rather than letting a resume pass for exact.
 """
 
 from __future__ import annotations
@@ -688,6 +694,29 @@ def _wrap_fit(original: Any) -> Any:
     return fit
 
 
+TF_KERAS_NOT_EXACT = (
+    "tfdet: tf_keras's BackupAndRestore does not resume bit for bit: tf_keras's "
+    "random layers (Dropout, noise, ...) keep their state inside random kernels "
+    "that its backup does not hold, so a resumed fit trains other bits than the "
+    "run that never stopped. Keras 3's keras.callbacks.BackupAndRestore "
+    "resumes exactly under tfdet.enable()."
+)
+
+
+def _say_tf_keras_is_not_exact(swap: Any) -> None:
+    """Makes tf_keras's `BackupAndRestore` warn that its resume is not exact."""
+    from tf_keras.src import callbacks
+
+    original = callbacks.BackupAndRestore.__init__
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        warnings.warn(TF_KERAS_NOT_EXACT, stacklevel=2)
+        original(self, *args, **kwargs)
+
+    swap.attribute(callbacks.BackupAndRestore, "__init__", __init__)
+
+
 def _apply(swap: Any) -> None:
     import keras
     from keras.src import callbacks
@@ -702,8 +731,11 @@ def _apply(swap: Any) -> None:
 PATCH = Patch(
     summary="keras.callbacks.BackupAndRestore (loses seed states, the position "
     "in an epoch and in the input's stream, tf.data and PyDataset order) -> a "
-    "subclass that resumes bit for bit",
+    "subclass that resumes bit for bit; tf_keras's -> a warning that it does not",
     upstream="https://github.com/keras-team/keras/blob/master/keras/src/callbacks/backup_and_restore.py",
     apply=_apply,
-    requires=KERAS3,
+    # Also when tf_keras is the Keras in use: its callback then says that it
+    # is not exact (once tf_keras is imported, whenever that is).
+    after_import=(("tf_keras", _say_tf_keras_is_not_exact),),
+    requires={"keras": KERAS3["keras"]},
 )

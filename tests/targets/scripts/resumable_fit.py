@@ -2,7 +2,7 @@
 
 `python resumable_fit.py OUT BACKUP [--save-freq N] [--kill E:B] [--kill-at-save K]
 [--data array|tfdata|tfdata-repeat|pydataset|generator] [--model dense|conv]
-[--threads N] [--pool-size-free] [--plain] [--backups N] [--unpatched] [--drop-epoch-random]`:
+[--threads N] [--pool-size-free] [--plain] [--tf-keras] [--backups N] [--unpatched] [--drop-epoch-random]`:
 trains 4 epochs of 256 samples (8 batches of 32, shuffled) under
 `tfdet.enable(seed=3)` and writes the final weights' digest to OUT.
 `--model conv` trains Conv2D + BatchNormalization + GELU instead of the first
@@ -10,7 +10,8 @@ Dense layer (the kind of model whose bits differed between an AMD and an
 Intel CPU before tfdet's patches); `--threads N` gives the profile N threads
 per pool (0: every core), and `--pool-size-free` adds the
 `pool_size_free_products` patch, under which the bits do not follow N;
-`--plain` trains without tfdet (seeds and TensorFlow's op determinism only). `--kill E:B` kills the process (SIGKILL) after batch B of epoch E;
+`--plain` trains without tfdet (seeds and TensorFlow's op determinism only);
+`--tf-keras` trains with tf_keras (its own BackupAndRestore). `--kill E:B` kills the process (SIGKILL) after batch B of epoch E;
 `--kill-at-save K` kills it while it writes its K-th backup, after the weights
 and before the backup is made current; `--unpatched` leaves out tfdet's
 `keras_backup_and_restore` patch (Keras's own BackupAndRestore);
@@ -42,6 +43,7 @@ parser.add_argument("--model", choices=("dense", "conv"), default="dense")
 parser.add_argument("--threads", type=int, default=1)
 parser.add_argument("--pool-size-free", action="store_true")
 parser.add_argument("--plain", action="store_true")
+parser.add_argument("--tf-keras", action="store_true")
 parser.add_argument("--backups", type=int, default=1)
 parser.add_argument("--unpatched", action="store_true")
 parser.add_argument("--drop-epoch-random", action="store_true")
@@ -69,14 +71,20 @@ patches = [
     for name in _registry.resolve("auto")
     if not (args.unpatched and name == "keras_backup_and_restore")
 ]
+if args.tf_keras:
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
 if args.pool_size_free:
     patches.append("pool_size_free_products")
 if not args.plain:
     tfdet.enable(seed=3, patches=patches, threads=args.threads or os.cpu_count())
 
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+if args.tf_keras:
+    import tf_keras as keras
+else:
+    import keras
 
 if args.plain:  # TensorFlow's own answer: seeds and op determinism, no tfdet.
     keras.utils.set_random_seed(3)
