@@ -153,6 +153,32 @@ def test_an_importable_function_is_passed_by_name():
     assert _api._importable_name(lambda: None) is None
 
 
+def test_a_function_of_a_module_found_through_a_run_time_sys_path_entry(tmp_path):
+    # The notebook pattern: `sys.path.insert(0, "src")`, then `import models`.
+    # A fresh process does not have that entry, so the runs get the module by
+    # its file; the report still names the function as the user knows it.
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "notebook_models.py").write_text(_MODEL)
+    code = f"""
+import json, os, sys
+os.chdir({str(tmp_path)!r})
+sys.path.insert(0, "src")
+import notebook_models
+import tfdet
+report = tfdet.check(notebook_models.build, steps=1, perturb="hashseed", attribute=False)
+print(json.dumps({{"verdict": report.verdict, "target": report.to_dict()["target"]}}))
+"""
+    result = run_python(code, env=clean_env(), timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert last_json_line(result.stdout) == {
+        "verdict": "identical",
+        "target": "notebook_models:build",
+    }
+    # A module of a package keeps its name (its relative imports need it).
+    assert _api._by_path(_api._by_path) is None
+
+
 def test_a_printed_script_report_says_its_verdict_and_cause_first():
     from tfdet._runs._report import ScriptCheckReport
 

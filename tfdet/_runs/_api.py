@@ -5,7 +5,9 @@
 
 A TARGET may also be a callable (a function that builds the model). One
 that the fresh processes can import (a module-level function of an
-importable module) is passed by name. One that they cannot (defined in a
+importable module) is passed by name, or by its file for a top-level module
+(one found through a `sys.path` entry added at run time, as notebooks do,
+imports there too). One that they cannot (defined in a
 notebook cell, `python -c` or a script's `__main__`, or nested in another
 function) is passed by value: its compiled code (`marshal`, which the runs
 read back with the same `sys.executable`) goes into a temporary module with
@@ -137,7 +139,7 @@ def check(
         )
     name = _importable_name(target)
     if name is not None:
-        return check_with_options(RunOptions(target=name, **options), progress)
+        return _check_named(_by_path(target) or name, name, options, progress)
     if not isinstance(target, types.FunctionType):
         # A functools.partial, a bound method, a callable object: the runs
         # could only get it by pickling, which tfdet never loads in a run.
@@ -146,14 +148,25 @@ def check(
             f"string. Received: {target!r}, a {type(target).__name__}. Wrap it: "
             "`def build(): return make_model(units=64)`, and pass `build`."
         )
-    # The temporary file is gone once the check ends: the report and any
-    # error name the user's function instead.
-    described = f"{target.__module__}:{target.__qualname__}"
     with _written(target) as text:
-        try:
-            report = check_with_options(RunOptions(target=text, **options), progress)
-        except TargetError as error:
-            raise TargetError(str(error).replace(text, described)) from None
+        return _check_named(
+            text, f"{target.__module__}:{target.__qualname__}", options, progress
+        )
+
+
+def _check_named(
+    text: str, described: str, options: dict[str, Any], progress: Any
+) -> CheckReport:
+    """The check of TARGET `text`, whose report and errors say `described`.
+
+    `text` may be a path the user never wrote (tfdet's temporary module, the
+    file of a module they imported by name): they know the function by
+    `described`, "module:function".
+    """
+    try:
+        report = check_with_options(RunOptions(target=text, **options), progress)
+    except TargetError as error:
+        raise TargetError(str(error).replace(text, described)) from None
     return dataclasses.replace(report, target=described)
 
 
@@ -191,6 +204,22 @@ def _importable_name(function: Callable[..., Any]) -> str | None:
     ):
         return None
     return f"{module}:{qualname}"
+
+
+def _by_path(function: Callable[..., Any]) -> str | None:
+    """`"/path/module.py:function"` for a function of a top-level module file.
+
+    A module found through a `sys.path` entry added at run time (a notebook's
+    `sys.path.insert(0, "src")`) cannot be imported by name in a fresh
+    process; by its file it can, and its siblings with it (the runs put the
+    file's folder first on their path, as `python file.py` does). A module of
+    a package keeps its name: its relative imports need the package.
+    """
+    module = sys.modules.get(function.__module__)
+    path = getattr(module, "__file__", None) or ""
+    if "." in function.__module__ or not path.endswith(".py"):
+        return None
+    return f"{os.path.abspath(path)}:{function.__qualname__}"
 
 
 def _defined_in_main(value: Any) -> bool:
