@@ -97,7 +97,7 @@ def test_flag_enables_before_conftest_and_reseeds_each_test(pytester: pytest.Pyt
             assert os.environ["PYTHONHASHSEED"] == "7"  # Written by enable().
             # A TARGET string resolves from the current directory, as in a shell.
             report = tfdet_reproducible("test_suite:build", steps=1, perturb="none")
-            assert (report["seed"], report["threads"]) == (7, 2)
+            assert (report.seed, report.threads) == (7, 2)
         """
     )
     result = pytester.runpytest_subprocess(
@@ -188,7 +188,7 @@ def build_crashing():
 
 def test_plain(tfdet_reproducible):
     report = tfdet_reproducible(build_plain, steps=2)
-    assert report["verdict"] == "identical"
+    assert report.verdict == "identical"
 
 
 def test_noisy(tfdet_reproducible):

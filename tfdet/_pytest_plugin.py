@@ -29,9 +29,12 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:  # Not at run time: importing the plugin imports no tfdet.
+    from tfdet import CheckReport
 
 # Options and their ini keys ([tool.pytest.ini_options] in pyproject.toml).
 _SETTINGS = {
@@ -51,9 +54,6 @@ _SETTINGS = {
 _DEFAULTS = {"seed": 0, "threads": 1, "cpu_isa": "AVX2"}
 # A key on the config's stash: the state of --tfdet for this session.
 _STATE_KEY = pytest.StashKey["_State"]()
-
-# Where the check's stderr is cut when a run or the CLI fails.
-_STDERR_TAIL_CHARS = 4000
 
 
 @dataclasses.dataclass
@@ -236,54 +236,6 @@ def _target_of(build: Callable[..., Any] | str) -> str:
     return f"{os.path.abspath(path)}:{name}"
 
 
-def _tail(text: str) -> str:
-    text = text.strip()
-    return (
-        text if len(text) <= _STDERR_TAIL_CHARS else "..." + text[-_STDERR_TAIL_CHARS:]
-    )
-
-
-def _failed_runs(report: dict[str, Any]) -> str:
-    """Each failed run's state; the first one's stderr tail (usually all alike)."""
-    lines, tail = [], None
-    for device, result in report.get("devices", {}).items():
-        for run in result.get("runs", []):
-            if run.get("ok"):
-                continue
-            state = (
-                "timed out" if run.get("timed_out") else f"exit {run.get('returncode')}"
-            )
-            lines.append(f"[{device}] run {run.get('index')} failed ({state})")
-            if tail is None:
-                tail = _tail(run.get("stderr_tail") or "(empty)")
-                lines[-1] += "; its stderr tail:\n" + tail
-    return "\n".join(lines)
-
-
-def _divergences(report: dict[str, Any]) -> str:
-    lines = []
-    for device, result in report.get("devices", {}).items():
-        divergence = result.get("divergence")
-        if not divergence:
-            continue
-        a, b = divergence.get("runs", ("?", "?"))
-        lines.append(
-            f"[{device}] first divergence (run {a} vs run {b}): "
-            f"{divergence.get('description')}"
-        )
-        for name, values in (divergence.get("profile_differences") or {}).items():
-            lines.append(f"  profile differs: {name}: {values[0]} vs {values[1]}")
-        attribution = divergence.get("attribution")
-        if attribution:
-            lines.append(f"  cause: {attribution.get('verdict')}")
-        else:
-            lines.append(
-                f"  `tfdet check {report.get('target')} --device {device}` re-runs "
-                "to find the perturbation that separates the runs."
-            )
-    return "\n".join(lines)
-
-
 def check_or_fail(
     build: Callable[..., Any] | str,
     *,
@@ -297,7 +249,7 @@ def check_or_fail(
     timeout: float = 600.0,
     env: dict[str, str] | None = None,
     **options: Any,
-) -> dict[str, Any]:
+) -> CheckReport:
     """Runs `tfdet.check()` on `build` in fresh processes; fails the test unless equal.
 
     Args:
@@ -323,18 +275,20 @@ def check_or_fail(
             `enable`, `workers`, ...).
 
     Returns:
-        The check's report as `tfdet check --json` writes it, when every bit
-        is identical.
+        The check's `tfdet.CheckReport`, as `tfdet.check()` returns it, when
+        every bit is identical.
 
     Raises:
-        pytest.fail.Exception: the bits differ (the message names the first
-            diverging step and quantity with both values), a run failed or
-            timed out (with its stderr tail), or the check could not start.
+        pytest.fail.Exception: the bits differ, a run failed or timed out, or
+            the check could not start. The message is `tfdet check`'s own
+            report (each run, the first diverging step and quantity with both
+            values, a failed run's stderr tail).
         pytest.skip.Exception: `device="gpu"` on a machine without a GPU.
     """
     from unittest import mock  # Here: every pytest session loads this module.
 
     import tfdet  # The check's modules; none of them imports TensorFlow.
+    from tfdet._cli import _check_text
 
     target = _target_of(build)
     heading = f"tfdet check {target} ({runs} runs x {steps} steps)"
@@ -365,21 +319,20 @@ def check_or_fail(
     except (tfdet.Error, ValueError, TypeError) as error:
         # A bad TARGET or option: no verdict to report.
         pytest.fail(f"{heading} could not run: {error}", pytrace=False)
-    report = result.to_dict()
     if result.verdict == "identical":
-        return report
+        return result
+    text = _check_text.format_report(result.to_dict())
     if result.verdict == "diverged":
-        pytest.fail(f"{heading}: bits diverged.\n{_divergences(report)}", pytrace=False)
+        pytest.fail(f"{heading}: bits diverged.\n{text}", pytrace=False)
     pytest.fail(
         f"{heading}: verdict {result.verdict!r} (exit {result.exit_code}); no "
-        "comparison of bits passed.\n"
-        f"{_failed_runs(report)}",
+        f"comparison of bits passed.\n{text}",
         pytrace=False,
     )
 
 
 @pytest.fixture
-def tfdet_reproducible(request: pytest.FixtureRequest) -> Callable[..., dict[str, Any]]:
+def tfdet_reproducible(request: pytest.FixtureRequest) -> Callable[..., CheckReport]:
     """`tfdet_reproducible(build, steps=3, runs=2, ...)`: `tfdet.check()` as an assertion.
 
     Trains `build` (a module-level function, or a TARGET string) in fresh
@@ -409,7 +362,7 @@ def tfdet_reproducible(request: pytest.FixtureRequest) -> Callable[..., dict[str
                 env[key] = value
         defaults["env"] = env
 
-    def check(build: Callable[..., Any] | str, **kwargs: Any) -> dict[str, Any]:
+    def check(build: Callable[..., Any] | str, **kwargs: Any) -> CheckReport:
         return check_or_fail(build, **{**defaults, **kwargs})
 
     return check
