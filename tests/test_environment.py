@@ -98,7 +98,7 @@ def test_compare_cpus_says_which_differences_change_bits() -> None:
     differences = _environment.compare_cpus(_machine(), intel)
     assert differences["cpu_caches"]["changes_bits"] == "may"
     assert differences["cpu_vendor"]["changes_bits"] == "may"
-    assert "Sapphire Rapids" in differences["cpu_vendor"]["why"]
+    assert "approximate instructions" in differences["cpu_vendor"]["why"]
     assert differences["cpu_isa_in_force"]["changes_bits"] == "yes"
     assert differences["cpu_isa_in_force"]["b"] == "AVX512_CORE"
     assert differences["cpu_count"]["changes_bits"] == "no"

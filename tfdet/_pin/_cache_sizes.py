@@ -19,12 +19,11 @@ either
   caches themselves are unchanged, and so is any code outside Eigen and
   oneDNN that reads CPUID; Eigen's sizes are left pinned where they are.
 
-Measured with TF 2.21.0 on an AMD EPYC Zen 3 (L1d 32K, L2 512K), one thread:
-with an Intel Xeon's sizes (L1d 48K, L2 2M) Eigen's float32 matmul, conv2d
-and its filter gradient gave other bits with oneDNN's custom ops off (an L2
-of 2M alone did not), and so did a `mixed_bfloat16` Conv2D model with them
-on (bfloat16 products under the AVX2 cap are Eigen's); oneDNN's own float32
-kernels gave the same bits.
+Eigen's float32 matmul, conv2d and its filter gradient add in another order
+under another L1 size (oneDNN's custom ops off), and so does a
+`mixed_bfloat16` Conv2D model with them on (bfloat16 products under the AVX2
+cap are Eigen's); oneDNN's own float32 kernels do not follow the sizes
+(docs/measurements.md, "Cache sizes, by imitation").
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ otherwise. oneDNN itself obeys `ONEDNN_MAX_CPU_ISA`, which TensorFlow does
 not read. So under tfdet's AVX2 cap an AVX-512 CPU sends a `mixed_bfloat16`
 model's convolution to oneDNN, which has no bfloat16 kernel below AVX-512
 and fails ("could not create a primitive descriptor for the convolution
-forward propagation primitive"; measured with TF 2.21.0 on an AMD EPYC Zen 4
-with AVX-512 BF16), while an AVX2-only CPU runs the same op in Eigen.
+forward propagation primitive"), while an AVX2-only CPU runs the same op in
+Eigen.
 
 `VIEW.cap = isa` clears, in TensorFlow's `CPUIDInfo`, every extension above
 `isa`, so TensorFlow decides as a CPU with only what the cap allows does;

@@ -165,12 +165,12 @@ def cpu_facts() -> dict[str, Any]:
 # does not under a tfdet profile.
 _MICROARCHITECTURE = (
     "may",
-    "another microarchitecture: measured, an AMD EPYC and an Intel Xeon "
-    "Sapphire Rapids under the same profile (threads=1, AVX2 cap) gave "
-    "different weights for Conv2D+BatchNorm (SGD) and Dense+GELU "
-    "(Adam, ExponentialDecay) models, equal ones for plain Dense/Conv2D+SGD; "
-    "likely through the vendor-specific approximate instructions (RSQRTPS, "
-    "RCPPS) behind Eigen's rsqrt, reciprocal and erfc (exact GELU)",
+    "another microarchitecture or vendor: its approximate instructions "
+    "(RSQRTPS, RCPPS) give other bits, which enable()'s portable patches keep "
+    "out of Eigen's rsqrt, reciprocal, softmax and erfc; before them an AMD "
+    "EPYC and an Intel Xeon trained BatchNorm and GELU models to other "
+    "weights, under them to the same ones for every reference model, but a "
+    "kernel outside that set may still differ",
 )
 CPU_FACT_EFFECTS: dict[str, tuple[str, str]] = {
     "cpu_emulated": (

@@ -10,10 +10,9 @@ CPU still differed in the approximate instructions, which the portable
 patches replace).
 
 XLA:CPU generates its own code for the host's ISA, so the same cap is also
-given to XLA (`--xla_cpu_max_isa`, its coarser names): measured with TF 2.21
-on an AVX2 AMD EPYC, a jit-compiled `x * 1.7 + 0.3`, GELU and softmax change
-bits between caps AVX and AVX2 (FMA contraction), while XLA's matmul and
-reductions did not.
+given to XLA (`--xla_cpu_max_isa`, its coarser names): XLA's generated
+element-wise code (`x * 1.7 + 0.3`, GELU, softmax) changes bits between caps
+AVX and AVX2 (FMA contraction).
 """
 
 from __future__ import annotations

@@ -24,10 +24,10 @@ MAX_THREADS = 1024
 DEFAULT_CPU_ISA = "AVX2"
 # oneDNN custom ops on. Left to TensorFlow, the choice follows the CPU (2.21
 # turns them on only where it finds AVX-512 VNNI/BF16 or AMX) and decides the
-# bits: measured, one AMD EPYC model exposing AVX-512 BF16 and the same model
-# exposing AVX2 only gave other weights for all seven built-in targets under
-# the AVX2 cap, and the same weights once both ran with oneDNN on. On is also
-# TensorFlow's choice on current server CPUs, and the faster one.
+# bits (one CPU model exposing AVX-512 BF16 and the same model exposing AVX2
+# only train to other weights under the AVX2 cap, to the same ones once both
+# run with oneDNN on). On is also TensorFlow's choice on current server CPUs,
+# and the faster one.
 DEFAULT_ONEDNN = True
 
 

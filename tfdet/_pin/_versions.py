@@ -21,7 +21,7 @@ MIN_TENSORFLOW = Version("2.16")
 MIN_KERAS = Version("3.5")
 # XLA:CPU's ISA cap, `--xla_cpu_max_isa`, exists from TensorFlow 2.19; the XLA
 # of 2.16-2.18 aborts the process at its first compilation on an unknown
-# flag (measured on 2.16.2, 2.17.1 and 2.18: `Unknown flags in XLA_FLAGS`).
+# flag (`Unknown flags in XLA_FLAGS`).
 XLA_CPU_ISA_CAP_SINCE = Version("2.19")
 
 # TensorFlow ships under several distribution names that install the same

@@ -29,7 +29,7 @@ from tfdet._pin import _environment, _isa
 EXECUTABLE = "qemu-x86_64"
 INSTALL = "apt-get install qemu-user (Debian/Ubuntu) or dnf install qemu-user (Fedora)"
 # How much longer an emulated run may take than a native one, for its time
-# bound (measured 5-10x: docs/measurements.md, "Emulation cost").
+# bound (docs/measurements.md, "Emulation cost").
 SLOWDOWN = 10.0
 # A default model of each vendor: the other vendor than the host's.
 DEFAULT_MODEL = {"AuthenticAMD": "Haswell-v4", "GenuineIntel": "EPYC-Rome"}

@@ -362,8 +362,8 @@ def _stagger_for_worker(
 def other_pool_size(threads: int | None) -> int:
     """The pool size the other runs of a `threads` perturbation get.
 
-    3 against a baseline of 1 or 2 (measured: pools of 1 and 2 can give the
-    same bits, 3 gave other ones), 1 against any larger baseline.
+    3 against a baseline of 1 or 2 (pools of 1 and 2 can give the same bits,
+    where 3 gives other ones), 1 against any larger baseline.
     """
     return 3 if (threads or DEFAULT_THREADS) < 3 else 1
 

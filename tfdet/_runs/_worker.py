@@ -46,8 +46,8 @@ def _strategy(spec: WorkerSpec) -> Any:
 def _train_step(model: Any, x: Any, y: Any, weights: Any = None) -> dict[str, Any]:
     # Each step logs its own loss: Keras before 3.13 or so does not reset the
     # metrics in train_on_batch, so its loss is a mean since the process
-    # started, which a process that resumes a run restarts (measured on Keras
-    # 3.5, 3.10, 3.12: a resumed run's loss differed, its weights did not).
+    # started, which a process that resumes a run restarts: a resumed run's
+    # loss would differ where its weights do not.
     model.reset_metrics()
     try:
         logs = model.train_on_batch(x, y, sample_weight=weights, return_dict=True)

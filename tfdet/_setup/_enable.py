@@ -81,9 +81,8 @@ def _onednn_in_force() -> bool:
     """Whether oneDNN custom ops are on, as TensorFlow decided at import.
 
     Once TensorFlow is imported, TensorFlow itself is asked: unset, its
-    choice follows the CPU's extensions (measured: on with AVX-512 BF16, off
-    on the same AMD EPYC model exposing AVX2 only), so no rule here could
-    predict it. Before the import, the variable says what it will decide.
+    choice follows the CPU's extensions (on with AVX-512 BF16, off on the
+    same CPU model exposing AVX2 only), so no rule here could predict it. Before the import, the variable says what it will decide.
     """
     if _versions.tensorflow_imported():
         decided = _environment.onednn_custom_ops()
@@ -182,7 +181,7 @@ def _resolve_isa(requested: str | None, strict: bool, started: bool) -> str:
         if strict:
             raise error
         # A model's weights can exist before any oneDNN primitive (conv,
-        # matmul) ran; then the cap written now is still read (measured on TF 2.21).
+        # matmul) ran; then the cap written now is still read.
         warnings.warn(
             f"{error} (strict=False: wrote {_isa.ONEDNN_ISA_VARIABLE}={wanted} anyway; it "
             "takes effect only if no oneDNN primitive, such as a convolution "
@@ -310,9 +309,8 @@ def enable(
         cpu_isa: Cap on the instruction set of oneDNN and of XLA:CPU's
             generated code on x86-64 (oneDNN's names, e.g. "AVX2",
             "AVX512_CORE"; None leaves it uncapped). Ignored elsewhere. The
-            AVX2 default costs speed on CPUs with AVX-512 (measured ~1.4x per
-            step on a 2-core Xeon; see benchmarks/cost_of_determinism.py
-            --explain): pass a higher level when every machine has it.
+            AVX2 default costs speed on CPUs with AVX-512 (`tfdet cost` says
+            how much): pass a higher level when every machine has it.
         onednn: Require oneDNN custom ops on (True, the default) or off
             (False); None keeps TensorFlow's default, which follows the CPU
             (on only with AVX-512 VNNI/BF16 or AMX), so the bits then differ

@@ -14,7 +14,7 @@ results are the same on every CPU.
 Grappler brings the approximate kernels back inside a `tf.function` if it
 can: it rewrites `Div(x, Sqrt(y))` (and `Xdivy`) into a multiplication by
 `Rsqrt(y)`, and once a static shape lets it fold `OnesLike` into a constant,
-`Div(1, y)` into `Reciprocal(y)` (measured: TF 2.21). The compositions
+`Div(1, y)` into `Reciprocal(y)`. The compositions
 therefore divide a numerator of ones that Grappler cannot fold (`ones()`) by a
 divisor it cannot see through (`opaque()`). Each replacement keeps the original op's gradient formula
 (through `tf.custom_gradient`), whose kernels use multiplications only.

@@ -5,9 +5,9 @@ in packets of several float32 lanes and its last `length % lanes` elements
 with the scalar function, which for sigmoid, exp, log and others is another
 approximation: other bits. So an element's bits follow its tensor's length
 and its place in it, and a sample predicted in a batch of 7 gets other
-output bits than in a batch of 32 (measured, TF 2.21: Sigmoid, Exp, Log,
-Log1p, Expm1, Erfc, Softplus, Elu, Selu, Pow, Sin and Cos; Tanh, Erf and
-arithmetic were equal in both paths). A `Dense(1, activation="sigmoid")`
+output bits than in a batch of 32: Sigmoid, Exp, Log, Log1p, Expm1, Erfc,
+Softplus, Elu, Selu, Pow, Sin and Cos (Tanh, Erf and arithmetic are equal in
+both paths; docs/measurements.md, "Batch size"). A `Dense(1, activation="sigmoid")`
 head, a binary classifier's, meets it whenever its batch is not a multiple
 of the lanes.
 

@@ -3,11 +3,10 @@
 On a GPU both Keras generations run LSTM and GRU through `CudnnRNNV3` and
 its backprop whenever the layer's configuration allows it. Op determinism
 does not refuse these ops, and they were reported to give different results
-from run to run (tensorflow/tensorflow#59281). Measured on an NVIDIA H200
-(TF 2.21, cuDNN 9.3, 2026-11-26), they did not: under op determinism 14
-LSTM/GRU configurations in Keras 3 and tf_keras gave the same bits in 5
-fresh processes each, while this patch made an LSTM+GRU model 8x slower per
-step. So the patch is opt-in (`tfdet.enable(patches=["auto", "cudnn_rnn"])`),
+from run to run (tensorflow/tensorflow#59281). Where tfdet measured them
+under op determinism they repeated their bits, and this patch makes an
+LSTM+GRU model several times slower per step (docs/measurements.md, "cuDNN
+LSTM/GRU under op determinism"). So the patch is opt-in (`tfdet.enable(patches=["auto", "cudnn_rnn"])`),
 for a GPU or cuDNN version where `benchmarks/cudnn_rnn_repeatability.py`
 finds a configuration that does not repeat. It makes both Keras generations
 take the implementation they already use where cuDNN is unavailable:

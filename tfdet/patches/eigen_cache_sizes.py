@@ -6,10 +6,10 @@ with another L1 adds the same numbers in another order. TensorFlow runs its
 CPU MatMul, Conv2D and their gradients through Eigen wherever oneDNN does
 not: every one with oneDNN's custom ops off, and with them on, the products
 oneDNN leaves to Eigen (bfloat16 ones under an AVX2 cap, e.g. a
-`mixed_bfloat16` model). Measured with TF 2.21.0 on an AMD EPYC (L1d 32K),
-one thread: with an Intel Xeon's L1d of 48K written into Eigen's cached
-sizes, a 64x4096x64 matmul, a conv2d and its filter gradient (oneDNN off)
-and a `mixed_bfloat16` Conv2D model (oneDNN on) all gave other bits.
+`mixed_bfloat16` model). An Intel Xeon's L1d of 48K written into an AMD
+EPYC's process (32K) gives a matmul, a conv2d and its filter gradient (oneDNN
+off) and a `mixed_bfloat16` Conv2D model (oneDNN on) other bits
+(docs/measurements.md, "Cache sizes, by imitation").
 
 This patch writes one fixed geometry into Eigen's cached sizes (every
 loaded copy, see `tfdet._pin._cache_sizes`), so every x86-64 CPU blocks

@@ -17,7 +17,7 @@ in float32, as the kernel does; with `is_training=True` it defers to
 TensorFlow's own gradient, which is deterministic.
 
 Tolerance: `dx` is element-wise, but the kernel's rsqrt (Eigen's) and TF's
-`Rsqrt` op may differ by an ulp, so `dx` agrees to a few ulps (measured: 2);
+`Rsqrt` op may differ by an ulp, so `dx` agrees to a few ulps;
 the two sums run in another order than the kernel's, so they agree to a few
 float32 ulps of the sum of magnitudes.
 """

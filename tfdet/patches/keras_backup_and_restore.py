@@ -649,9 +649,8 @@ def _warn_if_resumed_without_state(model: Any, kwargs: dict[str, Any]) -> None:
     The manual resume of Keras's docs (`ModelCheckpoint`, `load_model`,
     `fit(initial_epoch=E)`) restores weights and optimizer only: the random
     layers' seed states start over (a saved model holds none), so the
-    resumed epochs draw the first epochs' Dropout masks again. Measured
-    (2026-11-26, Keras 3.15, under tfdet): killed after epoch 2 of 4 and
-    resumed so, other weights than the run that never stopped.
+    resumed epochs draw the first epochs' Dropout masks again, and the
+    weights differ from those of the run that never stopped.
     """
     initial_epoch = kwargs.get("initial_epoch") or 0
     callbacks = kwargs.get("callbacks") or []

@@ -16,9 +16,9 @@ channels. Each gives other bits with another pool size, under one seed.
 
 oneDNN's forward convolution splits work only over its outputs (images,
 output channels, positions) and sums every output's channels inside one
-thread, in the same order whatever the pool size (measured: bits equal for
-pools of 1, 2, 3, 4, 6 and 8 on every shape tried, including a 20000-long
-sum) and whatever the number of images from two on. So this patch computes
+thread, in the same order whatever the pool size and whatever the number of
+images from two on (docs/measurements.md, "Cost of bits that do not follow
+the pool size" and "Batch size"). So this patch computes
 each product as one:
 
 - `MatMul` a (m x k) @ b (k x n): a 1x1 convolution by an (1, 1, k, n)
@@ -52,8 +52,8 @@ Values agree with the originals to float32 rounding (the sums run in
 another order). float32 only (NHWC for convolutions); anything else, and
 what the replacements cannot compute (a product with an empty dimension, a
 grouped convolution's gradients, an `Einsum` with a diagonal such as
-"ii->i"), goes to the original op. Not covered (measured, still following
-the pool size with the patch): depthwise and 3-D convolution filter
+"ii->i"), goes to the original op. Not covered (still following the pool
+size with the patch): depthwise and 3-D convolution filter
 gradients, and a full `Sum` or `Mean` large enough for Eigen to split it
 into one block per thread (of 256x4096 elements; a training step's loss, a
 mean over one batch, stays on one thread). Cost:
@@ -96,10 +96,9 @@ _GELU = _exact_math.GeneratedOp("tensorflow.python.ops.nn_ops", "gelu")
 # a 1x1 convolution over images and output-channel blocks, so each image is
 # computed whole by one thread, the same way for every pool size. One row
 # per image makes each image a vector-matrix product that reads the whole
-# filter again: 4-8x oneDNN's sgemm on seven MatMul shapes (AMD EPYC Zen 4,
-# pools of 1 and 2); 8 rows reuse it: 2-3.5x. Measured: bits equal for
-# pools of 1, 2, 3, 4, 8 with 1, 4, 8, 16 and 32 rows per image. One image of
-# all the rows follows the pool size: oneDNN then splits the image.
+# filter again; 8 rows reuse it, at about half that cost (`benchmarks/
+# patch_cost.py`), with bits as free of the pool size. One image of all the
+# rows follows the pool size: oneDNN then splits the image.
 _ROWS_PER_IMAGE = 8
 
 
@@ -239,8 +238,7 @@ def gelu(features: Any, approximate: bool = False, name: str | None = None) -> A
     TensorFlow 2.16-2.18 compute `0.5 * x * (1 + erf(x / sqrt(2)))`; inside a
     `tf.function`, Grappler's constant folding turns the division by a
     constant into a multiplication by its reciprocal, so a traced function
-    (`predict`) gives other bits than eager code (`model(x)`): measured, 96
-    of 96 rows of a `Dense(64, "gelu")` on TF 2.16.2. `0.5 * x * erfc(-x *
+    (`predict`) gives other bits than eager code (`model(x)`). `0.5 * x * erfc(-x *
     0.7071067811865476)` has no division to rewrite, and is TensorFlow
     2.19+'s own expression, so its bits there are unchanged.
     """
@@ -400,11 +398,10 @@ def _conv(
     """TensorFlow's NHWC float32 `Conv2D`, never on a batch of one image.
 
     oneDNN computes a batch of one with another kernel than larger batches
-    (measured on 7 of 8 shapes: other bits for the one image; which kernel
-    it takes also follows the pool size), so one image is computed beside a
-    zero image and the pair's first output kept. From two images on, the
-    kernel and each output's summation order are the same for every batch
-    size tried (2-64).
+    (other bits for the one image; which kernel it takes also follows the
+    pool size), so one image is computed beside a zero image and the pair's
+    first output kept. From two images on, the kernel and each output's
+    summation order do not follow the batch size.
     """
     import tensorflow as tf
 

@@ -4,12 +4,11 @@ oneDNN's AVX2 backward-by-weights for a 1x1 convolution with a stride
 (`jit_1x1:avx2`, NHWC) copies the strided input into a workspace sized for
 whole blocks of 8 input channels and writes past it when the input has
 fewer: with one thread the process dies of a corrupted heap ("malloc():
-invalid chunk size", SIGSEGV), with two the gradient is silently wrong (a
-maximum error of 3.6 to 12.5 against NumPy's sum for 1 to 5 channels on
-8x8 images). TensorFlow 2.16 to 2.21 all call it whenever oneDNN's kernels
+invalid chunk size", SIGSEGV), with two the gradient is silently wrong
+(docs/measurements.md, "A wrong kernel gradient under the AVX2 cap"). TensorFlow 2.16 to 2.21 all call it whenever oneDNN's kernels
 are AVX2 ones: on every CPU without AVX-512, and on every CPU under tfdet's
-profile, which caps oneDNN at AVX2. Larger strides, other filter sizes and
-8 or more input channels were measured correct.
+profile, which caps oneDNN at AVX2. Other filter sizes and 8 or more input
+channels take other kernels, which compute it correctly.
 
 This patch computes that gradient as what it is, a product: the input at
 the stride's positions, one row per output position, transposed, times the

@@ -12,10 +12,9 @@ an AVX2-only one.
 This patch hides from TensorFlow every extension above the cap
 (`tfdet._pin._cpu_features`), so every CPU at or above the cap makes
 TensorFlow's choices as a CPU with exactly the cap's extensions would:
-bfloat16 ops in Eigen, as on an AVX2 CPU. Measured on TF 2.21.0: a
-`mixed_bfloat16` survey model trained on an AVX-512 AMD EPYC Zen 4 to the
-weight digest recorded on an AVX2-only AMD EPYC Zen 3. Nothing else of the
-CPU changes: oneDNN and Eigen still read CPUID themselves (oneDNN is capped
+bfloat16 ops in Eigen, as on an AVX2 CPU, and a `mixed_bfloat16` model
+trains to the weights an AVX2-only CPU gives (docs/measurements.md,
+"bfloat16 on an AVX-512 CPU"). Nothing else of the CPU changes: oneDNN and Eigen still read CPUID themselves (oneDNN is capped
 by `ONEDNN_MAX_CPU_ISA`). With `cpu_isa="ALL"` or off x86-64, it does
 nothing.
 """
