@@ -69,9 +69,8 @@ CPU_KEYS = (
 )
 SOFTWARE_KEYS = ("tensorflow", "keras_version", "numpy", "python", "tfdet_patches")
 # The software that decides the bits: entries compare on these. Python and
-# NumPy are recorded, not compared: an AMD EPYC (Python 3.11, NumPy 2.4) and
-# an Intel Xeon (Python 3.12, NumPy 2.5) gave the same 36 digests (see
-# docs/measurements.md, "AMD EPYC and Intel Xeon").
+# NumPy are recorded, not compared: other versions of them changed no digest
+# (docs/measurements.md, "AMD EPYC and Intel Xeon, today's profile").
 BITS_SOFTWARE_KEYS = ("tensorflow", "keras_version", "tfdet_patches")
 # The CPU facts of an entry recorded on an emulated CPU (see `cpu`).
 EMULATED_KEYS = ("emulated", "emulated_model", "emulator_version", "host")

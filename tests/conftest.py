@@ -16,15 +16,27 @@ import tempfile
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from tfdet._pin._environment import DETERMINISM_VARIABLES
+from tfdet._runs._options import RunOptions
 from tfdet._runs._spawn import child_environment
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def check_options(**fields: Any) -> RunOptions:
+    """The options of `tfdet check builtin:cnn`, with `fields` changed.
+
+    What the perturbation tests plan from: the planner takes a check's
+    options, as the commands give them, and nothing else.
+    """
+    return RunOptions(target="builtin:cnn", **fields)
+
 
 # No example database, and Hypothesis's other caches (e.g. `constants/`) in
 # the temp directory: tests leave no `.hypothesis/` directory in the repo.

@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from tests.conftest import REPO, clean_env, run_tfdet
+from tests.conftest import REPO, check_options, clean_env, run_tfdet
 from tfdet._runs import _child, _perturb, _protocol, _spawn
 
 CONTROL = str(REPO / "tests" / "targets" / "scripts" / "perturbation_control.py")
@@ -70,7 +70,9 @@ def _runs(report: dict) -> list[dict]:
 @pytest.mark.parametrize("kind", sorted(KINDS))
 @pytest.mark.parametrize("name", BIT_CHANGING)
 def test_each_bit_changing_perturbation_separates_the_control(tmp_path, kind, name):
-    reason = _perturb.skipped([name], None).get(name)
+    reason = _perturb.skipped_for(check_options(perturb=(name,), cpu_isa=None)).get(
+        name
+    )
     if reason is not None:
         pytest.skip(f"{name} does not apply on this machine: {reason}")
     report = _check(tmp_path, kind, name, ENVIRONMENTS.get(name, PLAIN))

@@ -5,8 +5,9 @@ for, when it does not apply, what it changes in each run (a `Change`:
 environment, CPU affinity, start delay, a busy neighbour, pool size), how a
 worker of a multi-worker run differs, and what a child process applies
 itself (`in_child`, run by every kind of run through
-`tfdet._runs._child.child_start`). `plan`, attribution, `applicable`, the
-reports and `--help` loop over `REGISTRY`: a new perturbation is one record.
+`tfdet._runs._child.child_start`). The plan (`plan_for`), attribution,
+`skipped_for`, the reports and `--help` loop over `REGISTRY`: a new
+perturbation is one record.
 
 Run 0 of a check is the baseline; every other run differs in each selected
 perturbation. Core count (through TensorFlow's default thread pools), the
@@ -31,7 +32,7 @@ from typing import Any
 from tfdet import _variables
 from tfdet._pin import _cache_sizes, _cpuid, _environment, _isa
 from tfdet._pin._environment import affinity
-from tfdet._pin._settings import DEFAULT_CPU_ISA, DEFAULT_THREADS
+from tfdet._pin._settings import DEFAULT_THREADS
 from tfdet._runs import _emulation, _predict, _protocol
 
 NONE = "none"
@@ -851,25 +852,6 @@ def _context(
     )
 
 
-def applicable(pinned_isa: str | None = DEFAULT_CPU_ISA) -> dict[str, str | None]:
-    """`{perturbation: None if it applies here, else the reason it doesn't}`.
-
-    Args:
-        pinned_isa: The ISA cap the runs' profile pins (`enable(cpu_isa=...)`);
-            None (or "ALL") when nothing is pinned, as with `--no-enable`.
-    """
-    context = _context(2, pinned_isa, None)
-    return {name: record.unavailable(context) for name, record in REGISTRY.items()}
-
-
-def skipped(
-    names: Sequence[str], pinned_isa: str | None = DEFAULT_CPU_ISA
-) -> dict[str, str]:
-    """`{name: reason}` for requested perturbations that do not apply here."""
-    reasons = applicable(pinned_isa)
-    return {name: reasons[name] for name in names if reasons[name] is not None}
-
-
 def _duplicates(names: Sequence[str]) -> list[str]:
     seen: set[str] = set()
     return sorted({name for name in names if name in seen or seen.add(name)})
@@ -928,28 +910,6 @@ def parse(text: str | None) -> list[str]:
             f"perturb={text!r}. Pass either '{special[0]}' or a list of names."
         )
     return validate(parts)
-
-
-def plan(
-    runs: int,
-    names: Sequence[str],
-    pinned_isa: str | None = "AVX2",
-    threads: int | None = None,
-    emulated_model: str | None = None,
-) -> list[RunSetup]:
-    """One `RunSetup` per run, each non-baseline run perturbed in every name.
-
-    Perturbations that do not apply on this machine are left out (see
-    `applicable`).
-
-    Args:
-        runs: How many runs (the first is the baseline).
-        names: Perturbations, from `KNOWN`.
-        pinned_isa: The ISA cap the profile pins; None when nothing is pinned.
-        threads: The profile's pool size (None: enable()'s default).
-        emulated_model: The QEMU CPU model of `emulated_cpu` (None: default).
-    """
-    return _plan(_context(runs, pinned_isa, threads, emulated_model), names)
 
 
 def _plan(context: Context, names: Sequence[str]) -> list[RunSetup]:
@@ -1038,8 +998,9 @@ def plan_for(
     names: Sequence[str] | None = None,
     kind: str = _protocol.CHECK,
 ) -> list[RunSetup]:
-    """`plan` for the runs of `options` (see `context_for`); `names` defaults
-    to `options.perturb`."""
+    """One `RunSetup` per run of `options`, each run after the baseline
+    perturbed in every name that applies here (see `context_for`); `names`
+    defaults to `options.perturb`."""
     context = context_for(options, runs, kind)
     return _plan(context, options.perturb if names is None else names)
 
