@@ -37,21 +37,25 @@ if TYPE_CHECKING:  # Not at run time: importing the plugin imports no tfdet.
     from tfdet import CheckReport
 
 # Options and their ini keys ([tool.pytest.ini_options] in pyproject.toml).
+# Their defaults are tfdet.enable()'s: a setting given nowhere is not passed.
 _SETTINGS = {
-    "seed": ("--tfdet-seed", "tfdet_seed", "Seed of every generator (default 0)."),
+    "seed": (
+        "--tfdet-seed",
+        "tfdet_seed",
+        "Seed of every generator (default: tfdet.enable()'s).",
+    ),
     "threads": (
         "--tfdet-threads",
         "tfdet_threads",
-        "TensorFlow's intra- and inter-op thread pools (default 1).",
+        "TensorFlow's intra- and inter-op thread pools (default: tfdet.enable()'s).",
     ),
     "cpu_isa": (
         "--tfdet-cpu-isa",
         "tfdet_cpu_isa",
-        "Cap on oneDNN's instruction set (default AVX2; 'none' leaves it uncapped).",
+        "Cap on oneDNN's instruction set (default: tfdet.enable()'s; 'none' "
+        "leaves it uncapped).",
     ),
 }
-# The defaults of `tfdet.enable()`, stated once here for the plugin.
-_DEFAULTS = {"seed": 0, "threads": 1, "cpu_isa": "AVX2"}
 # A key on the config's stash: the state of --tfdet for this session.
 _STATE_KEY = pytest.StashKey["_State"]()
 
@@ -95,9 +99,7 @@ def _setting(config: pytest.Config, namespace: Any, name: str) -> str | None:
     return value
 
 
-def _int_setting(name: str, text: str | None) -> int:
-    if text is None:
-        return _DEFAULTS[name]
+def _int_setting(name: str, text: str) -> int:
     flag, ini, _ = _SETTINGS[name]
     try:
         return int(str(text).strip())
@@ -108,21 +110,22 @@ def _int_setting(name: str, text: str | None) -> int:
 
 
 def _settings(config: pytest.Config, namespace: Any) -> dict[str, Any]:
-    """`enable()`'s keyword arguments from options and ini keys.
+    """`enable()`'s keyword arguments from the options and ini keys given.
+
+    A setting given nowhere is left out: `enable()` has the default.
 
     Raises:
         pytest.UsageError: a value that is not an integer where one is needed.
     """
+    settings: dict[str, Any] = {}
+    for name in ("seed", "threads"):
+        text = _setting(config, namespace, name)
+        if text is not None:
+            settings[name] = _int_setting(name, text)
     cpu_isa = _setting(config, namespace, "cpu_isa")
-    if cpu_isa is None:
-        cpu_isa = _DEFAULTS["cpu_isa"]
-    elif cpu_isa.strip().lower() == "none":
-        cpu_isa = None
-    return {
-        "seed": _int_setting("seed", _setting(config, namespace, "seed")),
-        "threads": _int_setting("threads", _setting(config, namespace, "threads")),
-        "cpu_isa": cpu_isa,
-    }
+    if cpu_isa is not None:
+        settings["cpu_isa"] = None if cpu_isa.strip().lower() == "none" else cpu_isa
+    return settings
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -161,10 +164,10 @@ def pytest_load_initial_conftests(
         message = str(caught_warning.message)
         if message.startswith("PYTHONHASHSEED"):
             message = (
-                f"PYTHONHASHSEED is not {settings['seed']} in this process (it is "
-                "only read at interpreter start), so set and dict iteration "
+                f"PYTHONHASHSEED is not {state.profile.seed} in this process (it "
+                "is only read at interpreter start), so set and dict iteration "
                 "orders are not pinned; run `PYTHONHASHSEED="
-                f"{settings['seed']} pytest --tfdet` to pin them too."
+                f"{state.profile.seed} pytest --tfdet` to pin them too."
             )
         state.warnings.append(message)
     early_config.stash[_STATE_KEY] = state
@@ -196,7 +199,7 @@ class _Reseeder:
     """Registered under --tfdet only: reseeds before each test."""
 
     def __init__(self, state: _State) -> None:
-        self.seed = state.settings["seed"]
+        self.seed = state.profile.seed
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:

@@ -257,7 +257,7 @@ def resolve(selection: str | Iterable[str] | None | bool) -> list[str]:
     if selection is None or selection is False:
         return []
     patches = available()
-    if selection == "auto" or selection is True:
+    if selection == AUTO or selection is True:
         return [
             name
             for name, patch in patches.items()
