@@ -206,6 +206,42 @@ def test_packages_import_only_the_layers_below_them() -> None:
     assert upward == []
 
 
+# Inside `_runs`, the code that runs in a child process and the code of the
+# parent that starts it (the commands, the spawner, the reports). The child
+# side may share the protocol (spec, perturbations, emulation, TARGET
+# loading) but never import the parent: a child must not depend on how it
+# was started.
+CHILD_SIDE = {
+    "tfdet._runs._child",
+    "tfdet._runs._worker",
+    "tfdet._runs._script_worker",
+    "tfdet._runs._locate_worker",
+    "tfdet._runs._xla",
+}
+PARENT_SIDE = {
+    "tfdet._runs._api",
+    "tfdet._runs._check",
+    "tfdet._runs._script_check",
+    "tfdet._runs._locate",
+    "tfdet._runs._options",
+    "tfdet._runs._report",
+    "tfdet._runs._spawn",
+    "tfdet._runs._workdir",
+}
+
+
+def test_the_child_side_never_imports_the_parent_side() -> None:
+    graph = _imports_between_tfdet_modules()
+    assert CHILD_SIDE | PARENT_SIDE <= set(graph)
+    child_to_parent = sorted(
+        f"{module} -> {other}"
+        for module in CHILD_SIDE
+        for other in graph[module]
+        if other in PARENT_SIDE
+    )
+    assert child_to_parent == []
+
+
 @pytest.mark.parametrize(
     ("keras", "legacy", "refused"),
     [("3.0.0", "0", True), ("3.4.1", "0", True), ("3.5.0", "0", False),
