@@ -38,10 +38,11 @@ and reading a pickle from it would run whatever code was planted there.
 `tfdet.random_state(model)` gives the same seed states to a
 `tf.train.Checkpoint` of a custom loop.
 
-tf_keras's own `BackupAndRestore` is not made exact: its random layers keep
-their state inside legacy random kernels that no checkpoint holds, and a
-resume trains other bits than the run that never stopped, killed per epoch
-or in the middle of one. Constructing it under `tfdet.enable()` warns so,
+tf_keras's own `BackupAndRestore` is not made exact: its backup holds neither
+its random layers' state (legacy random kernels keep it, and tf_keras keeps a
+layer's `tf.random.Generator` out of checkpoints on purpose) nor the order of
+an input reshuffled each epoch, and a resume trains other bits than the run
+that never stopped, killed per epoch or in the middle of one. Constructing it under `tfdet.enable()` warns so,
 naming Keras 3's callback, rather than letting a resume pass for exact.
 """
 
@@ -694,11 +695,11 @@ def _wrap_fit(original: Any) -> Any:
 
 
 TF_KERAS_NOT_EXACT = (
-    "tfdet: tf_keras's BackupAndRestore does not resume bit for bit: tf_keras's "
-    "random layers (Dropout, noise, ...) keep their state inside random kernels "
-    "that its backup does not hold, so a resumed fit trains other bits than the "
-    "run that never stopped. Keras 3's keras.callbacks.BackupAndRestore "
-    "resumes exactly under tfdet.enable()."
+    "tfdet: tf_keras's BackupAndRestore does not resume bit for bit: its backup "
+    "holds neither the state of tf_keras's random layers (Dropout, noise, ...) "
+    "nor the order of an input that is reshuffled each epoch, so a resumed fit "
+    "trains other bits than the run that never stopped. Keras 3's "
+    "keras.callbacks.BackupAndRestore resumes exactly under tfdet.enable()."
 )
 
 
