@@ -22,6 +22,10 @@ a new machine. The fast tests show `compare` fails when it should.
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -166,3 +170,48 @@ def test_model_groups_expand_to_their_models() -> None:
     assert survey and all(name.startswith("survey:") for name in survey)
     assert portability.expand(["builtin", "survey:adam"])[-1] == "survey:adam"
     assert "cnn" in portability.expand(["builtin"])
+
+
+def test_another_profile_is_measured_beside_the_record_never_recorded() -> None:
+    for flags in (["--threads", "2"], ["--pool-size-free"]):
+        with pytest.raises(SystemExit) as exited:
+            portability.main(["--record", *flags])
+        assert exited.value.code == 2
+
+
+def _machine_output(folder: Path, cpu: str, digests: dict[str, str]) -> None:
+    folder.mkdir()
+    (folder / "env.txt").write_text(f"cpu_vendor: {cpu}\ncpu_count: 2\n")
+    for name, digest in digests.items():
+        (folder / f"{name}.json").write_text(json.dumps({"digest": digest}))
+
+
+def test_two_machines_compare_says_same_bits_only_when_every_digest_agrees(
+    tmp_path: Path,
+) -> None:
+    # The comparison of benchmarks/two_machines.sh, on made-up outputs: a
+    # case is the same bits only when both uninterrupted runs and both
+    # cross-machine resumes agree; a missing resume is incomplete.
+    same = {"full-gan": "aa", "resumed-gan": "aa", "full-dense-array": "bb"}
+    _machine_output(tmp_path / "a", "AuthenticAMD", same)
+    _machine_output(
+        tmp_path / "b",
+        "GenuineIntel",
+        {**same, "full-control-conv-plain-tensorflow": "cc"},
+    )
+    (tmp_path / "a" / "full-control-conv-plain-tensorflow.json").write_text(
+        json.dumps({"digest": "dd"})
+    )
+    result = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "two_machines.sh"), "compare",
+         str(tmp_path / "a"), str(tmp_path / "b")],
+        capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable},
+        check=True,
+    )  # fmt: skip
+    rows = {
+        line.split()[0]: line.split()[-1] for line in result.stdout.splitlines()[3:]
+    }
+    assert rows["gan"] == "bits"  # "same bits"
+    assert rows["dense-array"] == "incomplete"  # No resume on either side.
+    assert rows["control-conv-plain-tensorflow"] == "DIFFERENT"
+    assert "cpu_vendor=GenuineIntel" in result.stdout
