@@ -209,7 +209,7 @@ def train(
         setup = _perturb.emulated_setup(options)
     (outcome,) = _spawn.run_all(
         [setup],
-        _spawn.worker_spec(options),
+        options.worker_spec(),
         run_dir,
         base_env=_environment_for(name, options.threads),
         timeout=timeout,

@@ -95,7 +95,7 @@ def test_worker_spec_and_environment_come_from_the_options():
     options = _options.RunOptions(
         target="builtin:cnn", steps=2, seed=7, threads=2, enable=True, workers=3
     )
-    assert _spawn.worker_spec(options) == _child.WorkerSpec(
+    assert options.worker_spec() == _child.WorkerSpec(
         _protocol.CHECK,
         target="builtin:cnn",
         seed=7,
@@ -125,7 +125,7 @@ def test_gpu_runs_keep_the_cuda_jit_cache_unless_the_user_sized_it(monkeypatch):
 
 
 def test_the_spec_of_every_run_is_json():
-    spec = _spawn.worker_spec(_options.RunOptions())
+    spec = _options.RunOptions().worker_spec()
     assert _child.WorkerSpec.from_json(spec.to_json()) == spec
     assert json.loads(spec.to_json())["kind"] == "check"
 

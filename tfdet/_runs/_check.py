@@ -428,7 +428,7 @@ def _check_device(
 ) -> DeviceReport:
     setups = _perturb.plan_for(options)
     env = _spawn.run_environment(options.target_spec, device)
-    worker_spec = _spawn.worker_spec(options)
+    worker_spec = options.worker_spec()
     workers = options.workers
     jobs = _run_device(
         device, setups, options, env, worker_spec, workdir, progress, step

@@ -47,7 +47,7 @@ def _run(
     with tempfile.TemporaryDirectory(prefix="tfdet-locate-") as workdir:
         outcomes = _spawn.run_all(
             setups,
-            _spawn.worker_spec(options, _protocol.LOCATE, record=record_path),
+            options.worker_spec(_protocol.LOCATE, record=record_path),
             workdir,
             # Layer fingerprints are taken on the CPU: GPUs are hidden.
             base_env=_spawn.run_environment(spec, "cpu"),

@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from tfdet._pin import _settings
-from tfdet._runs import _emulation, _perturb, _target
+from tfdet._runs import _child, _emulation, _perturb, _protocol, _target
 from tfdet.patches._registry import AUTO
 
 DEFAULT_RUNS = 2
@@ -198,6 +198,36 @@ class RunOptions:
         """The parsed TARGET (`target` is always one after validation)."""
         assert isinstance(self.target, _target.TargetSpec)
         return self.target
+
+    def worker_spec(
+        self, kind: str = _protocol.CHECK, **fields: Any
+    ) -> _child.WorkerSpec:
+        """The spec every process of a run of these options gets.
+
+        The settings every kind pins (seed, enable, threads, cpu_isa) come
+        from the options; a TARGET's runs (check, locate) also get its
+        target, steps, workers and replicas; `fields` add the rest (a
+        script, a record path). The spawner fills in each process's result,
+        trace and progress channel (and the pool size of a `threads`
+        perturbation).
+        """
+        if kind in (_protocol.CHECK, _protocol.LOCATE):
+            fields = {
+                "target": self.target_spec.text,
+                "steps": self.steps,
+                "workers": self.workers,
+                "replicas": self.replicas,
+                **fields,
+            }
+        return _child.WorkerSpec(
+            kind,
+            seed=self.seed,
+            enable=self.enable,
+            threads=self.threads,
+            cpu_isa=self.cpu_isa,
+            patches=self.patches,
+            **fields,
+        )
 
 
 def _check_patches(patches: Any) -> tuple[str, ...]:

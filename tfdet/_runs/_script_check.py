@@ -248,8 +248,7 @@ def check_script(
     # Inside the directory the check was started in, the script runs from
     # each run's mirror of it (a relative path resolves there).
     relative = _workdir.inside(options.script, launched_in)
-    spec = _spawn.worker_spec(
-        run,
+    spec = run.worker_spec(
         _protocol.SCRIPT,
         script=relative or os.path.abspath(options.script),
         args=options.args,

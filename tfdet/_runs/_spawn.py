@@ -34,7 +34,6 @@ from typing import Any
 from tfdet import _notices
 from tfdet._errors import RunFailedError, TargetError
 from tfdet._runs import _child, _perturb, _protocol, _target
-from tfdet._runs._options import RunOptions
 from tfdet._runs._perturb import RunSetup
 
 STDERR_TAIL_LINES = 25
@@ -152,36 +151,6 @@ def run_environment(spec: _target.TargetSpec, device: str) -> dict[str, str]:
 
 # The CUDA driver's largest JIT cache, in bytes (4 GiB).
 CUDA_CACHE_MAXSIZE = 4 * 1024**3
-
-
-def worker_spec(
-    options: RunOptions, kind: str = _protocol.CHECK, **fields: Any
-) -> _child.WorkerSpec:
-    """The spec every process of a run of `options` gets.
-
-    The settings every kind pins (seed, enable, threads, cpu_isa) come from
-    `options`; a TARGET's runs (check, locate) also get its target, steps,
-    workers and replicas; `fields` add the rest (a script, a record path).
-    The spawner fills in each process's result, trace and progress channel
-    (and the pool size of a `threads` perturbation).
-    """
-    if kind in (_protocol.CHECK, _protocol.LOCATE):
-        fields = {
-            "target": options.target_spec.text,
-            "steps": options.steps,
-            "workers": options.workers,
-            "replicas": options.replicas,
-            **fields,
-        }
-    return _child.WorkerSpec(
-        kind,
-        seed=options.seed,
-        enable=options.enable,
-        threads=options.threads,
-        cpu_isa=options.cpu_isa,
-        patches=options.patches,
-        **fields,
-    )
 
 
 @dataclasses.dataclass
