@@ -48,6 +48,7 @@ from tfdet._runs import (  # noqa: E402
     _emulation,
     _options,
     _perturb,
+    _protocol,
     _spawn,
 )
 from tfdet._setup import _enable  # noqa: E402
@@ -206,7 +207,7 @@ def train(
     )
     setup = _perturb.RunSetup(0)
     if emulated is not None:
-        setup = _perturb.emulated_setup(options)
+        setup = _perturb.emulated_setup(options.context(_protocol.LOCATE, runs=2))
     (outcome,) = _spawn.run_all(
         [setup],
         options.worker_spec(),

@@ -426,7 +426,7 @@ def _check_device(
     workdir: str,
     step: StepFn | None = None,
 ) -> DeviceReport:
-    setups = _perturb.plan_for(options)
+    setups = options.plan()
     env = _spawn.run_environment(options.target_spec, device)
     worker_spec = options.worker_spec()
     workers = options.workers
@@ -443,7 +443,7 @@ def _check_device(
         workers=workers,
         replicas=options.replicas,
         perturbations=tuple(options.perturb),
-        perturbations_skipped=_perturb.skipped_for(options),
+        perturbations_skipped=options.skipped(),
     )
     if any(not run.outcome.ok for run in runs):
         return report(exit_code=EXIT_RUN_FAILED)

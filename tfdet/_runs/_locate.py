@@ -91,10 +91,10 @@ def record(
     if options.emulate_cpu is not None:
         # Recorded on an emulated CPU: `tfdet diff` against a native record
         # names the first layer whose bits follow the CPU.
-        why = _emulation.unavailable(_perturb.pinned_cap(options))
+        why = _emulation.unavailable(options.pinned_cap)
         if why is not None:
             raise Error(f"Expected to record on an emulated CPU. Received: {why}")
-        setup = _perturb.emulated_setup(options)
+        setup = _perturb.emulated_setup(options.context(_protocol.LOCATE, runs=2))
     (outcome,) = _run(options, [setup], path, progress, on_step)
     return {
         "target": options.target_spec.text,
@@ -130,7 +130,7 @@ def locate(
         RunFailedError: a run crashed or timed out.
     """
     names = list(options.perturb)
-    setups = _perturb.plan_for(options, 2, names, kind=_protocol.LOCATE)
+    setups = options.plan(_protocol.LOCATE, 2, names)
     outcomes = _run(options, setups, None, progress, on_step)
     a, b = outcomes[0].result, outcomes[1].result
     location = _layer_walk.locate_results(a, b)
@@ -139,7 +139,7 @@ def locate(
         "enable": options.enable,
         "steps": options.steps,
         "perturbations": names,
-        "perturbations_skipped": _perturb.skipped_for(options, kind=_protocol.LOCATE),
+        "perturbations_skipped": options.skipped(_protocol.LOCATE),
         "runs": [
             {
                 "index": outcome.setup.index,

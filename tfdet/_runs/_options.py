@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from tfdet._pin import _settings
@@ -180,7 +181,7 @@ class RunOptions:
             )
         if _perturb.EMULATED_CPU not in self.perturb:
             self._set("perturb", (*self.perturb, _perturb.EMULATED_CPU))
-        cap = _perturb.pinned_cap(self)
+        cap = self.pinned_cap
         if _emulation.unavailable(cap) is None:
             # Where emulation cannot run, the report says why instead.
             _emulation.check_model(self.emulate_cpu, cap)
@@ -198,6 +199,82 @@ class RunOptions:
         """The parsed TARGET (`target` is always one after validation)."""
         assert isinstance(self.target, _target.TargetSpec)
         return self.target
+
+    @property
+    def pinned_cap(self) -> str | None:
+        """The ISA cap the runs pin: None with `enable=False`."""
+        return self.cpu_isa if self.enable else None
+
+    def context(
+        self, kind: str = _protocol.CHECK, runs: int | None = None
+    ) -> _perturb.Context:
+        """The planning context of these runs: what the perturbations need.
+
+        Args:
+            kind: The kind of child the runs are (`_protocol.CHECK`, `LOCATE`,
+                `SCRIPT`): it decides whether and when a run can be
+                interrupted, and whether it can predict.
+            runs: How many runs (default: `runs`).
+        """
+        base = _perturb.context(
+            self.runs if runs is None else runs,
+            self.pinned_cap,
+            self.threads,
+            self.emulate_cpu,
+        )
+        if kind == _protocol.SCRIPT:
+            return dataclasses.replace(
+                base,
+                interrupt_after=_perturb.SCRIPT_INTERRUPT_AFTER,
+                interrupt_after_a_backup=True,
+                not_predicting="a script predicts what it chooses: tfdet predicts "
+                "a TARGET's model",
+            )
+        not_predicting = None
+        if kind != _protocol.CHECK:
+            not_predicting = "tfdet locate compares training steps"
+        elif self.distributed:
+            not_predicting = "not for --workers or --replicas"
+        reason = None
+        if kind != _protocol.CHECK:
+            reason = "tfdet locate does not interrupt its runs"
+        elif self.steps < 2:
+            reason = "needs 2 steps or more: one before the interruption, one after"
+        elif self.distributed:
+            reason = (
+                "not for --workers or --replicas: tf.distribute resumes its own way"
+            )
+        elif self.target_spec.legacy_keras:
+            reason = (
+                "not for tf_keras TARGETs: tf_keras's Dropout keeps its random state "
+                "in a kernel no checkpoint can save"
+            )
+        return dataclasses.replace(
+            base,
+            interrupt_after=max(1, self.steps // 2),
+            not_resumable=reason,
+            not_predicting=not_predicting,
+        )
+
+    def plan(
+        self,
+        kind: str = _protocol.CHECK,
+        runs: int | None = None,
+        names: Sequence[str] | None = None,
+    ) -> list[_perturb.RunSetup]:
+        """One `RunSetup` per run (see `_perturb.plan`); `names` defaults to
+        `perturb`."""
+        return _perturb.plan(
+            self.context(kind, runs), self.perturb if names is None else names
+        )
+
+    def skipped(
+        self, kind: str = _protocol.CHECK, names: Sequence[str] | None = None
+    ) -> dict[str, str]:
+        """`{name: reason}` for the requested perturbations that do not apply."""
+        return _perturb.skipped(
+            self.context(kind), self.perturb if names is None else names
+        )
 
     def worker_spec(
         self, kind: str = _protocol.CHECK, **fields: Any

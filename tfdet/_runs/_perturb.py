@@ -5,9 +5,10 @@ for, when it does not apply, what it changes in each run (a `Change`:
 environment, CPU affinity, start delay, a busy neighbour, pool size), how a
 worker of a multi-worker run differs, and what a child process applies
 itself (`in_child`, run by every kind of run through
-`tfdet._runs._child.child_start`). The plan (`plan_for`), attribution,
-`skipped_for`, the reports and `--help` loop over `REGISTRY`: a new
-perturbation is one record.
+`tfdet._runs._child.child_start`). The plan (`plan`), attribution,
+`skipped`, the reports and `--help` loop over `REGISTRY`: a new
+perturbation is one record. They take plain values (a `Context`); a run's
+options make theirs (`RunOptions.context`).
 
 Run 0 of a check is the baseline; every other run differs in each selected
 perturbation. Core count (through TensorFlow's default thread pools), the
@@ -829,21 +830,21 @@ class RunSetup:
         return RunSetup(index, types.MappingProxyType(changes))
 
 
-def pinned_cap(options: Any) -> str | None:
-    """The ISA cap a check's or locate's runs pin: None with `enable=False`.
-
-    Args:
-        options: Anything with `enable` and `cpu_isa` (`RunOptions`).
-    """
-    return options.cpu_isa if options.enable else None
-
-
-def _context(
+def context(
     runs: int,
     pinned_isa: str | None,
     threads: int | None,
     emulated_model: str | None = None,
 ) -> Context:
+    """The planning context of `runs` runs of a profile (see `Context`).
+
+    Args:
+        runs: How many runs (the first is the baseline).
+        pinned_isa: The ISA cap the profile pins (any spelling `_isa`
+            accepts); None when nothing is pinned.
+        threads: The profile's pool size (None: enable()'s default).
+        emulated_model: The QEMU CPU model of `emulated_cpu` (None: default).
+    """
     cap = None
     if pinned_isa is not None and _isa.applies():
         cap = _isa.normalize(pinned_isa)
@@ -912,13 +913,6 @@ def parse(text: str | None) -> list[str]:
     return validate(parts)
 
 
-def _plan(context: Context, names: Sequence[str]) -> list[RunSetup]:
-    active = [
-        REGISTRY[name] for name in names if REGISTRY[name].unavailable(context) is None
-    ]
-    return [setup_of(index, active, context) for index in range(context.runs)]
-
-
 def setup_of(index: int, active: Sequence[Perturbation], context: Context) -> RunSetup:
     """Run `index` perturbed by each of `active` (and what they supersede)."""
     changes = {record.name: record.change(index, context) for record in active}
@@ -942,84 +936,26 @@ def setup_of(index: int, active: Sequence[Perturbation], context: Context) -> Ru
 SCRIPT_INTERRUPT_AFTER = 2
 
 
-def context_for(
-    options: Any, runs: int | None = None, kind: str = _protocol.CHECK
-) -> Context:
-    """The planning context of the runs of `options` (a `RunOptions`).
-
-    Args:
-        options: The runs' options.
-        runs: How many runs (default: `options.runs`).
-        kind: The kind of child the runs are (`_protocol.CHECK`, `LOCATE`,
-            `SCRIPT`): it decides whether and when a run can be interrupted.
-    """
-    base = _context(
-        options.runs if runs is None else runs,
-        pinned_cap(options),
-        options.threads,
-        options.emulate_cpu,
-    )
-    if kind == _protocol.SCRIPT:
-        return dataclasses.replace(
-            base,
-            interrupt_after=SCRIPT_INTERRUPT_AFTER,
-            interrupt_after_a_backup=True,
-            not_predicting="a script predicts what it chooses: tfdet predicts "
-            "a TARGET's model",
-        )
-    not_predicting = None
-    if kind != _protocol.CHECK:
-        not_predicting = "tfdet locate compares training steps"
-    elif options.distributed:
-        not_predicting = "not for --workers or --replicas"
-    reason = None
-    if kind != _protocol.CHECK:
-        reason = "tfdet locate does not interrupt its runs"
-    elif options.steps < 2:
-        reason = "needs 2 steps or more: one before the interruption, one after"
-    elif options.distributed:
-        reason = "not for --workers or --replicas: tf.distribute resumes its own way"
-    elif options.target_spec.legacy_keras:
-        reason = (
-            "not for tf_keras TARGETs: tf_keras's Dropout keeps its random state "
-            "in a kernel no checkpoint can save"
-        )
-    return dataclasses.replace(
-        base,
-        interrupt_after=max(1, options.steps // 2),
-        not_resumable=reason,
-        not_predicting=not_predicting,
-    )
+def plan(context: Context, names: Sequence[str]) -> list[RunSetup]:
+    """One `RunSetup` per run, each run after the baseline perturbed in every
+    name that applies in `context` (the others are `skipped`)."""
+    active = [
+        REGISTRY[name] for name in names if REGISTRY[name].unavailable(context) is None
+    ]
+    return [setup_of(index, active, context) for index in range(context.runs)]
 
 
-def plan_for(
-    options: Any,
-    runs: int | None = None,
-    names: Sequence[str] | None = None,
-    kind: str = _protocol.CHECK,
-) -> list[RunSetup]:
-    """One `RunSetup` per run of `options`, each run after the baseline
-    perturbed in every name that applies here (see `context_for`); `names`
-    defaults to `options.perturb`."""
-    context = context_for(options, runs, kind)
-    return _plan(context, options.perturb if names is None else names)
-
-
-def skipped_for(
-    options: Any, names: Sequence[str] | None = None, kind: str = _protocol.CHECK
-) -> dict[str, str]:
-    """`{name: reason}` for the requested perturbations that do not apply here."""
-    context = context_for(options, kind=kind)
+def skipped(context: Context, names: Sequence[str]) -> dict[str, str]:
+    """`{name: reason}` for the perturbations of `names` that do not apply."""
     return {
         name: reason
-        for name in (options.perturb if names is None else names)
+        for name in names
         if (reason := REGISTRY[name].unavailable(context)) is not None
     }
 
 
-def emulated_setup(options: Any) -> RunSetup:
-    """One run on the emulated CPU of `options` (`locate --record --emulate-cpu`)."""
-    context = context_for(options, runs=2, kind=_protocol.LOCATE)
+def emulated_setup(context: Context) -> RunSetup:
+    """One run on the emulated CPU of `context` (`locate --record --emulate-cpu`)."""
     return dataclasses.replace(setup_of(1, [REGISTRY[EMULATED_CPU]], context), index=0)
 
 

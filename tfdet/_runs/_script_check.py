@@ -243,7 +243,7 @@ def check_script(
     report says what they found (`ScriptCheckReport.control`).
     """
     run = options.run
-    setups = _perturb.plan_for(run, kind=_protocol.SCRIPT)
+    setups = run.plan(_protocol.SCRIPT)
     launched_in = os.getcwd()
     # Inside the directory the check was started in, the script runs from
     # each run's mirror of it (a relative path resolves there).
@@ -326,7 +326,7 @@ def check_script(
         max_steps=options.max_steps,
         perturbations=tuple(run.perturb),
         perturbations_skipped={
-            **_perturb.skipped_for(run, kind=_protocol.SCRIPT),
+            **run.skipped(_protocol.SCRIPT),
             # Given, but a run could not apply it (e.g. no backup to resume).
             **{
                 name: reason
