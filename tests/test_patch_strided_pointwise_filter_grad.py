@@ -61,13 +61,26 @@ def _relative_error(threads: int, with_tfdet: bool) -> float | None:
     return last_json_line(result.stdout)["error"]
 
 
+def _onednn_is_wrong() -> bool:
+    """The control: TensorFlow's own kernel under the same cap is wrong, or
+    its process dies (on 1 thread it usually aborts on the corrupted heap).
+
+    What the overrun damages depends on what lies past the workspace and on
+    how the pool shares the work out, and once, on a loaded machine, ten
+    calls on 2 threads came out right: up to three processes, 2 threads,
+    then 1, then 2 again.
+    """
+    for threads in (2, 1, 2):
+        error = _relative_error(threads, with_tfdet=False)
+        if error is None or error > 1e-2:
+            return True
+    return False
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_enable_gives_the_exact_gradient_where_onednn_does_not(threads):
     assert _relative_error(threads, with_tfdet=True) < 1e-6
-    # The control: TensorFlow's own kernel under the same cap, on 2 threads
-    # (on 1 it may abort instead): wrong, or dead.
-    control = _relative_error(2, with_tfdet=False)
-    assert control is None or control > 1e-2, control
+    assert _onednn_is_wrong()
 
 
 def test_the_patch_is_installed_by_auto():
