@@ -386,8 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs",
         type=int,
         default=1,
-        help="Models trained side by side (default 1; each process uses one "
-        "thread per pool).",
+        help="Models trained side by side (default 1): the processes share the "
+        "cores, which changes their seconds, not their bits.",
     )
     parser.add_argument(
         "--threads",

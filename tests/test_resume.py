@@ -30,12 +30,14 @@ FIT = SCRIPTS / "resumable_fit.py"
 LOOP = SCRIPTS / "resumable_loop.py"
 
 
-def _run(script, out, *args, killed: bool = False) -> None:
+def _run(script, out, *args, killed: bool = False) -> str:
+    """Runs `script OUT ARGS` in a fresh process; its stderr."""
     code = f"import runpy, sys; sys.argv = {[str(script), str(out), *args]!r}\n"
     code += f"runpy.run_path({str(script)!r}, run_name='__main__')"
     result = run_python(code, env=clean_env(PYTHONHASHSEED="0"))
     expected = -signal.SIGKILL if killed else 0
     assert result.returncode == expected, result.stderr[-3000:]
+    return result.stderr
 
 
 def _digest(path) -> str:
@@ -368,13 +370,7 @@ def test_tf_keras_backup_and_restore_says_its_resume_is_not_exact(
     args = ("--tf-keras", "--save-freq", save_freq)
 
     def run(out, backup, *more, killed=False):
-        code = f"import runpy, sys; sys.argv = {[str(FIT), str(out), str(backup), *args, *more]!r}\n"
-        code += f"runpy.run_path({str(FIT)!r}, run_name='__main__')"
-        result = run_python(code, env=clean_env(PYTHONHASHSEED="0"))
-        assert result.returncode == (-signal.SIGKILL if killed else 0), result.stderr[
-            -3000:
-        ]
-        return result.stderr
+        return _run(FIT, out, str(backup), *args, *more, killed=killed)
 
     stderr = run(tmp_path / "full.json", tmp_path / "full-backup")
     assert "tf_keras's BackupAndRestore does not resume bit for bit" in stderr

@@ -64,7 +64,6 @@ _STATE_KEY = pytest.StashKey["_State"]()
 class _State:
     """What `--tfdet` did in this session."""
 
-    settings: dict[str, Any]
     # The determinism variables before enable() wrote them: what the
     # fixture's `tfdet check` starts from, as it would from the shell.
     environ_before: dict[str, str | None]
@@ -139,7 +138,7 @@ def pytest_load_initial_conftests(
     import tfdet  # Only now: importing it is cheap, TensorFlow comes with enable().
     from tfdet._pin._environment import DETERMINISM_VARIABLES
 
-    state = _State(settings, {k: os.environ.get(k) for k in DETERMINISM_VARIABLES})
+    state = _State({k: os.environ.get(k) for k in DETERMINISM_VARIABLES})
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
