@@ -38,12 +38,9 @@ and reading a pickle from it would run whatever code was planted there.
 `tfdet.random_state(model)` gives the same seed states to a
 `tf.train.Checkpoint` of a custom loop.
 
-tf_keras's own `BackupAndRestore` is not made exact: its backup holds neither
-its random layers' state (legacy random kernels keep it, and tf_keras keeps a
-layer's `tf.random.Generator` out of checkpoints on purpose) nor the order of
-an input reshuffled each epoch, and a resume trains other bits than the run
-that never stopped, killed per epoch or in the middle of one. Constructing it under `tfdet.enable()` warns so,
-naming Keras 3's callback, rather than letting a resume pass for exact.
+tf_keras's `BackupAndRestore` (when tf_keras is imported) is made exact the
+same way by `tfdet.patches._tf_keras_backup`, which says what tf_keras's
+backup loses.
 """
 
 from __future__ import annotations
@@ -53,10 +50,10 @@ import functools
 import json
 import os
 import random
-import stat
 import warnings
 from typing import Any
 
+from tfdet.patches import _resume_state
 from tfdet.patches._registry import KERAS3, Patch
 
 # The file that names the current generation, and each generation's files.
@@ -130,49 +127,6 @@ def random_state(model: Any) -> Any:
     return holder
 
 
-def _array(value: Any) -> dict[str, Any]:
-    import numpy as np
-
-    value = np.asarray(value)
-    return {
-        "dtype": value.dtype.str,
-        "shape": list(value.shape),
-        "values": value.ravel().tolist(),
-    }
-
-
-def _from_array(data: dict[str, Any]) -> Any:
-    import numpy as np
-
-    return np.asarray(data["values"], dtype=np.dtype(data["dtype"])).reshape(
-        data["shape"]
-    )
-
-
-def _python_random(state: Any) -> Any:
-    """`random.getstate()` as JSON: `[version, 625 ints, gauss]`."""
-    version, internal, gauss = state
-    return [version, list(internal), gauss]
-
-
-def _from_python_random(data: Any) -> Any:
-    """Inverse of `_python_random`: what `random.setstate()` takes."""
-    version, internal, gauss = data
-    return int(version), tuple(int(i) for i in internal), gauss
-
-
-def _numpy_random(state: Any) -> Any:
-    """`np.random.get_state()` as JSON: `[name, keys, position, gauss...]`."""
-    name, keys, position, has_gauss, cached = state
-    return [name, _array(keys), position, has_gauss, cached]
-
-
-def _from_numpy_random(data: Any) -> Any:
-    """Inverse of `_numpy_random`: what `np.random.set_state()` takes."""
-    name, keys, position, has_gauss, cached = data
-    return str(name), _from_array(keys), int(position), int(has_gauss), float(cached)
-
-
 def _encode_state(state: dict[str, Any]) -> dict[str, Any]:
     """The resume state as JSON values (Python floats keep every bit)."""
     return {
@@ -180,16 +134,18 @@ def _encode_state(state: dict[str, Any]) -> dict[str, Any]:
         "epoch": state["epoch"],
         "steps_done": state["steps_done"],
         "iterations": state["iterations"],
-        "seeds": [[name_, _array(value)] for name_, value in state["seeds"]],
+        "seeds": [
+            [name_, _resume_state.array(value)] for name_, value in state["seeds"]
+        ],
         "global_seed": None
         if state["global_seed"] is None
-        else _array(state["global_seed"]),
-        "metrics": [_array(value) for value in state["metrics"]],
-        "python_random": _python_random(state["python_random"]),
-        "numpy_random": _numpy_random(state["numpy_random"]),
+        else _resume_state.array(state["global_seed"]),
+        "metrics": [_resume_state.array(value) for value in state["metrics"]],
+        "python_random": _resume_state.python_random(state["python_random"]),
+        "numpy_random": _resume_state.numpy_random(state["numpy_random"]),
         "eager_seed": None
         if state["eager_seed"] is None
-        else _python_random(state["eager_seed"]),
+        else _resume_state.python_random(state["eager_seed"]),
         "counters": list(state["counters"]),
         "epoch_random": _encode_globals(state["epoch_random"]),
     }
@@ -200,7 +156,10 @@ def _encode_globals(pair: Any) -> Any:
     if pair is None:
         return None
     python, numpy_state = pair
-    return [_python_random(python), _numpy_random(numpy_state)]
+    return [
+        _resume_state.python_random(python),
+        _resume_state.numpy_random(numpy_state),
+    ]
 
 
 def _decode_globals(data: Any) -> Any:
@@ -208,7 +167,9 @@ def _decode_globals(data: Any) -> Any:
     if data is None:
         return None
     python, numpy_state = data
-    return _from_python_random(python), _from_numpy_random(numpy_state)
+    return _resume_state.from_python_random(python), _resume_state.from_numpy_random(
+        numpy_state
+    )
 
 
 def _decode_state(data: Any, path: str) -> dict[str, Any]:
@@ -222,15 +183,18 @@ def _decode_state(data: Any, path: str) -> dict[str, Any]:
             "steps_done": int(data["steps_done"]),
             "iterations": int(data["iterations"]),
             "seeds": [
-                (str(name_), _from_array(value)) for name_, value in data["seeds"]
+                (str(name_), _resume_state.from_array(value))
+                for name_, value in data["seeds"]
             ],
             "global_seed": None
             if data["global_seed"] is None
-            else _from_array(data["global_seed"]),
-            "metrics": [_from_array(value) for value in data["metrics"]],
-            "python_random": _from_python_random(data["python_random"]),
-            "numpy_random": _from_numpy_random(data["numpy_random"]),
-            "eager_seed": None if eager is None else _from_python_random(eager),
+            else _resume_state.from_array(data["global_seed"]),
+            "metrics": [_resume_state.from_array(value) for value in data["metrics"]],
+            "python_random": _resume_state.from_python_random(data["python_random"]),
+            "numpy_random": _resume_state.from_numpy_random(data["numpy_random"]),
+            "eager_seed": None
+            if eager is None
+            else _resume_state.from_python_random(eager),
             "counters": tuple(int(count) for count in data["counters"]),
             # Absent from the backups of tfdet 0.x before it: a mid-epoch
             # resume from one replays the epoch's start draws as before.
@@ -242,12 +206,6 @@ def _decode_state(data: Any, path: str) -> dict[str, Any]:
             f"Received: unreadable ({type(error).__name__}: {error}). Delete the "
             "backup directory to start over."
         ) from None
-
-
-def _eager_seed_generator() -> Any:
-    from tensorflow.python.eager import context
-
-    return getattr(context.context(), "_rng", None)
 
 
 @functools.cache
@@ -283,6 +241,7 @@ def exact_backup_and_restore_class() -> type:
             # At a resume under `steps_per_epoch`: the finished epochs'
             # batches, pulled from the fresh iterator before anything else.
             self._stream_skip = 0
+            self._random_checked = False  # `warn_if_kernel_state_random`.
 
         # -- saving ---------------------------------------------------------
 
@@ -291,7 +250,7 @@ def exact_backup_and_restore_class() -> type:
 
             model = self.model
             glob = _global_seed_generator()
-            eager = _eager_seed_generator()
+            eager = _resume_state.eager_seed_generator()
             return {
                 "epoch": self._current_epoch,
                 "steps_done": self._steps_done,
@@ -313,6 +272,9 @@ def exact_backup_and_restore_class() -> type:
             }
 
         def _save_model(self) -> None:
+            if not self._random_checked:  # Traced by now.
+                _resume_state.warn_if_kernel_state_random(self.model.train_function)
+                self._random_checked = True
             os.makedirs(self.backup_dir, exist_ok=True)
             current = _current(self.backup_dir)
             generation = 0 if current is None else current + 1
@@ -347,7 +309,7 @@ def exact_backup_and_restore_class() -> type:
             if not self._skipping and self._random_after_skip is not None:
                 # The skipped batches are pulled (the epoch's order drawn
                 # again): on from where the interrupted run saved.
-                _set_globals(self._random_after_skip)
+                _resume_state.set_globals(self._random_after_skip)
                 self._random_after_skip = None
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
@@ -367,7 +329,7 @@ def exact_backup_and_restore_class() -> type:
             if generation is None:
                 super()._load_model()  # Keras's own files, or none.
                 return
-            _check_owned(self.backup_dir)
+            _resume_state.check_owned(self.backup_dir)
             model = self.model
             if model.optimizer is not None and not model.optimizer.built:
                 model.optimizer.build(model.trainable_variables)
@@ -394,21 +356,17 @@ def exact_backup_and_restore_class() -> type:
         def _restore(self, state: dict[str, Any]) -> None:
 
             model = self.model
-            position = (state["epoch"], state["steps_done"], state["iterations"])
+            position = {
+                "epoch": state["epoch"],
+                "step in epoch": state["steps_done"],
+                "optimizer step": state["iterations"],
+            }
             first = getattr(model, _RESTORED_BY, None)
             if first is not None:
                 # Another BackupAndRestore of this fit restored the model,
                 # the random state and the input's position; this one keeps
                 # its own counters, and skips along with it.
-                first_dir, first_position = first
-                if first_position != position:
-                    raise RuntimeError(
-                        "Expected the BackupAndRestore callbacks of one fit to "
-                        "hold the same training state. Received: (epoch, step "
-                        f"in epoch, optimizer step) {first_position} in "
-                        f"{first_dir}, {position} in {self.backup_dir}. Keep "
-                        "one BackupAndRestore, or give them the same save_freq."
-                    )
+                _resume_state.same_position(first, (self.backup_dir, position))
                 self._adopt_position(state)
                 return
             object.__setattr__(model, _RESTORED_BY, (self.backup_dir, position))
@@ -446,11 +404,11 @@ def exact_backup_and_restore_class() -> type:
             if state["steps_done"] and state["epoch_random"] is not None:
                 # The resumed epoch begins as the interrupted one began; the
                 # generators take their backup-time state after the skip.
-                _set_globals(state["epoch_random"])
+                _resume_state.set_globals(state["epoch_random"])
                 self._random_after_skip = backup_time
             else:
-                _set_globals(backup_time)
-            eager = _eager_seed_generator()
+                _resume_state.set_globals(backup_time)
+            eager = _resume_state.eager_seed_generator()
             if eager is not None and state["eager_seed"] is not None:
                 eager.setstate(state["eager_seed"])
             model._initial_epoch = state["epoch"]
@@ -577,45 +535,6 @@ def _assign_when_built(optimizer: Any, saved: list[Any], source: str) -> None:
     optimizer.build = build
 
 
-def _check_owned(directory: str) -> None:
-    """Refuses to resume from a backup directory someone else controls.
-
-    What a resume reads decides the training (weights, optimizer state, the
-    random state): a directory another user owns, or any user may write to, could
-    hold another training's backup or a planted one (Keras's own example
-    directory, `/tmp/backup`, is one any local user can create first).
-
-    Raises:
-        RuntimeError: with the directory, its owner or mode, and what to do.
-    """
-    if not hasattr(os, "getuid"):  # No POSIX owners (Windows).
-        return
-    info = os.stat(directory)
-    problem = None
-    if info.st_uid != os.getuid():
-        problem = f"owned by user id {info.st_uid}, not {os.getuid()}"
-    elif info.st_mode & stat.S_IWOTH:
-        # Group-writable is left alone: with a user's private group (umask
-        # 002) every directory of theirs is.
-        problem = f"writable by every user (mode {stat.filemode(info.st_mode)})"
-    if problem is not None:
-        raise RuntimeError(
-            f"Expected the backup directory {directory} to be yours alone: a "
-            f"resume reads the training state from it. Received: {problem}. "
-            "Use a backup_dir of your own (not a shared /tmp path), or make it "
-            "yours with `chmod go-w` if you trust what is in it."
-        )
-
-
-def _set_globals(pair: Any) -> None:
-    """Sets Python's and NumPy's global generators to `(python, numpy)`."""
-    import numpy as np
-
-    python, numpy_state = pair
-    random.setstate(python)
-    np.random.set_state(numpy_state)
-
-
 def _current(directory: str) -> int | None:
     try:
         with open(os.path.join(directory, CURRENT), encoding="utf-8") as handle:
@@ -694,27 +613,10 @@ def _wrap_fit(original: Any) -> Any:
     return fit
 
 
-TF_KERAS_NOT_EXACT = (
-    "tfdet: tf_keras's BackupAndRestore does not resume bit for bit: its backup "
-    "holds neither the state of tf_keras's random layers (Dropout, noise, ...) "
-    "nor the order of an input that is reshuffled each epoch, so a resumed fit "
-    "trains other bits than the run that never stopped. Keras 3's "
-    "keras.callbacks.BackupAndRestore resumes exactly under tfdet.enable()."
-)
+def _install_for_tf_keras(swap: Any) -> None:
+    from tfdet.patches import _tf_keras_backup
 
-
-def _say_tf_keras_is_not_exact(swap: Any) -> None:
-    """Makes tf_keras's `BackupAndRestore` warn that its resume is not exact."""
-    from tf_keras.src import callbacks
-
-    original = callbacks.BackupAndRestore.__init__
-
-    @functools.wraps(original)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        warnings.warn(TF_KERAS_NOT_EXACT, stacklevel=2)
-        original(self, *args, **kwargs)
-
-    swap.attribute(callbacks.BackupAndRestore, "__init__", __init__)
+    _tf_keras_backup.install(swap)
 
 
 def _apply(swap: Any) -> None:
@@ -731,11 +633,11 @@ def _apply(swap: Any) -> None:
 PATCH = Patch(
     summary="keras.callbacks.BackupAndRestore (loses seed states, the position "
     "in an epoch and in the input's stream, tf.data and PyDataset order) -> a "
-    "subclass that resumes bit for bit; tf_keras's -> a warning that it does not",
+    "subclass that resumes bit for bit; tf_keras's (and its random layers, on "
+    "TF generators) likewise",
     upstream="https://github.com/keras-team/keras/blob/master/keras/src/callbacks/backup_and_restore.py",
     apply=_apply,
-    # Also when tf_keras is the Keras in use: its callback then says that it
-    # is not exact (once tf_keras is imported, whenever that is).
-    after_import=(("tf_keras", _say_tf_keras_is_not_exact),),
+    # Also tf_keras's callback, once tf_keras is imported (whenever that is).
+    after_import=(("tf_keras", _install_for_tf_keras),),
     requires={"keras": KERAS3["keras"]},
 )

@@ -13,7 +13,7 @@ per pool (0: every core), and `--pool-size-free` adds the
 `--plain` trains without tfdet (seeds and TensorFlow's op determinism only);
 `--tf-keras` trains with tf_keras (its own BackupAndRestore). `--kill E:B` kills the process (SIGKILL) after batch B of epoch E;
 `--kill-at-save K` kills it while it writes its K-th backup, after the weights
-and before the backup is made current; `--unpatched` leaves out tfdet's
+(tf_keras: the checkpoint) and before the backup is made current; `--unpatched` leaves out tfdet's
 `keras_backup_and_restore` patch (Keras's own BackupAndRestore);
 `--drop-epoch-random` removes from the current backup the global generators'
 state at its epoch's start, as a backup written before tfdet kept it;
@@ -120,7 +120,19 @@ model.compile(
 )
 
 saves = 0
-if args.kill_at_save:
+if args.kill_at_save and args.tf_keras:
+    # tf_keras's backup is a tf.train.Checkpoint: written, then made current.
+    record_state = tf.train.CheckpointManager._record_state
+
+    def killed_while_saving(self, *a, **k):
+        global saves
+        saves += 1
+        if saves == args.kill_at_save:
+            os.kill(os.getpid(), signal.SIGKILL)
+        record_state(self, *a, **k)
+
+    tf.train.CheckpointManager._record_state = killed_while_saving
+elif args.kill_at_save:
     save_weights = keras.Model.save_weights
 
     def killed_while_saving(self, *a, **k):

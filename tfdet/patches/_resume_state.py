@@ -1,0 +1,188 @@
+"""What a resume needs besides weights, in a form that cannot run code.
+
+The exact `BackupAndRestore` of Keras 3 and of tf_keras share it: the host's
+random generators (Python's, NumPy's, TensorFlow's eager op seeds) as JSON
+values that keep every bit, the owner check of a backup directory, the
+agreement of several backups of one fit, and the one random state no backup
+can hold (ops that keep it in their kernel), which a resume must then
+announce as inexact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import stat
+import warnings
+from typing import Any
+
+# Random ops that keep their state in their kernel (seeded once, advanced on
+# each run: `tf.random.normal` and the like without a generator): no
+# checkpoint holds it, so a resumed process draws their first values again.
+KERNEL_STATE_RANDOM_OPS = frozenset(
+    {
+        "Multinomial",
+        "ParameterizedTruncatedNormal",
+        "RandomGamma",
+        "RandomPoisson",
+        "RandomPoissonV2",
+        "RandomShuffle",
+        "RandomStandardNormal",
+        "RandomUniform",
+        "RandomUniformInt",
+        "TruncatedNormal",
+    }
+)
+
+
+def array(value: Any) -> dict[str, Any]:
+    import numpy as np
+
+    value = np.asarray(value)
+    return {
+        "dtype": value.dtype.str,
+        "shape": list(value.shape),
+        "values": value.ravel().tolist(),
+    }
+
+
+def from_array(data: dict[str, Any]) -> Any:
+    import numpy as np
+
+    return np.asarray(data["values"], dtype=np.dtype(data["dtype"])).reshape(
+        data["shape"]
+    )
+
+
+def python_random(state: Any) -> Any:
+    """`random.getstate()` as JSON: `[version, 625 ints, gauss]`."""
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def from_python_random(data: Any) -> Any:
+    """Inverse of `_python_random`: what `random.setstate()` takes."""
+    version, internal, gauss = data
+    return int(version), tuple(int(i) for i in internal), gauss
+
+
+def numpy_random(state: Any) -> Any:
+    """`np.random.get_state()` as JSON: `[name, keys, position, gauss...]`."""
+    name, keys, position, has_gauss, cached = state
+    return [name, array(keys), position, has_gauss, cached]
+
+
+def from_numpy_random(data: Any) -> Any:
+    """Inverse of `_numpy_random`: what `np.random.set_state()` takes."""
+    name, keys, position, has_gauss, cached = data
+    return str(name), from_array(keys), int(position), int(has_gauss), float(cached)
+
+
+def eager_seed_generator() -> Any:
+    from tensorflow.python.eager import context
+
+    return getattr(context.context(), "_rng", None)
+
+
+def same_position(first: tuple[str, Any], other: tuple[str, Any]) -> None:
+    """Refuses two backups of one fit that hold different positions.
+
+    Args:
+        first: `(backup directory, position)` of the callback that restored.
+        other: the same of another restoring callback of the fit.
+
+    Raises:
+        RuntimeError: naming both positions, and what to do.
+    """
+    (first_dir, first_position), (other_dir, other_position) = first, other
+    if first_position != other_position:
+        raise RuntimeError(
+            "Expected the BackupAndRestore callbacks of one fit to hold the "
+            f"same training state. Received: {first_position} in {first_dir}, "
+            f"{other_position} in {other_dir}. Keep one BackupAndRestore, or "
+            "give them the same save_freq."
+        )
+
+
+def _traced_functions(function: Any, depth: int = 0) -> Any:
+    """The `tf.function`s `function` is or calls through its closure.
+
+    tf_keras's train function is a `tf.function`; Keras 3's is a Python
+    function closing over one or two.
+    """
+    if hasattr(function, "_list_all_concrete_functions"):
+        yield function
+        return
+    if depth < 3:
+        for cell in getattr(function, "__closure__", None) or ():
+            with contextlib.suppress(ValueError):  # An empty cell.
+                yield from _traced_functions(cell.cell_contents, depth + 1)
+
+
+def kernel_state_random_ops(train_function: Any) -> list[str]:
+    """The `KERNEL_STATE_RANDOM_OPS` that the traced training step runs."""
+    found: set[str] = set()
+    for function in _traced_functions(train_function):
+        for concrete in function._list_all_concrete_functions():
+            graph = concrete.graph.as_graph_def()
+            nodes = [
+                *graph.node,
+                *(n for f in graph.library.function for n in f.node_def),
+            ]
+            found |= {node.op for node in nodes} & KERNEL_STATE_RANDOM_OPS
+    return sorted(found)
+
+
+def warn_if_kernel_state_random(train_function: Any) -> None:
+    """Says a resume is not exact when the step draws from kernel-held state."""
+    found = kernel_state_random_ops(train_function)
+    if found:
+        warnings.warn(
+            f"tfdet: the training step runs random ops that keep their state "
+            f"in their kernel ({', '.join(found)}: tf.random.normal and the "
+            "like without a generator), which no backup can hold: a resumed "
+            "fit draws their first values again, so the resume is not exact. "
+            "Draw from a keras.random.SeedGenerator (Keras 3), a "
+            "tf.random.Generator the model tracks, or stateless ops.",
+            stacklevel=3,
+        )
+
+
+def check_owned(directory: str) -> None:
+    """Refuses to resume from a backup directory someone else controls.
+
+    What a resume reads decides the training (weights, optimizer state, the
+    random state): a directory another user owns, or any user may write to, could
+    hold another training's backup or a planted one (Keras's own example
+    directory, `/tmp/backup`, is one any local user can create first).
+
+    Raises:
+        RuntimeError: with the directory, its owner or mode, and what to do.
+    """
+    if not hasattr(os, "getuid"):  # No POSIX owners (Windows).
+        return
+    info = os.stat(directory)
+    problem = None
+    if info.st_uid != os.getuid():
+        problem = f"owned by user id {info.st_uid}, not {os.getuid()}"
+    elif info.st_mode & stat.S_IWOTH:
+        # Group-writable is left alone: with a user's private group (umask
+        # 002) every directory of theirs is.
+        problem = f"writable by every user (mode {stat.filemode(info.st_mode)})"
+    if problem is not None:
+        raise RuntimeError(
+            f"Expected the backup directory {directory} to be yours alone: a "
+            f"resume reads the training state from it. Received: {problem}. "
+            "Use a backup_dir of your own (not a shared /tmp path), or make it "
+            "yours with `chmod go-w` if you trust what is in it."
+        )
+
+
+def set_globals(pair: Any) -> None:
+    """Sets Python's and NumPy's global generators to `(python, numpy)`."""
+    import numpy as np
+
+    python, numpy_state = pair
+    random.setstate(python)
+    np.random.set_state(numpy_state)

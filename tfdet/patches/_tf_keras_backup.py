@@ -1,0 +1,322 @@
+"""Exact resume with tf_keras's `BackupAndRestore` (part of `keras_backup_and_restore`).
+
+tf_keras's backup is a `tf.train.Checkpoint` of the model (its optimizers
+included), the epoch and the batch. What it loses, read from tf_keras's
+`callbacks.py`, `distribute/worker_training_state.py`, `engine/training.py`,
+`engine/data_adapter.py` and `backend.py`:
+
+- the random layers' state: by default tf_keras's Dropout (and every
+  `BaseRandomLayer`) draws from legacy stateful kernels, whose state lives in
+  the kernel and in no checkpoint; with `enable_tf_random_generator()` it
+  draws from a `tf.random.Generator`, which `BaseRandomLayer` keeps out of
+  checkpoints on purpose (`no_automatic_dependency_tracking`);
+- the input's position: a resumed epoch trains the epoch's remaining number
+  of steps from a fresh iterator, that is the epoch's first batches again;
+  and arrays under `shuffle=True` (one stream of per-epoch permutations drawn
+  by a stateful op) or a `tf.data` input reshuffled on each `iter()` restart
+  at epoch 0's order;
+- Python's and NumPy's global generators and TensorFlow's eager op-seed
+  generator, for code that draws from them while training.
+
+Under `tfdet.enable()` the tf_keras random layers made afterwards draw from
+`tf.random.Generator`s (tf_keras's own switch), and `BackupAndRestore` is a
+subclass that writes all of the above into one `tf.train.Checkpoint`
+(`BACKUP_SUBDIRECTORY`; `tf.train.CheckpointManager` makes it current in
+one atomic step), restores it, and pulls without training the batches the
+finished and interrupted epochs took. What is not a variable is written as
+a JSON string, never pickled.
+
+Not resumable exactly: a `keras.utils.Sequence` or `DatasetCreator` input
+(its order is drawn as its iterator runs, outside any saved state), and
+the epoch's metric accumulators when the resume is in an epoch's middle
+(the epoch's logged means then cover the resumed batches only; the weights
+and each step are exact). tfdet warns at such a resume.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import random
+import warnings
+from typing import Any
+
+from tfdet.patches import _resume_state
+
+# The backup's files, inside `backup_dir` (tf_keras's own go in "chief").
+BACKUP_SUBDIRECTORY = "tfdet"
+# Version of the JSON string kept in the checkpoint (`_host_state`).
+HOST_STATE_FORMAT = 1
+# Note on the model: the last `DataHandler` tf_keras made for it (`fit`'s,
+# when `on_train_begin` reads it), whose input a resume fast-forwards.
+_DATA_HANDLER = "_tfdet_data_handler"
+# Note on the model: the BackupAndRestore that restored this fit (its
+# directory, and the position: epoch, batch, steps trained).
+_RESTORED_BY = "_tfdet_restored_by"
+# Inputs whose order is drawn while their iterator runs (a Sequence's
+# shuffle, a DatasetCreator's function): a resume cannot replay it.
+_UNREPLAYABLE_ADAPTERS = {
+    "KerasSequenceAdapter": "keras.utils.Sequence",
+    "DatasetCreatorAdapter": "DatasetCreator",
+}
+
+
+def random_generators(model: Any) -> list[tuple[str, Any]]:
+    """`(layer name, tf.random.Generator)` of each random tf_keras layer.
+
+    A layer's generator is made on its first call; it is made here if it was
+    not (from the same seed source, in layer order, so an uninterrupted run
+    and a resumed one make theirs alike). Layers on legacy stateful kernels
+    (made before `enable()`, or in graph mode) have none to save.
+    """
+    from tf_keras.src import backend
+
+    found = []
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        generator = getattr(layer, "_random_generator", None)
+        if not isinstance(generator, backend.RandomGenerator):
+            continue
+        generator._maybe_init()
+        if generator._generator is not None:
+            found.append((layer.name, generator._generator))
+    return found
+
+
+def _host_state() -> dict[str, Any]:
+    import numpy as np
+
+    eager = _resume_state.eager_seed_generator()
+    return {
+        "format": HOST_STATE_FORMAT,
+        "python_random": _resume_state.python_random(random.getstate()),
+        "numpy_random": _resume_state.numpy_random(np.random.get_state()),
+        "eager_seed": None
+        if eager is None
+        else _resume_state.python_random(eager.getstate()),
+    }
+
+
+def _restore_host_state(text: str, source: str) -> None:
+    try:
+        data = json.loads(text)
+        if data["format"] != HOST_STATE_FORMAT:
+            raise ValueError(f"format {data['format']!r}")
+        python = _resume_state.from_python_random(data["python_random"])
+        numpy_state = _resume_state.from_numpy_random(data["numpy_random"])
+        eager = data["eager_seed"]
+        eager = None if eager is None else _resume_state.from_python_random(eager)
+    except (KeyError, TypeError, ValueError) as error:
+        raise RuntimeError(
+            f"Expected {source} to hold a tfdet resume state (format "
+            f"{HOST_STATE_FORMAT}). Received: unreadable ({type(error).__name__}: "
+            f"{error}). Delete the backup directory to start over."
+        ) from None
+    _resume_state.set_globals((python, numpy_state))
+    generator = _resume_state.eager_seed_generator()
+    if generator is not None and eager is not None:
+        generator.setstate(eager)
+
+
+@functools.cache
+def exact_backup_and_restore_class() -> type:
+    """The tf_keras `BackupAndRestore` subclass that resumes exactly."""
+    from tf_keras.src import callbacks
+
+    base = callbacks.BackupAndRestore
+    if getattr(base, "_tfdet_exact", False):  # Asked while installed.
+        return base
+
+    class ExactBackupAndRestore(base):  # type: ignore[misc, valid-type]
+        """`tf_keras.callbacks.BackupAndRestore` that resumes bit for bit.
+
+        Same arguments as tf_keras's; see the module docstring of
+        `tfdet.patches._tf_keras_backup`.
+        """
+
+        _tfdet_exact = True
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._manager: Any = None
+            self._host: Any = None  # The JSON string variable of the backup.
+            self._random_checked = False  # `warn_if_kernel_state_random`.
+
+        def on_train_begin(self, logs: Any = None) -> None:
+            import tensorflow as tf
+
+            # Builds the optimizer and tf_keras's training state (epoch and
+            # batch variables, restored from tf_keras's own files if any).
+            super().on_train_begin(logs)
+            model = self.model
+            training = self._training_state
+            self._host = tf.Variable("", dtype=tf.string, trainable=False)
+            checkpoint = tf.train.Checkpoint(
+                model=model,
+                ckpt_saved_epoch=training._ckpt_saved_epoch,
+                ckpt_saved_batch=training._ckpt_saved_batch,
+                train_counter=model._train_counter,
+                random_layers=[g.state for _, g in random_generators(model)],
+                host=self._host,
+            )
+            self._manager = tf.train.CheckpointManager(
+                checkpoint,
+                os.path.join(self.backup_dir, BACKUP_SUBDIRECTORY),
+                max_to_keep=1,
+            )
+            latest = self._manager.latest_checkpoint
+            if latest is None:
+                return
+            _resume_state.check_owned(self.backup_dir)
+            status = checkpoint.restore(latest)
+            try:
+                status.assert_existing_objects_matched()
+            except AssertionError as error:
+                raise RuntimeError(
+                    f"Expected the backup in {self.backup_dir} to be this "
+                    f"model's. Received: {str(error).splitlines()[0]} Delete "
+                    "the backup directory to start over."
+                ) from None
+            position = {
+                "epoch": int(training._ckpt_saved_epoch.numpy()),
+                "batch": int(training._ckpt_saved_batch.numpy()),
+                "steps trained": int(model._train_counter.numpy()),
+            }
+            first = getattr(model, _RESTORED_BY, None)
+            if first is not None:
+                # Another BackupAndRestore of this fit restored the host's
+                # state and moved the input on; this one must agree.
+                _resume_state.same_position(first, (self.backup_dir, position))
+                return
+            object.__setattr__(model, _RESTORED_BY, (self.backup_dir, position))
+            _restore_host_state(self._host.numpy().decode(), latest)
+            self._fast_forward()
+
+        def _fast_forward(self) -> None:
+            """Brings the input to the batch the resumed run trains first.
+
+            tf_keras resumes at the epoch and step it computes from the
+            checkpoint (asked the same way here) and starts the step count
+            there, but draws from the input's start.
+            """
+            from tf_keras.src.utils.mode_keys import ModeKeys
+
+            model = self.model
+            steps = self.params.get("steps")
+            epoch, step = self._training_state.maybe_load_initial_counters_from_ckpt(
+                steps, 0, mode=ModeKeys.TRAIN
+            )
+            handler = getattr(model, _DATA_HANDLER)
+            adapter = handler._adapter
+            unreplayable = _UNREPLAYABLE_ADAPTERS.get(type(adapter).__name__)
+            if unreplayable is not None:
+                warnings.warn(
+                    f"tfdet: a {unreplayable} input is not "
+                    "resumable exactly: its order is drawn while its iterator "
+                    "runs, outside the backup. Give fit a tf.data.Dataset or "
+                    "arrays to resume bit for bit.",
+                    stacklevel=2,
+                )
+                return
+            pulls = step
+            if adapter.should_recreate_iterator():
+                # A fresh iterator per epoch (a reshuffling tf.data advances
+                # its seed on each): the finished epochs' iterators.
+                for _ in range(epoch):
+                    iter(handler._dataset)
+            else:  # One stream for every epoch.
+                pulls += epoch * (steps or 0)
+            if pulls:
+                self._pull_before_training(pulls)
+
+        def _pull_before_training(self, pulls: int) -> None:
+            """Pulls `pulls` batches from the iterator before the first step."""
+            model = self.model
+            original = model.train_function
+
+            def train_function(iterator: Any) -> Any:
+                model.train_function = original
+                for _ in range(pulls):
+                    next(iterator)  # Trained on before the interruption.
+                return original(iterator)
+
+            model.train_function = train_function
+
+        def _backup(self, epoch: int, batch: int = 0) -> None:
+            # The epoch and batch variables were set by the batch hooks;
+            # `save` writes the checkpoint, then makes it current.
+            if not self._random_checked:  # Traced by now.
+                _resume_state.warn_if_kernel_state_random(self.model.train_function)
+                self._random_checked = True
+            self._host.assign(json.dumps(_host_state()))
+            self._manager.save()
+
+        def on_train_end(self, logs: Any = None) -> None:
+            import tensorflow as tf
+
+            if self.delete_checkpoint:
+                directory = os.path.join(self.backup_dir, BACKUP_SUBDIRECTORY)
+                if tf.io.gfile.exists(directory):
+                    tf.io.gfile.rmtree(directory)
+            if hasattr(self.model, "_training_state"):
+                super().on_train_end(logs)
+            else:
+                # Another BackupAndRestore of this fit ended first and
+                # deleted the model's note, which tf_keras's own method
+                # deletes again (an AttributeError with two callbacks).
+                if self.delete_checkpoint:
+                    self._training_state.delete_backup()
+                del self._training_state
+
+    ExactBackupAndRestore.__module__ = base.__module__
+    return ExactBackupAndRestore
+
+
+def _record_data_handler(original: Any) -> Any:
+    @functools.wraps(original)
+    def get_data_handler(*args: Any, **kwargs: Any) -> Any:
+        handler = original(*args, **kwargs)
+        model = kwargs.get("model")
+        if model is not None:
+            # Past tf_keras's attribute tracking: a note, not model state.
+            object.__setattr__(model, _DATA_HANDLER, handler)
+        return handler
+
+    return get_data_handler
+
+
+def _wrap_fit(original: Any) -> Any:
+    @functools.wraps(original)
+    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        object.__setattr__(self, _RESTORED_BY, None)
+        return original(self, *args, **kwargs)
+
+    return fit
+
+
+def install(swap: Any) -> None:
+    """Random layers on TF generators, and the exact `BackupAndRestore`."""
+    import sys
+
+    from tf_keras.src import backend, callbacks
+    from tf_keras.src.engine import data_adapter, training
+
+    # What `tf_keras.backend.experimental.enable_tf_random_generator()` sets:
+    # the layers made from now on keep their state in a variable.
+    swap.attribute(backend, "_USE_GENERATOR_FOR_RNG", True)
+    keras_own = callbacks.BackupAndRestore
+    exact = exact_backup_and_restore_class()
+    for name in (
+        "tf_keras.src.callbacks",
+        "tf_keras.callbacks",
+        "tf_keras.api._v2.keras.callbacks",
+    ):
+        module = sys.modules.get(name)
+        if getattr(module, "BackupAndRestore", None) is keras_own:
+            swap.attribute(module, "BackupAndRestore", exact)
+    swap.attribute(
+        data_adapter,
+        "get_data_handler",
+        _record_data_handler(data_adapter.get_data_handler),
+    )
+    swap.attribute(training.Model, "fit", _wrap_fit(training.Model.fit))
