@@ -109,13 +109,19 @@ def test_control_keras_own_backup_and_restore_resumes_into_other_bits(
 
 
 @pytest.mark.slow
-def test_a_custom_loop_resumes_exactly_with_tfdets_random_state(tmp_path):
+@pytest.mark.parametrize(
+    "keras_args", [(), ("--tf-keras",)], ids=["keras3", "tf_keras"]
+)
+def test_a_custom_loop_resumes_exactly_with_tfdets_random_state(tmp_path, keras_args):
+    if keras_args:
+        pytest.importorskip("tf_keras")
     full = tmp_path / "full.json"
-    _run(LOOP, full, str(tmp_path / "full-checkpoints"))
-    exact = _interrupted_and_resumed(tmp_path / "a", LOOP, interrupt=("--kill", "10"))
+    _run(LOOP, full, str(tmp_path / "full-checkpoints"), *keras_args)
+    kill = ("--kill", "10")
+    exact = _interrupted_and_resumed(tmp_path / "a", LOOP, *keras_args, interrupt=kill)
     # The control: the checkpoint without the random state replays masks.
     replayed = _interrupted_and_resumed(
-        tmp_path / "b", LOOP, "--without-random-state", interrupt=("--kill", "10")
+        tmp_path / "b", LOOP, "--without-random-state", *keras_args, interrupt=kill
     )
     assert exact == _digest(full) != replayed
 

@@ -50,6 +50,7 @@ import functools
 import json
 import os
 import random
+import sys
 import warnings
 from typing import Any
 
@@ -101,9 +102,11 @@ def random_state(model: Any) -> Any:
     """The random state of `model` that a `tf.train.Checkpoint` does not save.
 
     Keras 3 keeps each layer's `SeedGenerator` (Dropout's masks, random
-    augmentation layers) out of a model's checkpoint, so a custom training
-    loop resumed from `tf.train.Checkpoint(model=..., optimizer=...)` draws
-    the masks of its first steps again. Add this to the checkpoint:
+    augmentation layers) out of a model's checkpoint, and tf_keras each
+    random layer's `tf.random.Generator` (its random layers draw from one
+    under `tfdet.enable()`), so a custom training loop resumed from
+    `tf.train.Checkpoint(model=..., optimizer=...)` draws the masks of its
+    first steps again. Add this to the checkpoint:
 
     >>> checkpoint = tf.train.Checkpoint(                       # doctest: +SKIP
     ...     model=model, optimizer=optimizer, iterator=iterator,
@@ -114,17 +117,29 @@ def random_state(model: Any) -> Any:
     cannot be saved with the iterator.
 
     Args:
-        model: A built Keras 3 model.
+        model: A built Keras 3 or tf_keras model.
 
     Returns:
-        A `tf.Module` tracking each layer's seed state and Keras's global one.
+        A `tf.Module` tracking each layer's seed state (and Keras 3's global
+        one).
     """
     import tensorflow as tf
 
     holder = tf.Module()
+    if _is_tf_keras(model):
+        from tfdet.patches import _tf_keras_backup
+
+        generators = _tf_keras_backup.random_generators(model)
+        holder.layer_seeds = [generator.state for _, generator in generators]
+        return holder
     holder.layer_seeds = [generator.state for _, generator in seed_generators(model)]
     holder.global_seed = _global_seed_generator(create=True).state
     return holder
+
+
+def _is_tf_keras(model: Any) -> bool:
+    tf_keras = sys.modules.get("tf_keras")
+    return tf_keras is not None and isinstance(model, tf_keras.Model)
 
 
 def _encode_state(state: dict[str, Any]) -> dict[str, Any]:

@@ -1,11 +1,13 @@
 """A custom GradientTape loop resumed from a tf.train.Checkpoint.
 
-`python resumable_loop.py OUT CKPT_DIR [--kill STEP] [--without-random-state]`:
+`python resumable_loop.py OUT CKPT_DIR [--kill STEP] [--without-random-state]
+[--tf-keras]`:
 16 steps over a shuffled `tf.data` pipeline with a random augmentation drawn
 from the pipeline's own seeds (`Dataset.random` feeding a stateless op), a
 Dropout layer, Adam; checkpoints the model, optimizer, data iterator, step and
 (unless told not to) `tfdet.random_state(model)` every 3 steps; `--kill STEP`
-kills the process (SIGKILL) after that step. Writes the final weights' digest.
+kills the process (SIGKILL) after that step; `--tf-keras` builds the model and
+optimizer with tf_keras. Writes the final weights' digest.
 """
 
 import argparse
@@ -21,12 +23,19 @@ parser.add_argument("out")
 parser.add_argument("checkpoints")
 parser.add_argument("--kill", type=int)
 parser.add_argument("--without-random-state", action="store_true")
+parser.add_argument("--tf-keras", action="store_true")
 args = parser.parse_args()
+if args.tf_keras:
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
 tfdet.enable(seed=5)
 
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+if args.tf_keras:
+    import tf_keras as keras
+else:
+    import keras
 
 rng = np.random.RandomState(0)
 x = rng.standard_normal((128, 8)).astype(np.float32)
@@ -76,7 +85,8 @@ manager.restore_or_initialize()
 def train_step(features, labels):
     with tf.GradientTape() as tape:
         loss = tf.reduce_mean((model(features, training=True) - labels) ** 2)
-    optimizer.apply(tape.gradient(loss, model.trainable_variables))
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
 
 
 while int(step.numpy()) < 16:
