@@ -10,6 +10,7 @@ patch (or without the random state) resumes into other bits.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ SCRIPTS = REPO / "tests" / "targets" / "scripts"
 KERAS_SHUFFLES_PYDATASET_WITH_RANDOM = Version(
     importlib.metadata.version("keras")
 ) >= Version("3.6")
+TF_KERAS_INSTALLED = importlib.util.find_spec("tf_keras") is not None
 FIT = SCRIPTS / "resumable_fit.py"
 LOOP = SCRIPTS / "resumable_loop.py"
 
@@ -573,18 +575,26 @@ def test_check_script_interrupt_compares_every_resumed_batch(tmp_path):
     common = ["check", "--script", "resumable_fit.py", "--perturb", "interrupt",
               "--seed", "3", "--no-attribute"]  # fmt: skip
     script = ["--", "out.json", "backup", "--save-freq", "1", "--data"]
-    reports = _checks_at_once(
-        {
-            "tfdata": [*common, *script, "tfdata"],
-            "pydataset": [*common, *script, "pydataset"],
-            "generator": [*common, *script, "generator"],
-            "control": [*common, *script, "pydataset", "--drop-epoch-random"],
-        },
-        cwd=tmp_path,
-    )
+    checks = {
+        "tfdata": [*common, *script, "tfdata"],
+        "pydataset": [*common, *script, "pydataset"],
+        "generator": [*common, *script, "generator"],
+        "control": [*common, *script, "pydataset", "--drop-epoch-random"],
+    }
+    if TF_KERAS_INSTALLED:  # Its epoch's running loss and metrics resumed too.
+        checks["tf_keras"] = [*common, *script, "tfdata", "--tf-keras"]
+        # The control: tf_keras's own callback (the script enables tfdet
+        # without the patch, and the check leaves enabling to it).
+        checks["tf_keras-control"] = [
+            *common, "--no-enable", *script, "tfdata", "--tf-keras", "--unpatched"
+        ]  # fmt: skip
+    reports = _checks_at_once(checks, cwd=tmp_path)
     assert reports["tfdata"]["verdict"] == "identical"
     assert reports["pydataset"]["verdict"] == "identical"
     assert reports["generator"]["verdict"] == "identical"
+    if TF_KERAS_INSTALLED:
+        assert reports["tf_keras"]["verdict"] == "identical"
+        assert reports["tf_keras-control"]["verdict"] == "diverged"
     if not KERAS_SHUFFLES_PYDATASET_WITH_RANDOM:
         return
     divergence = reports["control"]["divergence"]

@@ -244,6 +244,9 @@ class _DeterminismHooks:
     def on_train_batch_end(
         self, batch: int, logs: dict[str, Any] | None = None
     ) -> None:
+        # tf_keras resumes its step count from its checkpoint, as a NumPy
+        # integer, which JSON cannot write.
+        batch = int(batch)
         # With steps_per_execution > 1, Keras reports the last batch of each
         # execution; the global step follows the batch index, not the calls.
         self._last_batch = batch

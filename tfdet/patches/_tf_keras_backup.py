@@ -15,6 +15,7 @@ included), the epoch and the batch. What it loses, read from tf_keras's
   and arrays under `shuffle=True` (one stream of per-epoch permutations drawn
   by a stateful op) or a `tf.data` input reshuffled on each `iter()` restart
   at epoch 0's order;
+- the epoch's running loss and metrics, for a resume in its middle;
 - Python's and NumPy's global generators and TensorFlow's eager op-seed
   generator, for code that draws from them while training.
 
@@ -26,11 +27,10 @@ one atomic step), restores it, and pulls without training the batches the
 finished and interrupted epochs took. What is not a variable is written as
 a JSON string, never pickled.
 
-Not resumable exactly: a `keras.utils.Sequence` or `DatasetCreator` input
-(its order is drawn as its iterator runs, outside any saved state), and
-the epoch's metric accumulators when the resume is in an epoch's middle
-(the epoch's logged means then cover the resumed batches only; the weights
-and each step are exact). tfdet warns at such a resume.
+A resume in an epoch's middle also gives the compiled loss and metrics
+their running values. Not resumable exactly: a `keras.utils.Sequence` or
+`DatasetCreator` input (its order is drawn as its iterator runs, outside
+any saved state); tfdet warns at such a resume.
 """
 
 from __future__ import annotations
@@ -83,12 +83,20 @@ def random_generators(model: Any) -> list[tuple[str, Any]]:
     return found
 
 
-def _host_state() -> dict[str, Any]:
+def _metric_variables(model: Any) -> list[Any]:
+    return [variable for metric in model.metrics for variable in metric.variables]
+
+
+def _host_state(model: Any) -> dict[str, Any]:
     import numpy as np
 
     eager = _resume_state.eager_seed_generator()
     return {
         "format": HOST_STATE_FORMAT,
+        "metrics": [
+            _resume_state.array(variable.numpy())
+            for variable in _metric_variables(model)
+        ],
         "python_random": _resume_state.python_random(random.getstate()),
         "numpy_random": _resume_state.numpy_random(np.random.get_state()),
         "eager_seed": None
@@ -97,11 +105,13 @@ def _host_state() -> dict[str, Any]:
     }
 
 
-def _restore_host_state(text: str, source: str) -> None:
+def _restore_host_state(text: str, source: str) -> list[Any]:
+    """Sets the host's generators from the backup; its metric values."""
     try:
         data = json.loads(text)
         if data["format"] != HOST_STATE_FORMAT:
             raise ValueError(f"format {data['format']!r}")
+        metrics = [_resume_state.from_array(value) for value in data["metrics"]]
         python = _resume_state.from_python_random(data["python_random"])
         numpy_state = _resume_state.from_numpy_random(data["numpy_random"])
         eager = data["eager_seed"]
@@ -116,6 +126,53 @@ def _restore_host_state(text: str, source: str) -> None:
     generator = _resume_state.eager_seed_generator()
     if generator is not None and eager is not None:
         generator.setstate(eager)
+    return metrics
+
+
+def _load_metrics(model: Any, data: Any, saved: list[Any]) -> None:
+    """Builds `model`'s compiled metrics and gives them the saved values.
+
+    A resume in an epoch's middle continues the epoch's running means (the
+    loss, the metrics) where the backup left them. tf_keras builds its
+    compiled loss and metrics in the first traced step, from the structure
+    of the labels and outputs: built here from one batch's labels and
+    zeros shaped as the outputs (no op of the model runs, nothing is drawn).
+    """
+    import tensorflow as tf
+    from tf_keras.src.engine import data_adapter
+
+    _, labels, _ = data_adapter.unpack_x_y_sample_weight(data)
+    outputs = getattr(model, "_nested_outputs", None)
+    if labels is None or outputs is None:
+        _say_metrics_start_over(model, "a model without symbolic outputs")
+        return
+    batch = tf.shape(tf.nest.flatten(labels)[0])[0]
+    try:
+        predictions = tf.nest.map_structure(
+            lambda output: tf.zeros([batch, *output.shape[1:]], output.dtype), outputs
+        )
+    except (TypeError, ValueError):  # An output dimension known only when run.
+        _say_metrics_start_over(model, "outputs of unknown shape")
+        return
+    model.compiled_loss.build(predictions)
+    model.compiled_metrics.build(predictions, labels)
+    variables = _metric_variables(model)
+    if len(variables) != len(saved):
+        _say_metrics_start_over(
+            model, f"{len(saved)} values saved, {len(variables)} now"
+        )
+        return
+    for variable, value in zip(variables, saved, strict=True):
+        variable.assign(value)
+
+
+def _say_metrics_start_over(model: Any, why: str) -> None:
+    warnings.warn(
+        f"tfdet: the metrics of {model.name}'s resumed epoch start over ({why}): "
+        "the epoch's logged means cover the batches trained since the resume; "
+        "the weights and each step's training are exact.",
+        stacklevel=3,
+    )
 
 
 @functools.cache
@@ -189,10 +246,10 @@ def exact_backup_and_restore_class() -> type:
                 _resume_state.same_position(first, (self.backup_dir, position))
                 return
             object.__setattr__(model, _RESTORED_BY, (self.backup_dir, position))
-            _restore_host_state(self._host.numpy().decode(), latest)
-            self._fast_forward()
+            metrics = _restore_host_state(self._host.numpy().decode(), latest)
+            self._fast_forward(metrics)
 
-        def _fast_forward(self) -> None:
+        def _fast_forward(self, metrics: list[Any]) -> None:
             """Brings the input to the batch the resumed run trains first.
 
             tf_keras resumes at the epoch and step it computes from the
@@ -227,17 +284,24 @@ def exact_backup_and_restore_class() -> type:
             else:  # One stream for every epoch.
                 pulls += epoch * (steps or 0)
             if pulls:
-                self._pull_before_training(pulls)
+                # Mid-epoch: the epoch's running means go on from the backup.
+                self._pull_before_training(pulls, metrics if step else None)
 
-        def _pull_before_training(self, pulls: int) -> None:
-            """Pulls `pulls` batches from the iterator before the first step."""
+        def _pull_before_training(self, pulls: int, metrics: Any) -> None:
+            """Pulls `pulls` batches from the iterator before the first step.
+
+            With `metrics`, the compiled metrics take those values then
+            (after `fit` reset them as the epoch began).
+            """
             model = self.model
             original = model.train_function
 
             def train_function(iterator: Any) -> Any:
                 model.train_function = original
                 for _ in range(pulls):
-                    next(iterator)  # Trained on before the interruption.
+                    data = next(iterator)  # Trained on before the interruption.
+                if metrics is not None:
+                    _load_metrics(model, data, metrics)
                 return original(iterator)
 
             model.train_function = train_function
@@ -248,7 +312,7 @@ def exact_backup_and_restore_class() -> type:
             if not self._random_checked:  # Traced by now.
                 _resume_state.warn_if_kernel_state_random(self.model.train_function)
                 self._random_checked = True
-            self._host.assign(json.dumps(_host_state()))
+            self._host.assign(json.dumps(_host_state(self.model)))
             self._manager.save()
 
         def on_train_end(self, logs: Any = None) -> None:
