@@ -320,15 +320,21 @@ GAN = SCRIPTS / "resumable_gan.py"
 
 
 @pytest.mark.slow
-def test_a_gan_with_two_optimizers_resumes_exactly(tmp_path):
+@pytest.mark.parametrize(
+    "keras_args", [(), ("--tf-keras",)], ids=["keras3", "tf_keras"]
+)
+def test_a_gan_with_two_optimizers_resumes_exactly(tmp_path, keras_args):
     # keras.io's DCGAN form: the optimizers of a custom compile are built in
     # the first step, after Keras's resume loaded (skipped) them.
+    if keras_args:
+        pytest.importorskip("tf_keras")
     full = tmp_path / "full.json"
-    _run(GAN, full, str(tmp_path / "full-backup"))
+    _run(GAN, full, str(tmp_path / "full-backup"), *keras_args)
     steps = json.loads(full.read_text())["steps"]
-    resumed = _interrupted_and_resumed(tmp_path / "a", GAN, interrupt=("--kill", "1:3"))
+    kill = ("--kill", "1:3")
+    resumed = _interrupted_and_resumed(tmp_path / "a", GAN, *keras_args, interrupt=kill)
     control = _interrupted_and_resumed(
-        tmp_path / "b", GAN, "--unpatched", interrupt=("--kill", "1:3")
+        tmp_path / "b", GAN, "--unpatched", *keras_args, interrupt=kill
     )
     assert resumed == _digest(full) != control
     assert json.loads((tmp_path / "a" / "resumed.json").read_text())["steps"] == steps

@@ -130,33 +130,18 @@ def _restore_host_state(text: str, source: str) -> list[Any]:
 
 
 def _load_metrics(model: Any, data: Any, saved: list[Any]) -> None:
-    """Builds `model`'s compiled metrics and gives them the saved values.
+    """Gives `model`'s metrics the saved values (building them if need be).
 
     A resume in an epoch's middle continues the epoch's running means (the
-    loss, the metrics) where the backup left them. tf_keras builds its
-    compiled loss and metrics in the first traced step, from the structure
-    of the labels and outputs: built here from one batch's labels and
-    zeros shaped as the outputs (no op of the model runs, nothing is drawn).
+    loss, the metrics) where the backup left them.
     """
-    import tensorflow as tf
-    from tf_keras.src.engine import data_adapter
-
-    _, labels, _ = data_adapter.unpack_x_y_sample_weight(data)
-    outputs = getattr(model, "_nested_outputs", None)
-    if labels is None or outputs is None:
-        _say_metrics_start_over(model, "a model without symbolic outputs")
-        return
-    batch = tf.shape(tf.nest.flatten(labels)[0])[0]
-    try:
-        predictions = tf.nest.map_structure(
-            lambda output: tf.zeros([batch, *output.shape[1:]], output.dtype), outputs
-        )
-    except (TypeError, ValueError):  # An output dimension known only when run.
-        _say_metrics_start_over(model, "outputs of unknown shape")
-        return
-    model.compiled_loss.build(predictions)
-    model.compiled_metrics.build(predictions, labels)
     variables = _metric_variables(model)
+    if len(variables) != len(saved):  # Compiled metrics, not built yet.
+        unbuildable = _build_compiled_metrics(model, data)
+        if unbuildable is not None:
+            _say_metrics_start_over(model, unbuildable)
+            return
+        variables = _metric_variables(model)
     if len(variables) != len(saved):
         _say_metrics_start_over(
             model, f"{len(saved)} values saved, {len(variables)} now"
@@ -164,6 +149,32 @@ def _load_metrics(model: Any, data: Any, saved: list[Any]) -> None:
         return
     for variable, value in zip(variables, saved, strict=True):
         variable.assign(value)
+
+
+def _build_compiled_metrics(model: Any, data: Any) -> str | None:
+    """Builds the compiled loss and metrics; why not, if they cannot be.
+
+    tf_keras builds them in the first traced step, from the structure of
+    the labels and outputs: built here from one batch's labels and zeros
+    shaped as the outputs (no op of the model runs, nothing is drawn).
+    """
+    import tensorflow as tf
+    from tf_keras.src.engine import data_adapter
+
+    _, labels, _ = data_adapter.unpack_x_y_sample_weight(data)
+    outputs = getattr(model, "_nested_outputs", None)
+    if labels is None or outputs is None:
+        return "a model without symbolic outputs"
+    batch = tf.shape(tf.nest.flatten(labels)[0])[0]
+    try:
+        predictions = tf.nest.map_structure(
+            lambda output: tf.zeros([batch, *output.shape[1:]], output.dtype), outputs
+        )
+    except (TypeError, ValueError):  # An output dimension known only when run.
+        return "outputs of unknown shape"
+    model.compiled_loss.build(predictions)
+    model.compiled_metrics.build(predictions, labels)
+    return None
 
 
 def _say_metrics_start_over(model: Any, why: str) -> None:

@@ -1,6 +1,7 @@
 """A GAN that BackupAndRestore resumes: keras.io's DCGAN form, two optimizers.
 
-`python resumable_gan.py OUT BACKUP [--save-freq N] [--kill E:B] [--unpatched]`:
+`python resumable_gan.py OUT BACKUP [--save-freq N] [--kill E:B] [--unpatched]
+[--tf-keras]`:
 trains 3 epochs of 128 samples (8 batches of 16) of a Dense generator and
 discriminator under `tfdet.enable(seed=5)`, with a custom `compile` that
 sets `d_optimizer` and `g_optimizer` and a `train_step` that draws its
@@ -8,7 +9,9 @@ latent vectors and label noise from the model's own `SeedGenerator` (as
 keras.io's "DCGAN overriding train_step" does). Writes the final weights'
 digest and both optimizers' step counts to OUT. `--kill E:B` kills the
 process (SIGKILL) after batch B of epoch E; `--unpatched` leaves out tfdet's
-`keras_backup_and_restore` patch.
+`keras_backup_and_restore` patch; `--tf-keras` builds it with tf_keras, its
+noise drawn from a `tf.random.Generator` the model tracks (tf_keras has no
+`SeedGenerator`).
 """
 
 import argparse
@@ -16,6 +19,7 @@ import hashlib
 import json
 import os
 import signal
+import types
 
 import tfdet
 from tfdet.patches import _registry
@@ -26,7 +30,10 @@ parser.add_argument("backup")
 parser.add_argument("--save-freq", default="1")
 parser.add_argument("--kill")
 parser.add_argument("--unpatched", action="store_true")
+parser.add_argument("--tf-keras", action="store_true")
 args = parser.parse_args()
+if args.tf_keras:
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
 patches = [
     name
@@ -35,10 +42,19 @@ patches = [
 ]
 tfdet.enable(seed=5, patches=patches)
 
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from keras import ops  # noqa: E402
+
+if args.tf_keras:
+    import tf_keras as keras
+
+    # What the step uses of `keras.ops`.
+    ops = types.SimpleNamespace(
+        shape=tf.shape, concatenate=tf.concat, ones=tf.ones, zeros=tf.zeros
+    )
+else:
+    import keras
+    from keras import ops
 
 LATENT = 8
 
@@ -48,7 +64,20 @@ class GAN(keras.Model):
         super().__init__()
         self.discriminator = discriminator
         self.generator = generator
-        self.seed_generator = keras.random.SeedGenerator(1337)
+        if args.tf_keras:
+            self.seed_generator = tf.random.Generator.from_seed(1337)
+        else:
+            self.seed_generator = keras.random.SeedGenerator(1337)
+
+    def normal(self, shape):
+        if args.tf_keras:
+            return self.seed_generator.normal(shape)
+        return keras.random.normal(shape, seed=self.seed_generator)
+
+    def uniform(self, shape):
+        if args.tf_keras:
+            return self.seed_generator.uniform(shape)
+        return keras.random.uniform(shape, seed=self.seed_generator)
 
     def compile(self, d_optimizer, g_optimizer, loss_fn):
         super().compile()
@@ -67,19 +96,17 @@ class GAN(keras.Model):
 
     def train_step(self, real):
         batch = ops.shape(real)[0]
-        latent = keras.random.normal((batch, LATENT), seed=self.seed_generator)
+        latent = self.normal((batch, LATENT))
         combined = ops.concatenate([self.generator(latent), real], axis=0)
         labels = ops.concatenate([ops.ones((batch, 1)), ops.zeros((batch, 1))], 0)
-        labels += 0.05 * keras.random.uniform(
-            ops.shape(labels), seed=self.seed_generator
-        )
+        labels += 0.05 * self.uniform(ops.shape(labels))
         with tf.GradientTape() as tape:
             d_loss = self.loss_fn(labels, self.discriminator(combined))
         weights = self.discriminator.trainable_weights
         self.d_optimizer.apply_gradients(
             zip(tape.gradient(d_loss, weights), weights, strict=True)
         )
-        latent = keras.random.normal((batch, LATENT), seed=self.seed_generator)
+        latent = self.normal((batch, LATENT))
         with tf.GradientTape() as tape:
             fake = self.discriminator(self.generator(latent))
             g_loss = self.loss_fn(ops.zeros((batch, 1)), fake)
