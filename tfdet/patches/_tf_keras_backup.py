@@ -30,7 +30,9 @@ a JSON string, never pickled.
 A resume in an epoch's middle also gives the compiled loss and metrics
 their running values. Not resumable exactly: a `keras.utils.Sequence` or
 `DatasetCreator` input (its order is drawn as its iterator runs, outside
-any saved state); tfdet warns at such a resume.
+any saved state), and one stream for every epoch whose epoch length tf_keras
+does not know (a generator without `steps_per_epoch`); tfdet warns at such
+a resume.
 """
 
 from __future__ import annotations
@@ -57,8 +59,8 @@ _RESTORED_BY = "_tfdet_restored_by"
 # Inputs whose order is drawn while their iterator runs (a Sequence's
 # shuffle, a DatasetCreator's function): a resume cannot replay it.
 _UNREPLAYABLE_ADAPTERS = {
-    "KerasSequenceAdapter": "keras.utils.Sequence",
-    "DatasetCreatorAdapter": "DatasetCreator",
+    "KerasSequenceAdapter": "keras.utils.Sequence input (its order is drawn as it runs)",
+    "DatasetCreatorAdapter": "DatasetCreator input (its order is drawn as it runs)",
 }
 
 
@@ -274,15 +276,19 @@ def exact_backup_and_restore_class() -> type:
             epoch, step = self._training_state.maybe_load_initial_counters_from_ckpt(
                 steps, 0, mode=ModeKeys.TRAIN
             )
-            handler = getattr(model, _DATA_HANDLER)
-            adapter = handler._adapter
+            handler = getattr(model, _DATA_HANDLER, None)
+            adapter = None if handler is None else handler._adapter
             unreplayable = _UNREPLAYABLE_ADAPTERS.get(type(adapter).__name__)
+            if adapter is None:
+                unreplayable = "fit input tfdet did not see made into batches"
+            elif not adapter.should_recreate_iterator() and steps is None and epoch:
+                unreplayable = "input of unknown length per epoch"
             if unreplayable is not None:
                 warnings.warn(
-                    f"tfdet: a {unreplayable} input is not "
-                    "resumable exactly: its order is drawn while its iterator "
-                    "runs, outside the backup. Give fit a tf.data.Dataset or "
-                    "arrays to resume bit for bit.",
+                    f"tfdet: a {unreplayable} is not resumable exactly: "
+                    "where its finished epochs left it is not in the backup. "
+                    "Give fit a tf.data.Dataset, arrays, or a generator with "
+                    "steps_per_epoch to resume bit for bit.",
                     stacklevel=2,
                 )
                 return
@@ -293,7 +299,7 @@ def exact_backup_and_restore_class() -> type:
                 for _ in range(epoch):
                     iter(handler._dataset)
             else:  # One stream for every epoch.
-                pulls += epoch * (steps or 0)
+                pulls += epoch * steps
             if pulls:
                 # Mid-epoch: the epoch's running means go on from the backup.
                 self._pull_before_training(pulls, metrics if step else None)
