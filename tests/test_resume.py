@@ -633,15 +633,19 @@ def test_one_stream_for_every_epoch_resumes_at_its_position(tmp_path, data):
 
 
 @pytest.mark.slow
-def test_a_manual_resume_from_a_saved_model_says_it_is_not_exact(tmp_path):
+@pytest.mark.parametrize("keras_args", [[], ["tf_keras"]], ids=["keras3", "tf_keras"])
+def test_a_manual_resume_from_a_saved_model_says_it_is_not_exact(tmp_path, keras_args):
     # ModelCheckpoint + load_model + fit(initial_epoch=2): the saved model
     # holds no seed state, so the resumed epochs replay the first epochs'
     # Dropout masks: other bits, and tfdet says so (the run that never
     # stopped, which starts at epoch 0, is not warned).
+    if keras_args:
+        pytest.importorskip("tf_keras")
     script = SCRIPTS / "model_checkpoint_resume.py"
 
     def run(out, checkpoint, mode):
-        code = f"import runpy, sys; sys.argv = {[str(script), str(out), str(checkpoint), mode]!r}\n"
+        argv = [str(script), str(out), str(checkpoint), mode, *keras_args]
+        code = f"import runpy, sys; sys.argv = {argv!r}\n"
         code += f"runpy.run_path({str(script)!r}, run_name='__main__')"
         return run_python(code, env=clean_env(PYTHONHASHSEED="0"))
 

@@ -15,6 +15,7 @@ import os
 import random
 import stat
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 # Random ops that keep their state in their kernel (seeded once, advanced on
@@ -186,3 +187,41 @@ def set_globals(pair: Any) -> None:
     python, numpy_state = pair
     random.setstate(python)
     np.random.set_state(numpy_state)
+
+
+def warn_if_resumed_without_state(
+    fit_kwargs: dict[str, Any], fresh_random_layers: Callable[[], list[str]]
+) -> None:
+    """Says so when `fit(initial_epoch=E)` continues a model that lost its state.
+
+    The manual resume of Keras's docs (`ModelCheckpoint`, `load_model`,
+    `fit(initial_epoch=E)`) restores weights and optimizer only: the random
+    layers' seed states start over (a saved model holds none), so the
+    resumed epochs draw the first epochs' Dropout masks again, and the
+    weights differ from those of the run that never stopped.
+
+    Args:
+        fit_kwargs: The keyword arguments of the `fit` call.
+        fresh_random_layers: The names of the model's random layers at their
+            first state (asked only for a resumed fit without an exact
+            `BackupAndRestore`).
+    """
+    initial_epoch = fit_kwargs.get("initial_epoch") or 0
+    callbacks = fit_kwargs.get("callbacks") or []
+    callbacks = getattr(callbacks, "callbacks", callbacks)  # A CallbackList.
+    if initial_epoch <= 0 or any(
+        getattr(callback, "_tfdet_exact", False) for callback in callbacks
+    ):
+        return
+    fresh = fresh_random_layers()
+    if fresh:
+        warnings.warn(
+            f"tfdet: fit(initial_epoch={initial_epoch}) continues a model whose "
+            f"random layers ({', '.join(fresh[:3])}"
+            f"{', ...' if len(fresh) > 3 else ''}) start from their first state "
+            "(a saved model holds no seed state): the resumed epochs draw the "
+            "first epochs' masks again, so this resume is not exact. "
+            "keras.callbacks.BackupAndRestore resumes exactly under tfdet; in a "
+            "custom loop, put tfdet.random_state(model) in the checkpoint.",
+            stacklevel=4,
+        )

@@ -366,9 +366,42 @@ def _record_data_handler(original: Any) -> Any:
     return get_data_handler
 
 
+# Note on a tf_keras `RandomGenerator`: its generator's state when made.
+_FIRST_STATE = "_tfdet_first_state"
+
+
+def _note_first_state(original: Any) -> Any:
+    @functools.wraps(original)
+    def _maybe_init(self: Any) -> None:
+        original(self)
+        generator = self._generator
+        if generator is not None and not hasattr(self, _FIRST_STATE):
+            setattr(self, _FIRST_STATE, generator.state.numpy().copy())
+
+    return _maybe_init
+
+
+def _fresh_random_layers(model: Any) -> list[str]:
+    """Random layers whose generator has drawn nothing yet (a loaded model's)."""
+    import numpy as np
+
+    fresh = []
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        random_generator = getattr(layer, "_random_generator", None)
+        first = getattr(random_generator, _FIRST_STATE, None)
+        if first is not None and np.array_equal(
+            random_generator._generator.state.numpy(), first
+        ):
+            fresh.append(layer.name)
+    return fresh
+
+
 def _wrap_fit(original: Any) -> Any:
     @functools.wraps(original)
     def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _resume_state.warn_if_resumed_without_state(
+            kwargs, lambda: _fresh_random_layers(self)
+        )
         object.__setattr__(self, _RESTORED_BY, None)
         return original(self, *args, **kwargs)
 
@@ -385,6 +418,11 @@ def install(swap: Any) -> None:
     # What `tf_keras.backend.experimental.enable_tf_random_generator()` sets:
     # the layers made from now on keep their state in a variable.
     swap.attribute(backend, "_USE_GENERATOR_FOR_RNG", True)
+    swap.attribute(
+        backend.RandomGenerator,
+        "_maybe_init",
+        _note_first_state(backend.RandomGenerator._maybe_init),
+    )
     keras_own = callbacks.BackupAndRestore
     exact = exact_backup_and_restore_class()
     for name in (

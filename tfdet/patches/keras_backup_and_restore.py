@@ -579,37 +579,15 @@ def _fast_forward(data: Any, epochs: int) -> None:
 
 
 def _warn_if_resumed_without_state(model: Any, kwargs: dict[str, Any]) -> None:
-    """Says so when `fit(initial_epoch=E)` continues a model that lost its state.
-
-    The manual resume of Keras's docs (`ModelCheckpoint`, `load_model`,
-    `fit(initial_epoch=E)`) restores weights and optimizer only: the random
-    layers' seed states start over (a saved model holds none), so the
-    resumed epochs draw the first epochs' Dropout masks again, and the
-    weights differ from those of the run that never stopped.
-    """
-    initial_epoch = kwargs.get("initial_epoch") or 0
-    callbacks = kwargs.get("callbacks") or []
-    callbacks = getattr(callbacks, "callbacks", callbacks)  # A CallbackList.
-    if initial_epoch <= 0 or any(
-        getattr(callback, "_tfdet_exact", False) for callback in callbacks
-    ):
-        return
-    fresh = [
-        name
-        for name, generator in seed_generators(model)
-        if int(generator.state.numpy()[1]) == 0
-    ]
-    if fresh:
-        warnings.warn(
-            f"tfdet: fit(initial_epoch={initial_epoch}) continues a model whose "
-            f"random layers ({', '.join(fresh[:3])}"
-            f"{', ...' if len(fresh) > 3 else ''}) start from their first state "
-            "(a saved model holds no seed state): the resumed epochs draw the "
-            "first epochs' masks again, so this resume is not exact. "
-            "keras.callbacks.BackupAndRestore resumes exactly under tfdet; in a "
-            "custom loop, put tfdet.random_state(model) in the checkpoint.",
-            stacklevel=3,
-        )
+    """`_resume_state.warn_if_resumed_without_state` for a Keras 3 `fit`."""
+    _resume_state.warn_if_resumed_without_state(
+        kwargs,
+        lambda: [
+            name
+            for name, generator in seed_generators(model)
+            if int(generator.state.numpy()[1]) == 0
+        ],
+    )
 
 
 def _wrap_fit(original: Any) -> Any:

@@ -1,10 +1,11 @@
 """The manual resume of Keras's docs: ModelCheckpoint, load_model, initial_epoch.
 
-`python model_checkpoint_resume.py OUT CHECKPOINT full|kill|resume`: under
+`python model_checkpoint_resume.py OUT CHECKPOINT full|kill|resume [tf_keras]`: under
 `tfdet.enable(seed=3)`, a Dense + Dropout model trains 4 epochs of 256
 shuffled samples, saving CHECKPOINT (`.keras`) after each epoch; `kill` kills
 the process (SIGKILL) after epoch 2, `resume` loads CHECKPOINT and continues
-with `fit(initial_epoch=2)`. OUT gets the final weights' digest.
+with `fit(initial_epoch=2)`; `tf_keras` builds it with tf_keras. OUT gets the
+final weights' digest.
 """
 
 import hashlib
@@ -15,12 +16,18 @@ import sys
 
 import tfdet
 
+out, checkpoint, mode = sys.argv[1:4]
+if sys.argv[4:] == ["tf_keras"]:
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
 tfdet.enable(seed=3)
 
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-out, checkpoint, mode = sys.argv[1:4]
+if sys.argv[4:] == ["tf_keras"]:
+    import tf_keras as keras
+else:
+    import keras
+
 rng = np.random.RandomState(0)
 x = rng.standard_normal((256, 16)).astype(np.float32)
 y = keras.utils.to_categorical(rng.randint(0, 4, 256), 4)
