@@ -426,24 +426,60 @@ def _float(value: Any) -> float | None:
 
 
 @dataclasses.dataclass(frozen=True)
+class ScriptTraining:
+    """What a finished run of `tfdet check --script` trained and recorded.
+
+    Attributes:
+        end: How the script ended (`"completed"`, `"raised"`, ...).
+        entry_points: How it trained (`fit`, `train_on_batch`, a custom loop).
+        keras: Which Keras its trainings used (`"Keras 3"`, `"tf_keras"`).
+        steps_recorded: Steps recorded over all its trainings.
+        trainings: One entry per training (`name`, `steps`, its trace file,
+            and `updates` for a loop whose steps run in a tf.function).
+        xla: Whether XLA compiled its steps (`on`), and the notice of a
+            `jit_compile=True` that Keras dropped (`notice`, or None).
+        own_copies: `{file outside the runs' directories: the run's own copy
+            of it}` (training state a resume reads back).
+    """
+
+    end: str
+    entry_points: tuple[str, ...]
+    keras: tuple[str, ...]
+    steps_recorded: int
+    trainings: tuple[dict[str, Any], ...]
+    xla: dict[str, Any]
+    own_copies: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "end": self.end,
+            "entry_points": list(self.entry_points),
+            "keras": list(self.keras),
+            "steps_recorded": self.steps_recorded,
+            "trainings": list(self.trainings),
+            "xla": self.xla,
+            "own_copies": dict(self.own_copies),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
 class ScriptRunReport:
     """One run of `tfdet check --script`.
 
     Attributes:
         facts: What is said of every run (as `RunReport.facts`).
-        trained: What a finished run trained: `end` (how the script ended),
-            `entry_points`, `keras` (which Keras each training used),
-            `steps_recorded`, `trainings` (one entry per model trained),
-            `xla`; None for a run that failed.
+        trained: What a finished run trained, or None for a run that failed.
         stderr_tail: The end of a failed run's stderr, or None.
     """
 
     facts: dict[str, Any]
-    trained: dict[str, Any] | None = None
+    trained: ScriptTraining | None = None
     stderr_tail: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out = {**self.facts, **(self.trained or {})}
+        out = dict(self.facts)
+        if self.trained is not None:
+            out.update(self.trained.to_dict())
         if self.stderr_tail is not None:
             out["stderr_tail"] = self.stderr_tail
         return out

@@ -26,7 +26,12 @@ from tfdet._pin import _isa, _settings
 from tfdet._record import _diff, _trace
 from tfdet._runs import _perturb, _protocol, _spawn, _target, _workdir
 from tfdet._runs._options import RunOptions
-from tfdet._runs._report import ScriptCheckReport, ScriptRunReport, control_of
+from tfdet._runs._report import (
+    ScriptCheckReport,
+    ScriptRunReport,
+    ScriptTraining,
+    control_of,
+)
 from tfdet._runs._spawn import ProgressFn
 from tfdet._setup import _enable
 
@@ -215,15 +220,15 @@ def _run_report(run: _ScriptRun) -> ScriptRunReport:
     result = outcome.result
     return ScriptRunReport(
         outcome.facts(),
-        trained={
-            "end": result["end"],
-            "entry_points": result["entry_points"],
-            "keras": result["keras"],
-            "steps_recorded": result["steps_recorded"],
-            "trainings": result["traces"],
-            "xla": result["xla"],
-            "own_copies": result.get("own_copies", {}),
-        },
+        trained=ScriptTraining(
+            end=result["end"],
+            entry_points=tuple(result["entry_points"]),
+            keras=tuple(result["keras"]),
+            steps_recorded=result["steps_recorded"],
+            trainings=tuple(result["traces"]),
+            xla=result["xla"],
+            own_copies=result.get("own_copies", {}),
+        ),
     )
 
 
@@ -308,13 +313,12 @@ def check_script(
     else:
         code = EXIT_DIVERGED if divergence else EXIT_OK
     reports = tuple(_run_report(r) for r in runs)
-    notices = {
-        ((report.trained or {}).get("xla") or {}).get("notice") for report in reports
-    } | {
+    trained = [report.trained for report in reports if report.trained is not None]
+    notices = {each.xla.get("notice") for each in trained} | {
         f"{path}: outside the runs' directories, so each run kept its own copy "
         "(training state a resume reads back)"
-        for report in reports
-        for path in (report.trained or {}).get("own_copies", {})
+        for each in trained
+        for path in each.own_copies
     }
     report = ScriptCheckReport(
         script=options.script,
