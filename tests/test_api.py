@@ -180,13 +180,18 @@ print(json.dumps({{"verdict": report.verdict, "target": report.to_dict()["target
 
 
 def test_a_printed_script_report_says_its_verdict_and_cause_first():
-    from tfdet._runs._report import ScriptCheckReport
+    from tfdet._runs._report import ScriptCheckReport, ScriptDivergence
 
+    divergence = ScriptDivergence(
+        training="fit #1 (model sequential)",
+        found={"step": 0, "quantity": "loss"},
+        description="step 0: loss 0.5 vs 0.25",
+        runs=(0, 1),
+    )
     report = ScriptCheckReport(
         script="train.py", args=(), enable=True, seed=0, threads=1,
         runs_per_check=2, max_steps=None, perturbations=("hashseed",),
-        perturbations_skipped={}, run_reports=(),
-        divergence={"description": "step 0: loss 0.5 vs 0.25"},
+        perturbations_skipped={}, run_reports=(), divergence=divergence,
         nothing_trained=False, shared_writes=(), notices=(), exit_code=1,
     )  # fmt: skip
     assert str(report).splitlines() == [

@@ -22,10 +22,15 @@ VERDICTS = {EXIT_OK: "identical", EXIT_DIVERGED: "diverged", EXIT_RUN_FAILED: "f
 def control_of(plain: CheckReport | ScriptCheckReport) -> dict[str, Any]:
     """What a check without tfdet found, for the report of the check with it."""
     divergence = plain.divergence
+    if isinstance(divergence, ScriptDivergence):
+        description: str | None = divergence.description
+    else:
+        # `CheckReport.divergence` is the dict its Python API documents.
+        description = None if divergence is None else divergence["description"]
     return {
         "verdict": plain.verdict,
         "exit_code": plain.exit_code,
-        "divergence": None if divergence is None else divergence["description"],
+        "divergence": description,
     }
 
 
@@ -486,6 +491,43 @@ class ScriptRunReport:
 
 
 @dataclasses.dataclass(frozen=True)
+class ScriptDivergence:
+    """The first difference between two runs of `tfdet check --script`.
+
+    Attributes:
+        training: The training it is in (`"fit #1 (model sequential)"`), or
+            None when the runs trained differently.
+        found: What differs, as the JSON report spells it: a recorded step's
+            `tfdet._record._diff.Divergence.to_dict()` (step, epoch,
+            quantity, expected, received, ulps, detail); or `quantity`
+            (`"trainings"`, `"final weights:VARIABLE"`) with run a's and run
+            b's values `a` and `b`; or nothing, when only one run recorded
+            steps.
+        description: The same in one sentence.
+        runs: The two runs' indices.
+        attribution: Which perturbation separates the runs (`alone`,
+            `responsible`, `verdict`), or None when not attributed.
+    """
+
+    training: str | None
+    found: dict[str, Any]
+    description: str
+    runs: tuple[int, int]
+    attribution: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "training": self.training,
+            **self.found,
+            "description": self.description,
+            "runs": list(self.runs),
+        }
+        if self.attribution is not None:
+            out["attribution"] = self.attribution
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
 class ScriptCheckReport:
     """What `tfdet check --script` found; `to_dict()` is its `--json` report.
 
@@ -500,8 +542,7 @@ class ScriptCheckReport:
         perturbations: The perturbations asked for.
         perturbations_skipped: `{perturbation: why it was not applied}`.
         run_reports: Every run's report.
-        divergence: The first difference (`training`, `quantity`,
-            `description`, `runs`, ...), or None.
+        divergence: The first difference between two runs, or None.
         nothing_trained: Whether the runs finished without training a step.
         shared_writes: Files outside the runs' own directories that they
             changed (their bits were not compared in isolation).
@@ -521,7 +562,7 @@ class ScriptCheckReport:
     perturbations: tuple[str, ...]
     perturbations_skipped: dict[str, str]
     run_reports: tuple[ScriptRunReport, ...]
-    divergence: dict[str, Any] | None
+    divergence: ScriptDivergence | None
     nothing_trained: bool
     shared_writes: tuple[str, ...]
     notices: tuple[str, ...]
@@ -548,7 +589,7 @@ class ScriptCheckReport:
             )
         ]
         if self.divergence is not None:
-            lines.append(f"  first divergence: {self.divergence['description']}")
+            lines.append(f"  first divergence: {self.divergence.description}")
         if self.nothing_trained:
             lines.append("  the runs trained nothing")
         lines.extend(f"  {notice}" for notice in self.notices)
@@ -571,7 +612,9 @@ class ScriptCheckReport:
             "perturbations": list(self.perturbations),
             "perturbations_skipped": dict(self.perturbations_skipped),
             "run_reports": [run.to_dict() for run in self.run_reports],
-            "divergence": self.divergence,
+            "divergence": None
+            if self.divergence is None
+            else self.divergence.to_dict(),
             "nothing_trained": self.nothing_trained,
             "shared_writes": list(self.shared_writes),
             "notices": list(self.notices),

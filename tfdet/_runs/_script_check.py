@@ -28,6 +28,7 @@ from tfdet._runs import _perturb, _protocol, _spawn, _target, _workdir
 from tfdet._runs._options import RunOptions
 from tfdet._runs._report import (
     ScriptCheckReport,
+    ScriptDivergence,
     ScriptRunReport,
     ScriptTraining,
     control_of,
@@ -112,8 +113,9 @@ def _read(outcome: _spawn.RunOutcome) -> _ScriptRun:
     return _ScriptRun(outcome, traces)
 
 
-def first_script_divergence(a: _ScriptRun, b: _ScriptRun) -> dict[str, Any] | None:
+def first_script_divergence(a: _ScriptRun, b: _ScriptRun) -> ScriptDivergence | None:
     """The first difference between two finished runs, or None."""
+    runs = (a.outcome.setup.index, b.outcome.setup.index)
     entries_a, entries_b = a.outcome.result["traces"], b.outcome.result["traces"]
     names_a = [e["name"] for e in entries_a]
     names_b = [e["name"] for e in entries_b]
@@ -122,26 +124,28 @@ def first_script_divergence(a: _ScriptRun, b: _ScriptRun) -> dict[str, Any] | No
             break
         if ta is None or tb is None:
             if (ta is None) != (tb is None):
-                return {
-                    "training": names_a[k],
-                    "description": f"{names_a[k]}: recorded steps in only one run",
-                }
+                return ScriptDivergence(
+                    training=names_a[k],
+                    found={},
+                    description=f"{names_a[k]}: recorded steps in only one run",
+                    runs=runs,
+                )
             continue
         divergence = _diff.compare(ta, tb).divergence
         if divergence is not None:
-            return {
-                "training": names_a[k],
-                **divergence.to_dict(),
-                "description": f"{names_a[k]}: {divergence.describe()}",
-            }
+            return ScriptDivergence(
+                training=names_a[k],
+                found=divergence.to_dict(),
+                description=f"{names_a[k]}: {divergence.describe()}",
+                runs=runs,
+            )
     if names_a != names_b:
-        return {
-            "training": None,
-            "quantity": "trainings",
-            "a": names_a,
-            "b": names_b,
-            "description": f"the runs trained differently: {names_a} vs {names_b}",
-        }
+        return ScriptDivergence(
+            training=None,
+            found={"quantity": "trainings", "a": names_a, "b": names_b},
+            description=f"the runs trained differently: {names_a} vs {names_b}",
+            runs=runs,
+        )
     finals_a = a.outcome.result["final_weights"]
     finals_b = b.outcome.result["final_weights"]
     for entry in entries_a:
@@ -154,14 +158,16 @@ def first_script_divergence(a: _ScriptRun, b: _ScriptRun) -> dict[str, Any] | No
                     if entry["steps"]
                     else "its steps run in a tf.function and were not recorded"
                 )
-                return {
-                    "training": name,
-                    "quantity": f"final weights:{variable}",
-                    "a": digest,
-                    "b": other,
-                    "description": f"{name}: final weights of {variable} differ "
-                    f"({why})",
-                }
+                return ScriptDivergence(
+                    training=name,
+                    found={
+                        "quantity": f"final weights:{variable}",
+                        "a": digest,
+                        "b": other,
+                    },
+                    description=f"{name}: final weights of {variable} differ ({why})",
+                    runs=runs,
+                )
     return None
 
 
@@ -296,10 +302,12 @@ def check_script(
             for other in runs[1:]:
                 divergence = first_script_divergence(runs[0], other)
                 if divergence is not None:
-                    divergence["runs"] = [0, other.outcome.setup.index]
                     if run.attribute:
-                        divergence["attribution"] = _attribute(
-                            runs[0], other, run_in_mirrors, progress
+                        divergence = dataclasses.replace(
+                            divergence,
+                            attribution=_attribute(
+                                runs[0], other, run_in_mirrors, progress
+                            ),
                         )
                     break
         shared = _workdir.shared_writes(list(mirrors.values()))
