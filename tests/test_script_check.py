@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from tests.conftest import REPO, run_tfdet
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE
 from tfdet._runs import _script_check, _target
+from tfdet._runs._report import ScriptDivergence, ScriptRunReport, ScriptTraining
 
 SCRIPTS = REPO / "tests" / "targets" / "scripts"
 
@@ -274,3 +276,39 @@ def test_a_script_checks_control_runs_it_without_tfdet(tmp_path):
     assert code == EXIT_OK, output
     assert report["control"]["verdict"] == "diverged"
     assert "so tfdet is what made these runs identical" in output
+
+
+def test_a_script_reports_json_keeps_its_fields_and_their_order():
+    # The `--json` report is a contract: the typed records write the fields
+    # the dicts they replaced wrote, in that order, and leave out the same.
+    divergence = ScriptDivergence(
+        training="fit #1 (model sequential)",
+        found={"step": 3, "quantity": "data"},
+        description="fit #1 (model sequential): bits diverged at step 3",
+        runs=(0, 1),
+    )
+    assert list(divergence.to_dict()) == [
+        "training", "step", "quantity", "description", "runs",
+    ]  # fmt: skip
+    assert divergence.to_dict()["runs"] == [0, 1]
+    attributed = dataclasses.replace(divergence, attribution={"verdict": "separated"})
+    assert list(attributed.to_dict())[-1] == "attribution"
+
+    facts = {"index": 1, "ok": True}
+    trained = ScriptTraining(
+        end="completed", entry_points=("fit",), keras=("Keras 3",),
+        steps_recorded=2, trainings=({"name": "fit #1", "steps": 2},),
+        xla={"on": False, "notice": None}, own_copies={},
+    )  # fmt: skip
+    assert ScriptRunReport(facts, trained=trained).to_dict() == {
+        **facts,
+        "end": "completed",
+        "entry_points": ["fit"],
+        "keras": ["Keras 3"],
+        "steps_recorded": 2,
+        "trainings": [{"name": "fit #1", "steps": 2}],
+        "xla": {"on": False, "notice": None},
+        "own_copies": {},
+    }
+    failed = ScriptRunReport({"index": 1, "ok": False}, stderr_tail="Traceback")
+    assert failed.to_dict() == {"index": 1, "ok": False, "stderr_tail": "Traceback"}
