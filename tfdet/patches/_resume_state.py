@@ -86,6 +86,54 @@ def eager_seed_generator() -> Any:
     return getattr(context.context(), "_rng", None)
 
 
+def host_generators() -> dict[str, Any]:
+    """The host's generators now: Python's, NumPy's, TF's eager op seeds."""
+    import numpy as np
+
+    eager = eager_seed_generator()
+    return {
+        "python_random": random.getstate(),
+        "numpy_random": np.random.get_state(),
+        "eager_seed": None if eager is None else eager.getstate(),
+    }
+
+
+def encode_host_generators(state: dict[str, Any]) -> dict[str, Any]:
+    """`host_generators()`'s keys as JSON values (every bit kept)."""
+    eager = state["eager_seed"]
+    return {
+        "python_random": python_random(state["python_random"]),
+        "numpy_random": numpy_random(state["numpy_random"]),
+        "eager_seed": None if eager is None else python_random(eager),
+    }
+
+
+def decode_host_generators(data: dict[str, Any]) -> dict[str, Any]:
+    """Inverse of `encode_host_generators` (KeyError etc. on a bad file)."""
+    eager = data["eager_seed"]
+    return {
+        "python_random": from_python_random(data["python_random"]),
+        "numpy_random": from_numpy_random(data["numpy_random"]),
+        "eager_seed": None if eager is None else from_python_random(eager),
+    }
+
+
+def set_eager_seed(state: Any) -> None:
+    """Sets TF's eager op-seed generator to `state` (None: left as it is)."""
+    generator = eager_seed_generator()
+    if generator is not None and state is not None:
+        generator.setstate(state)
+
+
+def unreadable(source: str, state_format: int, error: Exception) -> RuntimeError:
+    """The error for a resume state that cannot be read back."""
+    return RuntimeError(
+        f"Expected {source} to hold a tfdet resume state (format {state_format}). "
+        f"Received: unreadable ({type(error).__name__}: {error}). Delete the "
+        "backup directory to start over."
+    )
+
+
 def same_position(first: tuple[str, Any], other: tuple[str, Any]) -> None:
     """Refuses two backups of one fit that hold different positions.
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import random
 import warnings
 from typing import Any
 
@@ -64,6 +63,16 @@ _UNREPLAYABLE_ADAPTERS = {
 }
 
 
+def _random_layers(model: Any) -> Any:
+    """`(layer, its tf_keras RandomGenerator)` for each random layer of `model`."""
+    from tf_keras.src import backend
+
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        generator = getattr(layer, "_random_generator", None)
+        if isinstance(generator, backend.RandomGenerator):
+            yield layer, generator
+
+
 def random_generators(model: Any) -> list[tuple[str, Any]]:
     """`(layer name, tf.random.Generator)` of each random tf_keras layer.
 
@@ -72,13 +81,8 @@ def random_generators(model: Any) -> list[tuple[str, Any]]:
     and a resumed one make theirs alike). Layers on legacy stateful kernels
     (made before `enable()`, or in graph mode) have none to save.
     """
-    from tf_keras.src import backend
-
     found = []
-    for layer in model._flatten_layers(include_self=True, recursive=True):
-        generator = getattr(layer, "_random_generator", None)
-        if not isinstance(generator, backend.RandomGenerator):
-            continue
+    for layer, generator in _random_layers(model):
         generator._maybe_init()
         if generator._generator is not None:
             found.append((layer.name, generator._generator))
@@ -90,20 +94,13 @@ def _metric_variables(model: Any) -> list[Any]:
 
 
 def _host_state(model: Any) -> dict[str, Any]:
-    import numpy as np
-
-    eager = _resume_state.eager_seed_generator()
     return {
         "format": HOST_STATE_FORMAT,
         "metrics": [
             _resume_state.array(variable.numpy())
             for variable in _metric_variables(model)
         ],
-        "python_random": _resume_state.python_random(random.getstate()),
-        "numpy_random": _resume_state.numpy_random(np.random.get_state()),
-        "eager_seed": None
-        if eager is None
-        else _resume_state.python_random(eager.getstate()),
+        **_resume_state.encode_host_generators(_resume_state.host_generators()),
     }
 
 
@@ -114,20 +111,11 @@ def _restore_host_state(text: str, source: str) -> list[Any]:
         if data["format"] != HOST_STATE_FORMAT:
             raise ValueError(f"format {data['format']!r}")
         metrics = [_resume_state.from_array(value) for value in data["metrics"]]
-        python = _resume_state.from_python_random(data["python_random"])
-        numpy_state = _resume_state.from_numpy_random(data["numpy_random"])
-        eager = data["eager_seed"]
-        eager = None if eager is None else _resume_state.from_python_random(eager)
+        host = _resume_state.decode_host_generators(data)
     except (KeyError, TypeError, ValueError) as error:
-        raise RuntimeError(
-            f"Expected {source} to hold a tfdet resume state (format "
-            f"{HOST_STATE_FORMAT}). Received: unreadable ({type(error).__name__}: "
-            f"{error}). Delete the backup directory to start over."
-        ) from None
-    _resume_state.set_globals((python, numpy_state))
-    generator = _resume_state.eager_seed_generator()
-    if generator is not None and eager is not None:
-        generator.setstate(eager)
+        raise _resume_state.unreadable(source, HOST_STATE_FORMAT, error) from None
+    _resume_state.set_globals((host["python_random"], host["numpy_random"]))
+    _resume_state.set_eager_seed(host["eager_seed"])
     return metrics
 
 
@@ -385,15 +373,12 @@ def _fresh_random_layers(model: Any) -> list[str]:
     """Random layers whose generator has drawn nothing yet (a loaded model's)."""
     import numpy as np
 
-    fresh = []
-    for layer in model._flatten_layers(include_self=True, recursive=True):
-        random_generator = getattr(layer, "_random_generator", None)
-        first = getattr(random_generator, _FIRST_STATE, None)
-        if first is not None and np.array_equal(
-            random_generator._generator.state.numpy(), first
-        ):
-            fresh.append(layer.name)
-    return fresh
+    return [
+        layer.name
+        for layer, generator in _random_layers(model)
+        if (first := getattr(generator, _FIRST_STATE, None)) is not None
+        and np.array_equal(generator._generator.state.numpy(), first)
+    ]
 
 
 def _wrap_fit(original: Any) -> Any:

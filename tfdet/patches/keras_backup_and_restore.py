@@ -156,11 +156,7 @@ def _encode_state(state: dict[str, Any]) -> dict[str, Any]:
         if state["global_seed"] is None
         else _resume_state.array(state["global_seed"]),
         "metrics": [_resume_state.array(value) for value in state["metrics"]],
-        "python_random": _resume_state.python_random(state["python_random"]),
-        "numpy_random": _resume_state.numpy_random(state["numpy_random"]),
-        "eager_seed": None
-        if state["eager_seed"] is None
-        else _resume_state.python_random(state["eager_seed"]),
+        **_resume_state.encode_host_generators(state),
         "counters": list(state["counters"]),
         "epoch_random": _encode_globals(state["epoch_random"]),
     }
@@ -192,7 +188,6 @@ def _decode_state(data: Any, path: str) -> dict[str, Any]:
     try:
         if data["format"] != STATE_FORMAT:
             raise ValueError(f"format {data['format']!r}")
-        eager = data["eager_seed"]
         return {
             "epoch": int(data["epoch"]),
             "steps_done": int(data["steps_done"]),
@@ -205,22 +200,14 @@ def _decode_state(data: Any, path: str) -> dict[str, Any]:
             if data["global_seed"] is None
             else _resume_state.from_array(data["global_seed"]),
             "metrics": [_resume_state.from_array(value) for value in data["metrics"]],
-            "python_random": _resume_state.from_python_random(data["python_random"]),
-            "numpy_random": _resume_state.from_numpy_random(data["numpy_random"]),
-            "eager_seed": None
-            if eager is None
-            else _resume_state.from_python_random(eager),
+            **_resume_state.decode_host_generators(data),
             "counters": tuple(int(count) for count in data["counters"]),
             # Absent from the backups of tfdet 0.x before it: a mid-epoch
             # resume from one replays the epoch's start draws as before.
             "epoch_random": _decode_globals(data.get("epoch_random")),
         }
     except (KeyError, TypeError, ValueError) as error:
-        raise RuntimeError(
-            f"Expected {path} to hold a tfdet resume state (format {STATE_FORMAT}). "
-            f"Received: unreadable ({type(error).__name__}: {error}). Delete the "
-            "backup directory to start over."
-        ) from None
+        raise _resume_state.unreadable(path, STATE_FORMAT, error) from None
 
 
 @functools.cache
@@ -261,11 +248,8 @@ def exact_backup_and_restore_class() -> type:
         # -- saving ---------------------------------------------------------
 
         def _state(self) -> dict[str, Any]:
-            import numpy as np
-
             model = self.model
             glob = _global_seed_generator()
-            eager = _resume_state.eager_seed_generator()
             return {
                 "epoch": self._current_epoch,
                 "steps_done": self._steps_done,
@@ -276,9 +260,7 @@ def exact_backup_and_restore_class() -> type:
                 ],
                 "global_seed": None if glob is None else glob.state.numpy(),
                 "metrics": [v.numpy() for v in model.metrics_variables],
-                "python_random": random.getstate(),
-                "numpy_random": np.random.get_state(),
-                "eager_seed": None if eager is None else eager.getstate(),
+                **_resume_state.host_generators(),
                 "counters": (
                     self._batches_seen_since_last_saving,
                     self._last_batch_seen,
@@ -423,9 +405,7 @@ def exact_backup_and_restore_class() -> type:
                 self._random_after_skip = backup_time
             else:
                 _resume_state.set_globals(backup_time)
-            eager = _resume_state.eager_seed_generator()
-            if eager is not None and state["eager_seed"] is not None:
-                eager.setstate(state["eager_seed"])
+            _resume_state.set_eager_seed(state["eager_seed"])
             model._initial_epoch = state["epoch"]
             self._adopt_position(state)
 
