@@ -149,7 +149,7 @@ def main() -> None:
     import tfdet
 
     tfdet.enable(seed=0, threads=args.threads)
-    from tfdet._runs import _builtins
+    from tfdet._target import _builtins
 
     rows = [
         measure("builtin:cnn", _builtins.cnn(), args.steps, args.repeats),

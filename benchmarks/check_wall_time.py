@@ -27,9 +27,9 @@ import time
 # steps.
 PLAIN = """
 import keras
-from tfdet._runs import _target
+from tfdet._target import _load
 keras.utils.set_random_seed(0)
-built = _target.build("builtin:cnn")
+built = _load.build("builtin:cnn")
 for step in range(3):
     built.model.train_on_batch(*built.batch(step))
 """

@@ -70,8 +70,8 @@ else:
     jit_compile = enable.pop("jit_compile", None)
     tfdet.enable(**enable)
 import numpy as np
-from tfdet._runs import _target
-built = _target.build(target)
+from tfdet._target import _load
+built = _load.build(target)
 if jit_compile is not None:
     # Before the first step, which traces the train function with it. Under
     # op determinism Keras keeps True only where tfdet's keras_xla_determinism

@@ -36,7 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tfdet._runs import _spawn  # noqa: E402
+from tfdet._runner import _spawn  # noqa: E402
 
 SEED = 7
 GLOBAL_BATCH = 24  # Splits evenly among 1, 2, 3 and 4 replicas.

@@ -42,16 +42,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tfdet._commands import _options  # noqa: E402
 from tfdet._pin import _environment, _isa, _versions  # noqa: E402
-from tfdet._runs import (  # noqa: E402
-    _builtins,
-    _emulation,
-    _options,
-    _perturb,
-    _protocol,
-    _spawn,
-)
+from tfdet._protocol import _emulation, _perturb, _spec  # noqa: E402
+from tfdet._runner import _spawn  # noqa: E402
 from tfdet._setup import _enable  # noqa: E402
+from tfdet._target import _builtins  # noqa: E402
 from tfdet.patches import _registry  # noqa: E402
 
 TABLE = REPO / "benchmarks" / "portability_digests.json"
@@ -207,7 +203,7 @@ def train(
     )
     setup = _perturb.RunSetup(0)
     if emulated is not None:
-        setup = _perturb.emulated_setup(options.context(_protocol.LOCATE, runs=2))
+        setup = _perturb.emulated_setup(options.context(_spec.LOCATE, runs=2))
     (outcome,) = _spawn.run_all(
         [setup],
         options.worker_spec(),

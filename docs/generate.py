@@ -8,7 +8,7 @@
 - `patches.md`: every `Patch` of the registry (`tfdet.patches._registry`),
   with the hazard-table rows of the ops it replaces and its module's docstring;
 - `perturbations.md`: every `Perturbation` record of `tfdet check`
-  (`tfdet._runs._perturb.REGISTRY`) and what one machine does not imitate
+  (`tfdet._protocol._perturb.REGISTRY`) and what one machine does not imitate
   (`NOT_IMITATED`, `NOT_EMULATED`);
 - `compatibility.md`: the last version-matrix run (`ci/matrix.py`, which
   writes `docs/reference/compatibility.json`).
@@ -224,17 +224,17 @@ def patches_page() -> str:
 
 
 def perturbations_page() -> str:
-    from tfdet._runs import _perturb
+    from tfdet._protocol import _perturb
 
     records = _perturb.REGISTRY
     lines = [
-        _marker("the perturbation records (tfdet/_runs/_perturb.py)"),
+        _marker("the perturbation records (tfdet/_protocol/_perturb.py)"),
         "",
         "# Perturbations",
         "",
         "What `tfdet check` and `tfdet locate` change in each run but the first "
         "(`--perturb`), one `Perturbation` record each in "
-        "`tfdet._runs._perturb.REGISTRY`. `--perturb all` (the default) is "
+        "`tfdet._protocol._perturb.REGISTRY`. `--perturb all` (the default) is "
         "every record marked default here, where it applies on this machine; "
         "the others are opt-in.",
         "",
@@ -272,7 +272,7 @@ def perturbations_page() -> str:
         "",
         "## What one machine does not imitate",
         "",
-        "The report's `not_imitated`, `tfdet._runs._perturb.NOT_IMITATED`:",
+        "The report's `not_imitated`, `tfdet._protocol._perturb.NOT_IMITATED`:",
         "",
         *_table(
             ["key", "why"],
@@ -282,7 +282,7 @@ def perturbations_page() -> str:
         "With `emulated_cpu` applied, the report's `emulated` section names the "
         "emulated CPU, `cpu_vendor` and `approximate_instructions` leave "
         "`not_imitated`, and these take their place "
-        "(`tfdet._runs._perturb.NOT_EMULATED`):",
+        "(`tfdet._protocol._perturb.NOT_EMULATED`):",
         "",
         *_table(
             ["key", "why"],
@@ -291,7 +291,7 @@ def perturbations_page() -> str:
         "",
         "## The module's own account",
         "",
-        _doc("tfdet._runs._perturb"),
+        _doc("tfdet._protocol._perturb"),
     ]
     return "\n".join(lines) + "\n"
 

@@ -22,9 +22,9 @@ import pytest
 from hypothesis import settings
 from hypothesis.configuration import set_hypothesis_home_dir
 
+from tfdet._commands._options import RunOptions
 from tfdet._pin._environment import DETERMINISM_VARIABLES
-from tfdet._runs._options import RunOptions
-from tfdet._runs._spawn import child_environment
+from tfdet._runner._spawn import child_environment
 
 REPO = Path(__file__).resolve().parents[1]
 

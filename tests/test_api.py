@@ -13,9 +13,9 @@ import pytest
 
 import tfdet
 from tests.conftest import clean_env, last_json_line, run_python, run_tfdet
+from tfdet._commands import _api, _options
 from tfdet._errors import TargetError
 from tfdet._pin import _settings
-from tfdet._runs import _api, _options
 
 # Defined in `python -c` code: no file, no source for `inspect`. The globals
 # it reads (a module, a constant, a helper of the same script) go with it.
@@ -147,7 +147,7 @@ def test_callables_that_cannot_travel_are_refused_with_what_to_do():
 
 
 def test_an_importable_function_is_passed_by_name():
-    from tfdet._runs import _builtins
+    from tfdet._target import _builtins
 
     assert _api._importable_name(_builtins.get("cnn").function) is not None
     assert _api._importable_name(lambda: None) is None
@@ -180,7 +180,7 @@ print(json.dumps({{"verdict": report.verdict, "target": report.to_dict()["target
 
 
 def test_a_printed_script_report_says_its_verdict_and_cause_first():
-    from tfdet._runs._report import ScriptCheckReport, ScriptDivergence
+    from tfdet._commands._report import ScriptCheckReport, ScriptDivergence
 
     divergence = ScriptDivergence(
         training="fit #1 (model sequential)",

@@ -16,13 +16,13 @@ import tensorflow as tf
 import keras
 tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
 import tfdet
-from tfdet._runs import _target
+from tfdet._target import _load
 logging.basicConfig(level=logging.WARNING, format="LOG %(message)s")
 
 
 def build():
     keras.utils.set_random_seed(1)
-    return _target.build("builtin:cnn", seed=1)
+    return _load.build("builtin:cnn", seed=1)
 
 
 def fit(callback, built=None):
@@ -274,10 +274,10 @@ def test_tf_keras_fit(tmp_path):
 import json, sys
 import tf_keras
 import tfdet
-from tfdet._runs import _target
+from tfdet._target import _load
 def fit(callback):
     tf_keras.utils.set_random_seed(3)
-    built = _target.build("builtin:cnn_tf_keras", seed=3)
+    built = _load.build("builtin:cnn_tf_keras", seed=3)
     built.model.fit(built.x, built.y, batch_size=32, epochs=2, verbose=0,
                     shuffle=False, callbacks=[callback])
 

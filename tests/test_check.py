@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests.conftest import REPO, clean_env, run_tfdet
-from tfdet._runs._spawn import NEIGHBOUR_CODE
+from tfdet._runner._spawn import NEIGHBOUR_CODE
 
 MODELS = f"{REPO / 'tests' / 'targets' / 'check_models.py'}"
 
@@ -397,7 +397,7 @@ def test_module_target_from_the_working_directory_with_the_console_script(tmp_pa
 
 def _fake_report(losses=("0.5", "0.5"), nonfinite=()):
     """A typed report of two finished runs (no process started)."""
-    from tfdet._runs import _report
+    from tfdet._commands import _report
 
     runs = tuple(
         _report.RunReport(
@@ -460,7 +460,7 @@ def test_json_is_written_before_the_report_and_a_closed_stdout_is_harmless(
     import argparse
 
     from tfdet._cli import check as cli_check
-    from tfdet._runs import _check as runs_check
+    from tfdet._commands import _check as runs_check
 
     report = _fake_report()
     monkeypatch.setattr(
@@ -514,8 +514,8 @@ def test_progress_never_raises(monkeypatch):
 
 
 def test_attribution_reruns_stop_at_the_step_where_runs_parted():
+    from tfdet._commands import _check
     from tfdet._record._diff import Divergence
-    from tfdet._runs import _check
 
     assert _check._through_step(Divergence(2, 0, "loss", "a", "b")) == 2
     assert (

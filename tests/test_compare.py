@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from tfdet._commands import _check, _report
+from tfdet._protocol import _perturb
 from tfdet._record import _bits, _trace
-from tfdet._runs import _check, _perturb, _report, _spawn
+from tfdet._runner import _spawn
 
 NAMES = ["0:dense/kernel", "1:dense/bias"]
 

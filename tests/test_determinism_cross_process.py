@@ -51,8 +51,8 @@ else:
     profile = None
 import tensorflow as tf
 from tfdet._record import _bits
-from tfdet._runs import _target
-built = _target.build(target)
+from tfdet._target import _load
+built = _load.build(target)
 losses = []
 for step in range(steps):
     x, y = built.batch(step)

@@ -122,8 +122,8 @@ import keras
 tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
 keras.utils.set_random_seed(1)
 import tfdet
-from tfdet._runs import _target
-built = _target.build("builtin:cnn", seed=1)
+from tfdet._target import _load
+built = _load.build("builtin:cnn", seed=1)
 built.model.fit(built.x, built.y, batch_size=32, epochs=2, verbose=0, shuffle=False,
                 callbacks=[tfdet.DeterminismCallback(trace=sys.argv[2])])
 """

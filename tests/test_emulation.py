@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import REPO, clean_env, run_tfdet
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_USAGE
 from tfdet._pin import _cpuid
-from tfdet._runs import _emulation
+from tfdet._protocol import _emulation
 
 pytestmark = pytest.mark.skipif(
     _emulation.unavailable("AVX2") is not None,

@@ -368,8 +368,8 @@ def test_too_late_threads_and_onednn_are_refused_even_with_strict_false() -> Non
 import tensorflow as tf
 attempt("onednn_after_import", onednn=False)
 attempt("onednn_after_import_lenient", onednn=False, strict=False)
-from tfdet._runs import _target
-_target.build("builtin:cnn")  # Creates weights: TF's runtime has started.
+from tfdet._target import _load
+_load.build("builtin:cnn")  # Creates weights: TF's runtime has started.
 attempt("threads_default")
 attempt("threads_only", cpu_isa=None)
 attempt("threads_lenient", strict=False)

@@ -23,8 +23,8 @@ import time
 import pytest
 
 from tests.conftest import REPO, clean_env, run_tfdet
-from tfdet._runs import _child, _protocol
-from tfdet._runs._spawn import NEIGHBOUR_CODE
+from tfdet._protocol import _spec
+from tfdet._runner._spawn import NEIGHBOUR_CODE
 
 FAULTS = str(REPO / "tests" / "targets" / "fault_models.py")
 DEADLINE = 300.0  # Seconds for any awaited condition, for a loaded machine.
@@ -309,8 +309,8 @@ def test_a_failed_runs_stderr_tail_shows_the_failure_not_the_hash_seed_warning(
     tmp_path,
 ):
     # The worker of a run whose PYTHONHASHSEED was perturbed, as check starts it.
-    spec = _child.WorkerSpec(
-        _protocol.CHECK,
+    spec = _spec.WorkerSpec(
+        _spec.CHECK,
         target=f"{REPO / 'tests' / 'targets' / 'check_models.py'}:crash_model",
         seed=0,
         steps=1,
@@ -320,7 +320,7 @@ def test_a_failed_runs_stderr_tail_shows_the_failure_not_the_hash_seed_warning(
         result=str(tmp_path / "run.json"),
     )
     proc = subprocess.run(
-        [sys.executable, "-m", _child.MODULE, spec.to_json()],
+        [sys.executable, "-m", _spec.MODULE, spec.to_json()],
         env=clean_env(PYTHONHASHSEED="7920"),
         capture_output=True,
         text=True,

@@ -16,7 +16,7 @@ TARGETS = str(REPO / "tests" / "targets" / "locate_models.py")
 def test_recorder_maps_each_output_to_its_consumers():
     tf = pytest.importorskip("tensorflow")
     from tests.targets import locate_models
-    from tfdet._runs import _locate_worker
+    from tfdet._child import _locate_worker
 
     def consumers(model) -> dict[str, list[str]]:
         recorder = _locate_worker._LayerOutputs(model)

@@ -7,15 +7,17 @@ import dataclasses
 import pytest
 
 from tfdet._cli import as_flags
+from tfdet._commands import _options
+from tfdet._commands._options import RunOptions
 from tfdet._errors import TargetError
 from tfdet._pin import _settings
-from tfdet._runs import _options, _perturb, _target
-from tfdet._runs._options import RunOptions
+from tfdet._protocol import _perturb
+from tfdet._target import _load
 
 
 def test_defaults_are_stated_once_and_the_target_is_parsed():
     options = RunOptions()
-    assert options.target == _target.TargetSpec("builtin:cnn")
+    assert options.target == _load.TargetSpec("builtin:cnn")
     assert (options.runs, options.steps, options.timeout) == (2, 3, 600.0)
     assert (options.seed, options.threads, options.cpu_isa) == (
         _settings.DEFAULT_SEED,
@@ -28,7 +30,7 @@ def test_defaults_are_stated_once_and_the_target_is_parsed():
 
 
 def test_a_parsed_target_travels_unparsed():
-    spec = _target.TargetSpec("builtin:cnn_tf_keras", legacy_keras=True)
+    spec = _load.TargetSpec("builtin:cnn_tf_keras", legacy_keras=True)
     assert RunOptions(target=spec).target is spec
 
 

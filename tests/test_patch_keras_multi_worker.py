@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from tests.conftest import clean_env, run_python
-from tfdet._runs import _spawn
+from tfdet._runner import _spawn
 
 pytest.importorskip("tensorflow")
 

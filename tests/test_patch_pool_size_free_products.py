@@ -46,14 +46,14 @@ TRAIN = """
 import hashlib, json, sys
 import numpy as np
 import tfdet
-from tfdet._runs import _target
+from tfdet._target import _load
 from tfdet.patches import _registry
 tfdet.enable(seed=0, threads=int(sys.argv[1]))
 
 def digests():
     found = {}
     for name in sys.argv[2].split(","):
-        built = _target.build(name, seed=0)
+        built = _load.build(name, seed=0)
         for step in range(3):
             built.model.train_on_batch(*built.batch(step))
         sha = hashlib.sha256()

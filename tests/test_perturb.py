@@ -9,7 +9,8 @@ import pytest
 
 from tests.conftest import check_options, clean_env, run_tfdet
 from tfdet._pin import _isa
-from tfdet._runs import _child, _perturb, _protocol, _spawn
+from tfdet._protocol import _perturb, _spec
+from tfdet._runner import _spawn
 
 AVX512_SERVER = frozenset(
     {"sse4_1", "avx", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
@@ -163,7 +164,7 @@ def test_spawner_puts_the_threads_override_into_the_worker_spec(tmp_path: Path):
     setups = check_options(perturb=("threads",)).plan()
     outcomes = _spawn.run_all(
         setups,
-        _child.WorkerSpec(_protocol.CHECK, threads=1),
+        _spec.WorkerSpec(_spec.CHECK, threads=1),
         str(tmp_path),
         module="echo_worker",
         base_env=env,
@@ -250,7 +251,7 @@ def test_an_emulated_run_gets_the_emulator_in_front_and_more_time():
     ],
 )
 def test_interrupt_applies_to_single_process_keras3_runs_of_two_steps(options, reason):
-    from tfdet._runs import _options
+    from tfdet._commands import _options
 
     run_options = _options.RunOptions(perturb=("interrupt",), **options)
     skipped = run_options.skipped().get("interrupt")
@@ -290,7 +291,7 @@ def test_migrate_kills_the_run_unperturbed_and_resumes_it_under_the_others(
     assert setups[0].killed_on is setups[0]
     outcomes = _spawn.run_all(
         setups,
-        _child.WorkerSpec(_protocol.CHECK, threads=1),
+        _spec.WorkerSpec(_spec.CHECK, threads=1),
         str(tmp_path),
         module="moving_worker",
         base_env=env,
@@ -350,14 +351,14 @@ def test_an_emulated_run_says_it_is_allowed_ten_times_the_timeout():
 @pytest.mark.parametrize(
     ("options", "kind", "reason"),
     [
-        ({}, _protocol.CHECK, None),
-        ({"workers": 2}, _protocol.CHECK, "not for --workers"),
-        ({}, _protocol.LOCATE, "compares training steps"),
-        ({}, _protocol.SCRIPT, "a script predicts what it chooses"),
+        ({}, _spec.CHECK, None),
+        ({"workers": 2}, _spec.CHECK, "not for --workers"),
+        ({}, _spec.LOCATE, "compares training steps"),
+        ({}, _spec.SCRIPT, "a script predicts what it chooses"),
     ],
 )
 def test_batch_applies_to_the_runs_of_a_target(options, kind, reason):
-    from tfdet._runs import _options
+    from tfdet._commands import _options
 
     run_options = _options.RunOptions(perturb=("batch",), **options)
     skipped = run_options.skipped(kind).get("batch")

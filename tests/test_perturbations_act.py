@@ -16,7 +16,8 @@ import json
 import pytest
 
 from tests.conftest import REPO, check_options, clean_env, run_tfdet
-from tfdet._runs import _child, _perturb, _protocol, _spawn
+from tfdet._protocol import _perturb, _spec
+from tfdet._runner import _spawn
 
 CONTROL = str(REPO / "tests" / "targets" / "scripts" / "perturbation_control.py")
 # Each kind of check, as a user runs it on the control.
@@ -103,7 +104,7 @@ def test_a_run_that_does_not_apply_its_in_child_perturbation_fails(tmp_path):
     ]
     baseline, perturbed = _spawn.run_all(
         setups,
-        _child.WorkerSpec(_protocol.CHECK),
+        _spec.WorkerSpec(_spec.CHECK),
         str(tmp_path),
         module="lazy_child",
         base_env=clean_env(PYTHONPATH=str(tmp_path)),

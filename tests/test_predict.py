@@ -1,7 +1,7 @@
 """The `batch` perturbation: which batches a run predicts in, and the report.
 
 The order and sizes are shared by the child that predicts and the parent
-that compares (`tfdet._runs._predict`); a check with `--perturb batch`
+that compares (`tfdet._protocol._predict`); a check with `--perturb batch`
 diverges at the first sample whose prediction follows its batch (the
 default profile, on a CNN) and is identical where none does (the opt-in
 `pool_size_free_products`), in fresh processes.
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_checks_side_by_side
-from tfdet._runs import _predict
+from tfdet._protocol import _predict
 
 
 @pytest.mark.parametrize("samples", [1, 6, 37, 64])

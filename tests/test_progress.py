@@ -120,7 +120,7 @@ def test_check_into_a_pipe_writes_lines_only():
 def test_locate_steps_go_through_the_same_display(monkeypatch):
     # check and locate hand their runs' steps to the display as numbers
     # (`_spawn.steps_to`), never as text parsed back.
-    from tfdet._runs import _spawn
+    from tfdet._runner import _spawn
 
     stream = io.StringIO()
     display = _display(monkeypatch, stream)

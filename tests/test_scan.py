@@ -334,8 +334,8 @@ def test_patched_models_train_bit_identically_in_check(
 CUDNN_ATTRIBUTION = """
 import json
 from tfdet._graph import _layers, _scan
-from tfdet._runs import _target
-built = _target.build(TARGET)
+from tfdet._target import _load
+built = _load.build(TARGET)
 _scan._warm_up(built)
 calls = _layers.CallRecord()
 graph_def, xla = _scan.trace_train_step(built.model, *built.batch(0), calls)

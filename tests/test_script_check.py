@@ -8,9 +8,10 @@ import json
 import pytest
 
 from tests.conftest import REPO, run_tfdet
+from tfdet._commands import _script_check
+from tfdet._commands._report import ScriptDivergence, ScriptRunReport, ScriptTraining
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE
-from tfdet._runs import _script_check, _target
-from tfdet._runs._report import ScriptDivergence, ScriptRunReport, ScriptTraining
+from tfdet._target import _load
 
 SCRIPTS = REPO / "tests" / "targets" / "scripts"
 
@@ -184,8 +185,8 @@ def test_script_options_validate_max_steps():
 def test_sets_legacy_keras_reads_the_source(tmp_path, source, expected):
     path = tmp_path / "target.py"
     path.write_text(f"import os\n{source}\n")
-    assert _target.sets_legacy_keras(str(path)) is expected
-    assert _target.parse(f"{path}:build").legacy_keras is expected
+    assert _load.sets_legacy_keras(str(path)) is expected
+    assert _load.parse(f"{path}:build").legacy_keras is expected
 
 
 @pytest.mark.slow

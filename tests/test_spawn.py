@@ -14,7 +14,10 @@ import threading
 import pytest
 
 from tests.conftest import clean_env
-from tfdet._runs import _child, _options, _perturb, _protocol, _spawn, _target
+from tfdet._commands import _options
+from tfdet._protocol import _perturb, _spec
+from tfdet._runner import _spawn
+from tfdet._target import _load
 
 CHILD = textwrap.dedent(
     """
@@ -45,7 +48,7 @@ def child(tmp_path):
 def _one(child, tmp_path, mode, timeout=60.0, progress=None):
     (outcome,) = _spawn.run_all(
         [_perturb.RunSetup(0)],
-        _child.WorkerSpec(_protocol.CHECK, target=mode),
+        _spec.WorkerSpec(_spec.CHECK, target=mode),
         str(tmp_path),
         module="spawn_child",
         base_env=child,
@@ -95,8 +98,8 @@ def test_worker_spec_and_environment_come_from_the_options():
     options = _options.RunOptions(
         target="builtin:cnn", steps=2, seed=7, threads=2, enable=True, workers=3
     )
-    assert options.worker_spec() == _child.WorkerSpec(
-        _protocol.CHECK,
+    assert options.worker_spec() == _spec.WorkerSpec(
+        _spec.CHECK,
         target="builtin:cnn",
         seed=7,
         steps=2,
@@ -106,9 +109,9 @@ def test_worker_spec_and_environment_come_from_the_options():
         workers=3,
         replicas=1,
     )
-    cpu = _spawn.run_environment(_target.TargetSpec("x:y", legacy_keras=True), "cpu")
+    cpu = _spawn.run_environment(_load.TargetSpec("x:y", legacy_keras=True), "cpu")
     assert cpu["CUDA_VISIBLE_DEVICES"] == "-1" and cpu["TF_USE_LEGACY_KERAS"] == "1"
-    gpu = _spawn.run_environment(_target.TargetSpec("x:y"), "gpu")
+    gpu = _spawn.run_environment(_load.TargetSpec("x:y"), "gpu")
     assert gpu["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
     assert "TF_USE_LEGACY_KERAS" not in gpu or gpu[
         "TF_USE_LEGACY_KERAS"
@@ -117,7 +120,7 @@ def test_worker_spec_and_environment_come_from_the_options():
 
 def test_gpu_runs_keep_the_cuda_jit_cache_unless_the_user_sized_it(monkeypatch):
     monkeypatch.delenv("CUDA_CACHE_MAXSIZE", raising=False)
-    spec = _target.TargetSpec("x:y")
+    spec = _load.TargetSpec("x:y")
     assert _spawn.run_environment(spec, "gpu")["CUDA_CACHE_MAXSIZE"] == str(4 * 2**30)
     assert "CUDA_CACHE_MAXSIZE" not in _spawn.run_environment(spec, "cpu")
     monkeypatch.setenv("CUDA_CACHE_MAXSIZE", "1000")
@@ -126,7 +129,7 @@ def test_gpu_runs_keep_the_cuda_jit_cache_unless_the_user_sized_it(monkeypatch):
 
 def test_the_spec_of_every_run_is_json():
     spec = _options.RunOptions().worker_spec()
-    assert _child.WorkerSpec.from_json(spec.to_json()) == spec
+    assert _spec.WorkerSpec.from_json(spec.to_json()) == spec
     assert json.loads(spec.to_json())["kind"] == "check"
 
 

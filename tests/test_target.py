@@ -7,7 +7,8 @@ import pytest
 
 from tests.conftest import REPO
 from tfdet._errors import RunFailedError, TargetError
-from tfdet._runs import _spawn, _target
+from tfdet._runner import _spawn
+from tfdet._target import _load
 
 MODELS = str(REPO / "tests" / "targets" / "check_models.py")
 
@@ -15,16 +16,16 @@ MODELS = str(REPO / "tests" / "targets" / "check_models.py")
 @pytest.mark.parametrize("text", ["nocolon", ":f", "mod:", "builtin:unknown"])
 def test_malformed_targets_are_refused(text):
     with pytest.raises(TargetError):
-        _target.parse(text)
+        _load.parse(text)
 
 
 def test_default_is_the_builtin_cnn():
-    assert _target.parse(None).text == "builtin:cnn"
-    assert _target.parse("builtin:cnn_tf_keras").legacy_keras
+    assert _load.parse(None).text == "builtin:cnn"
+    assert _load.parse("builtin:cnn_tf_keras").legacy_keras
 
 
 def test_file_target_with_data_uses_it():
-    built = _target.build(f"{MODELS}:with_data")
+    built = _load.build(f"{MODELS}:with_data")
     assert not built.synthesized and built.batch_size == 32
     x0, _ = built.batch(0)
     x2, _ = built.batch(2)  # cycles through 64 samples
@@ -32,9 +33,9 @@ def test_file_target_with_data_uses_it():
 
 
 def test_synthesized_data_is_seeded_and_fits_embeddings():
-    a = _target.build("builtin:embedding", seed=1)
-    b = _target.build("builtin:embedding", seed=1)
-    c = _target.build("builtin:embedding", seed=2)
+    a = _load.build("builtin:embedding", seed=1)
+    b = _load.build("builtin:embedding", seed=1)
+    c = _load.build("builtin:embedding", seed=2)
     assert a.synthesized and a.x.dtype == np.int32
     # The Embedding's vocabulary of 1000, not the default of 2.
     assert a.x.min() >= 0 and 2 < a.x.max() < 1000
@@ -52,12 +53,12 @@ def test_synthesized_integers_fit_the_smallest_embedding_nested_ones_included():
         [keras.Input((64,), dtype="int32"), inner, keras.layers.Dense(1)]
     )
     model.compile(optimizer="sgd", loss="mse")
-    x, _ = _target.synthesize(model, seed=0)
+    x, _ = _load.synthesize(model, seed=0)
     assert x.min() == 0 and x.max() == 6
 
 
 def test_categorical_labels_are_one_hot():
-    built = _target.build("builtin:cnn")
+    built = _load.build("builtin:cnn")
     assert built.y.shape == (64, 10) and np.all(built.y.sum(axis=1) == 1)
 
 
@@ -71,7 +72,7 @@ def test_categorical_labels_are_one_hot():
 )
 def test_bad_functions_are_refused(function, message):
     with pytest.raises(TargetError, match=message):
-        _target.build(f"{MODELS}:{function}")
+        _load.build(f"{MODELS}:{function}")
 
 
 FAULTS = str(REPO / "tests" / "targets" / "fault_models.py")
@@ -94,17 +95,17 @@ FAULTS = str(REPO / "tests" / "targets" / "fault_models.py")
 )
 def test_targets_that_exit_or_return_unusable_data_are_target_errors(target, message):
     with pytest.raises(TargetError, match=message):
-        _target.build(target)
+        _load.build(target)
 
 
 def test_dataset_elements_without_labels_are_refused():
-    built = _target.build(f"{FAULTS}:tf_dataset_without_labels")
+    built = _load.build(f"{FAULTS}:tf_dataset_without_labels")
     with pytest.raises(TargetError, match=r"\(x, y\)"):
         built.batch(0)
 
 
 def test_tf_dataset_batches_are_taken_in_order_and_cycle():
-    built = _target.build(f"{FAULTS}:tf_dataset")
+    built = _load.build(f"{FAULTS}:tf_dataset")
     x, y = _xy()
     assert not built.synthesized
     for step, start in [(0, 0), (1, 16), (3, 48), (4, 0), (9, 16)]:
@@ -115,10 +116,10 @@ def test_tf_dataset_batches_are_taken_in_order_and_cycle():
 
 
 def test_sample_weights_and_py_datasets_are_data():
-    weighted = _target.build(f"{FAULTS}:tf_dataset_weighted")
+    weighted = _load.build(f"{FAULTS}:tf_dataset_weighted")
     assert np.asarray(weighted.sample_weight(1)).shape == (16,)
     assert len(weighted.batch(1)) == 2
-    py = _target.build(f"{FAULTS}:py_dataset")
+    py = _load.build(f"{FAULTS}:py_dataset")
     x, _ = _xy()
     assert np.array_equal(py.batch(5)[0], x[16:32])  # 4 batches: step 5 is the 2nd
 
@@ -145,11 +146,11 @@ def _xy():
 def test_preflight_survives_targets_that_exit_hang_or_do_not_fit(
     function, error, message
 ):
-    spec = _target.parse(f"{FAULTS}:{function}")
+    spec = _load.parse(f"{FAULTS}:{function}")
     with pytest.raises(error, match=message):
         _spawn.preflight(spec, timeout=5 if function == "hangs" else 300)
 
 
 def test_preflight_accepts_a_good_target():
     # Preflight raises on a TARGET it refuses; a good one returns None.
-    assert _spawn.preflight(_target.parse(f"{FAULTS}:tf_dataset"), timeout=300) is None
+    assert _spawn.preflight(_load.parse(f"{FAULTS}:tf_dataset"), timeout=300) is None

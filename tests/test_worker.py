@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, clean_env
+from tfdet._protocol import _perturb, _spec
 from tfdet._record import _bits, _trace
-from tfdet._runs import _child, _perturb, _protocol, _spawn
+from tfdet._runner import _spawn
 
 MODELS = f"{REPO / 'tests' / 'targets' / 'check_models.py'}"
 
@@ -19,8 +20,8 @@ def worker_run(tmp_path_factory):
     steps = []
     (outcome,) = _spawn.run_all(
         [_perturb.RunSetup(0)],
-        _child.WorkerSpec(
-            _protocol.CHECK,
+        _spec.WorkerSpec(
+            _spec.CHECK,
             target=f"{MODELS}:with_data",
             seed=3,
             steps=2,

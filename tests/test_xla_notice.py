@@ -7,8 +7,8 @@ import json
 import pytest
 
 from tests.conftest import REPO, run_python, run_tfdet
+from tfdet._child import _xla
 from tfdet._errors import EXIT_OK
-from tfdet._runs import _xla
 
 TARGETS = REPO / "tests" / "targets" / "xla_models.py"
 
@@ -19,7 +19,7 @@ def test_compile_hook_warns_once_when_determinism_drops_xla():
         import json, warnings
         import tensorflow as tf
         tf.config.experimental.enable_op_determinism()
-        from tfdet._runs import _xla
+        from tfdet._child import _xla
         _xla.install()
         import keras
         with warnings.catch_warnings(record=True) as caught:
@@ -51,7 +51,7 @@ def test_compile_hook_is_silent_without_determinism():
     proc = run_python(
         """
         import json
-        from tfdet._runs import _xla
+        from tfdet._child import _xla
         _xla.install()
         import keras
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])

@@ -61,7 +61,7 @@ def __getattr__(name: str) -> Any:
     if name in ("check", "CheckReport"):
         # Not imported with tfdet: the check's modules are not needed to
         # enable() (none of them imports TensorFlow either).
-        from tfdet._runs import _api
+        from tfdet._commands import _api
 
         return getattr(_api, name)
     raise AttributeError(f"module 'tfdet' has no attribute {name!r}")

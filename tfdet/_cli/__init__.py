@@ -145,8 +145,8 @@ def as_flags(message: str) -> str:
     `` `device=cpu` `` into `--device cpu`. Other backticked words are kept.
     """
     # Imported here: only an error message needs the options' field names.
-    from tfdet._runs._options import RunOptions
-    from tfdet._runs._script_check import ScriptOptions
+    from tfdet._commands._options import RunOptions
+    from tfdet._commands._script_check import ScriptOptions
 
     names = {
         field.name

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfdet._commands import _options
+from tfdet._commands._report import control_line
 from tfdet._errors import EXIT_OK
-from tfdet._runs import _options
-from tfdet._runs._report import control_line
 
 
 def _run_line(run: dict[str, Any]) -> str:

@@ -1,7 +1,7 @@
 """Flags shared by the subcommands that train TARGET in fresh processes.
 
-`tfdet check` and `tfdet locate` start runs the same way (`tfdet._runs._spawn`,
-`tfdet._runs._perturb`) and take the same `tfdet._runs._options.RunOptions`,
+`tfdet check` and `tfdet locate` start runs the same way (`tfdet._runner._spawn`,
+`tfdet._protocol._perturb`) and take the same `tfdet._commands._options.RunOptions`,
 so they take the same TARGET and run flags. The flags only parse; the
 options object validates.
 """
@@ -12,12 +12,14 @@ import argparse
 from typing import Any
 
 from tfdet._cli import _output, usage_errors
+from tfdet._commands import _options
 from tfdet._pin import _settings
-from tfdet._runs import _builtins, _emulation, _options, _perturb, _target
+from tfdet._protocol import _emulation, _perturb
+from tfdet._target import _builtins, _load
 
 TARGET_HELP = (
     "package.module:function, path/to/file.py:function or builtin:NAME "
-    f"(default {_target.DEFAULT_TARGET}); the function returns a compiled Keras "
+    f"(default {_load.DEFAULT_TARGET}); the function returns a compiled Keras "
     "model or (model, x, y). Without data, seeded batches are synthesized."
 )
 

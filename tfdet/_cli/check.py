@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from tfdet._cli import _check_text, _output, _training_flags, usage_errors, write_json
-from tfdet._runs import _api, _options
+from tfdet._commands import _api, _options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _execute_script(args: argparse.Namespace) -> int:
     from absl import app
 
-    from tfdet._runs import _script_check
+    from tfdet._commands import _script_check
 
     if (
         args.steps != _options.DEFAULT_STEPS

@@ -21,8 +21,9 @@ import argparse
 from absl import app
 
 from tfdet._cli import _output, _training_flags, usage_errors, write_json
+from tfdet._commands import _options
 from tfdet._cost import _measure, _plot
-from tfdet._runs import _options, _target
+from tfdet._target import _load
 
 # The schedule's defaults: about a minute on the built-in CNN on 2 cores.
 DEFAULT_ROUNDS = 1
@@ -118,7 +119,7 @@ def execute(args: argparse.Namespace) -> int:
             "arguments after `--` are a script's: tfdet cost --script train.py -- ARGS"
         )
     else:
-        workload = _measure.Workload(target=args.target or _target.DEFAULT_TARGET)
+        workload = _measure.Workload(target=args.target or _load.DEFAULT_TARGET)
     report = _measure.measure(
         workload,
         rounds=args.rounds,

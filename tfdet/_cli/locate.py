@@ -21,7 +21,7 @@ import argparse
 from typing import Any
 
 from tfdet._cli import _output, _training_flags, check_output_file, write_json
-from tfdet._runs import _locate, _options
+from tfdet._commands import _locate, _options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -22,8 +22,10 @@ import warnings
 
 from tfdet._cli import _output, usage_errors, write_json
 from tfdet._cli._training_flags import TARGET_HELP
+from tfdet._commands import _options
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError
-from tfdet._runs import _options, _spawn, _target
+from tfdet._runner import _spawn
+from tfdet._target import _load
 
 _BEHAVIOUR = {
     "raises": "raises on GPU",
@@ -130,7 +132,7 @@ def _check_seed(seed: int) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     _check_seed(args.seed)  # Before TF starts, with or without --no-enable.
-    spec = _target.parse(args.target)  # TargetError (exit 2) before TF starts.
+    spec = _load.parse(args.target)  # TargetError (exit 2) before TF starts.
     if not spec.text.startswith("builtin:"):
         # Built once in a child first: a TARGET that calls os._exit or hangs
         # cannot end this process with its own status, or stall it.
@@ -168,14 +170,14 @@ def execute(args: argparse.Namespace) -> int:
     except RuntimeError as error:
         raise RunFailedError(str(error)) from error
 
-    from tfdet._runs import _xla
+    from tfdet._child import _xla
 
     _xla.install()
     with warnings.catch_warnings():
         # The scan says itself what XLA was asked for and what blocks it.
         warnings.filterwarnings("ignore", message=_xla.NOTICE_START)
         warnings.filterwarnings("ignore", message="Model doesn't support `jit_compile")
-        built = _target.build(spec.text, seed=args.seed)
+        built = _load.build(spec.text, seed=args.seed)
     xla_dropped = _xla.facts()["dropped_by_determinism"]
     try:
         report = _scan.scan(built, spec.text, xla_dropped=xla_dropped)

@@ -27,12 +27,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tfdet._commands._options import DEFAULT_TIMEOUT
 from tfdet._cost import _report, _settings
 from tfdet._cost._settings import Setting
 from tfdet._errors import RunFailedError, TargetError
 from tfdet._pin import _environment, _isa
-from tfdet._runs import _spawn, _workdir
-from tfdet._runs._options import DEFAULT_TIMEOUT
+from tfdet._runner import _spawn, _workdir
 
 # Profiled steps per setting: enough to average the per-op times, few enough
 # not to matter next to the timed blocks.
@@ -172,9 +172,9 @@ class _Worker:
 def _environment_for_runs(workload: Workload) -> dict[str, str]:
     """The CPU runs' environment, without the caller's determinism variables:
     plain TensorFlow means plain, and each setting pins its own."""
-    from tfdet._runs import _target
+    from tfdet._target import _load
 
-    env = _spawn.run_environment(_target.parse(workload.target), "cpu")
+    env = _spawn.run_environment(_load.parse(workload.target), "cpu")
     for name in _environment.DETERMINISM_VARIABLES:
         env.pop(name, None)
     return env

@@ -32,8 +32,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from tfdet._child import _script_worker
 from tfdet._cost import _ops
-from tfdet._runs import _script_worker
 
 Answer = Callable[[dict[str, Any]], None]
 

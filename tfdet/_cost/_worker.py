@@ -41,9 +41,9 @@ def _apply(setting: Setting, seed: int) -> None:
     """The setting, before TensorFlow's runtime starts."""
     if setting.enable is None:
         # Plain TensorFlow: what a careful user does, Keras's seeding only.
-        from tfdet._runs import _child
+        from tfdet._child import _start
 
-        _child.seed_without_tfdet(seed)
+        _start.seed_without_tfdet(seed)
         return
     from tfdet._setup._enable import enable
 
@@ -106,8 +106,9 @@ def main(argv: list[str]) -> int:
     spec = json.loads(argv[1])
     setting = Setting.from_dict(spec["setting"])
     _apply(setting, spec["seed"])
-    from tfdet._runs import _target, _xla
+    from tfdet._child import _xla
     from tfdet._setup import _enable
+    from tfdet._target import _load
 
     if spec.get("script") is not None:
         from tfdet._cost import _script
@@ -123,8 +124,8 @@ def main(argv: list[str]) -> int:
 
         return _script.run(spec["script"], spec["args"], spec["warmup"], answer, ready)
     try:
-        built = _target.build(spec["target"], seed=spec["seed"])
-        _target.check_fits(built, spec["target"])
+        built = _load.build(spec["target"], seed=spec["seed"])
+        _load.check_fits(built, spec["target"])
     except TargetError as error:
         answer({"error": str(error)})
         return EXIT_USAGE

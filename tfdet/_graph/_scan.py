@@ -539,7 +539,7 @@ def scan(
     """Scans a built TARGET's training step.
 
     Args:
-        built: A `tfdet._runs._target.Built`.
+        built: A `tfdet._target._load.Built`.
         target: The TARGET text, for the report.
         compare_unpatched: When patches are installed, also trace without them
             (restoring them afterwards) to report which hazards they cover.

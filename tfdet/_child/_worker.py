@@ -1,6 +1,6 @@
 """Child of `tfdet check` (kind `check`): train a TARGET and record every bit.
 
-Runs in a fresh process that `tfdet._runs._child` started and whose
+Runs in a fresh process that `tfdet._child._start` started and whose
 environment the parent perturbed. It reports each step's progress and
 records the run as a trace (`spec.trace`, the format `tfdet.DeterminismCallback`
 writes and `tfdet diff` reads: every step's loss and metric bits and weight
@@ -15,8 +15,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tfdet._runs import _child, _protocol
-from tfdet._runs._child import WorkerSpec
+from tfdet._child import _start
+from tfdet._protocol import _spec
+from tfdet._protocol._spec import WorkerSpec
 
 
 def _strategy(spec: WorkerSpec) -> Any:
@@ -69,22 +70,22 @@ def start(spec: WorkerSpec) -> Any:
     same way.
 
     Returns:
-        The `tfdet._runs._target.Built` target.
+        The `tfdet._target._load.Built` target.
     """
-    from tfdet._runs import _target
+    from tfdet._target import _load
 
-    _child.child_start(spec)
+    _start.child_start(spec)
     strategy = _strategy(spec)
-    _child.report_stage(_child.BUILDING)
+    _start.report_stage(_spec.BUILDING)
     if strategy is None:
-        built = _target.build(spec.target, seed=spec.seed)
+        built = _load.build(spec.target, seed=spec.seed)
     else:
         # The TARGET builds and compiles its model under the strategy, as a
         # user's `with strategy.scope():` block does.
         with strategy.scope():
-            built = _target.build(spec.target, seed=spec.seed)
-    _target.check_fits(built, spec.target)
-    _child.report_stage(_child.BUILT)
+            built = _load.build(spec.target, seed=spec.seed)
+    _load.check_fits(built, spec.target)
+    _start.report_stage(_spec.BUILT)
     return built
 
 
@@ -141,7 +142,7 @@ def _train_on_batches(built: Any, spec: WorkerSpec) -> None:
     model = built.model
     resumable = _Resumable(built, spec) if spec.resume_dir else None
     first = 0
-    if resumable is not None and _protocol.resumed_after() is not None:
+    if resumable is not None and _spec.resumed_after() is not None:
         first = resumable.restore()
     writer = None
     try:
@@ -174,7 +175,7 @@ def _train_on_batches(built: Any, spec: WorkerSpec) -> None:
             )
             if resumable is not None:
                 resumable.save(step + 1)
-            _child.report_progress(step + 1, spec.steps)
+            _start.report_progress(step + 1, spec.steps)
     finally:
         if writer is not None:
             writer.close()
@@ -197,11 +198,11 @@ def _fit_distributed(built: Any, spec: WorkerSpec) -> None:
 
     from tfdet._errors import TargetError
     from tfdet._record import _callback
-    from tfdet._runs import _target
+    from tfdet._target import _load
 
     model, steps = built.model, spec.steps
     batches = [(*built.batch(step), built.sample_weight(step)) for step in range(steps)]
-    sizes = sorted({_target.num_samples(batch[0]) for batch in batches})
+    sizes = sorted({_load.num_samples(batch[0]) for batch in batches})
     replicas = model.distribute_strategy.num_replicas_in_sync
     if len(sizes) > 1 or sizes[0] % replicas:
         raise TargetError(
@@ -228,7 +229,7 @@ def _fit_distributed(built: Any, spec: WorkerSpec) -> None:
             _callback.DeterminismCallback(spec.trace),
             # tf.keras is the Keras the model was built with (tf_keras or 3).
             tf.keras.callbacks.LambdaCallback(
-                on_train_batch_end=lambda batch, logs: _child.report_progress(
+                on_train_batch_end=lambda batch, logs: _start.report_progress(
                     batch + 1, steps
                 )
             ),
@@ -240,13 +241,14 @@ def run(spec: WorkerSpec) -> None:
     """Trains `spec.target` for `spec.steps` steps and records the bits."""
     import numpy as np
 
+    from tfdet._child import _xla
+    from tfdet._protocol import _predict
     from tfdet._record import _bits
-    from tfdet._runs import _predict, _xla
 
     started = time.perf_counter()
     built = start(spec)
     model = built.model
-    facts = _child.run_facts(spec)
+    facts = _start.run_facts(spec)
     if (spec.workers, spec.replicas) != (1, 1):
         _fit_distributed(built, spec)
         entry_point = "fit"
@@ -262,7 +264,7 @@ def run(spec: WorkerSpec) -> None:
         predicted = _predict.predict(model, inputs, mode)
     weights_path = spec.result + ".npz"
     np.savez(weights_path, *final)
-    _child.write_result(
+    _start.write_result(
         {
             **facts,
             "variables": list(final_weights),

@@ -1,7 +1,7 @@
 """TARGET: what `check`, `locate` and `scan` train.
 
 A TARGET is `package.module:function`, `path/to/file.py:function`, or
-`builtin:NAME` (see `tfdet._runs._builtins`); None means `builtin:cnn`. The function
+`builtin:NAME` (see `tfdet._target._builtins`); None means `builtin:cnn`. The function
 takes no arguments and returns a compiled Keras model, `(model, x, y)` with
 arrays (or lists/dicts of arrays) whose first axis is samples, or `(model,
 dataset)` / `(model, dataset, None)` with a `tf.data.Dataset` or a Keras
@@ -9,7 +9,7 @@ dataset)` / `(model, dataset, None)` with a `tf.data.Dataset` or a Keras
 taken in order. Without data, batches are synthesized from the model's input
 and output specs with a seeded NumPy generator.
 
-`run` is the preflight: `tfdet._runs._spawn.preflight` builds the TARGET
+`run` is the preflight: `tfdet._runner._spawn.preflight` builds the TARGET
 once in a child process before any run is spawned, so that a TARGET that
 exits, hangs, or returns data tfdet cannot train on fails with exit 2 or 3
 and a message, never with another command's verdict or exit code.
@@ -31,7 +31,7 @@ import numpy as np
 
 from tfdet._errors import TargetError
 from tfdet._graph import _layers
-from tfdet._runs import _builtins
+from tfdet._target import _builtins
 
 DEFAULT_TARGET = "builtin:cnn"
 DEFAULT_BATCH_SIZE = 32
@@ -512,25 +512,6 @@ def check_fits(built: Built, text: str) -> None:
                 f"Expected input {index} of TARGET {text!r} to have the shape of "
                 f"the model's input, ({shape}). Received: a batch of shape {got}"
             )
-
-
-def run(spec: Any) -> None:
-    """The preflight child (`tfdet._runs._child`, kind `preflight`).
-
-    Builds the TARGET and checks its first batch; a TARGET it refuses is a
-    `TargetError`, which the child reports as a bad TARGET.
-    """
-    # As in the runs, where tfdet imports Keras before the TARGET: a TARGET
-    # that picks its Keras too late is found here (exit 2), not in every run.
-    import keras  # noqa: F401
-
-    from tfdet._runs import _child
-
-    _child.report_stage(_child.BUILDING)
-    built = build(spec.target)
-    check_fits(built, spec.target)
-    _child.report_stage(_child.BUILT)
-    _child.write_result({"error": None})
 
 
 def _loss_name(model: Any) -> str:

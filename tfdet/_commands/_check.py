@@ -21,6 +21,16 @@ import tempfile
 from typing import Any
 
 from tfdet import _notices
+from tfdet._commands._options import RunOptions
+from tfdet._commands._report import (
+    Attribution,
+    CheckReport,
+    DeviceReport,
+    DivergenceReport,
+    RunReport,
+    Training,
+    combined_exit_code,
+)
 from tfdet._errors import (
     EXIT_DIVERGED,
     EXIT_OK,
@@ -30,19 +40,10 @@ from tfdet._errors import (
     TraceFormatError,
 )
 from tfdet._pin import _devices
+from tfdet._protocol import _perturb, _predict, _spec
 from tfdet._record import _bits, _diff, _trace
-from tfdet._runs import _child, _perturb, _predict, _spawn
-from tfdet._runs._options import RunOptions
-from tfdet._runs._report import (
-    Attribution,
-    CheckReport,
-    DeviceReport,
-    DivergenceReport,
-    RunReport,
-    Training,
-    combined_exit_code,
-)
-from tfdet._runs._spawn import ProgressFn
+from tfdet._runner import _spawn
+from tfdet._runner._spawn import ProgressFn
 from tfdet.patches import pool_size_free_products
 
 RERUN = "none (a re-run of the baseline)"
@@ -244,7 +245,7 @@ def _attribute(
     baseline: _perturb.RunSetup,
     other: _perturb.RunSetup,
     divergence: _diff.Divergence,
-    spec: _child.WorkerSpec,
+    spec: _spec.WorkerSpec,
     env: dict[str, str],
     options: RunOptions,
     workdir: str,
@@ -386,7 +387,7 @@ def _run_device(
     setups: list[_perturb.RunSetup],
     options: RunOptions,
     env: dict[str, str],
-    worker_spec: _child.WorkerSpec,
+    worker_spec: _spec.WorkerSpec,
     workdir: str,
     progress: ProgressFn | None,
     step: StepFn | None,

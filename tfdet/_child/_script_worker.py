@@ -1,6 +1,6 @@
 """Child side of `tfdet check --script`: run a user's training script as is.
 
-Runs in a fresh process started by `tfdet._runs._child` (kind `script`), in
+Runs in a fresh process started by `tfdet._child._start` (kind `script`), in
 an environment the parent has pinned and perturbed. It starts as every child
 does (`_child.child_start`: tfdet enabled unless the spec says not to, the
 in-child perturbations), installs recording hooks, and runs the script as
@@ -38,8 +38,9 @@ import time
 import traceback
 from typing import Any
 
-from tfdet._runs import _child, _protocol
-from tfdet._runs._child import WorkerSpec
+from tfdet._child import _start
+from tfdet._protocol import _spec
+from tfdet._protocol._spec import WorkerSpec
 
 FIT = "fit"
 TRAIN_ON_BATCH = "train_on_batch"
@@ -80,7 +81,7 @@ class _RecordedTraining:
                 variables_every=1,
                 training=self.name,
             )
-            if _protocol.resumed_after() is None:
+            if _spec.resumed_after() is None:
                 self.writer = _trace.TraceWriter(self.path, header)
             else:
                 # Resumed after the `interrupt` perturbation killed this run:
@@ -160,7 +161,7 @@ class Recorder:
 
     def step_done(self) -> None:
         self.total += 1
-        _child.report_progress(self.total, self.max_steps or 0)
+        _start.report_progress(self.total, self.max_steps or 0)
         if self.max_steps is not None and self.total >= self.max_steps:
             raise _MaxStepsReached
 
@@ -223,7 +224,7 @@ def _callback_class(recorder: Recorder) -> type:
         if _callback._tf_keras_in_use()
         else _callback.DeterminismCallback
     )
-    resuming = _protocol.resumed_after() is not None
+    resuming = _spec.resumed_after() is not None
 
     def on_train_begin(self: Any, logs: Any = None) -> None:
         kept = []
@@ -461,9 +462,9 @@ def _note_backups() -> None:
     import tensorflow as tf
 
     _after_each_call(
-        keras.callbacks.BackupAndRestore, "_save_model", _child.note_backup
+        keras.callbacks.BackupAndRestore, "_save_model", _start.note_backup
     )
-    _after_each_call(tf.train.Checkpoint, "_write", _child.note_backup)
+    _after_each_call(tf.train.Checkpoint, "_write", _start.note_backup)
 
 
 def install(recorder: Recorder) -> None:
@@ -522,7 +523,7 @@ def _print_script_traceback(error: BaseException, script: str) -> None:
 def run(spec: WorkerSpec) -> int:
     """Runs the script under the hooks; writes the result; returns the exit status."""
     started = time.perf_counter()
-    _child.child_start(spec)
+    _start.child_start(spec)
     recorder = Recorder(spec.trace, spec.max_steps)
     install(recorder)
     script = spec.script
@@ -556,7 +557,7 @@ def run(spec: WorkerSpec) -> int:
             logging.getLogger("tfdet").error("tfdet: %s", hint)
         end = "raised"
         status = 1
-    if not _child.is_owner():
+    if not _start.is_owner():
         # A process the script forked, ending here: only the run's own
         # process reports (and Python's exit handlers are the parent's).
         sys.stdout.flush()
@@ -565,20 +566,20 @@ def run(spec: WorkerSpec) -> int:
     if status:
         sys.stderr.flush()
         return status
-    not_interrupted = _child.interrupt_not_applied()
+    not_interrupted = _start.interrupt_not_applied()
     if not_interrupted is not None:
         # The run meant to be killed and resumed finished whole: it is an
         # uninterrupted run, and the report says why.
-        from tfdet._runs import _perturb
+        from tfdet._protocol import _perturb
 
         # Under either name that kills and resumes (the parent keeps the
         # one its run was given).
         for name in (_perturb.INTERRUPT, _perturb.MIGRATE):
-            _child.note_not_applied(name, not_interrupted)
-    from tfdet._runs import _xla
+            _start.note_not_applied(name, not_interrupted)
+    from tfdet._child import _xla
 
     result = {
-        **(_child.run_facts(spec) if spec.enable else {"profile": None}),
+        **(_start.run_facts(spec) if spec.enable else {"profile": None}),
         "script": script,
         "args": list(spec.args),
         "end": end,
@@ -600,5 +601,5 @@ def run(spec: WorkerSpec) -> int:
         "own_copies": dict(own_copies),
         "seconds": time.perf_counter() - started,
     }
-    _child.write_result(result)
+    _start.write_result(result)
     return 0

@@ -37,11 +37,12 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from tfdet._commands import _check, _report
+from tfdet._commands._options import RunOptions
+from tfdet._commands._report import CheckReport, RunFacts  # noqa: F401 - re-exported
 from tfdet._errors import TargetError
-from tfdet._runs import _check, _perturb, _report
-from tfdet._runs._options import RunOptions
-from tfdet._runs._report import CheckReport, RunFacts  # noqa: F401 - re-exported
-from tfdet._runs._spawn import ProgressFn
+from tfdet._protocol import _perturb
+from tfdet._runner._spawn import ProgressFn
 
 # The file-level name of the callable in the module written for it.
 _ENTRY = "tfdet_target"
@@ -54,7 +55,7 @@ def check_with_options(
 ) -> CheckReport:
     """Runs the check `options` describe; what the CLI and `check()` call.
 
-    `progress` and `on_step` as in `tfdet._runs._check.check`. With
+    `progress` and `on_step` as in `tfdet._commands._check.check`. With
     `options.control`, the same runs follow without tfdet, and the report
     says what they found (`CheckReport.control`).
     """
@@ -104,7 +105,7 @@ def check(
             -c` or `__main__`) is passed by value: see "Callables" below.
         progress: Called with one line of text per event (`print` shows
             them); None: silent.
-        **options: `tfdet._runs._options.RunOptions` fields. `perturb` may
+        **options: `tfdet._commands._options.RunOptions` fields. `perturb` may
             also be a string as `--perturb` takes it (`"all"`, `"none"`,
             `"affinity,hashseed"`).
 

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from tfdet._pin import _settings
-from tfdet._runs import _child, _emulation, _perturb, _protocol, _target
+from tfdet._protocol import _emulation, _perturb, _spec
+from tfdet._target import _load
 from tfdet.patches._registry import AUTO
 
 DEFAULT_RUNS = 2
@@ -46,7 +47,7 @@ class RunOptions:
         runs: Processes per device (>= 2; `tfdet locate` always uses 2).
         steps: Training steps per run (>= 1).
         device: `"cpu"`, `"gpu"` or `"all"`.
-        perturb: Perturbation names from `tfdet._runs._perturb.KNOWN`.
+        perturb: Perturbation names from `tfdet._protocol._perturb.KNOWN`.
         enable: Whether the runs call `tfdet.enable()`.
         seed: The runs' seed.
         threads: `tfdet.enable(threads=...)`; only the default without
@@ -76,7 +77,7 @@ class RunOptions:
         TargetError: `target` is not a TARGET string.
     """
 
-    target: _target.TargetSpec | str | None = None
+    target: _load.TargetSpec | str | None = None
     runs: int = DEFAULT_RUNS
     steps: int = DEFAULT_STEPS
     device: str = DEFAULT_DEVICE
@@ -107,8 +108,8 @@ class RunOptions:
         )
 
     def __post_init__(self) -> None:
-        if not isinstance(self.target, _target.TargetSpec):
-            self._set("target", _target.parse(self.target))
+        if not isinstance(self.target, _load.TargetSpec):
+            self._set("target", _load.parse(self.target))
         self._set("runs", _settings.check_int("runs", self.runs, 2, None))
         self._set("steps", _settings.check_int("steps", self.steps, 1, None))
         for name in ("workers", "replicas"):
@@ -195,9 +196,9 @@ class RunOptions:
         return self.workers > 1 or self.replicas > 1
 
     @property
-    def target_spec(self) -> _target.TargetSpec:
+    def target_spec(self) -> _load.TargetSpec:
         """The parsed TARGET (`target` is always one after validation)."""
-        assert isinstance(self.target, _target.TargetSpec)
+        assert isinstance(self.target, _load.TargetSpec)
         return self.target
 
     @property
@@ -206,7 +207,7 @@ class RunOptions:
         return self.cpu_isa if self.enable else None
 
     def context(
-        self, kind: str = _protocol.CHECK, runs: int | None = None
+        self, kind: str = _spec.CHECK, runs: int | None = None
     ) -> _perturb.Context:
         """The planning context of these runs: what the perturbations need.
 
@@ -222,7 +223,7 @@ class RunOptions:
             self.threads,
             self.emulate_cpu,
         )
-        if kind == _protocol.SCRIPT:
+        if kind == _spec.SCRIPT:
             return dataclasses.replace(
                 base,
                 interrupt_after=_perturb.SCRIPT_INTERRUPT_AFTER,
@@ -231,12 +232,12 @@ class RunOptions:
                 "a TARGET's model",
             )
         not_predicting = None
-        if kind != _protocol.CHECK:
+        if kind != _spec.CHECK:
             not_predicting = "tfdet locate compares training steps"
         elif self.distributed:
             not_predicting = "not for --workers or --replicas"
         reason = None
-        if kind != _protocol.CHECK:
+        if kind != _spec.CHECK:
             reason = "tfdet locate does not interrupt its runs"
         elif self.steps < 2:
             reason = "needs 2 steps or more: one before the interruption, one after"
@@ -258,7 +259,7 @@ class RunOptions:
 
     def plan(
         self,
-        kind: str = _protocol.CHECK,
+        kind: str = _spec.CHECK,
         runs: int | None = None,
         names: Sequence[str] | None = None,
     ) -> list[_perturb.RunSetup]:
@@ -269,16 +270,14 @@ class RunOptions:
         )
 
     def skipped(
-        self, kind: str = _protocol.CHECK, names: Sequence[str] | None = None
+        self, kind: str = _spec.CHECK, names: Sequence[str] | None = None
     ) -> dict[str, str]:
         """`{name: reason}` for the requested perturbations that do not apply."""
         return _perturb.skipped(
             self.context(kind), self.perturb if names is None else names
         )
 
-    def worker_spec(
-        self, kind: str = _protocol.CHECK, **fields: Any
-    ) -> _child.WorkerSpec:
+    def worker_spec(self, kind: str = _spec.CHECK, **fields: Any) -> _spec.WorkerSpec:
         """The spec every process of a run of these options gets.
 
         The settings every kind pins (seed, enable, threads, cpu_isa) come
@@ -288,7 +287,7 @@ class RunOptions:
         trace and progress channel (and the pool size of a `threads`
         perturbation).
         """
-        if kind in (_protocol.CHECK, _protocol.LOCATE):
+        if kind in (_spec.CHECK, _spec.LOCATE):
             fields = {
                 "target": self.target_spec.text,
                 "steps": self.steps,
@@ -296,7 +295,7 @@ class RunOptions:
                 "replicas": self.replicas,
                 **fields,
             }
-        return _child.WorkerSpec(
+        return _spec.WorkerSpec(
             kind,
             seed=self.seed,
             enable=self.enable,

@@ -5,7 +5,7 @@ for, when it does not apply, what it changes in each run (a `Change`:
 environment, CPU affinity, start delay, a busy neighbour, pool size), how a
 worker of a multi-worker run differs, and what a child process applies
 itself (`in_child`, run by every kind of run through
-`tfdet._runs._child.child_start`). The plan (`plan`), attribution,
+`tfdet._child._start.child_start`). The plan (`plan`), attribution,
 `skipped`, the reports and `--help` loop over `REGISTRY`: a new
 perturbation is one record. They take plain values (a `Context`); a run's
 options make theirs (`RunOptions.context`).
@@ -34,7 +34,7 @@ from tfdet import _variables
 from tfdet._pin import _cache_sizes, _cpuid, _environment, _isa
 from tfdet._pin._environment import affinity
 from tfdet._pin._settings import DEFAULT_THREADS
-from tfdet._runs import _emulation, _predict, _protocol
+from tfdet._protocol import _emulation, _predict, _spec
 
 NONE = "none"
 STAGGER_SECONDS = 0.75
@@ -426,7 +426,7 @@ def _migrate_supersedes(change: Change) -> Mapping[str, Change]:
 
 
 def _interrupt_in_child() -> str | None:
-    steps = _protocol.resumed_after()
+    steps = _spec.resumed_after()
     if steps is None:
         return None  # Not the process that resumes (it confirms, the first dies).
     return f"resumed in a fresh process after a SIGKILL at {steps} recorded steps"
@@ -980,7 +980,7 @@ def workers_of(setup: RunSetup, workers: int) -> list[RunSetup]:
 def applied_in_child() -> dict[str, str]:
     """Applies every in-child perturbation this process's environment asks for.
 
-    Called by `tfdet._runs._child.child_start` in every kind of run.
+    Called by `tfdet._child._start.child_start` in every kind of run.
 
     Returns:
         `{perturbation: what was done}` for each one applied.

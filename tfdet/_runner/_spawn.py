@@ -1,7 +1,7 @@
 """Spawning fresh training processes, concurrently, under perturbations.
 
-Each process is `python -m tfdet._runs._child SPEC_JSON` (see
-`tfdet._runs._child`: one spec type, one start, one result and progress
+Each process is `python -m tfdet._child SPEC_JSON` (see
+`tfdet._child._start`: one spec type, one start, one result and progress
 protocol for every kind of run) with its own environment, CPU affinity,
 start delay and optional CPU-burning neighbour. Progress lines arrive on a
 pipe of their own and go to a callback; stdout and stderr go to files, the
@@ -33,8 +33,9 @@ from typing import Any
 
 from tfdet import _notices
 from tfdet._errors import RunFailedError, TargetError
-from tfdet._runs import _child, _perturb, _protocol, _target
-from tfdet._runs._perturb import RunSetup
+from tfdet._protocol import _perturb, _spec
+from tfdet._protocol._perturb import RunSetup
+from tfdet._target import _load
 
 STDERR_TAIL_LINES = 25
 # A failed run's traceback is kept whole up to this many lines.
@@ -47,7 +48,7 @@ ProgressFn = Callable[[str], None]
 StepFn = Callable[[str, int, int, int], None]
 
 
-def preflight(spec: _target.TargetSpec, timeout: float) -> None:
+def preflight(spec: _load.TargetSpec, timeout: float) -> None:
     """Checks the TARGET before any run is spawned.
 
     Built-in targets are known to be good (parsing checked them); other
@@ -68,7 +69,7 @@ def preflight(spec: _target.TargetSpec, timeout: float) -> None:
     with tempfile.TemporaryDirectory(prefix="tfdet-preflight-") as workdir:
         (outcome,) = run_all(
             [RunSetup(0)],
-            _child.WorkerSpec(_protocol.PREFLIGHT, target=spec.text),
+            _spec.WorkerSpec(_spec.PREFLIGHT, target=spec.text),
             workdir,
             base_env=run_environment(spec, "cpu"),
             timeout=timeout,
@@ -97,7 +98,7 @@ def raise_unbuilt_target(
     for outcome in outcomes:
         if outcome.target_error is not None:
             raise TargetError(outcome.target_error)
-    if any(outcome.stage == _child.BUILT for outcome in outcomes):
+    if any(outcome.stage == _spec.BUILT for outcome in outcomes):
         return
     if any(outcome.timed_out for outcome in outcomes):
         raise RunFailedError(
@@ -107,7 +108,7 @@ def raise_unbuilt_target(
             "sooner."
         )
     for outcome in outcomes:
-        if outcome.stage == _child.BUILDING and not outcome.ok:
+        if outcome.stage == _spec.BUILDING and not outcome.ok:
             raise _ended_while_building(outcome, target)
 
 
@@ -128,7 +129,7 @@ def _ended_while_building(outcome: RunOutcome, target: str) -> TargetError:
     )
 
 
-def run_environment(spec: _target.TargetSpec, device: str) -> dict[str, str]:
+def run_environment(spec: _load.TargetSpec, device: str) -> dict[str, str]:
     """The environment the runs of TARGET on `device` start from."""
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -170,7 +171,7 @@ class RunOutcome:
             given), or why tfdet could not start it.
         target_error: The run's report that its TARGET cannot be built or
             trained (exit 2 for the whole command), or None.
-        stage: How far the TARGET got (`_child.BUILDING`, `_child.BUILT`),
+        stage: How far the TARGET got (`_spec.BUILDING`, `_spec.BUILT`),
             as the run told it; None before the TARGET function was called,
             and for a run that builds no TARGET (a script).
         interrupted: For a run of the `interrupt` perturbation, whether its
@@ -364,7 +365,7 @@ def _forward_progress(
     Anything else is ignored.
     """
     line = raw.decode("utf-8", errors="replace").strip()
-    if line in _child.STAGES:
+    if line in _spec.STAGES:
         stages.append(line)
         return
     if progress is None:
@@ -425,7 +426,7 @@ def _read_result(
     except (OSError, ValueError) as error:
         return None, f"exited 0 but its result is unreadable ({error})", None
     error = result.get("error") if isinstance(result, dict) else None
-    if isinstance(error, dict) and error.get("kind") == _child.TARGET_ERROR:
+    if isinstance(error, dict) and error.get("kind") == _spec.TARGET_ERROR:
         return None, None, str(error.get("message"))
     applied = result.get("perturbations_applied") or {}
     # A run may say why it could not apply one (a script that wrote no
@@ -442,10 +443,10 @@ def _read_result(
     return result, None, None
 
 
-def _killed_at(spec: _child.WorkerSpec) -> str | None:
+def _killed_at(spec: _spec.WorkerSpec) -> str | None:
     """The steps the interrupted process had recorded when it was killed."""
     try:
-        with open(spec.result + _child.KILLED_SUFFIX, encoding="utf-8") as handle:
+        with open(spec.result + _spec.KILLED_SUFFIX, encoding="utf-8") as handle:
             return handle.read().strip() or None
     except OSError:
         return None
@@ -470,7 +471,7 @@ def _start_and_wait(
     """
     read_fd, write_fd = os.pipe()
     spec = dataclasses.replace(
-        _child.WorkerSpec.from_json(command[-1]), progress_fd=write_fd
+        _spec.WorkerSpec.from_json(command[-1]), progress_fd=write_fd
     )
     cpus = set(setup.cpus) if setup.cpus else None
 
@@ -523,7 +524,7 @@ def _start_and_wait(
 def _run_one(
     setup: RunSetup,
     module: str,
-    spec: _child.WorkerSpec,
+    spec: _spec.WorkerSpec,
     base_env: dict[str, str],
     workdir: str,
     timeout: float,
@@ -598,7 +599,7 @@ def _run_one(
     # A run that ended while building its TARGET stops no other: whether the
     # TARGET is at fault (every run ends so) or this run's perturbation is
     # (another run builds it) is decided once all have built or ended.
-    if result is None and (stage != _child.BUILDING or timed_out):
+    if result is None and (stage != _spec.BUILDING or timed_out):
         group.fail(setup)
         if group.first_failure is not None and group.first_failure != setup:
             failure = f"stopped after {group.first_failure.name} failed"
@@ -676,10 +677,10 @@ def _with_cluster(job: list[RunSetup]) -> list[RunSetup]:
 
 def run_jobs(
     jobs: list[list[RunSetup]],
-    spec: _child.WorkerSpec,
+    spec: _spec.WorkerSpec,
     workdir: str,
     *,
-    module: str = _child.MODULE,
+    module: str = _spec.MODULE,
     base_env: dict[str, str] | None = None,
     timeout: float,
     progress: Callable[[int, int, int], None] | None = None,
@@ -775,7 +776,7 @@ def _join_interruptibly(thread: threading.Thread) -> None:
 
 
 def run_all(
-    setups: list[RunSetup], spec: _child.WorkerSpec, workdir: str, **options: Any
+    setups: list[RunSetup], spec: _spec.WorkerSpec, workdir: str, **options: Any
 ) -> list[RunOutcome]:
     """`run_jobs` for runs of one process each: one `RunOutcome` per setup.
 

@@ -1,6 +1,6 @@
 """The check's report: typed records, built once; `to_dict()` is its JSON.
 
-`tfdet._runs._check` builds a `CheckReport` from the runs; `tfdet check
+`tfdet._commands._check` builds a `CheckReport` from the runs; `tfdet check
 --json` writes `CheckReport.to_dict()`, the human report is formatted from
 that dict (`tfdet._cli._check_text`), and `tfdet.check()` returns the
 `CheckReport` itself. Nothing else writes the report's JSON, so the Python
@@ -106,7 +106,7 @@ class RunReport:
 
     Attributes:
         facts: What is said of every run, trained or not
-            (`tfdet._runs._spawn.RunOutcome.facts`: index, worker, name,
+            (`tfdet._runner._spawn.RunOutcome.facts`: index, worker, name,
             perturbations, ok, reason, returncode, timed_out, seconds).
         training: What it trained (a run that finished), or None.
         stderr_tail: The end of its stderr without TensorFlow's start-up

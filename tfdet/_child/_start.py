@@ -1,7 +1,7 @@
 """The protocol between tfdet and the training processes it starts.
 
 Every process `tfdet check`, `check --script`, `locate` and the TARGET
-preflight start is `python -m tfdet._runs._child SPEC_JSON`, where SPEC_JSON
+preflight start is `python -m tfdet._child SPEC_JSON`, where SPEC_JSON
 is one `WorkerSpec`. The child:
 
 1. calls `child_start` first (every kind): `tfdet.enable()` with the spec's
@@ -23,7 +23,7 @@ is one `WorkerSpec`. The child:
    one way: `{"error": {"kind": "target", "message": ...}}` and exit 2.
 
 Environment variables a child reads (the parent sets them; see
-`tfdet._runs._perturb` and `tfdet._runs._spawn.run_environment`): those of
+`tfdet._protocol._perturb` and `tfdet._runner._spawn.run_environment`): those of
 `tfdet.enable()` and TensorFlow (`TF_NUM_INTRAOP_THREADS`, `ONEDNN_MAX_CPU_ISA`,
 `XLA_FLAGS`, `TF_ENABLE_ONEDNN_OPTS`, `TF_USE_LEGACY_KERAS`, `TF_CONFIG`,
 `CUDA_VISIBLE_DEVICES`, `TF_CPP_MIN_LOG_LEVEL`), `PYTHONHASHSEED` (at
@@ -35,7 +35,6 @@ steps are recorded; the parent starts a second one, which resumes).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -44,91 +43,18 @@ import warnings
 from typing import Any
 
 from tfdet import _variables
-from tfdet._pin._settings import DEFAULT_THREADS
-from tfdet._runs._protocol import KINDS, PREFLIGHT, SCRIPT
-from tfdet.patches._registry import AUTO
-
-MODULE = "tfdet._runs._child"
-
-# The result of a run whose TARGET cannot be built or trained.
-TARGET_ERROR = "target"
-
-# Lines on the progress channel besides `DONE TOTAL`: the TARGET function
-# was called, and it returned a model whose first batch fits it.
-BUILDING = "building"
-BUILT = "built"
-STAGES = (BUILDING, BUILT)
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerSpec:
-    """Everything a child process is told (its argv[1], as JSON).
-
-    Attributes:
-        kind: One of `KINDS`: what the process runs.
-        seed: The run's seed.
-        enable: Whether the process calls `tfdet.enable()`.
-        threads: `tfdet.enable(threads=...)` (the `threads` perturbation
-            gives some processes another one).
-        cpu_isa: `tfdet.enable(cpu_isa=...)`.
-        patches: `tfdet.enable(patches=...)`.
-        target: The TARGET string (check, locate, preflight).
-        steps: Training steps (check, locate).
-        workers: Processes of a multi-worker run (check).
-        replicas: Replicas of a `MirroredStrategy` in one process (check).
-        record: Path of a `tfdet locate --record` trace to write, or None.
-        script: Path of the training script (script).
-        args: The script's arguments (script).
-        max_steps: Stop the script after this many recorded steps, or None.
-        result: Path of the result file (filled in per process).
-        trace: Path of the trace file, or the base of a script's trace files
-            (filled in per process).
-        progress_fd: The descriptor of the progress channel, or None
-            (filled in per process).
-        resume_dir: Where a run of the `interrupt` perturbation keeps what
-            it needs to resume (filled in per process), or None.
-    """
-
-    kind: str
-    seed: int = 0
-    enable: bool = True
-    threads: int = DEFAULT_THREADS
-    cpu_isa: str | None = None
-    patches: tuple[str, ...] = (AUTO,)
-    target: str | None = None
-    steps: int = 0
-    workers: int = 1
-    replicas: int = 1
-    record: str | None = None
-    script: str | None = None
-    args: tuple[str, ...] = ()
-    max_steps: int | None = None
-    result: str = ""
-    trace: str = ""
-    progress_fd: int | None = None
-    resume_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(
-                f"Expected a worker kind from {', '.join(KINDS)}. Received: "
-                f"kind={self.kind!r}"
-            )
-        # JSON gives lists back: the sequences are tuples, so a spec read
-        # back equals the one written.
-        object.__setattr__(self, "args", tuple(self.args))
-        object.__setattr__(self, "patches", tuple(self.patches))
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> WorkerSpec:
-        return cls(**json.loads(text))
-
+from tfdet._protocol._spec import (
+    KILLED_SUFFIX,
+    KINDS,
+    PREFLIGHT,
+    SCRIPT,
+    STAGES,
+    TARGET_ERROR,
+    WorkerSpec,
+)
 
 # The child's own state: its spec and the process that owns the channels.
-_spec: WorkerSpec | None = None
+_own_spec: WorkerSpec | None = None
 _owner_pid: int | None = None
 _progress: Any = None
 _applied: dict[str, str] = {}
@@ -138,8 +64,6 @@ _not_applied: dict[str, str] = {}
 # when the script last wrote a backup it could resume from (None: never).
 _steps_recorded = 0
 _last_backup_at: int | None = None
-# Next to the result: the steps recorded when the interrupt killed the run.
-KILLED_SUFFIX = ".killed"
 
 
 def is_owner() -> bool:
@@ -177,8 +101,8 @@ def report_progress(done: int, total: int) -> None:
     _tell_parent(f"{done} {total}")
     _steps_recorded = done
     if _interrupt_now(done):
-        if _spec is not None:
-            with open(_spec.result + KILLED_SUFFIX, "w", encoding="utf-8") as out:
+        if _own_spec is not None:
+            with open(_own_spec.result + KILLED_SUFFIX, "w", encoding="utf-8") as out:
                 out.write(str(done))
         sys.stdout.flush()
         sys.stderr.flush()
@@ -198,7 +122,7 @@ def _interrupt_now(done: int) -> bool:
     wanted = os.environ.get(_variables.INTERRUPT_AFTER)
     if not wanted:
         return False
-    if _spec is None or _spec.kind != SCRIPT:
+    if _own_spec is None or _own_spec.kind != SCRIPT:
         return wanted == str(done)
     return (
         done >= int(wanted) and _last_backup_at is not None and done > _last_backup_at
@@ -258,7 +182,7 @@ def _pool_size_ops() -> list[str]:
 
 def write_result(result: dict[str, Any]) -> None:
     """Writes the run's result atomically: a crashed run leaves none."""
-    if _spec is None or not is_owner():
+    if _own_spec is None or not is_owner():
         return
     result = {
         **result,
@@ -266,10 +190,10 @@ def write_result(result: dict[str, Any]) -> None:
         "perturbations_not_applied": dict(_not_applied),
         "pool_size_ops": _pool_size_ops(),
     }
-    partial = _spec.result + ".tmp"
+    partial = _own_spec.result + ".tmp"
     with open(partial, "w", encoding="utf-8") as out:
         json.dump(result, out)
-    os.replace(partial, _spec.result)
+    os.replace(partial, _own_spec.result)
 
 
 def seed_without_tfdet(seed: int, workers: int = 1) -> None:
@@ -311,7 +235,7 @@ def _enable(spec: WorkerSpec) -> None:
 
 
 def _apply_perturbations() -> None:
-    from tfdet._runs import _perturb
+    from tfdet._protocol import _perturb
 
     _applied.update(_perturb.applied_in_child())
 
@@ -333,7 +257,7 @@ def child_start(spec: WorkerSpec) -> None:
     # TensorFlow's libraries are loaded and before its first op.
     _import_hook.when_imported("tensorflow", _apply_perturbations)
     if spec.kind != PREFLIGHT:
-        from tfdet._runs import _xla
+        from tfdet._child import _xla
 
         # After enable(), which must precede `import tensorflow` (oneDNN), and
         # before the TARGET compiles: what it asked of XLA.
@@ -366,27 +290,19 @@ def _open_progress(fd: int | None) -> Any:
 
 
 def main(argv: list[str]) -> int:
-    """The entry point of every child: `python -m tfdet._runs._child SPEC_JSON`."""
+    """The entry point of every child: `python -m tfdet._child SPEC_JSON`."""
     import importlib
 
-    global _spec, _owner_pid, _progress
+    global _own_spec, _owner_pid, _progress
     from tfdet._errors import EXIT_USAGE, TargetError
 
-    _spec = WorkerSpec.from_json(argv[1])
+    _own_spec = WorkerSpec.from_json(argv[1])
     _owner_pid = os.getpid()
-    _progress = _open_progress(_spec.progress_fd)
-    module = importlib.import_module(KINDS[_spec.kind])
+    _progress = _open_progress(_own_spec.progress_fd)
+    module = importlib.import_module(KINDS[_own_spec.kind])
     try:
-        return module.run(_spec) or 0
+        return module.run(_own_spec) or 0
     except TargetError as error:
         # Bad input, not a crash: the parent reports it as exit 2.
         write_result({"error": {"kind": TARGET_ERROR, "message": str(error)}})
         return EXIT_USAGE
-
-
-if __name__ == "__main__":
-    # The state above must live in the module the workers import, not in
-    # this `__main__` copy of it.
-    from tfdet._runs import _child
-
-    sys.exit(_child.main(sys.argv))

@@ -1,8 +1,8 @@
 """`tfdet locate`: the first layer whose bits differ between two processes.
 
 Two fresh processes train TARGET under the perturbations of `tfdet check`
-(`tfdet._runs._perturb`, spawned by `tfdet._runs._spawn`), each running
-`tfdet._runs._locate_worker`, which fingerprints every layer's forward
+(`tfdet._protocol._perturb`, spawned by `tfdet._runner._spawn`), each running
+`tfdet._child._locate_worker`, which fingerprints every layer's forward
 output, the loss, the gradient flowing into every layer's output and every
 variable's gradient, and the weights after the update, at every step;
 `tfdet._record._layer_walk` finds where the two records part.
@@ -23,11 +23,12 @@ import os
 import tempfile
 from typing import Any
 
+from tfdet._commands._options import RunOptions
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, Error, RunFailedError
+from tfdet._protocol import _emulation, _perturb, _spec
 from tfdet._record import _layer_walk
-from tfdet._runs import _emulation, _perturb, _protocol, _spawn
-from tfdet._runs._options import RunOptions
-from tfdet._runs._spawn import ProgressFn
+from tfdet._runner import _spawn
+from tfdet._runner._spawn import ProgressFn
 
 
 def _run(
@@ -47,7 +48,7 @@ def _run(
     with tempfile.TemporaryDirectory(prefix="tfdet-locate-") as workdir:
         outcomes = _spawn.run_all(
             setups,
-            options.worker_spec(_protocol.LOCATE, record=record_path),
+            options.worker_spec(_spec.LOCATE, record=record_path),
             workdir,
             # Layer fingerprints are taken on the CPU: GPUs are hidden.
             base_env=_spawn.run_environment(spec, "cpu"),
@@ -94,7 +95,7 @@ def record(
         why = _emulation.unavailable(options.pinned_cap)
         if why is not None:
             raise Error(f"Expected to record on an emulated CPU. Received: {why}")
-        setup = _perturb.emulated_setup(options.context(_protocol.LOCATE, runs=2))
+        setup = _perturb.emulated_setup(options.context(_spec.LOCATE, runs=2))
     (outcome,) = _run(options, [setup], path, progress, on_step)
     return {
         "target": options.target_spec.text,
@@ -130,7 +131,7 @@ def locate(
         RunFailedError: a run crashed or timed out.
     """
     names = list(options.perturb)
-    setups = options.plan(_protocol.LOCATE, 2, names)
+    setups = options.plan(_spec.LOCATE, 2, names)
     outcomes = _run(options, setups, None, progress, on_step)
     a, b = outcomes[0].result, outcomes[1].result
     location = _layer_walk.locate_results(a, b)
@@ -139,7 +140,7 @@ def locate(
         "enable": options.enable,
         "steps": options.steps,
         "perturbations": names,
-        "perturbations_skipped": options.skipped(_protocol.LOCATE),
+        "perturbations_skipped": options.skipped(_spec.LOCATE),
         "runs": [
             {
                 "index": outcome.setup.index,

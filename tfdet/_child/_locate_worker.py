@@ -1,7 +1,7 @@
 """Child side of `tfdet locate`: train a TARGET, fingerprint every layer.
 
-Runs in a fresh, perturbed process started by `tfdet._runs._child` (kind
-`locate`; it starts as the check child does, `tfdet._runs._worker.start`). Each
+Runs in a fresh, perturbed process started by `tfdet._child._start` (kind
+`locate`; it starts as the check child does, `tfdet._child._worker.start`). Each
 step is one `tf.function` with a `tf.GradientTape`; every layer's `call` is
 wrapped so that, while the step is traced, its outputs are collected in
 execution order. The step returns those outputs, the gradient of the loss
@@ -22,8 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdet._graph import _layers
+from tfdet._protocol._spec import WorkerSpec
 from tfdet._record import _layer_walk, _trace
-from tfdet._runs._child import WorkerSpec
 
 _PLUMBING_OPS = frozenset(
     {"Placeholder", "Const", "NoOp", "Identity", "IdentityN", "ReadVariableOp"}
@@ -244,9 +244,9 @@ def run(spec: WorkerSpec) -> None:
     With `spec.record`, also writes the fingerprints as a trace as the steps
     run (`tfdet locate --record`).
     """
+    from tfdet._child import _start, _worker
     from tfdet._errors import TargetError
     from tfdet._record import _bits
-    from tfdet._runs import _child, _worker
 
     started = time.perf_counter()
     built = _worker.start(spec)
@@ -313,14 +313,14 @@ def run(spec: WorkerSpec) -> None:
                         steps[-1], _trace.weights_fingerprint(checksums)
                     )
                 )
-            _child.report_progress(step + 1, spec.steps)
+            _start.report_progress(step + 1, spec.steps)
     finally:
         if writer is not None:
             writer.close()
 
-    _child.write_result(
+    _start.write_result(
         {
-            **_child.run_facts(spec),
+            **_start.run_facts(spec),
             "layers": layers,
             "variables": names,
             "variable_layers": owners,

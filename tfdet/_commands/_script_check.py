@@ -1,7 +1,7 @@
 """`tfdet check --script`: is a user's training script, as it is, repeatable?
 
 The script runs unchanged, whole, in N fresh processes started together under
-the perturbations of `tfdet check` (`tfdet._runs._perturb`), each the way
+the perturbations of `tfdet check` (`tfdet._protocol._perturb`), each the way
 `tfdet run` runs a script: environment pinned, `tfdet.enable()` first (unless
 `enable=False`), `sys.argv` set. Recording hooks (`_script_worker`) trace
 every `fit` call, every model's `train_on_batch` calls and every custom loop's
@@ -21,20 +21,22 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, TraceFormatError
-from tfdet._pin import _isa, _settings
-from tfdet._record import _diff, _trace
-from tfdet._runs import _perturb, _protocol, _spawn, _target, _workdir
-from tfdet._runs._options import RunOptions
-from tfdet._runs._report import (
+from tfdet._commands._options import RunOptions
+from tfdet._commands._report import (
     ScriptCheckReport,
     ScriptDivergence,
     ScriptRunReport,
     ScriptTraining,
     control_of,
 )
-from tfdet._runs._spawn import ProgressFn
+from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, TraceFormatError
+from tfdet._pin import _isa, _settings
+from tfdet._protocol import _perturb, _spec
+from tfdet._record import _diff, _trace
+from tfdet._runner import _spawn, _workdir
+from tfdet._runner._spawn import ProgressFn
 from tfdet._setup import _enable
+from tfdet._target import _load
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,10 +80,8 @@ class ScriptOptions:
 def _environment(options: ScriptOptions) -> dict[str, str]:
     """The runs' environment: `tfdet run`'s pins, the script's Keras choice."""
     run = options.run
-    legacy = _target.sets_legacy_keras(options.script)
-    env = _spawn.run_environment(
-        _target.TargetSpec("script", legacy_keras=legacy), "cpu"
-    )
+    legacy = _load.sets_legacy_keras(options.script)
+    env = _spawn.run_environment(_load.TargetSpec("script", legacy_keras=legacy), "cpu")
     if run.enable:
         env.update(
             _enable.pinned_environment(
@@ -254,13 +254,13 @@ def check_script(
     report says what they found (`ScriptCheckReport.control`).
     """
     run = options.run
-    setups = run.plan(_protocol.SCRIPT)
+    setups = run.plan(_spec.SCRIPT)
     launched_in = os.getcwd()
     # Inside the directory the check was started in, the script runs from
     # each run's mirror of it (a relative path resolves there).
     relative = _workdir.inside(options.script, launched_in)
     spec = run.worker_spec(
-        _protocol.SCRIPT,
+        _spec.SCRIPT,
         script=relative or os.path.abspath(options.script),
         args=options.args,
         max_steps=options.max_steps,
@@ -338,7 +338,7 @@ def check_script(
         max_steps=options.max_steps,
         perturbations=tuple(run.perturb),
         perturbations_skipped={
-            **run.skipped(_protocol.SCRIPT),
+            **run.skipped(_spec.SCRIPT),
             # Given, but a run could not apply it (e.g. no backup to resume).
             **{
                 name: reason

@@ -1,0 +1,7 @@
+"""`python -m tfdet._child SPEC_JSON`: the entry point of every child process."""
+
+import sys
+
+from tfdet._child import _start
+
+sys.exit(_start.main(sys.argv))
