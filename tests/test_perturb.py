@@ -68,8 +68,8 @@ def test_threads_emulation_and_interrupt_are_opt_in_and_everything_is_described(
 
 
 def test_every_run_after_the_baseline_differs_in_each_applied_perturbation():
-    setups = check_options(runs=3).plan()
-    applied = set(_perturb.ALL) - set(check_options().skipped())
+    setups = check_options(runs=3).plan().setups
+    applied = set(_perturb.ALL) - set(check_options().plan().skipped)
     for setup in setups[1:]:
         for name in applied - {"neighbour"}:
             assert setup.labels[name] != setups[0].labels[name]
@@ -80,10 +80,10 @@ def test_every_run_after_the_baseline_differs_in_each_applied_perturbation():
 def test_isa_preset_under_a_pinned_cap_is_not_applicable_and_never_set():
     # With the cap pinned, a preset above it is overridden and one below it is
     # another profile: no preset may be planned, and the report says why.
-    reason = check_options(perturb=("isa",)).skipped()["isa"]
+    reason = check_options(perturb=("isa",)).plan().skipped["isa"]
     if _isa.applies():
         assert reason.startswith("not applicable: the profile pins")
-    for setup in check_options(runs=4, perturb=("isa",)).plan():
+    for setup in check_options(runs=4, perturb=("isa",)).plan().setups:
         assert _isa.ONEDNN_ISA_VARIABLE not in setup.env
         assert "isa" not in setup.labels
 
@@ -95,9 +95,9 @@ def _avx512_server(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_isa_presets_without_a_pinned_cap_lower_the_isa_in_force(monkeypatch):
     _avx512_server(monkeypatch)
-    assert check_options(perturb=("isa",), cpu_isa=None).skipped() == {}
+    assert check_options(perturb=("isa",), cpu_isa=None).plan().skipped == {}
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
-    base, *others = check_options(runs=4, perturb=("isa",), cpu_isa=None).plan()
+    base, *others = check_options(runs=4, perturb=("isa",), cpu_isa=None).plan().setups
     assert base.env[_isa.ONEDNN_ISA_VARIABLE] is None
     assert base.env["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"
     assert others[0].env[_isa.ONEDNN_ISA_VARIABLE] == "AVX2"
@@ -113,7 +113,7 @@ def test_isa_presets_without_a_pinned_cap_lower_the_isa_in_force(monkeypatch):
         assert _isa.rank("AVX2") <= _isa.rank(cap) < _isa.rank("AVX512_CORE")
         assert _isa.in_force(cap, AVX512_SERVER) != _isa.in_force(None, AVX512_SERVER)
     # "ALL" pins nothing either.
-    assert check_options(perturb=("isa",), cpu_isa="ALL").skipped() == {}
+    assert check_options(perturb=("isa",), cpu_isa="ALL").plan().skipped == {}
 
 
 def test_isa_on_an_avx2_cpu_without_a_cap_has_nothing_to_lower(monkeypatch):
@@ -121,15 +121,19 @@ def test_isa_on_an_avx2_cpu_without_a_cap_has_nothing_to_lower(monkeypatch):
     monkeypatch.setattr(_isa, "cpu_flags", lambda: frozenset({"sse4_1", "avx", "avx2"}))
     assert (
         "nothing above AVX2"
-        in check_options(perturb=("isa",), cpu_isa=None).skipped()["isa"]
+        in check_options(perturb=("isa",), cpu_isa=None).plan().skipped["isa"]
     )
 
 
 @pytest.mark.parametrize(("profile", "other"), [(None, 3), (1, 3), (2, 3), (4, 1)])
 def test_threads_gives_the_other_runs_another_pool_size(profile, other):
-    base, *others = check_options(
-        runs=3, perturb=("threads",), **({"threads": profile} if profile else {})
-    ).plan()
+    base, *others = (
+        check_options(
+            runs=3, perturb=("threads",), **({"threads": profile} if profile else {})
+        )
+        .plan()
+        .setups
+    )
     assert base.threads is None
     assert base.env["TF_NUM_INTRAOP_THREADS"] is None
     for setup in others:
@@ -146,7 +150,7 @@ def test_threads_gives_the_other_runs_another_pool_size(profile, other):
 
 
 def test_single_perturbation_setup_keeps_the_baseline_otherwise():
-    base, other = check_options(perturb=("hashseed", "stagger")).plan()
+    base, other = check_options(perturb=("hashseed", "stagger")).plan().setups
     mixed = base.with_perturbation_of(other, "hashseed", 9)
     assert mixed.env["PYTHONHASHSEED"] == other.env["PYTHONHASHSEED"]
     assert mixed.delay == base.delay and mixed.index == 9
@@ -161,7 +165,7 @@ def test_spawner_puts_the_threads_override_into_the_worker_spec(tmp_path: Path):
         "json.dump(spec, open(spec['result'], 'w'))\n"
     )
     env = clean_env(PYTHONPATH=str(tmp_path))
-    setups = check_options(perturb=("threads",)).plan()
+    setups = check_options(perturb=("threads",)).plan().setups
     outcomes = _spawn.run_all(
         setups,
         _spec.WorkerSpec(_spec.CHECK, threads=1),
@@ -254,10 +258,10 @@ def test_interrupt_applies_to_single_process_keras3_runs_of_two_steps(options, r
     from tfdet._commands import _options
 
     run_options = _options.RunOptions(perturb=("interrupt",), **options)
-    skipped = run_options.skipped().get("interrupt")
+    skipped = run_options.plan().skipped.get("interrupt")
     assert (skipped is None) if reason is None else reason in skipped
     if reason is None:
-        base, other = run_options.plan()
+        base, other = run_options.plan().setups
         assert not base.resumes and other.resumes
         assert other.env["TFDET_INTERRUPT_AFTER"] == "2"
         assert _perturb.resumed_environment(other) == {
@@ -285,7 +289,7 @@ def test_migrate_kills_the_run_unperturbed_and_resumes_it_under_the_others(
     # A stand-in worker that says what each of its processes was given.
     (tmp_path / "moving_worker.py").write_text(_KILLED_THEN_RESUMED)
     env = clean_env(PYTHONPATH=str(tmp_path), PYTHONHASHSEED="0")
-    setups = check_options(perturb=("migrate", "threads", "hashseed")).plan()
+    setups = check_options(perturb=("migrate", "threads", "hashseed")).plan().setups
     assert setups[1].resuming == "migrate"
     assert set(setups[1].killed_on.changes) == {"migrate"}
     assert setups[0].killed_on is setups[0]
@@ -310,16 +314,16 @@ def test_migrate_kills_the_run_unperturbed_and_resumes_it_under_the_others(
 
 
 def test_migrate_alone_says_it_resumes_on_the_same_machine_and_replaces_interrupt():
-    alone = check_options(perturb=("migrate",)).plan()[1]
+    alone = check_options(perturb=("migrate",)).plan().setups[1]
     assert "on the same machine" in alone.labels["migrate"]
-    both = check_options(perturb=("interrupt", "migrate", "hashseed")).plan()[1]
+    both = check_options(perturb=("interrupt", "migrate", "hashseed")).plan().setups[1]
     # One kill, one resume: migrate's.
     assert both.resuming == "migrate" and not both.changes["interrupt"].resumes
     assert set(both.killed_on.changes) == {"migrate"}
 
 
 def test_a_migrate_run_that_was_never_killed_never_moved():
-    setup = check_options(perturb=("migrate", "hashseed")).plan()[1]
+    setup = check_options(perturb=("migrate", "hashseed")).plan().setups[1]
     outcome = _spawn.RunOutcome(
         setup, 0, {"perturbations_not_applied": {}}, "", False, 1.0, interrupted=False
     )
@@ -327,7 +331,7 @@ def test_a_migrate_run_that_was_never_killed_never_moved():
     assert "never moved" in outcome.not_applied["hashseed"]
     # A reason given for a perturbation the run did not have is not its own.
     other = _spawn.RunOutcome(
-        check_options(perturb=("interrupt",)).plan()[1],
+        check_options(perturb=("interrupt",)).plan().setups[1],
         0,
         {"perturbations_not_applied": {"interrupt": "no backup", "migrate": "x"}},
         "",
@@ -361,10 +365,10 @@ def test_batch_applies_to_the_runs_of_a_target(options, kind, reason):
     from tfdet._commands import _options
 
     run_options = _options.RunOptions(perturb=("batch",), **options)
-    skipped = run_options.skipped(kind).get("batch")
+    skipped = run_options.plan(kind).skipped.get("batch")
     assert (skipped is None) if reason is None else reason in skipped
     if reason is None:
-        base, other = run_options.plan()
+        base, other = run_options.plan().setups
         # Both runs predict; only the other one in other batches, confirmed.
         assert base.env["TFDET_PREDICT"] == "whole"
         assert other.env["TFDET_PREDICT"] == "split"

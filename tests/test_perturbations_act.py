@@ -71,7 +71,7 @@ def _runs(report: dict) -> list[dict]:
 @pytest.mark.parametrize("kind", sorted(KINDS))
 @pytest.mark.parametrize("name", BIT_CHANGING)
 def test_each_bit_changing_perturbation_separates_the_control(tmp_path, kind, name):
-    reason = check_options(perturb=(name,), cpu_isa=None).skipped().get(name)
+    reason = check_options(perturb=(name,), cpu_isa=None).plan().skipped.get(name)
     if reason is not None:
         pytest.skip(f"{name} does not apply on this machine: {reason}")
     report = _check(tmp_path, kind, name, ENVIRONMENTS.get(name, PLAIN))

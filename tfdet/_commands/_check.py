@@ -21,7 +21,7 @@ import tempfile
 from typing import Any
 
 from tfdet import _notices
-from tfdet._commands._options import RunOptions
+from tfdet._commands._options import RunOptions, RunPlan
 from tfdet._commands._report import (
     Attribution,
     CheckReport,
@@ -128,11 +128,19 @@ def first_divergence(a: _FinishedRun, b: _FinishedRun) -> _diff.Divergence | Non
 _Job = list[_FinishedRun]
 
 
-def _first(divergences: list[tuple[int, _diff.Divergence]]) -> tuple[int, Any]:
-    """The earliest `(worker, divergence)`; the lowest worker on a tie."""
-    if not divergences:
+def _earliest(
+    pairs: list[tuple[int, _FinishedRun, _FinishedRun]],
+) -> tuple[int, _diff.Divergence | None]:
+    """The earliest `(worker, divergence)` of `(worker, a, b)` pairs; the
+    lowest worker on a tie; `(0, None)` when every pair is bit-identical."""
+    found = [
+        (worker, divergence)
+        for worker, a, b in pairs
+        if (divergence := first_divergence(a, b)) is not None
+    ]
+    if not found:
         return 0, None
-    return min(divergences, key=lambda found: (found[1].step, found[0]))
+    return min(found, key=lambda each: (each[1].step, each[0]))
 
 
 def compare_jobs(a: _Job, b: _Job) -> tuple[int, _diff.Divergence | None]:
@@ -141,29 +149,34 @@ def compare_jobs(a: _Job, b: _Job) -> tuple[int, _diff.Divergence | None]:
     Worker k of one run is compared with worker k of the other; the
     earliest divergence of any worker is the run's.
     """
-    return _first(
-        [
-            (k, divergence)
-            for k, (run_a, run_b) in enumerate(zip(a, b, strict=True))
-            if (divergence := first_divergence(run_a, run_b)) is not None
-        ]
-    )
+    return _earliest([(k, *pair) for k, pair in enumerate(zip(a, b, strict=True))])
 
 
-def _disagreeing_workers(job: _Job) -> tuple[int, _diff.Divergence | None]:
-    """`(worker, first difference from worker 0)` within one run.
+def _comparisons(jobs: list[_Job]) -> list[tuple[int, int, list[Any]]]:
+    """What a check compares, in the order it reports: `(run a, run b,
+    [(worker, process of a, process of b), ...])`.
 
-    The workers of a `MultiWorkerMirroredStrategy` run hold mirrored
-    variables and log all-reduced values: any difference between them is a
-    divergence, whatever the other runs did.
+    First the workers of each multi-worker run with its worker 0 (they hold
+    mirrored variables and log all-reduced values: any difference between
+    them is a divergence, whatever the other runs did); then every run
+    with the baseline, worker k with worker k.
     """
-    return _first(
-        [
-            (k, divergence)
-            for k, run in enumerate(job[1:], start=1)
-            if (divergence := first_divergence(job[0], run)) is not None
-        ]
-    )
+    within = [
+        (index, index, [(k, job[0], job[k]) for k in range(1, len(job))])
+        for index, job in enumerate(jobs)
+        if len(job) > 1
+    ]
+    baseline = jobs[0]
+    between = [
+        (
+            0,
+            index,
+            [(k, *pair) for k, pair in enumerate(zip(baseline, job, strict=True))],
+        )
+        for index, job in enumerate(jobs)
+        if index > 0
+    ]
+    return [*within, *between]
 
 
 def _nonfinite(trace: _trace.Trace) -> list[str]:
@@ -242,11 +255,9 @@ def _same_through(baseline: _Job, rerun: _Job, through: int | None) -> bool:
 
 
 def _attribute(
-    baseline: _perturb.RunSetup,
+    plan: RunPlan,
     other: _perturb.RunSetup,
     divergence: _diff.Divergence,
-    spec: _spec.WorkerSpec,
-    env: dict[str, str],
     options: RunOptions,
     workdir: str,
     baseline_job: _Job,
@@ -257,6 +268,7 @@ def _attribute(
     The re-runs train only through the step where the runs parted (all of
     them run at once, so the slowest decides the wall time).
     """
+    baseline, spec = plan.setups[0], plan.spec
     differing = [
         name
         for name, label in other.labels.items()
@@ -281,7 +293,7 @@ def _attribute(
         [_expand(setup, options.workers) for setup in setups],
         spec,
         workdir,
-        base_env=env,
+        base_env=plan.environment,
         timeout=options.timeout,
     )
     same = "same bits" if through is None else f"same bits through step {through}"
@@ -384,33 +396,30 @@ def _divergence_report(
 
 def _run_device(
     device: str,
-    setups: list[_perturb.RunSetup],
+    plan: RunPlan,
     options: RunOptions,
-    env: dict[str, str],
-    worker_spec: _spec.WorkerSpec,
     workdir: str,
     progress: ProgressFn | None,
     step: StepFn | None,
-) -> list[list[_FinishedRun]]:
+) -> list[_Job]:
     """Starts every run on `device` at once and reads each process's result."""
     workers = options.workers
     if progress is not None:
         # TensorFlow takes seconds to start: say so before the first step.
-        processes = f"{len(setups)} processes"
+        processes = f"{len(plan.setups)} processes"
         if workers > 1:
-            processes = f"{len(setups)} runs of {workers} worker processes"
+            processes = f"{len(plan.setups)} runs of {workers} worker processes"
         progress(
-            f"[{device}] starting TensorFlow in {processes} "
-            f"({options.steps} steps each){_spawn.slow_note(setups, options.timeout)}"
+            f"[{device}] starting TensorFlow in {processes} ({options.steps} "
+            f"steps each){_spawn.slow_note(plan.setups, options.timeout)}"
         )
-    on_step = _spawn.steps_to(progress, step, device)
     outcomes = _spawn.run_jobs(
-        [_expand(setup, workers) for setup in setups],
-        worker_spec,
+        [_expand(setup, workers) for setup in plan.setups],
+        plan.spec,
         workdir,
-        base_env=env,
+        base_env=plan.environment,
         timeout=options.timeout,
-        progress=on_step,
+        progress=_spawn.steps_to(progress, step, device),
     )
     _spawn.raise_unbuilt_target(
         [outcome for job in outcomes for outcome in job],
@@ -427,13 +436,8 @@ def _check_device(
     workdir: str,
     step: StepFn | None = None,
 ) -> DeviceReport:
-    setups = options.plan()
-    env = _spawn.run_environment(options.target_spec, device)
-    worker_spec = options.worker_spec()
-    workers = options.workers
-    jobs = _run_device(
-        device, setups, options, env, worker_spec, workdir, progress, step
-    )
+    plan = options.plan(_spec.CHECK, device)
+    jobs = _run_device(device, plan, options, workdir, progress, step)
     runs = [run for job in jobs for run in job]
     kept_in = None if options.traces is None else os.path.join(options.traces, device)
     report = functools.partial(
@@ -441,52 +445,43 @@ def _check_device(
         status="ran",
         runs=tuple(_run_report(run, _keep_trace(run, kept_in)) for run in runs),
         steps=options.steps,
-        workers=workers,
+        workers=options.workers,
         replicas=options.replicas,
         perturbations=tuple(options.perturb),
-        perturbations_skipped=options.skipped(),
+        perturbations_skipped=plan.skipped,
     )
     if any(not run.outcome.ok for run in runs):
         return report(exit_code=EXIT_RUN_FAILED)
-    for job in jobs:
-        worker, divergence = _disagreeing_workers(job)
-        if divergence is not None:
-            return report(
-                divergence=_divergence_report(
-                    job[0], job[worker], divergence, worker, workers=(0, worker)
-                ),
-                exit_code=EXIT_DIVERGED,
-            )
-    baseline = jobs[0]
-    for other in jobs[1:]:
-        worker, divergence = compare_jobs(baseline, other)
+    for a, b, pairs in _comparisons(jobs):
+        worker, divergence = _earliest(pairs)
         if divergence is None:
             continue
-        attribution = None
-        if options.attribute:
-            attribution = _attribute(
-                setups[0],
-                setups[other[0].outcome.setup.index],
-                divergence,
-                worker_spec,
-                env,
-                options,
-                workdir,
-                baseline,
-                (lambda message: progress(f"[{device}] {message}"))
-                if progress
-                else None,
+        if a == b:  # Two workers of one run disagree.
+            found = _divergence_report(
+                jobs[a][0], jobs[a][worker], divergence, worker, workers=(0, worker)
             )
-        return report(
-            divergence=_divergence_report(
-                baseline[worker],
-                other[worker],
+        else:
+            attribution = None
+            if options.attribute:
+                attribution = _attribute(
+                    plan,
+                    plan.setups[b],
+                    divergence,
+                    options,
+                    workdir,
+                    jobs[a],
+                    (lambda message: progress(f"[{device}] {message}"))
+                    if progress
+                    else None,
+                )
+            found = _divergence_report(
+                jobs[a][worker],
+                jobs[b][worker],
                 divergence,
-                worker if workers > 1 else None,
+                worker if options.workers > 1 else None,
                 attribution=attribution,
-            ),
-            exit_code=EXIT_DIVERGED,
-        )
+            )
+        return report(divergence=found, exit_code=EXIT_DIVERGED)
     return report(exit_code=EXIT_OK)
 
 

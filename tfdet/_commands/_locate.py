@@ -19,11 +19,12 @@ outputs can be watched; metrics are not computed. Graph-mode
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from typing import Any
 
-from tfdet._commands._options import RunOptions
+from tfdet._commands._options import RunOptions, RunPlan
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, Error, RunFailedError
 from tfdet._protocol import _emulation, _perturb, _spec
 from tfdet._record import _layer_walk
@@ -33,8 +34,7 @@ from tfdet._runner._spawn import ProgressFn
 
 def _run(
     options: RunOptions,
-    setups: list[_perturb.RunSetup],
-    record_path: str | None,
+    plan: RunPlan,
     progress: ProgressFn | None,
     on_step: _spawn.StepFn | None,
 ) -> list[_spawn.RunOutcome]:
@@ -44,18 +44,16 @@ def _run(
         TargetError: TARGET cannot be built.
         RunFailedError: a run crashed or timed out.
     """
-    spec = options.target_spec
     with tempfile.TemporaryDirectory(prefix="tfdet-locate-") as workdir:
         outcomes = _spawn.run_all(
-            setups,
-            options.worker_spec(_spec.LOCATE, record=record_path),
+            plan.setups,
+            plan.spec,
             workdir,
-            # Layer fingerprints are taken on the CPU: GPUs are hidden.
-            base_env=_spawn.run_environment(spec, "cpu"),
+            base_env=plan.environment,
             timeout=options.timeout,
             progress=_spawn.steps_to(progress, on_step, "cpu"),
         )
-    _spawn.raise_unbuilt_target(outcomes, spec.text, options.timeout)
+    _spawn.raise_unbuilt_target(outcomes, options.target_spec.text, options.timeout)
     failed = [outcome for outcome in outcomes if not outcome.ok]
     if failed:
         outcome = failed[0]
@@ -88,7 +86,9 @@ def record(
             the steps recorded before).
     """
     path = os.path.abspath(path)
-    setup = _perturb.RunSetup(0)
+    # Layer fingerprints are taken on the CPU: GPUs are hidden.
+    plan = options.plan(_spec.LOCATE, "cpu", runs=2, names=(), record=path)
+    setup = plan.setups[0]
     if options.emulate_cpu is not None:
         # Recorded on an emulated CPU: `tfdet diff` against a native record
         # names the first layer whose bits follow the CPU.
@@ -96,7 +96,9 @@ def record(
         if why is not None:
             raise Error(f"Expected to record on an emulated CPU. Received: {why}")
         setup = _perturb.emulated_setup(options.context(_spec.LOCATE, runs=2))
-    (outcome,) = _run(options, [setup], path, progress, on_step)
+    (outcome,) = _run(
+        options, dataclasses.replace(plan, setups=(setup,)), progress, on_step
+    )
     return {
         "target": options.target_spec.text,
         "enable": options.enable,
@@ -131,8 +133,8 @@ def locate(
         RunFailedError: a run crashed or timed out.
     """
     names = list(options.perturb)
-    setups = options.plan(_spec.LOCATE, 2, names)
-    outcomes = _run(options, setups, None, progress, on_step)
+    plan = options.plan(_spec.LOCATE, "cpu", runs=2)
+    outcomes = _run(options, plan, progress, on_step)
     a, b = outcomes[0].result, outcomes[1].result
     location = _layer_walk.locate_results(a, b)
     return {
@@ -140,7 +142,7 @@ def locate(
         "enable": options.enable,
         "steps": options.steps,
         "perturbations": names,
-        "perturbations_skipped": options.skipped(_spec.LOCATE),
+        "perturbations_skipped": plan.skipped,
         "runs": [
             {
                 "index": outcome.setup.index,

@@ -16,6 +16,7 @@ from typing import Any
 
 from tfdet._pin import _settings
 from tfdet._protocol import _emulation, _perturb, _spec
+from tfdet._runner import _spawn
 from tfdet._target import _load
 from tfdet.patches._registry import AUTO
 
@@ -31,6 +32,29 @@ DEFAULT_PATCHES = AUTO
 # beyond this many a typo (--workers 200) would exhaust the machine, not test it.
 MAX_WORKERS = 64
 DEVICES = ("cpu", "gpu", "all")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """The runs of one command on one device, made once from its options.
+
+    The runner and the comparison take these plain values; nothing below
+    the commands reads the options.
+
+    Attributes:
+        setups: One `RunSetup` per run: the perturbations each runs under.
+        skipped: `{name: why}` for the requested perturbations that do not
+            apply to these runs.
+        spec: The `WorkerSpec` every process gets (the runner fills in each
+            one's result, trace and progress channel).
+        environment: The environment every process starts from (before its
+            perturbations change it).
+    """
+
+    setups: tuple[_perturb.RunSetup, ...]
+    skipped: dict[str, str]
+    spec: _spec.WorkerSpec
+    environment: dict[str, str]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,21 +284,36 @@ class RunOptions:
     def plan(
         self,
         kind: str = _spec.CHECK,
+        device: str = "cpu",
+        *,
         runs: int | None = None,
         names: Sequence[str] | None = None,
-    ) -> list[_perturb.RunSetup]:
-        """One `RunSetup` per run (see `_perturb.plan`); `names` defaults to
-        `perturb`."""
-        return _perturb.plan(
-            self.context(kind, runs), self.perturb if names is None else names
-        )
+        environment: dict[str, str] | None = None,
+        **spec_fields: Any,
+    ) -> RunPlan:
+        """The runs of `kind` on `device`: setups, skipped, spec, environment.
 
-    def skipped(
-        self, kind: str = _spec.CHECK, names: Sequence[str] | None = None
-    ) -> dict[str, str]:
-        """`{name: reason}` for the requested perturbations that do not apply."""
-        return _perturb.skipped(
-            self.context(kind), self.perturb if names is None else names
+        Args:
+            kind: The kind of child (`_spec.CHECK`, `LOCATE`, `SCRIPT`).
+            device: `"cpu"` or `"gpu"`.
+            runs: How many runs (default: `runs`).
+            names: The perturbations (default: `perturb`).
+            environment: The processes' base environment (default: the
+                TARGET's on `device`, `_spawn.run_environment`).
+            **spec_fields: What the worker spec adds for this kind (a
+                script, a record path): see `worker_spec`.
+        """
+        context = self.context(kind, runs)
+        names = self.perturb if names is None else names
+        return RunPlan(
+            setups=tuple(_perturb.plan(context, names)),
+            skipped=_perturb.skipped(context, names),
+            spec=self.worker_spec(kind, **spec_fields),
+            environment=(
+                _spawn.run_environment(self.target_spec, device)
+                if environment is None
+                else environment
+            ),
         )
 
     def worker_spec(self, kind: str = _spec.CHECK, **fields: Any) -> _spec.WorkerSpec:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tfdet._commands._options import RunOptions
@@ -174,7 +174,7 @@ def first_script_divergence(a: _ScriptRun, b: _ScriptRun) -> ScriptDivergence | 
 def _attribute(
     baseline: _ScriptRun,
     other: _ScriptRun,
-    run_in_mirrors: Callable[[list[_perturb.RunSetup]], list[_ScriptRun]],
+    run_in_mirrors: Callable[[Sequence[_perturb.RunSetup]], list[_ScriptRun]],
     progress: ProgressFn | None,
 ) -> dict[str, Any]:
     """Re-runs the baseline with each of `other`'s perturbations alone.
@@ -254,17 +254,18 @@ def check_script(
     report says what they found (`ScriptCheckReport.control`).
     """
     run = options.run
-    setups = run.plan(_spec.SCRIPT)
     launched_in = os.getcwd()
     # Inside the directory the check was started in, the script runs from
     # each run's mirror of it (a relative path resolves there).
     relative = _workdir.inside(options.script, launched_in)
-    spec = run.worker_spec(
+    plan = run.plan(
         _spec.SCRIPT,
+        environment=_environment(options),
         script=relative or os.path.abspath(options.script),
         args=options.args,
         max_steps=options.max_steps,
     )
+    setups = plan.setups
 
     with tempfile.TemporaryDirectory(prefix="tfdet-script-") as workdir:
         if progress is not None:
@@ -272,7 +273,7 @@ def check_script(
 
         # Each run's mirror keeps the original's name, in a parent of the
         # run's own (where `..` resolves).
-        def run_in_mirrors(planned: list[_perturb.RunSetup]) -> list[_ScriptRun]:
+        def run_in_mirrors(planned: Sequence[_perturb.RunSetup]) -> list[_ScriptRun]:
             name = os.path.basename(launched_in.rstrip(os.sep)) or "root"
             mirrors.update(
                 {
@@ -286,9 +287,9 @@ def check_script(
             )
             outcomes = _spawn.run_all(
                 planned,
-                spec,
+                plan.spec,
                 workdir,
-                base_env=_environment(options),
+                base_env=plan.environment,
                 timeout=run.timeout,
                 progress=_spawn.step_lines(progress, "script"),
                 directory=lambda setup: mirrors[setup.index].path,
@@ -338,7 +339,7 @@ def check_script(
         max_steps=options.max_steps,
         perturbations=tuple(run.perturb),
         perturbations_skipped={
-            **run.skipped(_spec.SCRIPT),
+            **plan.skipped,
             # Given, but a run could not apply it (e.g. no backup to resume).
             **{
                 name: reason

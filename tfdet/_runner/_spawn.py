@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tfdet import _notices
@@ -776,7 +776,7 @@ def _join_interruptibly(thread: threading.Thread) -> None:
 
 
 def run_all(
-    setups: list[RunSetup], spec: _spec.WorkerSpec, workdir: str, **options: Any
+    setups: Sequence[RunSetup], spec: _spec.WorkerSpec, workdir: str, **options: Any
 ) -> list[RunOutcome]:
     """`run_jobs` for runs of one process each: one `RunOutcome` per setup.
 
@@ -786,7 +786,7 @@ def run_all(
     return [outcome for (outcome,) in jobs]
 
 
-def slow_note(setups: list[RunSetup], timeout: float) -> str:
+def slow_note(setups: Sequence[RunSetup], timeout: float) -> str:
     """`; run 1 emulated: ...` for the progress line of runs that run slower."""
     slow = [setup for setup in setups if setup.slowdown > 1]
     if not slow:
