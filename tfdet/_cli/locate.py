@@ -22,6 +22,7 @@ from typing import Any
 
 from tfdet._cli import _output, _training_flags, check_output_file, write_json
 from tfdet._commands import _locate, _options
+from tfdet._commands._report import LocateReport, RecordReport
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,25 +36,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def format_report(report: dict[str, Any]) -> str:
+def format_report(report: LocateReport) -> str:
     """The human report: runs, then the layer where the bits part."""
-    mode = _options.mode_label(report["enable"])
-    lines = [
-        f"tfdet locate {report['target']} {mode}: 2 runs x {report['steps']} steps"
-    ]
-    for run in report["runs"]:
-        labels = "; ".join(run["perturbations"].values()) or "no perturbation"
-        lines.append(f"  run {run['index']} ({run['seconds']:.1f}s): {labels}")
-    for name, reason in report["perturbations_skipped"].items():
+    mode = _options.mode_label(report.enable)
+    lines = [f"tfdet locate {report.target} {mode}: 2 runs x {report.steps} steps"]
+    for run in report.runs:
+        labels = "; ".join(run.perturbations.values()) or "no perturbation"
+        lines.append(f"  run {run.index} ({run.seconds:.1f}s): {labels}")
+    for name, reason in report.perturbations_skipped.items():
         lines.append(f"  perturbation {name} not applied: {reason}")
-    location = report["location"]
-    if location is None:
+    if report.location is None:
         lines.append(
             f"no difference: every layer output, gradient and weight is bit-identical "
-            f"in all {report['steps']} steps ({len(report['layers'])} layers)."
+            f"in all {report.steps} steps ({len(report.layers)} layers)."
         )
         return "\n".join(lines)
-    return "\n".join(lines + location_lines(location))
+    return "\n".join(lines + location_lines(report.location.to_dict()))
 
 
 def location_lines(location: dict[str, Any]) -> list[str]:
@@ -78,14 +76,14 @@ def location_lines(location: dict[str, Any]) -> list[str]:
     return lines
 
 
-def format_record_report(report: dict[str, Any]) -> str:
+def format_record_report(report: RecordReport) -> str:
     """The human report of `--record`: what was written, and what to do next."""
-    mode = _options.mode_label(report["enable"])
+    mode = _options.mode_label(report.enable)
     return (
-        f"tfdet locate {report['target']} {mode}: recorded {report['steps']} steps "
-        f"of {len(report['layers'])} layers ({report['seconds']:.1f}s) to "
-        f"{report['record']}"
-        + (f" on {report['emulated']}" if report.get("emulated") else "")
+        f"tfdet locate {report.target} {mode}: recorded {report.steps} steps "
+        f"of {len(report.layers)} layers ({report.seconds:.1f}s) to "
+        f"{report.record}"
+        + (f" on {report.emulated}" if report.emulated else "")
         + "\nRecord on another machine and compare: tfdet diff "
         "A B names the first layer that differs."
     )
@@ -116,6 +114,9 @@ def execute(args: argparse.Namespace) -> int:
     finally:
         display.finish()
     # The file first: a closed stdout must not lose the machine-readable report.
-    write_json(args.json, report)
-    _output.out((format_record_report if args.record else format_report)(report))
-    return report["exit_code"]
+    write_json(args.json, report.to_dict())
+    if isinstance(report, RecordReport):
+        _output.out(format_record_report(report))
+    else:
+        _output.out(format_report(report))
+    return report.exit_code

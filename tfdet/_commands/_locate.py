@@ -22,9 +22,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
-from typing import Any
 
 from tfdet._commands._options import RunOptions, RunPlan
+from tfdet._commands._report import (
+    LAYER_FIELDS,
+    LocateReport,
+    LocateRun,
+    RecordReport,
+)
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, Error, RunFailedError
 from tfdet._protocol import _emulation, _perturb, _spec
 from tfdet._record import _layer_walk
@@ -69,7 +74,7 @@ def record(
     path: str,
     progress: ProgressFn | None = None,
     on_step: _spawn.StepFn | None = None,
-) -> dict[str, Any]:
+) -> RecordReport:
     """Trains TARGET in one unperturbed process that writes its layer record.
 
     The file is a trace (`tfdet._record._trace`) whose header also holds the
@@ -78,7 +83,8 @@ def record(
     names the first layer that differs.
 
     Returns:
-        A JSON-ready report: target, steps, the record's path, its layers.
+        The `RecordReport` (`to_dict()`: `--json`): target, steps, the
+        record's path, its layers.
 
     Raises:
         TargetError: TARGET cannot be built.
@@ -99,25 +105,24 @@ def record(
     (outcome,) = _run(
         options, dataclasses.replace(plan, setups=(setup,)), progress, on_step
     )
-    return {
-        "target": options.target_spec.text,
-        "enable": options.enable,
-        "steps": options.steps,
-        "record": path,
+    return RecordReport(
+        target=options.target_spec.text,
+        enable=options.enable,
+        steps=options.steps,
+        record=path,
         # The CPU the recording run saw, when it was an emulated one.
-        "emulated": setup.labels.get(_perturb.EMULATED_CPU),
-        "profile": outcome.result["profile"],
-        "layers": [layer["name"] for layer in outcome.result["layers"]],
-        "seconds": round(outcome.seconds, 3),
-        "exit_code": EXIT_OK,
-    }
+        emulated=setup.labels.get(_perturb.EMULATED_CPU),
+        profile=outcome.result["profile"],
+        layers=tuple(layer["name"] for layer in outcome.result["layers"]),
+        seconds=round(outcome.seconds, 3),
+    )
 
 
 def locate(
     options: RunOptions,
     progress: ProgressFn | None = None,
     on_step: _spawn.StepFn | None = None,
-) -> dict[str, Any]:
+) -> LocateReport:
     """Runs two perturbed processes and finds the first layer that differs.
 
     Of `options`, locate uses `target`, `steps`, `perturb`, `enable`, `seed`,
@@ -125,8 +130,9 @@ def locate(
     CPU.
 
     Returns:
-        A JSON-ready report: target, options, the two runs' perturbations and
-        profiles, `location` (a `Location` dict or None), `exit_code`.
+        The `LocateReport` (`to_dict()`: `--json`): target, options, the two
+        runs' perturbations and profiles, the `location` (or None), the exit
+        code.
 
     Raises:
         TargetError: TARGET cannot be built.
@@ -137,28 +143,24 @@ def locate(
     outcomes = _run(options, plan, progress, on_step)
     a, b = outcomes[0].result, outcomes[1].result
     location = _layer_walk.locate_results(a, b)
-    return {
-        "target": options.target_spec.text,
-        "enable": options.enable,
-        "steps": options.steps,
-        "perturbations": names,
-        "perturbations_skipped": plan.skipped,
-        "runs": [
-            {
-                "index": outcome.setup.index,
-                "perturbations": outcome.setup.labels,
-                "profile": outcome.result["profile"],
-                "seconds": round(outcome.seconds, 3),
-            }
+    return LocateReport(
+        target=options.target_spec.text,
+        enable=options.enable,
+        steps=options.steps,
+        perturbations=tuple(names),
+        perturbations_skipped=plan.skipped,
+        runs=tuple(
+            LocateRun(
+                index=outcome.setup.index,
+                perturbations=dict(outcome.setup.labels),
+                profile=outcome.result["profile"],
+                seconds=round(outcome.seconds, 3),
+            )
             for outcome in outcomes
-        ],
-        "layers": [
-            {
-                key: layer[key]
-                for key in ("name", "class", "scope", "ops", "gradient_ops")
-            }
-            for layer in a["layers"]
-        ],
-        "location": None if location is None else location.to_dict(),
-        "exit_code": EXIT_OK if location is None else EXIT_DIVERGED,
-    }
+        ),
+        layers=tuple(
+            {key: layer[key] for key in LAYER_FIELDS} for layer in a["layers"]
+        ),
+        location=location,
+        exit_code=EXIT_OK if location is None else EXIT_DIVERGED,
+    )

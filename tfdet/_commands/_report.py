@@ -1,10 +1,12 @@
-"""The check's report: typed records, built once; `to_dict()` is its JSON.
+"""The commands' reports: typed records, built once; `to_dict()` is their JSON.
 
 `tfdet._commands._check` builds a `CheckReport` from the runs; `tfdet check
 --json` writes `CheckReport.to_dict()`, the human report is formatted from
 that dict (`tfdet._cli._check_text`), and `tfdet.check()` returns the
-`CheckReport` itself. Nothing else writes the report's JSON, so the Python
-object and the JSON file cannot disagree.
+`CheckReport` itself. `check --script` builds a `ScriptCheckReport`, `tfdet
+locate` a `LocateReport` (or, with `--record`, a `RecordReport`). Nothing
+else writes a report's JSON, so the Python object and the JSON file cannot
+disagree.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import dataclasses
 from typing import Any
 
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED
+from tfdet._record._layer_walk import Location
 from tfdet._version import __version__
 
 # Verdict of each exit code: the one mapping for devices and the whole check.
@@ -623,3 +626,97 @@ class ScriptCheckReport:
             "control": self.control,
             "tfdet_version": __version__,
         }
+
+
+@dataclasses.dataclass(frozen=True)
+class LocateRun:
+    """One of `tfdet locate`'s two runs.
+
+    Attributes:
+        index: 0 or 1.
+        perturbations: `{name: what it changed}` for this run.
+        profile: The profile the run recorded (`tfdet.Profile.to_dict()`).
+        seconds: How long the run took.
+    """
+
+    index: int
+    perturbations: dict[str, str]
+    profile: dict[str, Any]
+    seconds: float
+
+
+# What `tfdet locate`'s report says of each layer of the model.
+LAYER_FIELDS = ("name", "class", "scope", "ops", "gradient_ops")
+
+
+@dataclasses.dataclass(frozen=True)
+class LocateReport:
+    """What `tfdet locate` found; `to_dict()` is `tfdet locate --json`.
+
+    Attributes:
+        target: The TARGET located.
+        enable: Whether the runs called `tfdet.enable()`.
+        steps: Training steps per run.
+        perturbations: The perturbations asked for.
+        perturbations_skipped: `{name: why}` for those that did not apply.
+        runs: The two runs.
+        layers: Each layer's `LAYER_FIELDS`, in the order walked.
+        location: Where the runs' bits first part, or None when every
+            fingerprint agrees.
+        exit_code: 0 (identical) or 1 (diverged).
+    """
+
+    target: str
+    enable: bool
+    steps: int
+    perturbations: tuple[str, ...]
+    perturbations_skipped: dict[str, str]
+    runs: tuple[LocateRun, ...]
+    layers: tuple[dict[str, Any], ...]
+    location: Location | None
+    exit_code: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "enable": self.enable,
+            "steps": self.steps,
+            "perturbations": list(self.perturbations),
+            "perturbations_skipped": dict(self.perturbations_skipped),
+            "runs": [dataclasses.asdict(run) for run in self.runs],
+            "layers": [dict(layer) for layer in self.layers],
+            "location": None if self.location is None else self.location.to_dict(),
+            "exit_code": self.exit_code,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordReport:
+    """What `tfdet locate --record` wrote; `to_dict()` is its `--json`.
+
+    Attributes:
+        target: The TARGET recorded.
+        enable: Whether the run called `tfdet.enable()`.
+        steps: Training steps recorded.
+        record: The record's path.
+        emulated: The emulated CPU the run saw, or None (a native run).
+        profile: The profile the run recorded.
+        layers: The layers' names, in the order walked.
+        seconds: How long the run took.
+        exit_code: 0.
+    """
+
+    target: str
+    enable: bool
+    steps: int
+    record: str
+    emulated: str | None
+    profile: dict[str, Any]
+    layers: tuple[str, ...]
+    seconds: float
+    exit_code: int = EXIT_OK
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["layers"] = list(self.layers)
+        return out
