@@ -401,17 +401,17 @@ def _fake_report(losses=("0.5", "0.5"), nonfinite=()):
 
     runs = tuple(
         _report.RunReport(
-            facts={
-                "index": index,
-                "worker": None,
-                "name": f"run {index}",
-                "perturbations": {},
-                "ok": True,
-                "reason": None,
-                "returncode": 0,
-                "timed_out": False,
-                "seconds": 1.0,
-            },
+            facts=_report.ProcessFacts(
+                index=index,
+                worker=None,
+                name=f"run {index}",
+                perturbations={},
+                ok=True,
+                reason=None,
+                returncode=0,
+                timed_out=False,
+                seconds=1.0,
+            ),
             training=_report.Training(
                 profile={},
                 steps_recorded=3,

@@ -9,7 +9,12 @@ import pytest
 
 from tests.conftest import REPO, run_tfdet
 from tfdet._commands import _script_check
-from tfdet._commands._report import ScriptDivergence, ScriptRunReport, ScriptTraining
+from tfdet._commands._report import (
+    ProcessFacts,
+    ScriptDivergence,
+    ScriptRunReport,
+    ScriptTraining,
+)
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE
 from tfdet._target import _load
 
@@ -295,21 +300,34 @@ def test_a_script_reports_json_keeps_its_fields_and_their_order():
     attributed = dataclasses.replace(divergence, attribution={"verdict": "separated"})
     assert list(attributed.to_dict())[-1] == "attribution"
 
-    facts = {"index": 1, "ok": True}
+    facts = ProcessFacts(
+        index=1, worker=None, name="run 1", perturbations={"hashseed": "seed 1"},
+        ok=True, reason=None, returncode=0, timed_out=False, seconds=1.5,
+    )  # fmt: skip
+    said = {
+        "index": 1, "worker": None, "name": "run 1",
+        "perturbations": {"hashseed": "seed 1"}, "ok": True, "reason": None,
+        "returncode": 0, "timed_out": False, "seconds": 1.5,
+    }  # fmt: skip
     trained = ScriptTraining(
         end="completed", entry_points=("fit",), keras=("Keras 3",),
         steps_recorded=2, trainings=({"name": "fit #1", "steps": 2},),
         xla={"on": False, "notice": None}, own_copies={},
     )  # fmt: skip
-    assert ScriptRunReport(facts, trained=trained).to_dict() == {
-        **facts,
-        "end": "completed",
-        "entry_points": ["fit"],
-        "keras": ["Keras 3"],
-        "steps_recorded": 2,
-        "trainings": [{"name": "fit #1", "steps": 2}],
-        "xla": {"on": False, "notice": None},
-        "own_copies": {},
-    }
-    failed = ScriptRunReport({"index": 1, "ok": False}, stderr_tail="Traceback")
-    assert failed.to_dict() == {"index": 1, "ok": False, "stderr_tail": "Traceback"}
+    assert list(ScriptRunReport(facts, trained=trained).to_dict().items()) == list(
+        {
+            **said,
+            "end": "completed",
+            "entry_points": ["fit"],
+            "keras": ["Keras 3"],
+            "steps_recorded": 2,
+            "trainings": [{"name": "fit #1", "steps": 2}],
+            "xla": {"on": False, "notice": None},
+            "own_copies": {},
+        }.items()
+    )
+    failed = ScriptRunReport(
+        dataclasses.replace(facts, ok=False, reason="exit 1", returncode=1),
+        stderr_tail="Traceback",
+    )
+    assert list(failed.to_dict()) == [*said, "stderr_tail"]

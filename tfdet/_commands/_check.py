@@ -27,9 +27,12 @@ from tfdet._commands._report import (
     CheckReport,
     DeviceReport,
     DivergenceReport,
+    ProcessFacts,
     RunReport,
     Training,
+    attribution_verdict,
     combined_exit_code,
+    responsible_of,
 )
 from tfdet._errors import (
     EXIT_DIVERGED,
@@ -211,7 +214,7 @@ def _run_report(run: _FinishedRun, kept_trace: str | None = None) -> RunReport:
             xla=outcome.result["xla"],
         )
     return RunReport(
-        facts=outcome.facts(),
+        facts=ProcessFacts.of(outcome),
         training=training,
         # TensorFlow's start-up notices would crowd out the error.
         stderr_tail=None
@@ -268,17 +271,8 @@ def _attribute(
     The re-runs train only through the step where the runs parted (all of
     them run at once, so the slowest decides the wall time).
     """
-    baseline, spec = plan.setups[0], plan.spec
-    differing = [
-        name
-        for name, label in other.labels.items()
-        if baseline.labels.get(name) != label
-    ]
-    candidates: list[str | None] = [None, *differing]
-    setups = [
-        baseline.with_perturbation_of(other, name, 100 + k)
-        for k, name in enumerate(candidates)
-    ]
+    spec = plan.spec
+    candidates, setups = zip(*plan.setups[0].one_at_a_time(other), strict=True)
     through = _through_step(divergence)
     if through is not None:
         spec = dataclasses.replace(spec, steps=through + 1)
@@ -308,16 +302,8 @@ def _attribute(
             alone[key] = same
         else:
             alone[key] = "differs"
-    responsible = [name for name in differing if alone.get(name) == "differs"]
-    if alone.get(RERUN) == "differs":
-        verdict = (
-            "the target is nondeterministic by itself: a re-run with the "
-            "baseline's exact settings also differs"
-        )
-    elif responsible:
-        verdict = "separated by " + ", ".join(responsible)
-    else:
-        verdict = "no single perturbation reproduces it alone (a combination, or flaky)"
+    responsible = responsible_of(alone, RERUN)
+    verdict = attribution_verdict(alone, RERUN, "target")
     pool_size_ops: tuple[str, ...] = ()
     if _perturb.THREADS in responsible:
         pool_size_ops = tuple(

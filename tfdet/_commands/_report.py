@@ -12,11 +12,14 @@ disagree.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED
 from tfdet._record._layer_walk import Location
 from tfdet._version import __version__
+
+if TYPE_CHECKING:
+    from tfdet._runner._spawn import RunOutcome
 
 # Verdict of each exit code: the one mapping for devices and the whole check.
 VERDICTS = {EXIT_OK: "identical", EXIT_DIVERGED: "diverged", EXIT_RUN_FAILED: "failed"}
@@ -104,28 +107,69 @@ class Training:
 
 
 @dataclasses.dataclass(frozen=True)
+class ProcessFacts:
+    """What a report says of every run (or worker process), trained or not.
+
+    Attributes:
+        index: The run's number on its device (0 is the baseline).
+        worker: The worker's task index in a multi-worker run, or None.
+        name: `run N` or `run N worker K`.
+        perturbations: `{name: what it changed}`, and `{name: "not applied:
+            why"}` for those the run could not apply.
+        ok: Whether it finished and wrote its result.
+        reason: Why it failed, in a few words (None when ok).
+        returncode: Its exit status (None when it timed out).
+        timed_out: Whether it was killed for exceeding the timeout.
+        seconds: Wall time from start to exit.
+    """
+
+    index: int
+    worker: int | None
+    name: str
+    perturbations: dict[str, str]
+    ok: bool
+    reason: str | None
+    returncode: int | None
+    timed_out: bool
+    seconds: float
+
+    @classmethod
+    def of(cls, outcome: RunOutcome) -> ProcessFacts:
+        setup = outcome.setup
+        return cls(
+            index=setup.index,
+            worker=setup.worker,
+            name=setup.name,
+            perturbations={**setup.labels, **outcome.not_applied},
+            ok=outcome.ok,
+            reason=outcome.reason,
+            returncode=outcome.returncode,
+            timed_out=outcome.timed_out,
+            seconds=round(outcome.seconds, 3),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class RunReport:
     """One process of a check.
 
     Attributes:
-        facts: What is said of every run, trained or not
-            (`tfdet._runner._spawn.RunOutcome.facts`: index, worker, name,
-            perturbations, ok, reason, returncode, timed_out, seconds).
+        facts: What is said of every run, trained or not.
         training: What it trained (a run that finished), or None.
         stderr_tail: The end of its stderr without TensorFlow's start-up
             notices (a run that failed), or None.
     """
 
-    facts: dict[str, Any]
+    facts: ProcessFacts
     training: Training | None = None
     stderr_tail: str | None = None
 
     @property
     def ok(self) -> bool:
-        return bool(self.facts["ok"])
+        return self.facts.ok
 
     def to_dict(self) -> dict[str, Any]:
-        out = dict(self.facts)
+        out = dataclasses.asdict(self.facts)
         if self.training is not None:
             training = dataclasses.asdict(self.training)
             training["nonfinite"] = list(self.training.nonfinite)
@@ -133,6 +177,27 @@ class RunReport:
         if self.stderr_tail is not None:
             out["stderr_tail"] = self.stderr_tail
         return out
+
+
+def attribution_verdict(alone: dict[str, str], rerun: str, subject: str) -> str:
+    """One sentence from what each re-run alone did (`Attribution.alone`):
+    which perturbation separates the runs, or that `subject` (the target,
+    the script) is nondeterministic by itself (the `rerun` of the
+    baseline's own settings differs)."""
+    if alone.get(rerun) == "differs":
+        return (
+            f"the {subject} is nondeterministic by itself: a re-run with the "
+            "baseline's exact settings also differs"
+        )
+    responsible = responsible_of(alone, rerun)
+    if responsible:
+        return "separated by " + ", ".join(responsible)
+    return "no single perturbation reproduces it alone (a combination, or flaky)"
+
+
+def responsible_of(alone: dict[str, str], rerun: str) -> list[str]:
+    """The perturbations whose re-run alone differs from the baseline."""
+    return [name for name, said in alone.items() if name != rerun and said == "differs"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -380,14 +445,14 @@ class CheckReport:
         return tuple(
             RunFacts(
                 device=device,
-                index=run.facts["index"],
+                index=run.facts.index,
                 ok=run.ok,
-                perturbations=dict(run.facts["perturbations"]),
+                perturbations=dict(run.facts.perturbations),
                 final_loss=_float(run.training and run.training.final_loss),
-                seconds=run.facts["seconds"],
-                reason=run.facts["reason"],
+                seconds=run.facts.seconds,
+                reason=run.facts.reason,
                 trace=run.training.trace if run.training and self.traces else None,
-                worker=run.facts["worker"],
+                worker=run.facts.worker,
             )
             for device, result in self.devices.items()
             for run in result.runs
@@ -475,17 +540,17 @@ class ScriptRunReport:
     """One run of `tfdet check --script`.
 
     Attributes:
-        facts: What is said of every run (as `RunReport.facts`).
+        facts: What is said of every run, trained or not.
         trained: What a finished run trained, or None for a run that failed.
         stderr_tail: The end of a failed run's stderr, or None.
     """
 
-    facts: dict[str, Any]
+    facts: ProcessFacts
     trained: ScriptTraining | None = None
     stderr_tail: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out = dict(self.facts)
+        out = dataclasses.asdict(self.facts)
         if self.trained is not None:
             out.update(self.trained.to_dict())
         if self.stderr_tail is not None:

@@ -23,11 +23,14 @@ from typing import Any
 
 from tfdet._commands._options import RunOptions
 from tfdet._commands._report import (
+    ProcessFacts,
     ScriptCheckReport,
     ScriptDivergence,
     ScriptRunReport,
     ScriptTraining,
+    attribution_verdict,
     control_of,
+    responsible_of,
 )
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, TraceFormatError
 from tfdet._pin import _isa, _settings
@@ -75,6 +78,10 @@ class ScriptOptions:
                 f"Expected `max_steps` to be an int >= 1. Received: "
                 f"max_steps={self.max_steps!r}"
             )
+
+
+# The attribution's key for the re-run of the baseline's own settings.
+RERUN = "re-run"
 
 
 def _environment(options: ScriptOptions) -> dict[str, str]:
@@ -183,15 +190,9 @@ def _attribute(
     the baseline are responsible; a re-run of the baseline's own settings
     that differs makes the script nondeterministic by itself.
     """
-    first, second = baseline.outcome.setup, other.outcome.setup
-    differing = [
-        name for name, label in second.labels.items() if first.labels.get(name) != label
-    ]
-    candidates: list[str | None] = [None, *differing]
-    setups = [
-        first.with_perturbation_of(second, name, 100 + k)
-        for k, name in enumerate(candidates)
-    ]
+    candidates, setups = zip(
+        *baseline.outcome.setup.one_at_a_time(other.outcome.setup), strict=True
+    )
     if progress is not None:
         progress(
             f"diverged; re-running the script in {len(setups)} processes at once "
@@ -199,33 +200,29 @@ def _attribute(
         )
     alone: dict[str, str] = {}
     for name, rerun in zip(candidates, run_in_mirrors(setups), strict=True):
-        key = "re-run" if name is None else name
+        key = RERUN if name is None else name
         if not rerun.outcome.ok:
             alone[key] = f"run failed ({rerun.outcome.reason})"
         elif first_script_divergence(baseline, rerun) is None:
             alone[key] = "same bits"
         else:
             alone[key] = "differs"
-    responsible = [name for name in differing if alone.get(name) == "differs"]
-    if alone.get("re-run") == "differs":
-        verdict = (
-            "the script is nondeterministic by itself: a re-run with the "
-            "baseline's exact settings also differs"
-        )
-    elif responsible:
-        verdict = "separated by " + ", ".join(responsible)
-    else:
-        verdict = "no single perturbation reproduces it alone (a combination, or flaky)"
-    return {"alone": alone, "responsible": responsible, "verdict": verdict}
+    return {
+        "alone": alone,
+        "responsible": responsible_of(alone, RERUN),
+        "verdict": attribution_verdict(alone, RERUN, "script"),
+    }
 
 
 def _run_report(run: _ScriptRun) -> ScriptRunReport:
     outcome = run.outcome
     if not outcome.ok:
-        return ScriptRunReport(outcome.facts(), stderr_tail=outcome.stderr_tail)
+        return ScriptRunReport(
+            ProcessFacts.of(outcome), stderr_tail=outcome.stderr_tail
+        )
     result = outcome.result
     return ScriptRunReport(
-        outcome.facts(),
+        ProcessFacts.of(outcome),
         trained=ScriptTraining(
             end=result["end"],
             entry_points=tuple(result["entry_points"]),

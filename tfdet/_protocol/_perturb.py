@@ -829,6 +829,22 @@ class RunSetup:
             changes[name] = other.changes[name]
         return RunSetup(index, types.MappingProxyType(changes))
 
+    def one_at_a_time(self, other: RunSetup) -> list[tuple[str | None, RunSetup]]:
+        """The re-runs that find which perturbation separates this run from
+        `other`: `(None, this setup again)`, then `(name, this setup with
+        other's perturbation name)` for each perturbation they differ in
+        (numbered from 100, apart from the planned runs)."""
+        differing = [
+            name
+            for name, label in other.labels.items()
+            if self.labels.get(name) != label
+        ]
+        candidates: list[str | None] = [None, *differing]
+        return [
+            (name, self.with_perturbation_of(other, name, 100 + k))
+            for k, name in enumerate(candidates)
+        ]
+
 
 def context(
     runs: int,

@@ -190,20 +190,6 @@ class RunOutcome:
     stage: str | None = None
     interrupted: bool | None = None
 
-    def facts(self) -> dict[str, Any]:
-        """What a report says of every run, whatever it trained."""
-        return {
-            "index": self.setup.index,
-            "worker": self.setup.worker,
-            "name": self.setup.name,
-            "perturbations": {**self.setup.labels, **self.not_applied},
-            "ok": self.ok,
-            "reason": self.reason,
-            "returncode": self.returncode,
-            "timed_out": self.timed_out,
-            "seconds": round(self.seconds, 3),
-        }
-
     @property
     def not_applied(self) -> dict[str, str]:
         """`{perturbation: "not applied: why"}` for those the run could not apply."""
