@@ -223,11 +223,6 @@ def _run_report(run: _FinishedRun, kept_trace: str | None = None) -> RunReport:
     )
 
 
-def _expand(setup: _perturb.RunSetup, workers: int) -> list[_perturb.RunSetup]:
-    """The processes of one run: itself, or its workers."""
-    return _perturb.workers_of(setup, workers) if workers > 1 else [setup]
-
-
 def _through_step(divergence: _diff.Divergence) -> int | None:
     """The last step attribution re-runs need, or None for every step.
 
@@ -284,7 +279,7 @@ def _attribute(
             f"{_spawn.slow_note(setups, options.timeout)}"
         )
     outcomes = _spawn.run_jobs(
-        [_expand(setup, options.workers) for setup in setups],
+        setups,
         spec,
         workdir,
         base_env=plan.environment,
@@ -400,7 +395,7 @@ def _run_device(
             f"steps each){_spawn.slow_note(plan.setups, options.timeout)}"
         )
     outcomes = _spawn.run_jobs(
-        [_expand(setup, workers) for setup in plan.setups],
+        plan.setups,
         plan.spec,
         workdir,
         base_env=plan.environment,

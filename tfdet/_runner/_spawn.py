@@ -647,22 +647,20 @@ def cluster_config(ports: list[int], worker: int) -> str:
     )
 
 
-def _with_cluster(job: list[RunSetup]) -> list[RunSetup]:
-    """A multi-worker job's setups with each worker's `TF_CONFIG` (loopback)."""
-    if len(job) == 1 and job[0].worker is None:
-        return job
-    ports = free_ports(len(job))
+def _processes(setup: RunSetup, workers: int) -> list[RunSetup]:
+    """The processes of one run: itself, or its `workers` worker processes
+    (`_perturb.workers_of`), each with its `TF_CONFIG` on loopback."""
+    if workers == 1:
+        return [setup]
+    ports = free_ports(workers)
     return [
-        dataclasses.replace(
-            setup,
-            tf_config=cluster_config(ports, setup.worker or 0),
-        )
-        for setup in job
+        dataclasses.replace(worker, tf_config=cluster_config(ports, worker.worker or 0))
+        for worker in _perturb.workers_of(setup, workers)
     ]
 
 
 def run_jobs(
-    jobs: list[list[RunSetup]],
+    setups: Sequence[RunSetup],
     spec: _spec.WorkerSpec,
     workdir: str,
     *,
@@ -672,17 +670,16 @@ def run_jobs(
     progress: Callable[[int, int, int], None] | None = None,
     directory: Callable[[RunSetup], str] | None = None,
 ) -> list[list[RunOutcome]]:
-    """Starts every process of every job at once and waits for all of them.
+    """Starts every process of every run at once and waits for all of them.
 
-    A job is one run: a single process, or the workers of a multi-worker
-    run (setups with `worker` set, from `_perturb.workers_of`), which get a
-    loopback `TF_CONFIG` on free ports. When a process of a job fails or
-    times out, the job's other processes are killed at once (they would wait
-    for it in a collective) and reported as stopped after it.
+    A run is one process, or, with `spec.workers` > 1, that many worker
+    processes of a multi-worker run (`_perturb.workers_of`), which get a
+    loopback `TF_CONFIG` on free ports. When a process of a run fails or
+    times out, the run's other processes are killed at once (they would
+    wait for it in a collective) and reported as stopped after it.
 
     Args:
-        jobs: The runs, each a list of process setups (their `delay`
-            staggers the starts).
+        setups: The runs (their `delay` staggers the starts).
         spec: The spec every process gets (its result, trace and progress
             channel are filled in per process).
         workdir: Where results, weights, stdout and stderr files go.
@@ -696,12 +693,13 @@ def run_jobs(
         directory: The working directory of a process (None: this one's).
 
     Returns:
-        One list of `RunOutcome`s per job, one per setup, in order. Anything
+        One list of `RunOutcome`s per run, one per process, in order. Anything
         that goes wrong while starting or following a process makes it a
         failure, never a missing entry (a missing run could otherwise pass
         as "equal").
     """
     base_env = dict(os.environ if base_env is None else base_env)
+    jobs = [_processes(setup, spec.workers) for setup in setups]
     groups = [_ProcessGroup() for _ in jobs]
     outcomes = [[_failed(s, RuntimeError("did not run")) for s in job] for job in jobs]
 
@@ -729,7 +727,7 @@ def run_jobs(
     threads = []
     try:
         for slot, job in enumerate(jobs):
-            for member, setup in enumerate(_with_cluster(job)):
+            for member, setup in enumerate(job):
                 thread = threading.Thread(
                     target=target, args=(slot, member, setup), daemon=True
                 )
@@ -768,8 +766,7 @@ def run_all(
 
     `options` are `run_jobs`'s keyword arguments.
     """
-    jobs = run_jobs([[setup] for setup in setups], spec, workdir, **options)
-    return [outcome for (outcome,) in jobs]
+    return [outcome for (outcome,) in run_jobs(setups, spec, workdir, **options)]
 
 
 def slow_note(setups: Sequence[RunSetup], timeout: float) -> str:
