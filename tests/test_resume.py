@@ -249,7 +249,7 @@ def test_the_resume_state_round_trips_through_json_bit_for_bit():
 
     import numpy as np
 
-    from tfdet.patches import keras_backup_and_restore as backup
+    from tfdet._resume import _keras3 as backup
 
     rng = np.random.default_rng(0)
     state = {

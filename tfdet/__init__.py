@@ -55,7 +55,7 @@ def __getattr__(name: str) -> Any:
 
         return DeterminismCallback
     if name == "random_state":
-        from tfdet.patches.keras_backup_and_restore import random_state
+        from tfdet._resume._keras3 import random_state
 
         return random_state
     if name in ("check", "CheckReport"):

@@ -102,7 +102,7 @@ class _Resumable:
     def __init__(self, built: Any, spec: WorkerSpec) -> None:
         import tensorflow as tf
 
-        from tfdet.patches import keras_backup_and_restore
+        from tfdet._resume import _keras3
 
         model = built.model
         if not getattr(model, "built", False):
@@ -113,7 +113,7 @@ class _Resumable:
         self.steps_done = tf.Variable(0, dtype=tf.int64)
         items = {"model": model, "optimizer": model.optimizer, "steps": self.steps_done}
         if spec.enable:
-            items["random"] = keras_backup_and_restore.random_state(model)
+            items["random"] = _keras3.random_state(model)
         self._manager = tf.train.CheckpointManager(
             tf.train.Checkpoint(**items), spec.resume_dir, max_to_keep=2
         )

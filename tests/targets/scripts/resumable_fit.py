@@ -50,7 +50,7 @@ parser.add_argument("--drop-epoch-random", action="store_true")
 args = parser.parse_args()
 
 if args.drop_epoch_random:
-    from tfdet.patches import keras_backup_and_restore as exact
+    from tfdet._resume import _keras3 as exact
 
     try:
         with open(os.path.join(args.backup, exact.CURRENT)) as handle:

@@ -43,7 +43,7 @@ import os
 import warnings
 from typing import Any
 
-from tfdet.patches import _resume_state
+from tfdet._resume import _state as _resume_state
 
 # The backup's files, inside `backup_dir` (tf_keras's own go in "chief").
 BACKUP_SUBDIRECTORY = "tfdet"
@@ -189,7 +189,7 @@ def exact_backup_and_restore_class() -> type:
         """`tf_keras.callbacks.BackupAndRestore` that resumes bit for bit.
 
         Same arguments as tf_keras's; see the module docstring of
-        `tfdet.patches._tf_keras_backup`.
+        `tfdet._resume._tf_keras`.
         """
 
         _tfdet_exact = True
