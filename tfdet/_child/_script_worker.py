@@ -2,7 +2,7 @@
 
 Runs in a fresh process started by `tfdet._child._start` (kind `script`), in
 an environment the parent has pinned and perturbed. It starts as every child
-does (`_child.child_start`: tfdet enabled unless the spec says not to, the
+does (`_start.child_start`: tfdet enabled unless the spec says not to, the
 in-child perturbations), installs recording hooks, and runs the script as
 `python script.py args` would (`runpy.run_path(..., run_name="__main__")`,
 `sys.argv` set). The hooks:
@@ -453,7 +453,7 @@ def _note_backups() -> None:
     """Tells the child protocol each time the script writes a backup.
 
     The `interrupt` perturbation kills a script's run only after one (see
-    `_child.note_backup`): Keras 3's BackupAndRestore (tfdet's exact one
+    `_start.note_backup`): Keras 3's BackupAndRestore (tfdet's exact one
     under enable(), Keras's own without) and every `tf.train.Checkpoint`
     save or write, `CheckpointManager.save` included (all go through
     `Checkpoint._write`).

@@ -6,7 +6,7 @@ records the run as a trace (`spec.trace`, the format `tfdet.DeterminismCallback`
 writes and `tfdet diff` reads: every step's loss and metric bits and weight
 fingerprints). The final weights are saved (`.npz`) so that a divergence in
 the weights can be shown element by element. Last, it writes its result
-(`_child.write_result`) naming the trace, the weights file and each
+(`_start.write_result`) naming the trace, the weights file and each
 variable's exact final digest.
 """
 
@@ -60,10 +60,10 @@ def _train_step(model: Any, x: Any, y: Any, weights: Any = None) -> dict[str, An
 
 
 def start(spec: WorkerSpec) -> Any:
-    """`_child.child_start`, then builds the TARGET (under its strategy).
+    """`_start.child_start`, then builds the TARGET (under its strategy).
 
     Tells the parent when the build starts and when the TARGET is built and
-    its first batch fits the model (`_target.check_fits`; a misfit is a
+    its first batch fits the model (`_load.check_fits`; a misfit is a
     `TargetError`, exit 2).
 
     Shared by the check and locate children, so that their runs start the

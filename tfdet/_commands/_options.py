@@ -54,7 +54,8 @@ class RunPlan:
     setups: tuple[_perturb.RunSetup, ...]
     skipped: dict[str, str]
     spec: _spec.WorkerSpec
-    environment: dict[str, str]
+    # Out of the repr: a copy of the parent's environment.
+    environment: dict[str, str] = dataclasses.field(repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,7 +237,7 @@ class RunOptions:
         """The planning context of these runs: what the perturbations need.
 
         Args:
-            kind: The kind of child the runs are (`_protocol.CHECK`, `LOCATE`,
+            kind: The kind of child the runs are (`_spec.CHECK`, `LOCATE`,
                 `SCRIPT`): it decides whether and when a run can be
                 interrupted, and whether it can predict.
             runs: How many runs (default: `runs`).

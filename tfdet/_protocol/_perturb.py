@@ -131,7 +131,7 @@ class Perturbation:
             worker process of a multi-worker run; None: every worker gets
             the run's change.
         in_child: Applied by the child process itself, before the TARGET or
-            script runs (`_child.child_start`): reads what its `Change.env`
+            script runs (`_start.child_start`): reads what its `Change.env`
             set and returns what it did, or None when that run asked for
             nothing. None for a perturbation the parent applies alone.
         supersedes: `(change) -> {other perturbation: its Change}` for the
