@@ -131,9 +131,16 @@ def first_divergence(a: _FinishedRun, b: _FinishedRun) -> _diff.Divergence | Non
 _Job = list[_FinishedRun]
 
 
-def _earliest(
-    pairs: list[tuple[int, _FinishedRun, _FinishedRun]],
-) -> tuple[int, _diff.Divergence | None]:
+# Two processes to compare: `(worker, process of run a, process of run b)`.
+_Pair = tuple[int, _FinishedRun, _FinishedRun]
+
+
+def _worker_pairs(a: _Job, b: _Job) -> list[_Pair]:
+    """Worker k of one run with worker k of the other."""
+    return [(k, *pair) for k, pair in enumerate(zip(a, b, strict=True))]
+
+
+def _earliest(pairs: list[_Pair]) -> tuple[int, _diff.Divergence | None]:
     """The earliest `(worker, divergence)` of `(worker, a, b)` pairs; the
     lowest worker on a tie; `(0, None)` when every pair is bit-identical."""
     found = [
@@ -152,10 +159,10 @@ def compare_jobs(a: _Job, b: _Job) -> tuple[int, _diff.Divergence | None]:
     Worker k of one run is compared with worker k of the other; the
     earliest divergence of any worker is the run's.
     """
-    return _earliest([(k, *pair) for k, pair in enumerate(zip(a, b, strict=True))])
+    return _earliest(_worker_pairs(a, b))
 
 
-def _comparisons(jobs: list[_Job]) -> list[tuple[int, int, list[Any]]]:
+def _comparisons(jobs: list[_Job]) -> list[tuple[int, int, list[_Pair]]]:
     """What a check compares, in the order it reports: `(run a, run b,
     [(worker, process of a, process of b), ...])`.
 
@@ -171,11 +178,7 @@ def _comparisons(jobs: list[_Job]) -> list[tuple[int, int, list[Any]]]:
     ]
     baseline = jobs[0]
     between = [
-        (
-            0,
-            index,
-            [(k, *pair) for k, pair in enumerate(zip(baseline, job, strict=True))],
-        )
+        (0, index, _worker_pairs(baseline, job))
         for index, job in enumerate(jobs)
         if index > 0
     ]
