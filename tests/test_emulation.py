@@ -22,8 +22,8 @@ from tfdet._pin import _cpuid
 from tfdet._protocol import _emulation
 
 pytestmark = pytest.mark.skipif(
-    _emulation.unavailable("AVX2") is not None,
-    reason=f"no emulated CPU here: {_emulation.unavailable('AVX2')}",
+    _emulation.why_unavailable("AVX2") is not None,
+    reason=f"no emulated CPU here: {_emulation.why_unavailable('AVX2')}",
 )
 
 CPU_MODEL_TARGET = f"{REPO / 'tests' / 'targets' / 'cpu_model_models.py'}:keras3"

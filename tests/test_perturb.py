@@ -242,7 +242,7 @@ def test_an_emulated_run_gets_the_emulator_in_front_and_more_time():
     # The emulated CPU reports its own cache sizes: no imitation on top.
     assert emulated.changes["caches"].env == {}
     assert not emulated.changes["caches"].by_child
-    assert _perturb.applied_by_child(emulated) == ["emulated_cpu"]
+    assert emulated.confirmed_by_child == ["emulated_cpu"]
 
 
 @pytest.mark.parametrize(
@@ -264,10 +264,10 @@ def test_interrupt_applies_to_single_process_keras3_runs_of_two_steps(options, r
         base, other = run_options.plan().setups
         assert not base.resumes and other.resumes
         assert other.env["TFDET_INTERRUPT_AFTER"] == "2"
-        assert _perturb.resumed_environment(other) == {
-            "TFDET_INTERRUPT_AFTER": None,
-            "TFDET_RESUMED_AFTER": "2",
-        }
+        resumed = other.resumed_on
+        assert resumed.env["TFDET_INTERRUPT_AFTER"] is None
+        assert resumed.env["TFDET_RESUMED_AFTER"] == "2"
+        assert resumed.labels == other.labels and base.resumed_on is base
 
 
 _KILLED_THEN_RESUMED = """
@@ -372,5 +372,5 @@ def test_batch_applies_to_the_runs_of_a_target(options, kind, reason):
         # Both runs predict; only the other one in other batches, confirmed.
         assert base.env["TFDET_PREDICT"] == "whole"
         assert other.env["TFDET_PREDICT"] == "split"
-        assert _perturb.applied_by_child(other) == ["batch"]
-        assert _perturb.applied_by_child(base) == []
+        assert other.confirmed_by_child == ["batch"]
+        assert base.confirmed_by_child == []

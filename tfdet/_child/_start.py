@@ -30,7 +30,8 @@ Environment variables a child reads (the parent sets them; see
 interpreter start), `TFDET_IMITATE_CACHES` (the `caches` perturbation),
 `TFDET_EMULATED_CPU` (`emulated_cpu`), and `TFDET_INTERRUPT_AFTER` / `TFDET_RESUMED_AFTER`
 (`interrupt`: the first process kills itself with SIGKILL once that many
-steps are recorded; the parent starts a second one, which resumes).
+steps are recorded, leaving them in `RESULT.killed`; the parent starts a
+second one, which resumes and reads from that file how far the first got).
 """
 
 from __future__ import annotations
@@ -289,6 +290,22 @@ def _open_progress(fd: int | None) -> Any:
     return os.fdopen(fd, "w", encoding="utf-8", closefd=True)
 
 
+def _resume_where_killed(spec: WorkerSpec) -> None:
+    """In the process that resumes a killed run: `TFDET_RESUMED_AFTER` becomes
+    the steps the killed process recorded (the file it left beside the
+    result), which for a script are past the steps asked (it is killed
+    after a backup)."""
+    if not os.environ.get(_variables.RESUMED_AFTER) or not spec.result:
+        return
+    try:
+        with open(spec.result + KILLED_SUFFIX, encoding="utf-8") as handle:
+            steps = handle.read().strip()
+    except OSError:
+        return
+    if steps.isdigit():
+        os.environ[_variables.RESUMED_AFTER] = steps
+
+
 def main(argv: list[str]) -> int:
     """The entry point of every child: `python -m tfdet._child SPEC_JSON`."""
     import importlib
@@ -297,6 +314,7 @@ def main(argv: list[str]) -> int:
     from tfdet._errors import EXIT_USAGE, TargetError
 
     _own_spec = WorkerSpec.from_json(argv[1])
+    _resume_where_killed(_own_spec)
     _owner_pid = os.getpid()
     _progress = _open_progress(_own_spec.progress_fd)
     module = importlib.import_module(KINDS[_own_spec.kind])

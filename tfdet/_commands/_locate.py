@@ -98,7 +98,7 @@ def record(
     if options.emulate_cpu is not None:
         # Recorded on an emulated CPU: `tfdet diff` against a native record
         # names the first layer whose bits follow the CPU.
-        why = _emulation.unavailable(options.pinned_cap)
+        why = _emulation.why_unavailable(options.pinned_cap)
         if why is not None:
             raise Error(f"Expected to record on an emulated CPU. Received: {why}")
         setup = _perturb.emulated_setup(options.context(_spec.LOCATE, runs=2))

@@ -208,7 +208,7 @@ class RunOptions:
         if _perturb.EMULATED_CPU not in self.perturb:
             self._set("perturb", (*self.perturb, _perturb.EMULATED_CPU))
         cap = self.pinned_cap
-        if _emulation.unavailable(cap) is None:
+        if _emulation.why_unavailable(cap) is None:
             # Where emulation cannot run, the report says why instead.
             _emulation.check_model(self.emulate_cpu, cap)
 
@@ -247,6 +247,7 @@ class RunOptions:
             self.pinned_cap,
             self.threads,
             self.emulate_cpu,
+            self.workers,
         )
         if kind == _spec.SCRIPT:
             return dataclasses.replace(
@@ -304,17 +305,15 @@ class RunOptions:
             **spec_fields: What the worker spec adds for this kind (a
                 script, a record path): see `worker_spec`.
         """
+        if environment is None:
+            environment = _spawn.run_environment(self.target_spec, device)
         context = self.context(kind, runs)
         names = self.perturb if names is None else names
         return RunPlan(
             setups=tuple(_perturb.plan(context, names)),
             skipped=_perturb.skipped(context, names),
             spec=self.worker_spec(kind, **spec_fields),
-            environment=(
-                _spawn.run_environment(self.target_spec, device)
-                if environment is None
-                else environment
-            ),
+            environment=environment,
         )
 
     def worker_spec(self, kind: str = _spec.CHECK, **fields: Any) -> _spec.WorkerSpec:

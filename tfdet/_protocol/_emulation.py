@@ -122,7 +122,7 @@ def default_model() -> str:
     return DEFAULT_MODEL.get(vendor or "", DEFAULT_MODEL["AuthenticAMD"])
 
 
-def unavailable(cap: str | None) -> str | None:
+def why_unavailable(cap: str | None) -> str | None:
     """Why no run can be emulated here (None: one can).
 
     Args:

@@ -64,6 +64,8 @@ class Context:
             (None: they can).
         not_predicting: Why these runs cannot predict their inputs for the
             `batch` perturbation (None: they can).
+        not_emulated: Why no run can be emulated here (None: one can).
+        workers: The processes of each run (a multi-worker run's workers).
     """
 
     runs: int
@@ -74,6 +76,8 @@ class Context:
     interrupt_after_a_backup: bool = False
     not_resumable: str | None = None
     not_predicting: str | None = None
+    not_emulated: str | None = None
+    workers: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +99,7 @@ class Change:
         launcher: A command prefix the process runs under (an emulator).
         slowdown: How many times longer than native the process may take.
         resumes: Whether the process is killed at a step and resumed in a
-            second one (started by the spawner, with `TFDET_RESUMED_AFTER` set).
+            second one (started by the spawner as `RunSetup.resumed_on` says).
     """
 
     label: str
@@ -455,21 +459,6 @@ def _batch_in_child() -> str | None:
     return "predicts its inputs in another order and other batch sizes"
 
 
-def resumed_environment(
-    setup: RunSetup, killed_at: str | None = None
-) -> dict[str, str | None]:
-    """The environment changes of the process that resumes an interrupted run.
-
-    Args:
-        setup: The run's setup.
-        killed_at: The steps the killed process had recorded (a script's is
-            killed after its first backup past the steps asked); None: those
-            asked.
-    """
-    steps = killed_at or setup.env.get(_variables.INTERRUPT_AFTER)
-    return {_variables.INTERRUPT_AFTER: None, _variables.RESUMED_AFTER: steps}
-
-
 # --- the registry -----------------------------------------------------------
 
 AFFINITY = "affinity"
@@ -571,7 +560,7 @@ REGISTRY: Mapping[str, Perturbation] = types.MappingProxyType(
                 "Intel's or AMD's own tables, AVX-512/AMX paths, or real caches.",
                 # An emulated run is 5-10x slower: a check would take minutes.
                 default=False,
-                unavailable=lambda context: _emulation.unavailable(context.pinned_isa),
+                unavailable=lambda context: context.not_emulated,
                 change=_emulated_change,
                 in_child=_emulated_in_child,
                 supersedes=_emulated_supersedes,
@@ -722,15 +711,41 @@ class RunSetup:
         index: Run number; 0 is the baseline.
         changes: `{perturbation: its Change for this process}`.
         worker: Task index of this process in a multi-worker run (see
-            `workers_of`), or None for a run of one process.
+            `processes`), or None for a run of one process.
         tf_config: The `TF_CONFIG` of a multi-worker run's process (its
             loopback cluster), or None.
+        workers: How many processes the run has (a multi-worker run's).
     """
 
     index: int
     changes: Mapping[str, Change] = dataclasses.field(default_factory=dict)
     worker: int | None = None
     tf_config: str | None = None
+    workers: int = 1
+
+    @property
+    def processes(self) -> list[RunSetup]:
+        """The processes of this run: itself, or each worker of a multi-worker run.
+
+        Every worker gets the run's perturbations, and what only a cluster
+        has (each record's `for_worker`: e.g. each worker its own hash seed).
+        """
+        if self.workers == 1 or self.worker is not None:
+            return [self]
+        gang = []
+        for worker in range(self.workers):
+            changes = {}
+            for name, change in self.changes.items():
+                record = REGISTRY[name]
+                if record.for_worker is not None:
+                    change = record.for_worker(change, self.index, worker, self.workers)
+                changes[name] = change
+            gang.append(
+                dataclasses.replace(
+                    self, changes=types.MappingProxyType(changes), worker=worker
+                )
+            )
+        return gang
 
     @property
     def env(self) -> dict[str, str | None]:
@@ -800,6 +815,32 @@ class RunSetup:
         )
 
     @property
+    def resumed_on(self) -> RunSetup:
+        """The setup of the process that resumes the run once it was killed.
+
+        Its kill becomes the resume: `TFDET_RESUMED_AFTER` holds the steps
+        asked before the kill (the resumed process reads those the killed
+        one recorded from the file it left: a script's is killed after the
+        first backup past the steps asked).
+        """
+        name = self.resuming
+        if name is None:
+            return self
+        change = self.changes[name]
+        steps = change.env.get(_variables.INTERRUPT_AFTER)
+        resumed = dataclasses.replace(
+            change,
+            env={_variables.INTERRUPT_AFTER: None, _variables.RESUMED_AFTER: steps},
+        )
+        changes = {**self.changes, name: resumed}
+        return dataclasses.replace(self, changes=types.MappingProxyType(changes))
+
+    @property
+    def confirmed_by_child(self) -> list[str]:
+        """The perturbations this process must apply itself and confirm."""
+        return [name for name, change in self.changes.items() if change.by_child]
+
+    @property
     def labels(self) -> dict[str, str]:
         """`{perturbation: what this process had}`, for the report."""
         return {name: change.label for name, change in self.changes.items()}
@@ -827,7 +868,7 @@ class RunSetup:
         changes = dict(self.changes)
         if name is not None and name in other.changes:
             changes[name] = other.changes[name]
-        return RunSetup(index, types.MappingProxyType(changes))
+        return RunSetup(index, types.MappingProxyType(changes), workers=self.workers)
 
     def one_at_a_time(self, other: RunSetup) -> list[tuple[str | None, RunSetup]]:
         """The re-runs that find which perturbation separates this run from
@@ -851,6 +892,7 @@ def context(
     pinned_isa: str | None,
     threads: int | None,
     emulated_model: str | None = None,
+    workers: int = 1,
 ) -> Context:
     """The planning context of `runs` runs of a profile (see `Context`).
 
@@ -860,12 +902,19 @@ def context(
             accepts); None when nothing is pinned.
         threads: The profile's pool size (None: enable()'s default).
         emulated_model: The QEMU CPU model of `emulated_cpu` (None: default).
+        workers: The processes of each run (a multi-worker run's workers).
     """
     cap = None
     if pinned_isa is not None and _isa.applies():
         cap = _isa.normalize(pinned_isa)
+    cap = None if cap == "ALL" else cap
     return Context(
-        runs, None if cap == "ALL" else cap, threads or DEFAULT_THREADS, emulated_model
+        runs,
+        cap,
+        threads or DEFAULT_THREADS,
+        emulated_model,
+        not_emulated=_emulation.why_unavailable(cap),
+        workers=workers,
     )
 
 
@@ -944,7 +993,7 @@ def setup_of(index: int, active: Sequence[Perturbation], context: Context) -> Ru
             label=_interrupt_change(index, context).label
             + " on the same machine (no other perturbation given to move to)",
         )
-    return RunSetup(index, types.MappingProxyType(changes))
+    return RunSetup(index, types.MappingProxyType(changes), workers=context.workers)
 
 
 # The steps a script's interrupted run records before it is killed: a
@@ -975,24 +1024,6 @@ def emulated_setup(context: Context) -> RunSetup:
     return dataclasses.replace(setup_of(1, [REGISTRY[EMULATED_CPU]], context), index=0)
 
 
-def workers_of(setup: RunSetup, workers: int) -> list[RunSetup]:
-    """The processes of a `workers`-worker run perturbed as `setup` says.
-
-    Every worker gets the run's perturbations, and what only a cluster has
-    (each record's `for_worker`: e.g. each worker its own hash seed).
-    """
-    gang = []
-    for worker in range(workers):
-        changes = {}
-        for name, change in setup.changes.items():
-            record = REGISTRY[name]
-            if record.for_worker is not None:
-                change = record.for_worker(change, setup.index, worker, workers)
-            changes[name] = change
-        gang.append(RunSetup(setup.index, types.MappingProxyType(changes), worker))
-    return gang
-
-
 def applied_in_child() -> dict[str, str]:
     """Applies every in-child perturbation this process's environment asks for.
 
@@ -1008,8 +1039,3 @@ def applied_in_child() -> dict[str, str]:
             if what is not None:
                 done[name] = what
     return done
-
-
-def applied_by_child(setup: RunSetup) -> list[str]:
-    """The perturbations of `setup` that its process must apply and confirm."""
-    return [name for name, change in setup.changes.items() if change.by_child]

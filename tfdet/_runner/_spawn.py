@@ -33,7 +33,7 @@ from typing import Any
 
 from tfdet import _notices
 from tfdet._errors import RunFailedError, TargetError
-from tfdet._protocol import _perturb, _spec
+from tfdet._protocol import _spec
 from tfdet._protocol._perturb import RunSetup
 from tfdet._target import _load
 
@@ -418,7 +418,7 @@ def _read_result(
     # A run may say why it could not apply one (a script that wrote no
     # backup to resume from is never interrupted): the report says so.
     applied = {**applied, **(result.get("perturbations_not_applied") or {})}
-    missing = [name for name in _perturb.applied_by_child(setup) if name not in applied]
+    missing = [name for name in setup.confirmed_by_child if name not in applied]
     if missing:
         return (
             None,
@@ -427,15 +427,6 @@ def _read_result(
             None,
         )
     return result, None, None
-
-
-def _killed_at(spec: _spec.WorkerSpec) -> str | None:
-    """The steps the interrupted process had recorded when it was killed."""
-    try:
-        with open(spec.result + _spec.KILLED_SUFFIX, encoding="utf-8") as handle:
-            return handle.read().strip() or None
-    except OSError:
-        return None
 
 
 def _start_and_wait(
@@ -527,7 +518,7 @@ def _run_one(
     )
     stages: list[str] = []
 
-    def start(process_setup: RunSetup, resumed_env: dict[str, str | None]):
+    def start(process_setup: RunSetup):
         """One process of the run, perturbed as `process_setup` says."""
         process_spec = dataclasses.replace(
             spec,
@@ -542,9 +533,7 @@ def _run_one(
             module,
             process_spec.to_json(),
         ]
-        env = child_environment(
-            child_environment(base_env, process_setup.env), resumed_env
-        )
+        env = child_environment(base_env, process_setup.env)
         return _start_and_wait(
             command, env, stem, process_setup, progress, stages, group, timeout, cwd
         )
@@ -557,16 +546,14 @@ def _run_one(
         started = time.perf_counter()
         # Under `migrate` the killed process has none of the run's other
         # perturbations: they start with the process that resumes it.
-        process, timed_out = start(setup.killed_on, {})
+        process, timed_out = start(setup.killed_on)
         resumed = (
             setup.resumes and not timed_out and process.returncode == -signal.SIGKILL
         )
         if resumed:
             # `interrupt` or `migrate`: killed as a preemption kills, now
             # resumed in a fresh process from what the first one saved.
-            process, timed_out = start(
-                setup, _perturb.resumed_environment(setup, _killed_at(spec))
-            )
+            process, timed_out = start(setup.resumed_on)
     finally:
         if neighbour is not None:
             kill_tree(neighbour)
@@ -647,15 +634,16 @@ def cluster_config(ports: list[int], worker: int) -> str:
     )
 
 
-def _processes(setup: RunSetup, workers: int) -> list[RunSetup]:
-    """The processes of one run: itself, or its `workers` worker processes
-    (`_perturb.workers_of`), each with its `TF_CONFIG` on loopback."""
-    if workers == 1:
-        return [setup]
-    ports = free_ports(workers)
+def _processes(setup: RunSetup) -> list[RunSetup]:
+    """The processes of one run (`RunSetup.processes`); a multi-worker run's
+    each with its `TF_CONFIG` on loopback."""
+    processes = setup.processes
+    if len(processes) == 1:
+        return processes
+    ports = free_ports(len(processes))
     return [
         dataclasses.replace(worker, tf_config=cluster_config(ports, worker.worker or 0))
-        for worker in _perturb.workers_of(setup, workers)
+        for worker in processes
     ]
 
 
@@ -672,8 +660,8 @@ def run_jobs(
 ) -> list[list[RunOutcome]]:
     """Starts every process of every run at once and waits for all of them.
 
-    A run is one process, or, with `spec.workers` > 1, that many worker
-    processes of a multi-worker run (`_perturb.workers_of`), which get a
+    A run is one process, or each worker process of a multi-worker run
+    (`RunSetup.processes`, `workers` > 1), which get a
     loopback `TF_CONFIG` on free ports. When a process of a run fails or
     times out, the run's other processes are killed at once (they would
     wait for it in a collective) and reported as stopped after it.
@@ -699,7 +687,7 @@ def run_jobs(
         as "equal").
     """
     base_env = dict(os.environ if base_env is None else base_env)
-    jobs = [_processes(setup, spec.workers) for setup in setups]
+    jobs = [_processes(setup) for setup in setups]
     groups = [_ProcessGroup() for _ in jobs]
     outcomes = [[_failed(s, RuntimeError("did not run")) for s in job] for job in jobs]
 
