@@ -82,49 +82,51 @@ def first_divergence(a: _FinishedRun, b: _FinishedRun) -> _diff.Divergence | Non
     The traces are compared as `tfdet diff` compares them; when they agree,
     each variable's exact final digest is compared. A difference in the
     weights comes with the first differing element of that variable's final
-    value (from the saved `.npz` weights).
+    value (from the saved `.npz` weights). With the same weights, the
+    `batch` perturbation's predictions, if any, are compared.
     """
     result_a, result_b = a.outcome.result, b.outcome.result
     names = list(result_a["variables"])
-    divergence = _diff.compare(a.trace, b.trace).divergence
     finals_a, finals_b = result_a["final_weights"], result_b["final_weights"]
     # What only the final results hold is reported at the last step.
     last = a.trace.steps[-1] if a.trace.steps else {}
+    at_last = (int(last.get("step", 0)), last.get("epoch"))
+    divergence = _diff.compare(a.trace, b.trace).divergence
     if divergence is None:
-        for name in [*names, *(n for n in finals_b if n not in finals_a)]:
-            da, db = finals_a.get(name), finals_b.get(name)
-            if da != db:
-                divergence = _diff.Divergence(
-                    int(last.get("step", 0)),
-                    last.get("epoch"),
-                    f"final weights:{name}",
-                    str(da),
-                    str(db),
-                )
-                break
-    if divergence is None:
-        # The same weights: the `batch` perturbation's predictions, if any.
-        predicted = _predict.first_difference(result_a, result_b)
-        if predicted is not None:
-            return _diff.Divergence(
-                int(last.get("step", 0)), last.get("epoch"), *predicted
+        differing = [
+            name
+            for name in [*names, *(n for n in finals_b if n not in finals_a)]
+            if finals_a.get(name) != finals_b.get(name)
+        ]
+        if differing:
+            name = differing[0]
+            divergence = _diff.Divergence(
+                *at_last,
+                f"final weights:{name}",
+                str(finals_a.get(name)),
+                str(finals_b.get(name)),
             )
-    if divergence is None or "weights" not in divergence.quantity:
-        return divergence
-    index = _diff.variable_index(divergence.quantity, names)
-    if index is None:  # "weights": the first variable whose final value differs
-        index = next(
-            (k for k, n in enumerate(names) if finals_a.get(n) != finals_b.get(n)),
-            None,
+    if divergence is not None:
+        if "weights" not in divergence.quantity:
+            return divergence
+        index = _diff.variable_index(divergence.quantity, names)
+        if index is None:  # "weights": the first variable whose final value differs
+            index = next(
+                (k for k, n in enumerate(names) if finals_a.get(n) != finals_b.get(n)),
+                None,
+            )
+        detail = None
+        if index is not None:
+            detail = _diff.weights_detail(
+                result_a["weights_file"], result_b["weights_file"], index
+            )
+        if detail is None:
+            return divergence
+        return dataclasses.replace(
+            divergence, detail={"variable": names[index], **detail}
         )
-    if index is None:
-        return divergence
-    detail = _diff.weights_detail(
-        result_a["weights_file"], result_b["weights_file"], index
-    )
-    if detail is not None:
-        detail = {"variable": names[index], **detail}
-    return dataclasses.replace(divergence, detail=detail)
+    predicted = _predict.first_difference(result_a, result_b)
+    return None if predicted is None else _diff.Divergence(*at_last, *predicted)
 
 
 # One run: its processes (one, or each worker of a multi-worker run).
@@ -378,21 +380,19 @@ def _divergence_report(
     )
 
 
-def _run_device(
+def _check_device(
     device: str,
-    plan: RunPlan,
     options: RunOptions,
-    workdir: str,
     progress: ProgressFn | None,
-    step: StepFn | None,
-) -> list[_Job]:
-    """Starts every run on `device` at once and reads each process's result."""
-    workers = options.workers
+    workdir: str,
+    step: StepFn | None = None,
+) -> DeviceReport:
+    plan = options.plan(_spec.CHECK, device)
     if progress is not None:
         # TensorFlow takes seconds to start: say so before the first step.
         processes = f"{len(plan.setups)} processes"
-        if workers > 1:
-            processes = f"{len(plan.setups)} runs of {workers} worker processes"
+        if options.workers > 1:
+            processes = f"{len(plan.setups)} runs of {options.workers} worker processes"
         progress(
             f"[{device}] starting TensorFlow in {processes} ({options.steps} "
             f"steps each){_spawn.slow_note(plan.setups, options.timeout)}"
@@ -410,18 +410,7 @@ def _run_device(
         options.target_spec.text,
         options.timeout,
     )
-    return [_read_runs(job) for job in outcomes]
-
-
-def _check_device(
-    device: str,
-    options: RunOptions,
-    progress: ProgressFn | None,
-    workdir: str,
-    step: StepFn | None = None,
-) -> DeviceReport:
-    plan = options.plan(_spec.CHECK, device)
-    jobs = _run_device(device, plan, options, workdir, progress, step)
+    jobs = [_read_runs(job) for job in outcomes]
     runs = [run for job in jobs for run in job]
     kept_in = None if options.traces is None else os.path.join(options.traces, device)
     report = functools.partial(

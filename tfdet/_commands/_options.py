@@ -305,15 +305,17 @@ class RunOptions:
             **spec_fields: What the worker spec adds for this kind (a
                 script, a record path): see `worker_spec`.
         """
-        if environment is None:
-            environment = _spawn.run_environment(self.target_spec, device)
         context = self.context(kind, runs)
         names = self.perturb if names is None else names
         return RunPlan(
             setups=tuple(_perturb.plan(context, names)),
             skipped=_perturb.skipped(context, names),
             spec=self.worker_spec(kind, **spec_fields),
-            environment=environment,
+            environment=(
+                _spawn.run_environment(self.target_spec, device)
+                if environment is None
+                else environment
+            ),
         )
 
     def worker_spec(self, kind: str = _spec.CHECK, **fields: Any) -> _spec.WorkerSpec:

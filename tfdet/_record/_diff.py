@@ -383,10 +383,10 @@ def compare(a: Trace, b: Trace) -> TraceComparison:
         steps_compared=len(common),
         steps=(len(a.steps), len(b.steps)),
         truncated=(a.truncated, b.truncated),
-        cpu_differences=_environment.compare_cpus(a.environment, b.environment),
         variables=(len(a.variables), len(b.variables)),
         distribution_differences=distribution_differences(a, b),
         **_layer_comparison(a, b),
+        cpu_differences=_environment.compare_cpus(a.environment, b.environment),
     )
 
 
