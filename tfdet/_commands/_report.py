@@ -105,6 +105,11 @@ class Training:
     entry_points: Any = None
     xla: dict[str, Any] | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["nonfinite"] = list(self.nonfinite)
+        return out
+
 
 @dataclasses.dataclass(frozen=True)
 class ProcessFacts:
@@ -169,14 +174,23 @@ class RunReport:
         return self.facts.ok
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self.facts)
-        if self.training is not None:
-            training = dataclasses.asdict(self.training)
-            training["nonfinite"] = list(self.training.nonfinite)
-            out.update(training)
-        if self.stderr_tail is not None:
-            out["stderr_tail"] = self.stderr_tail
-        return out
+        return _process_dict(self.facts, self.training, self.stderr_tail)
+
+
+def _process_dict(
+    facts: ProcessFacts,
+    trained: Training | ScriptTraining | None,
+    stderr_tail: str | None,
+) -> dict[str, Any]:
+    """One process's `--json` entry, for a check's run and a script's: what
+    is said of every run, then what a finished one trained, then the end of
+    a failed one's stderr."""
+    out = dataclasses.asdict(facts)
+    if trained is not None:
+        out.update(trained.to_dict())
+    if stderr_tail is not None:
+        out["stderr_tail"] = stderr_tail
+    return out
 
 
 def attribution_verdict(alone: dict[str, str], rerun: str, subject: str) -> str:
@@ -550,12 +564,7 @@ class ScriptRunReport:
     stderr_tail: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self.facts)
-        if self.trained is not None:
-            out.update(self.trained.to_dict())
-        if self.stderr_tail is not None:
-            out["stderr_tail"] = self.stderr_tail
-        return out
+        return _process_dict(self.facts, self.trained, self.stderr_tail)
 
 
 @dataclasses.dataclass(frozen=True)
