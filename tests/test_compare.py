@@ -46,14 +46,14 @@ SUMS = [[[1, 2], [3, 4]], [[5, 6], [7, 8]]]
 def test_identical_runs_have_no_divergence(tmp_path):
     a = _run(tmp_path, "a", [1.0, 0.5], SUMS, FINAL)
     b = _run(tmp_path, "b", [1.0, 0.5], SUMS, FINAL)
-    assert _check.first_divergence(a, b) is None
+    assert _check.compare_runs(a, b).divergence is None
 
 
 def test_loss_divergence_reports_step_bits_and_ulps(tmp_path):
     nudged = float(np.nextafter(np.float32(0.5), np.float32(1)))
     a = _run(tmp_path, "a", [1.0, 0.5], SUMS, FINAL)
     b = _run(tmp_path, "b", [1.0, nudged], SUMS, FINAL)
-    divergence = _check.first_divergence(a, b)
+    divergence = _check.compare_runs(a, b).divergence
     assert (divergence.step, divergence.quantity, divergence.ulps) == (1, "loss", 1)
     assert "0.5 [float32 0x3f000000]" in divergence.describe()
 
@@ -63,7 +63,7 @@ def test_weight_divergence_names_variable_and_first_element(tmp_path):
     final_b[0][1, 0] = np.nextafter(np.float32(1), np.float32(2))
     a = _run(tmp_path, "a", [1.0, 0.5], SUMS, FINAL)
     b = _run(tmp_path, "b", [1.0, 0.5], [SUMS[0], [[9, 9], [7, 8]]], final_b)
-    divergence = _check.first_divergence(a, b)
+    divergence = _check.compare_runs(a, b).divergence
     assert divergence.step == 1 and divergence.quantity == "weights:0:dense/kernel"
     assert divergence.detail["index"] == [1, 0]
     assert divergence.detail["variable"] == "0:dense/kernel"
@@ -77,7 +77,7 @@ def test_final_digest_difference_is_caught_even_with_equal_checksums(tmp_path):
     final_b = [FINAL[0], np.array([0.0, -0.0], np.float32)]
     a = _run(tmp_path, "a", [1.0], SUMS[:1], FINAL)
     b = _run(tmp_path, "b", [1.0], SUMS[:1], final_b)
-    divergence = _check.first_divergence(a, b)
+    divergence = _check.compare_runs(a, b).divergence
     assert divergence.step == 0
     assert divergence.quantity == "final weights:1:dense/bias"
     assert divergence.detail["index"] == [1]
@@ -86,7 +86,7 @@ def test_final_digest_difference_is_caught_even_with_equal_checksums(tmp_path):
 def test_missing_steps_are_a_divergence(tmp_path):
     a = _run(tmp_path, "a", [1.0, 0.5], SUMS, FINAL)
     b = _run(tmp_path, "b", [1.0], SUMS[:1], FINAL)
-    assert _check.first_divergence(a, b).quantity == "steps"
+    assert _check.compare_runs(a, b).divergence.quantity == "steps"
 
 
 def test_a_run_whose_trace_is_unreadable_is_a_failure_with_a_reason(tmp_path):

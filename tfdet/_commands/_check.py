@@ -76,8 +76,9 @@ def _read_runs(outcomes: list[_spawn.RunOutcome]) -> list[_FinishedRun]:
     return runs
 
 
-def first_divergence(a: _FinishedRun, b: _FinishedRun) -> _diff.Divergence | None:
-    """The first difference between two runs, or None when bit-identical.
+def compare_runs(a: _FinishedRun, b: _FinishedRun) -> _diff.TraceComparison:
+    """Two runs compared; the `divergence` is their first difference, or None
+    when they are bit-identical.
 
     The traces are compared as `tfdet diff` compares them; when they agree,
     each variable's exact final digest is compared. A difference in the
@@ -85,13 +86,23 @@ def first_divergence(a: _FinishedRun, b: _FinishedRun) -> _diff.Divergence | Non
     value (from the saved `.npz` weights). With the same weights, the
     `batch` perturbation's predictions, if any, are compared.
     """
+    comparison = _diff.compare(a.trace, b.trace)
+    return dataclasses.replace(
+        comparison, divergence=_with_results(comparison.divergence, a, b)
+    )
+
+
+def _with_results(
+    divergence: _diff.Divergence | None, a: _FinishedRun, b: _FinishedRun
+) -> _diff.Divergence | None:
+    """The traces' `divergence` completed from what only the runs' results
+    hold: final weights, their saved values, predictions."""
     result_a, result_b = a.outcome.result, b.outcome.result
     names = list(result_a["variables"])
     finals_a, finals_b = result_a["final_weights"], result_b["final_weights"]
     # What only the final results hold is reported at the last step.
     last = a.trace.steps[-1] if a.trace.steps else {}
     at_last = (int(last.get("step", 0)), last.get("epoch"))
-    divergence = _diff.compare(a.trace, b.trace).divergence
     if divergence is None:
         differing = [
             name
@@ -142,21 +153,22 @@ def _worker_pairs(a: _Job, b: _Job) -> list[_Pair]:
     return [(k, *pair) for k, pair in enumerate(zip(a, b, strict=True))]
 
 
-def _earliest(pairs: list[_Pair]) -> tuple[int, _diff.Divergence | None]:
-    """The earliest `(worker, divergence)` of `(worker, a, b)` pairs; the
-    lowest worker on a tie; `(0, None)` when every pair is bit-identical."""
+def _earliest(pairs: list[_Pair]) -> tuple[int, _diff.TraceComparison | None]:
+    """`(worker, comparison)` of the `(worker, a, b)` pair that diverges
+    first; the lowest worker on a tie; `(0, None)` when every pair is
+    bit-identical."""
     found = [
-        (worker, divergence)
+        (worker, comparison)
         for worker, a, b in pairs
-        if (divergence := first_divergence(a, b)) is not None
+        if (comparison := compare_runs(a, b)).divergence is not None
     ]
     if not found:
         return 0, None
-    return min(found, key=lambda each: (each[1].step, each[0]))
+    return min(found, key=lambda each: (each[1].divergence.step, each[0]))
 
 
-def compare_jobs(a: _Job, b: _Job) -> tuple[int, _diff.Divergence | None]:
-    """`(worker, first difference)` between two runs, worker by worker.
+def compare_jobs(a: _Job, b: _Job) -> tuple[int, _diff.TraceComparison | None]:
+    """`(worker, comparison)` of two runs' earliest difference, worker by worker.
 
     Worker k of one run is compared with worker k of the other; the
     earliest divergence of any worker is the run's.
@@ -245,7 +257,7 @@ def _through_step(divergence: _diff.Divergence) -> int | None:
 def _same_through(baseline: _Job, rerun: _Job, through: int | None) -> bool:
     """Whether a re-run has the baseline's bits (through step `through`)."""
     if through is None:
-        return compare_jobs(baseline, rerun)[1] is None
+        return compare_jobs(baseline, rerun)[1] is None  # No pair diverged.
 
     def prefix(trace: _trace.Trace) -> _trace.Trace:
         steps = [step for step in trace.steps if int(step.get("step", 0)) <= through]
@@ -360,11 +372,13 @@ StepFn = _spawn.StepFn
 def _divergence_report(
     a: _FinishedRun,
     b: _FinishedRun,
-    divergence: _diff.Divergence,
+    comparison: _diff.TraceComparison,
     worker: int | None,
     **extra: Any,
 ) -> DivergenceReport:
     """`extra`: the `workers` that disagree, or the `attribution`."""
+    divergence = comparison.divergence
+    assert divergence is not None
     return DivergenceReport(
         runs=(a.outcome.setup.index, b.outcome.setup.index),
         # Multi-worker runs: which worker's bits parted (None: one process).
@@ -374,7 +388,7 @@ def _divergence_report(
         # Reported first: a setting that differs usually explains the bits.
         profile_differences={
             name: list(values)
-            for name, values in _diff.profile_differences(a.trace, b.trace).items()
+            for name, values in comparison.profile_differences.items()
         },
         **extra,
     )
@@ -426,12 +440,12 @@ def _check_device(
     if any(not run.outcome.ok for run in runs):
         return report(exit_code=EXIT_RUN_FAILED)
     for a, b, pairs in _comparisons(jobs):
-        worker, divergence = _earliest(pairs)
-        if divergence is None:
+        worker, comparison = _earliest(pairs)
+        if comparison is None:
             continue
         if a == b:  # Two workers of one run disagree.
             found = _divergence_report(
-                jobs[a][0], jobs[a][worker], divergence, worker, workers=(0, worker)
+                jobs[a][0], jobs[a][worker], comparison, worker, workers=(0, worker)
             )
         else:
             attribution = None
@@ -439,7 +453,7 @@ def _check_device(
                 attribution = _attribute(
                     plan,
                     plan.setups[b],
-                    divergence,
+                    comparison.divergence,
                     options,
                     workdir,
                     jobs[a],
@@ -450,7 +464,7 @@ def _check_device(
             found = _divergence_report(
                 jobs[a][worker],
                 jobs[b][worker],
-                divergence,
+                comparison,
                 worker if options.workers > 1 else None,
                 attribution=attribution,
             )
