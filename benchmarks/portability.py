@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             f"Received: {', '.join(unknown)}"
         )
     if args.emulate_cpu is not None:
-        why = _emulation.unavailable("AVX2")
+        why = _emulation.why_unavailable("AVX2")
         if why is not None:
             parser.error(f"Expected an emulator for --emulate-cpu. Received: {why}")
         try:
