@@ -270,6 +270,26 @@ def test_interrupt_applies_to_single_process_keras3_runs_of_two_steps(options, r
         assert resumed.labels == other.labels and base.resumed_on is base
 
 
+def test_the_resumed_process_learns_how_far_the_killed_one_got(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from tfdet._child import _start
+
+    spec = _spec.WorkerSpec(_spec.SCRIPT, result=str(tmp_path / "run1.json"))
+    # Not a resumed process: nothing is read or set.
+    monkeypatch.delenv("TFDET_RESUMED_AFTER", raising=False)
+    _start._resume_where_killed(spec)
+    assert _spec.resumed_after() is None
+    # Resumed, but the killed process left no file: the steps asked stay.
+    monkeypatch.setenv("TFDET_RESUMED_AFTER", "2")
+    _start._resume_where_killed(spec)
+    assert _spec.resumed_after() == 2
+    # A script is killed after the first backup past the steps asked.
+    (tmp_path / ("run1.json" + _spec.KILLED_SUFFIX)).write_text("5")
+    _start._resume_where_killed(spec)
+    assert _spec.resumed_after() == 5
+
+
 _KILLED_THEN_RESUMED = """
 import json, os, signal, sys
 spec = json.loads(sys.argv[1])
