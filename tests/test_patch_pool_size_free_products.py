@@ -92,6 +92,71 @@ def test_weights_do_not_follow_the_pool_size_only_with_the_patch():
         assert len(set(plain.values())) > 1, (model, plain)
 
 
+# tf_keras's BatchNormalization, one process per pool size: the weights of a
+# Conv2D + BatchNormalization model after 3 steps under the patch, then the
+# control: the same patch with the layer left fused.
+TF_KERAS_BATCH_NORM = """
+import hashlib, json, sys
+import numpy as np
+import tfdet
+tfdet.enable(seed=0, threads=int(sys.argv[1]),
+             patches=["auto", "pool_size_free_products"])
+import tf_keras as keras
+from tf_keras.src.layers.normalization import batch_normalization
+from tfdet.patches import pool_size_free_products as patch
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(64, 16, 16, 3)).astype("float32")
+y = rng.integers(0, 4, size=(64,))
+
+def digest():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.layers.Input((16, 16, 3)), keras.layers.Conv2D(8, 3),
+        keras.layers.BatchNormalization(), keras.layers.ReLU(),
+        keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True))
+    for step in range(3):
+        model.train_on_batch(x[16 * step:16 * step + 32], y[16 * step:16 * step + 32])
+    fused = [l.fused for l in model.layers if "batch_norm" in l.name]
+    sha = hashlib.sha256()
+    for weight in model.get_weights():
+        sha.update(np.ascontiguousarray(weight).tobytes())
+    return sha.hexdigest()[:16], fused
+
+patched = digest()
+base = batch_normalization.BatchNormalizationBase
+base.build = next(o for owner, name, o in patch.PATCH.replaced() if owner is base)
+print(json.dumps({"patched": patched, "fused": digest()}))
+"""
+
+
+def test_tf_keras_batch_norm_does_not_follow_the_pool_size_with_the_patch():
+    processes = {
+        threads: subprocess.Popen(
+            [sys.executable, "-c", TF_KERAS_BATCH_NORM, str(threads)],
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for threads in (1, 2, 3)
+    }
+    results = {}
+    for threads, process in processes.items():
+        out, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err[-3000:]
+        results[threads] = last_json_line(out)
+    patched = {threads: r["patched"] for threads, r in results.items()}
+    fused = {threads: r["fused"] for threads, r in results.items()}
+    assert all(layers == [False] for _, layers in patched.values()), patched
+    assert len({digest for digest, _ in patched.values()}) == 1, patched
+    # The control: the fused kernel's batch sums follow the pool size.
+    assert all(layers == [True] for _, layers in fused.values()), fused
+    assert len({digest for digest, _ in fused.values()}) > 1, fused
+
+
 CHECKS = """
 import json
 import numpy as np

@@ -38,6 +38,11 @@ each product as one:
   the filter reversed in space, its channels swapped;
 - `BiasAddGrad`: a `Sum` over every axis but the channels, which splits
   only over the channels;
+- tf_keras's `BatchNormalization`: computed unfused (`tf.nn.moments`, a
+  `Mean` over every axis but the channels, and element-wise ops) instead of
+  the fused kernel (`FusedBatchNormV3`), whose training-time sums over the
+  batch split by the pool (a layer asked for `fused=True` too); Keras 3's
+  is unfused already;
 - `tf.nn.gelu`'s exact form without the division that Grappler rewrites in
   a traced function on TensorFlow 2.16-2.18 (eager and traced agree);
 - element-wise functions whose last `length % lanes` elements Eigen
@@ -67,10 +72,12 @@ auto,pool_size_free_products --perturb threads` to show it on a model.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from tfdet.patches import _exact_math, _whole_packets
 from tfdet.patches._registry import Patch
+from tfdet.patches._swap import Swap
 
 _MAT_MUL = _exact_math.GeneratedOp("tensorflow.python.ops.gen_math_ops", "mat_mul")
 _CONV = _exact_math.GeneratedOp("tensorflow.python.ops.gen_nn_ops", "conv2d")
@@ -615,6 +622,9 @@ COVERED = (
     "Einsum",
     "Conv2DBackpropFilter",
     "BiasAddGrad",
+    # Not replaced: tf_keras's BatchNormalization, which reaches it, is
+    # built unfused instead (a direct `tf.nn.fused_batch_norm` still runs it).
+    "FusedBatchNormV3",
 )
 # The op types this patch computes apart from the batch size (and with
 # them, `COVERED`): each sample's bits do not follow what else is in its
@@ -635,11 +645,33 @@ def _apply(swap: Any) -> None:
     _whole_packets.apply(swap)
 
 
+def _unfused_tf_keras_batch_norm(swap: Swap) -> None:
+    """tf_keras's `BatchNormalization` layers are built unfused.
+
+    `build` decides: it keeps `fused` False, so the layer computes its
+    batch statistics with `tf.nn.moments` (covered above) wherever the
+    fused kernel would have run.
+    """
+    from tf_keras.src.layers.normalization import batch_normalization
+
+    base = batch_normalization.BatchNormalizationBase
+    original = base.build
+
+    @functools.wraps(original)
+    def build(self: Any, input_shape: Any) -> None:
+        self.fused = False
+        original(self, input_shape)
+
+    swap.attribute(base, "build", build)
+
+
 PATCH = Patch(
     summary="MatMul, BatchMatMul, Einsum, Conv2D and its gradients, BiasAddGrad, "
-    "Sigmoid/Exp/Log/... -> 1x1 convolutions, Sums and whole packets that "
-    "split only over outputs (bits independent of the pool size and the batch)",
+    "Sigmoid/Exp/Log/..., tf_keras' fused BatchNormalization -> 1x1 "
+    "convolutions, Sums, whole packets and unfused moments that split only over "
+    "outputs (bits independent of the pool size and the batch)",
     upstream="https://github.com/uxlfoundation/oneDNN/issues/1443",
     apply=_apply,
+    after_import=(("tf_keras", _unfused_tf_keras_batch_norm),),
     opt_in=True,
 )
