@@ -133,6 +133,7 @@ print(json.dumps({"patched": patched, "fused": digest()}))
 
 
 def test_tf_keras_batch_norm_does_not_follow_the_pool_size_with_the_patch():
+    pytest.importorskip("tf_keras")
     processes = {
         threads: subprocess.Popen(
             [sys.executable, "-c", TF_KERAS_BATCH_NORM, str(threads)],
