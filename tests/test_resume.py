@@ -341,19 +341,13 @@ def test_a_gan_with_two_optimizers_resumes_exactly(tmp_path, keras_args):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("keras", ["keras3", "tf_keras"])
-def test_a_fit_killed_on_one_thread_resumes_on_two_with_the_same_bits(keras, tmp_path):
+def test_a_fit_killed_on_one_thread_resumes_on_two_with_the_same_bits(tmp_path):
     # A preempted job restarted on a machine with another core count, with
     # Keras's own BackupAndRestore: under the pool-size-free products the
     # bits do not follow the pool size, so the resume on 2 threads gives the
     # bits of the run that trained on 1 throughout. The control, without
-    # them: the resumed steps follow the pool and the bits differ. tf_keras's
-    # BatchNormalization is fused unless the patch builds it unfused.
-    if keras == "tf_keras":
-        pytest.importorskip("tf_keras")
+    # them: the resumed steps follow the pool and the bits differ.
     conv = ("--model", "conv", "--save-freq", "3")
-    if keras == "tf_keras":
-        conv = (*conv, "--tf-keras")
 
     def moved(*patch) -> tuple[str, str]:
         folder = tmp_path / ("patched" if patch else "control")

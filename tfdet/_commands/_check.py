@@ -20,7 +20,6 @@ import shutil
 import tempfile
 from typing import Any
 
-from tfdet import _notices
 from tfdet._commands._options import RunOptions, RunPlan
 from tfdet._commands._report import (
     Attribution,
@@ -233,10 +232,8 @@ def _run_report(run: _FinishedRun, kept_trace: str | None = None) -> RunReport:
     return RunReport(
         facts=ProcessFacts.of(outcome),
         training=training,
-        # TensorFlow's start-up notices would crowd out the error.
-        stderr_tail=None
-        if outcome.ok
-        else _notices.without_notices(outcome.stderr_tail),
+        # Without TensorFlow's start-up notices (`_spawn.stderr_tail`).
+        stderr_tail=None if outcome.ok else outcome.stderr_tail,
     )
 
 
