@@ -99,44 +99,39 @@ def _with_results(
     result_a, result_b = a.outcome.result, b.outcome.result
     names = list(result_a["variables"])
     finals_a, finals_b = result_a["final_weights"], result_b["final_weights"]
+    differing = [
+        name
+        for name in [*names, *(n for n in finals_b if n not in finals_a)]
+        if finals_a.get(name) != finals_b.get(name)
+    ]
     # What only the final results hold is reported at the last step.
     last = a.trace.steps[-1] if a.trace.steps else {}
     at_last = (int(last.get("step", 0)), last.get("epoch"))
-    if divergence is None:
-        differing = [
-            name
-            for name in [*names, *(n for n in finals_b if n not in finals_a)]
-            if finals_a.get(name) != finals_b.get(name)
-        ]
-        if differing:
-            name = differing[0]
-            divergence = _diff.Divergence(
-                *at_last,
-                f"final weights:{name}",
-                str(finals_a.get(name)),
-                str(finals_b.get(name)),
-            )
-    if divergence is not None:
-        if "weights" not in divergence.quantity:
-            return divergence
-        index = _diff.variable_index(divergence.quantity, names)
-        if index is None:  # "weights": the first variable whose final value differs
-            index = next(
-                (k for k, n in enumerate(names) if finals_a.get(n) != finals_b.get(n)),
-                None,
-            )
-        detail = None
-        if index is not None:
-            detail = _diff.weights_detail(
-                result_a["weights_file"], result_b["weights_file"], index
-            )
-        if detail is None:
-            return divergence
-        return dataclasses.replace(
-            divergence, detail={"variable": names[index], **detail}
+    if divergence is None and differing:
+        name = differing[0]
+        divergence = _diff.Divergence(
+            *at_last,
+            f"final weights:{name}",
+            str(finals_a.get(name)),
+            str(finals_b.get(name)),
         )
-    predicted = _predict.first_difference(result_a, result_b)
-    return None if predicted is None else _diff.Divergence(*at_last, *predicted)
+    if divergence is None:
+        # The same weights: the `batch` perturbation's predictions, if any.
+        predicted = _predict.first_difference(result_a, result_b)
+        return None if predicted is None else _diff.Divergence(*at_last, *predicted)
+    if "weights" not in divergence.quantity:
+        return divergence
+    index = _diff.variable_index(divergence.quantity, names)
+    if index is None:  # "weights": the first variable whose final value differs
+        index = next((k for k, n in enumerate(names) if n in differing), None)
+    if index is None:
+        return divergence
+    detail = _diff.weights_detail(
+        result_a["weights_file"], result_b["weights_file"], index
+    )
+    if detail is None:
+        return divergence
+    return dataclasses.replace(divergence, detail={"variable": names[index], **detail})
 
 
 # One run: its processes (one, or each worker of a multi-worker run).
