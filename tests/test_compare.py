@@ -7,14 +7,14 @@ import numpy as np
 
 from tfdet._commands import _check, _report
 from tfdet._protocol import _perturb
-from tfdet._record import _bits, _trace
+from tfdet._record import _bits, _compare, _trace
 from tfdet._runner import _spawn
 
 NAMES = ["0:dense/kernel", "1:dense/bias"]
 
 
-def _run(tmp_path, name, losses, checksums, final) -> _check._FinishedRun:
-    """A finished run as `_check` sees it: its result and its trace read back."""
+def _run(tmp_path, name, losses, checksums, final) -> _spawn.RunOutcome:
+    """A finished run as the runner returns it: its result and its trace read back."""
     weights_file = tmp_path / f"{name}.npz"
     np.savez(weights_file, *final)
     trace_path = tmp_path / f"{name}.jsonl"
@@ -35,8 +35,9 @@ def _run(tmp_path, name, losses, checksums, final) -> _check._FinishedRun:
         "xla": {"compiled": [], "trained": []},
     }
     setup = _perturb.RunSetup(0)
-    outcome = _spawn.RunOutcome(setup, 0, result, "", False, 1.0)
-    return _check._FinishedRun(outcome, _trace.read(trace_path))
+    return _spawn.RunOutcome(
+        setup, 0, result, "", False, 1.0, trace=_trace.read(trace_path)
+    )
 
 
 FINAL = [np.ones((2, 2), np.float32), np.zeros(2, np.float32)]
@@ -46,14 +47,14 @@ SUMS = [[[1, 2], [3, 4]], [[5, 6], [7, 8]]]
 def test_identical_runs_have_no_divergence(tmp_path):
     a = _run(tmp_path, "a", [1.0, 0.5], SUMS, FINAL)
     b = _run(tmp_path, "b", [1.0, 0.5], SUMS, FINAL)
-    assert _check.compare_runs(a, b).divergence is None
+    assert _compare.compare_runs(a, b) is None
 
 
 def test_loss_divergence_reports_step_bits_and_ulps(tmp_path):
     nudged = float(np.nextafter(np.float32(0.5), np.float32(1)))
     a = _run(tmp_path, "a", [1.0, 0.5], SUMS, FINAL)
     b = _run(tmp_path, "b", [1.0, nudged], SUMS, FINAL)
-    divergence = _check.compare_runs(a, b).divergence
+    divergence = _compare.compare_runs(a, b)
     assert (divergence.step, divergence.quantity, divergence.ulps) == (1, "loss", 1)
     assert "0.5 [float32 0x3f000000]" in divergence.describe()
 
@@ -63,7 +64,7 @@ def test_weight_divergence_names_variable_and_first_element(tmp_path):
     final_b[0][1, 0] = np.nextafter(np.float32(1), np.float32(2))
     a = _run(tmp_path, "a", [1.0, 0.5], SUMS, FINAL)
     b = _run(tmp_path, "b", [1.0, 0.5], [SUMS[0], [[9, 9], [7, 8]]], final_b)
-    divergence = _check.compare_runs(a, b).divergence
+    divergence = _compare.compare_runs(a, b)
     assert divergence.step == 1 and divergence.quantity == "weights:0:dense/kernel"
     assert divergence.detail["index"] == [1, 0]
     assert divergence.detail["variable"] == "0:dense/kernel"
@@ -77,7 +78,7 @@ def test_final_digest_difference_is_caught_even_with_equal_checksums(tmp_path):
     final_b = [FINAL[0], np.array([0.0, -0.0], np.float32)]
     a = _run(tmp_path, "a", [1.0], SUMS[:1], FINAL)
     b = _run(tmp_path, "b", [1.0], SUMS[:1], final_b)
-    divergence = _check.compare_runs(a, b).divergence
+    divergence = _compare.compare_runs(a, b)
     assert divergence.step == 0
     assert divergence.quantity == "final weights:1:dense/bias"
     assert divergence.detail["index"] == [1]
@@ -86,14 +87,15 @@ def test_final_digest_difference_is_caught_even_with_equal_checksums(tmp_path):
 def test_missing_steps_are_a_divergence(tmp_path):
     a = _run(tmp_path, "a", [1.0, 0.5], SUMS, FINAL)
     b = _run(tmp_path, "b", [1.0], SUMS[:1], FINAL)
-    assert _check.compare_runs(a, b).divergence.quantity == "steps"
+    assert _compare.compare_runs(a, b).quantity == "steps"
 
 
 def test_a_run_whose_trace_is_unreadable_is_a_failure_with_a_reason(tmp_path):
     a = _run(tmp_path, "a", [1.0], SUMS[:1], FINAL)
     (tmp_path / "a.jsonl").write_text("not a trace\n")
-    (run,) = _check._read_runs([a.outcome])
-    assert not run.outcome.ok and "trace is unreadable" in run.outcome.reason
+    unread = _spawn.RunOutcome(a.setup, 0, a.result, "", False, 1.0)
+    ((run,),) = _spawn.read_traces([[unread]])
+    assert not run.ok and "trace is unreadable" in run.reason
 
 
 def test_nonfinite_losses_are_named_with_their_first_step(tmp_path):

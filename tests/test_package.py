@@ -168,8 +168,8 @@ def test_no_import_cycle_between_tfdet_modules() -> None:
 
 # The packages, from the command line down: each may import only packages of
 # a lower layer; packages side by side import neither each other nor
-# themselves across (`_record` and `_graph`; the runner and the child; the
-# protocol and the TARGET; `_pin` and `_resume`). The entry points (`tfdet`, its `__main__`, the
+# themselves across (`_record` and the TARGET; the runner and the child; the
+# protocol and `_graph`; `_pin` and `_resume`). The entry points (`tfdet`, its `__main__`, the
 # pytest plugin) sit on top; `_errors`, `_notices` and `_version` at the
 # bottom.
 LAYERS = {
@@ -181,9 +181,9 @@ LAYERS = {
     "tfdet._commands": 7,  # check, check --script, locate, the Python API.
     "tfdet._runner": 6,  # The parent's side of a child process.
     "tfdet._child": 6,  # What runs inside one.
-    "tfdet._protocol": 5,  # What both sides agree on: spec, perturbations.
+    "tfdet._record": 5,  # Traces; comparing runs reads the predictions' format.
     "tfdet._target": 5,
-    "tfdet._record": 4,
+    "tfdet._protocol": 4,  # What both sides agree on: spec, perturbations.
     "tfdet._graph": 4,
     "tfdet._setup": 3,
     "tfdet.patches": 2,

@@ -2,13 +2,13 @@
 
 Every run records a trace (the format of `tfdet.DeterminismCallback`: every
 step's loss and metric bits and weight fingerprints) and its final weights.
-The check passes only when every run finishes and `tfdet diff`'s comparison
-(`tfdet._record._diff.compare`) of each run's trace with the baseline run's
-finds no difference, and every variable's final value has the same exact
-digest. When they differ, the report names the first diverging step and
-quantity, and which perturbation separates the runs: the baseline is re-run
-with one perturbation at a time (and once with none, which exposes a target
-that is nondeterministic by itself).
+The check passes only when every run finishes and each run is bit-identical
+to the baseline run (`tfdet._record._compare`: the traces step by step as
+`tfdet diff` compares them, every variable's exact final digest, the `batch`
+perturbation's predictions). When they differ, the report names the first
+diverging step and quantity, and which perturbation separates the runs: the
+baseline is re-run with one perturbation at a time (and once with none,
+which exposes a target that is nondeterministic by itself).
 """
 
 from __future__ import annotations
@@ -39,158 +39,15 @@ from tfdet._errors import (
     EXIT_RUN_FAILED,
     DeviceUnavailableError,
     Error,
-    TraceFormatError,
 )
 from tfdet._pin import _devices
-from tfdet._protocol import _perturb, _predict, _spec
-from tfdet._record import _bits, _diff, _trace
+from tfdet._protocol import _perturb, _spec
+from tfdet._record import _bits, _compare, _diff, _trace
 from tfdet._runner import _spawn
 from tfdet._runner._spawn import ProgressFn
 from tfdet.patches import pool_size_free_products
 
 RERUN = "none (a re-run of the baseline)"
-
-
-@dataclasses.dataclass
-class _FinishedRun:
-    """A finished run with its trace read back."""
-
-    outcome: _spawn.RunOutcome
-    trace: _trace.Trace | None
-
-
-def _read_runs(outcomes: list[_spawn.RunOutcome]) -> list[_FinishedRun]:
-    """Reads each ok run's trace; an unreadable one makes the run a failure."""
-    runs = []
-    for outcome in outcomes:
-        trace = None
-        if outcome.ok:
-            try:
-                trace = _trace.read(outcome.result["trace"])
-            except TraceFormatError as error:
-                outcome = dataclasses.replace(
-                    outcome, result=None, failure=f"its trace is unreadable ({error})"
-                )
-        runs.append(_FinishedRun(outcome, trace))
-    return runs
-
-
-def compare_runs(a: _FinishedRun, b: _FinishedRun) -> _diff.TraceComparison:
-    """Two runs compared; the `divergence` is their first difference, or None
-    when they are bit-identical.
-
-    The traces are compared as `tfdet diff` compares them; when they agree,
-    each variable's exact final digest is compared. A difference in the
-    weights comes with the first differing element of that variable's final
-    value (from the saved `.npz` weights). With the same weights, the
-    `batch` perturbation's predictions, if any, are compared.
-    """
-    comparison = _diff.compare(a.trace, b.trace)
-    return dataclasses.replace(
-        comparison, divergence=_with_results(comparison.divergence, a, b)
-    )
-
-
-def _with_results(
-    divergence: _diff.Divergence | None, a: _FinishedRun, b: _FinishedRun
-) -> _diff.Divergence | None:
-    """The traces' `divergence` completed from what only the runs' results
-    hold: final weights, their saved values, predictions."""
-    result_a, result_b = a.outcome.result, b.outcome.result
-    names = list(result_a["variables"])
-    finals_a, finals_b = result_a["final_weights"], result_b["final_weights"]
-    differing = [
-        name
-        for name in [*names, *(n for n in finals_b if n not in finals_a)]
-        if finals_a.get(name) != finals_b.get(name)
-    ]
-    # What only the final results hold is reported at the last step.
-    last = a.trace.steps[-1] if a.trace.steps else {}
-    at_last = (int(last.get("step", 0)), last.get("epoch"))
-    if divergence is None and differing:
-        name = differing[0]
-        divergence = _diff.Divergence(
-            *at_last,
-            f"final weights:{name}",
-            str(finals_a.get(name)),
-            str(finals_b.get(name)),
-        )
-    if divergence is None:
-        # The same weights: the `batch` perturbation's predictions, if any.
-        predicted = _predict.first_difference(result_a, result_b)
-        return None if predicted is None else _diff.Divergence(*at_last, *predicted)
-    if "weights" not in divergence.quantity:
-        return divergence
-    index = _diff.variable_index(divergence.quantity, names)
-    if index is None:  # "weights": the first variable whose final value differs
-        index = next((k for k, n in enumerate(names) if n in differing), None)
-    if index is None:
-        return divergence
-    detail = _diff.weights_detail(
-        result_a["weights_file"], result_b["weights_file"], index
-    )
-    if detail is None:
-        return divergence
-    return dataclasses.replace(divergence, detail={"variable": names[index], **detail})
-
-
-# One run: its processes (one, or each worker of a multi-worker run).
-_Job = list[_FinishedRun]
-
-
-# Two processes to compare: `(worker, process of run a, process of run b)`.
-_Pair = tuple[int, _FinishedRun, _FinishedRun]
-
-
-def _worker_pairs(a: _Job, b: _Job) -> list[_Pair]:
-    """Worker k of one run with worker k of the other."""
-    return [(k, *pair) for k, pair in enumerate(zip(a, b, strict=True))]
-
-
-def _earliest(pairs: list[_Pair]) -> tuple[int, _diff.TraceComparison | None]:
-    """`(worker, comparison)` of the `(worker, a, b)` pair that diverges
-    first; the lowest worker on a tie; `(0, None)` when every pair is
-    bit-identical."""
-    found = [
-        (worker, comparison)
-        for worker, a, b in pairs
-        if (comparison := compare_runs(a, b)).divergence is not None
-    ]
-    if not found:
-        return 0, None
-    return min(found, key=lambda each: (each[1].divergence.step, each[0]))
-
-
-def compare_jobs(a: _Job, b: _Job) -> tuple[int, _diff.TraceComparison | None]:
-    """`(worker, comparison)` of two runs' earliest difference, worker by worker.
-
-    Worker k of one run is compared with worker k of the other; the
-    earliest divergence of any worker is the run's.
-    """
-    return _earliest(_worker_pairs(a, b))
-
-
-def _comparisons(jobs: list[_Job]) -> list[tuple[int, int, list[_Pair]]]:
-    """What a check compares, in the order it reports: `(run a, run b,
-    [(worker, process of a, process of b), ...])`.
-
-    First the workers of each multi-worker run with its worker 0 (they hold
-    mirrored variables and log all-reduced values: any difference between
-    them is a divergence, whatever the other runs did); then every run
-    with the baseline, worker k with worker k.
-    """
-    within = [
-        (index, index, [(k, job[0], job[k]) for k in range(1, len(job))])
-        for index, job in enumerate(jobs)
-        if len(job) > 1
-    ]
-    baseline = jobs[0]
-    between = [
-        (0, index, _worker_pairs(baseline, job))
-        for index, job in enumerate(jobs)
-        if index > 0
-    ]
-    return [*within, *between]
 
 
 def _nonfinite(trace: _trace.Trace) -> list[str]:
@@ -208,27 +65,26 @@ def _nonfinite(trace: _trace.Trace) -> list[str]:
     return list(found.values())
 
 
-def _run_report(run: _FinishedRun, kept_trace: str | None = None) -> RunReport:
+def _run_report(run: _spawn.RunOutcome, kept_trace: str | None = None) -> RunReport:
     """`run`'s report; `kept_trace` is its trace's kept copy (`traces=`)."""
-    outcome = run.outcome
     training = None
-    if outcome.ok and run.trace is not None:
+    if run.ok and run.trace is not None:
         steps = run.trace.steps
         training = Training(
-            profile=outcome.result["profile"],
+            profile=run.result["profile"],
             steps_recorded=len(steps),
             final_loss=((steps[-1].get("loss") if steps else None) or {}).get("value"),
             nonfinite=tuple(_nonfinite(run.trace)),
-            trace=kept_trace or outcome.result["trace"],
+            trace=kept_trace or run.result["trace"],
             # What ran: every check worker writes both (`_worker.run`).
-            entry_points=outcome.result["entry_points"],
-            xla=outcome.result["xla"],
+            entry_points=run.result["entry_points"],
+            xla=run.result["xla"],
         )
     return RunReport(
-        facts=ProcessFacts.of(outcome),
+        facts=ProcessFacts.of(run),
         training=training,
         # Without TensorFlow's start-up notices (`_spawn.stderr_tail`).
-        stderr_tail=None if outcome.ok else outcome.stderr_tail,
+        stderr_tail=None if run.ok else run.stderr_tail,
     )
 
 
@@ -246,28 +102,13 @@ def _through_step(divergence: _diff.Divergence) -> int | None:
     return divergence.step
 
 
-def _same_through(baseline: _Job, rerun: _Job, through: int | None) -> bool:
-    """Whether a re-run has the baseline's bits (through step `through`)."""
-    if through is None:
-        return compare_jobs(baseline, rerun)[1] is None  # No pair diverged.
-
-    def prefix(trace: _trace.Trace) -> _trace.Trace:
-        steps = [step for step in trace.steps if int(step.get("step", 0)) <= through]
-        return dataclasses.replace(trace, steps=steps)
-
-    return all(
-        _diff.compare(prefix(a.trace), prefix(b.trace)).divergence is None
-        for a, b in zip(baseline, rerun, strict=True)
-    )
-
-
 def _attribute(
     plan: RunPlan,
     other: _perturb.RunSetup,
     divergence: _diff.Divergence,
     options: RunOptions,
     workdir: str,
-    baseline_job: _Job,
+    baseline_job: _compare.Job,
     progress: ProgressFn | None = None,
 ) -> Attribution:
     """Re-runs the baseline with each of `other`'s perturbations alone.
@@ -287,22 +128,23 @@ def _attribute(
             f"(each stopped after {options.timeout:.0f} s)"
             f"{_spawn.slow_note(setups, options.timeout)}"
         )
-    outcomes = _spawn.run_jobs(
-        setups,
-        spec,
-        workdir,
-        base_env=plan.environment,
-        timeout=options.timeout,
+    reruns = _spawn.read_traces(
+        _spawn.run_jobs(
+            setups,
+            spec,
+            workdir,
+            base_env=plan.environment,
+            timeout=options.timeout,
+        )
     )
     same = "same bits" if through is None else f"same bits through step {through}"
     alone: dict[str, str] = {}
-    for name, job in zip(candidates, outcomes, strict=True):
+    for name, rerun in zip(candidates, reruns, strict=True):
         key = RERUN if name is None else name
-        rerun = _read_runs(job)
-        failed = next((run for run in rerun if not run.outcome.ok), None)
+        failed = next((run for run in rerun if not run.ok), None)
         if failed is not None:
-            alone[key] = f"run failed ({failed.outcome.reason})"
-        elif _same_through(baseline_job, rerun, through):
+            alone[key] = f"run failed ({failed.reason})"
+        elif _compare.same_through(baseline_job, rerun, through):
             alone[key] = same
         else:
             alone[key] = "differs"
@@ -323,8 +165,8 @@ def _attribute(
     )
 
 
-def _pool_size_ops(run: _FinishedRun) -> list[str]:
-    return run.outcome.result.get("pool_size_ops", []) if run.outcome.ok else []
+def _pool_size_ops(run: _spawn.RunOutcome) -> list[str]:
+    return run.result.get("pool_size_ops", []) if run.ok else []
 
 
 def _pool_size_note(ops: tuple[str, ...]) -> str:
@@ -349,12 +191,12 @@ def _pool_size_note(ops: tuple[str, ...]) -> str:
     return note
 
 
-def _keep_trace(run: _FinishedRun, directory: str | None) -> str | None:
+def _keep_trace(run: _spawn.RunOutcome, directory: str | None) -> str | None:
     """Copies a finished process's trace to `directory/runN[-workerK].jsonl`."""
-    if directory is None or not run.outcome.ok:
+    if directory is None or not run.ok:
         return None
-    kept = os.path.join(directory, f"{run.outcome.setup.file_stem}.jsonl")
-    shutil.copyfile(run.outcome.result["trace"], kept)
+    kept = os.path.join(directory, f"{run.setup.file_stem}.jsonl")
+    shutil.copyfile(run.result["trace"], kept)
     return kept
 
 
@@ -362,17 +204,15 @@ StepFn = _spawn.StepFn
 
 
 def _divergence_report(
-    a: _FinishedRun,
-    b: _FinishedRun,
-    comparison: _diff.TraceComparison,
+    a: _spawn.RunOutcome,
+    b: _spawn.RunOutcome,
+    divergence: _diff.Divergence,
     worker: int | None,
     **extra: Any,
 ) -> DivergenceReport:
     """`extra`: the `workers` that disagree, or the `attribution`."""
-    divergence = comparison.divergence
-    assert divergence is not None
     return DivergenceReport(
-        runs=(a.outcome.setup.index, b.outcome.setup.index),
+        runs=(a.setup.index, b.setup.index),
         # Multi-worker runs: which worker's bits parted (None: one process).
         worker=worker,
         found=divergence.to_dict(),
@@ -380,7 +220,7 @@ def _divergence_report(
         # Reported first: a setting that differs usually explains the bits.
         profile_differences={
             name: list(values)
-            for name, values in comparison.profile_differences.items()
+            for name, values in _diff.profile_differences(a.trace, b.trace).items()
         },
         **extra,
     )
@@ -403,7 +243,7 @@ def _check_device(
             f"[{device}] starting TensorFlow in {processes} ({options.steps} "
             f"steps each){_spawn.slow_note(plan.setups, options.timeout)}"
         )
-    outcomes = _spawn.run_jobs(
+    jobs = _spawn.run_jobs(
         plan.setups,
         plan.spec,
         workdir,
@@ -412,11 +252,11 @@ def _check_device(
         progress=_spawn.steps_to(progress, step, device),
     )
     _spawn.raise_unbuilt_target(
-        [outcome for job in outcomes for outcome in job],
+        [run for job in jobs for run in job],
         options.target_spec.text,
         options.timeout,
     )
-    jobs = [_read_runs(job) for job in outcomes]
+    jobs = _spawn.read_traces(jobs)
     runs = [run for job in jobs for run in job]
     kept_in = None if options.traces is None else os.path.join(options.traces, device)
     report = functools.partial(
@@ -429,23 +269,22 @@ def _check_device(
         perturbations=tuple(options.perturb),
         perturbations_skipped=plan.skipped,
     )
-    if any(not run.outcome.ok for run in runs):
+    if any(not run.ok for run in runs):
         return report(exit_code=EXIT_RUN_FAILED)
-    for a, b, pairs in _comparisons(jobs):
-        worker, comparison = _earliest(pairs)
-        if comparison is None:
+    for a, b, pairs in _compare.comparisons(jobs):
+        worker, divergence = _compare.earliest(pairs)
+        if divergence is None:
             continue
         if a == b:  # Two workers of one run disagree.
-            found = _divergence_report(
-                jobs[a][0], jobs[a][worker], comparison, worker, workers=(0, worker)
-            )
+            first, second, extra = jobs[a][0], jobs[a][worker], {"workers": (0, worker)}
         else:
+            first, second = jobs[a][worker], jobs[b][worker]
             attribution = None
             if options.attribute:
                 attribution = _attribute(
                     plan,
                     plan.setups[b],
-                    comparison.divergence,
+                    divergence,
                     options,
                     workdir,
                     jobs[a],
@@ -453,13 +292,9 @@ def _check_device(
                     if progress
                     else None,
                 )
-            found = _divergence_report(
-                jobs[a][worker],
-                jobs[b][worker],
-                comparison,
-                worker if options.workers > 1 else None,
-                attribution=attribution,
-            )
+            extra = {"attribution": attribution}
+            worker = worker if options.workers > 1 else None
+        found = _divergence_report(first, second, divergence, worker, **extra)
         return report(divergence=found, exit_code=EXIT_DIVERGED)
     return report(exit_code=EXIT_OK)
 

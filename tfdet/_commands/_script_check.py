@@ -6,7 +6,7 @@ the perturbations of `tfdet check` (`tfdet._protocol._perturb`), each the way
 `enable=False`), `sys.argv` set. Recording hooks (`_script_worker`) trace
 every `fit` call, every model's `train_on_batch` calls and every custom loop's
 eager optimizer updates. The runs' traces are compared step by step as
-`tfdet diff` compares traces (`tfdet._record._diff.compare`), then every
+`tfdet diff` compares traces (`tfdet._record._diff.first_divergence`), then every
 variable's final digest. A run whose script fails is exit 3 with its exit
 status and stderr tail; identical runs are exit 0; the first difference is
 exit 1, naming the training (which fit call or loop), the step and the
@@ -138,7 +138,7 @@ def first_script_divergence(a: _ScriptRun, b: _ScriptRun) -> ScriptDivergence | 
                     runs=runs,
                 )
             continue
-        divergence = _diff.compare(ta, tb).divergence
+        divergence = _diff.first_divergence(ta, tb)
         if divergence is not None:
             return ScriptDivergence(
                 training=names_a[k],

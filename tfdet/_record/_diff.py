@@ -356,30 +356,39 @@ def variable_index(quantity: str, names: Sequence[str]) -> int | None:
     return names.index(name) if name in names else None
 
 
-def compare(a: Trace, b: Trace) -> TraceComparison:
-    """Compares trace A (the expected one) with trace B, step by step.
+def first_divergence(a: Trace, b: Trace) -> Divergence | None:
+    """The earliest step where trace A (the expected one) and trace B part,
+    or None when they hold the same steps with the same bits.
 
-    Traces agree only when they hold the same set of steps with the same
-    bits. The divergence is the earliest step where they part: a step whose
-    bits differ, or a step recorded in only one of them (quantity
-    `"steps"`; e.g. a run killed early, or another `every`).
+    A step whose bits differ, or a step recorded in only one of them
+    (quantity `"steps"`; e.g. a run killed early, or another `every`).
     """
     steps_a, steps_b = a.by_step(), b.by_step()
-    common = sorted(set(steps_a) & set(steps_b))
     # Fingerprints are matched by position; A's names label them.
     variables = a.variables if len(a.variables) == len(b.variables) else None
     divergence = None
-    for step in common:
+    for step in sorted(set(steps_a) & set(steps_b)):
         divergence = compare_steps(steps_a[step], steps_b[step], variables)
         if divergence is not None:
             break
     unmatched = set(steps_a) ^ set(steps_b)
     if unmatched and (divergence is None or min(unmatched) < divergence.step):
         divergence = _missing_step(min(unmatched), steps_a, steps_b)
+    return divergence
+
+
+def compare(a: Trace, b: Trace) -> TraceComparison:
+    """Compares trace A (the expected one) with trace B, step by step.
+
+    Traces agree only when they hold the same set of steps with the same
+    bits (`first_divergence`); the profile, environment and distribution
+    facts that differ are reported beside it.
+    """
+    common = set(a.by_step()) & set(b.by_step())
     return TraceComparison(
         profile_differences=profile_differences(a, b),
         fingerprint_differences=fingerprint_differences(a, b),
-        divergence=divergence,
+        divergence=first_divergence(a, b),
         steps_compared=len(common),
         steps=(len(a.steps), len(b.steps)),
         truncated=(a.truncated, b.truncated),

@@ -32,9 +32,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tfdet import _notices
-from tfdet._errors import RunFailedError, TargetError
+from tfdet._errors import RunFailedError, TargetError, TraceFormatError
 from tfdet._protocol import _spec
 from tfdet._protocol._perturb import RunSetup
+from tfdet._record import _trace
 from tfdet._target import _load
 
 STDERR_TAIL_LINES = 25
@@ -177,6 +178,8 @@ class RunOutcome:
         interrupted: For a run of the `interrupt` perturbation, whether its
             first process was killed and a second one resumed it; None for
             any other run.
+        trace: The trace its result names (a check's run), once read back
+            (`read_traces`); None before, and when it failed or names none.
     """
 
     setup: RunSetup
@@ -189,6 +192,7 @@ class RunOutcome:
     target_error: str | None = None
     stage: str | None = None
     interrupted: bool | None = None
+    trace: _trace.Trace | None = None
 
     @property
     def not_applied(self) -> dict[str, str]:
@@ -403,7 +407,10 @@ def _follow_progress(
 def _read_result(
     setup: RunSetup, path: str
 ) -> tuple[dict[str, Any] | None, str | None, str | None]:
-    """`(result, failure, target_error)` from a run's result file."""
+    """`(result, failure, target_error)` from a run's result file.
+
+    The caller trusts the result only from a process that exited 0.
+    """
     try:
         with open(path, encoding="utf-8") as handle:
             result = json.load(handle)
@@ -745,6 +752,27 @@ def _join_interruptibly(thread: threading.Thread) -> None:
     """
     while thread.is_alive():
         thread.join(JOIN_POLL_SECONDS)
+
+
+def read_traces(jobs: list[list[RunOutcome]]) -> list[list[RunOutcome]]:
+    """`jobs` with each ok process's trace read back (`RunOutcome.trace`).
+
+    A process whose result names no trace keeps None; one whose trace is
+    unreadable becomes a failed run that says why (never compared).
+    """
+    return [[_with_trace(outcome) for outcome in job] for job in jobs]
+
+
+def _with_trace(outcome: RunOutcome) -> RunOutcome:
+    if not outcome.ok or not outcome.result.get("trace"):
+        return outcome
+    try:
+        trace = _trace.read(outcome.result["trace"])
+    except TraceFormatError as error:
+        return dataclasses.replace(
+            outcome, result=None, failure=f"its trace is unreadable ({error})"
+        )
+    return dataclasses.replace(outcome, trace=trace)
 
 
 def run_all(
