@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_session.sh timings   # gpu_cost.py --explain: ms/step, ratios, bits across rounds
 #   bash benchmarks/gpu_session.sh bits      # cuDNN RNN repeatability, pytest -m gpu, tfdet check --device gpu
 #   bash benchmarks/gpu_session.sh cpu16     # the built-in CNN on the host CPU's cores, GPU hidden
+#   bash benchmarks/gpu_session.sh noenable  # first steps' times without tfdet; check --no-enable
 #
 # Device time is scarce (minutes per session), so each stage bounds every
 # command with `timeout` and writes its log as it goes: a stage cut short
@@ -21,7 +22,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 budget=${BUDGET_S:-300}
 
-case ${1:?stage: timings, bits or cpu16} in
+case ${1:?stage: timings, bits, cpu16 or noenable} in
 timings)
   { date -u; nvidia-smi; lscpu | head -20; python3 -m tfdet env; } >"$out/device.txt" 2>&1
   timeout "$budget" python3 benchmarks/gpu_cost.py --explain --rounds 3 --blocks 2 \
@@ -49,8 +50,27 @@ cpu16)
   CUDA_VISIBLE_DEVICES="" timeout "$budget" python3 benchmarks/cost_of_determinism.py \
     --rounds 2 --blocks 3 --json "$out/cpu16.json" 2>&1 | tee "$out/cpu16.log"
   ;;
+noenable)
+  # Where a check without tfdet spends its time on the GPU: plain TF's first
+  # steps in fresh processes (defaults twice: the second process reuses the
+  # CUDA cache; then op determinism), then the check itself, its
+  # progress lines stamped with the seconds since it started.
+  { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv; } >"$out/device.txt" 2>&1
+  for mode in defaults defaults deterministic; do
+    echo "== $mode"
+    if [ "$mode" = deterministic ]; then export TF_DETERMINISTIC_OPS=1; else unset TF_DETERMINISTIC_OPS; fi
+    timeout 100 python3 benchmarks/gpu_first_steps.py --steps 3 --dump 45 2>&1 | grep -v "^ *$"
+    echo "exit ${PIPESTATUS[0]}"
+  done >"$out/first_steps.log" 2>&1
+  unset TF_DETERMINISTIC_OPS
+  start=$(date +%s)
+  timeout "$budget" python3 -m tfdet check builtin:cnn --device gpu --no-enable --steps 3 \
+    --no-attribute 2>&1 | while IFS= read -r line; do echo "$(( $(date +%s) - start )) s  $line"; done \
+    >"$out/check_no_enable.log"
+  tail -n 40 "$out"/first_steps.log "$out"/check_no_enable.log
+  ;;
 *)
-  echo "unknown stage $1: timings, bits or cpu16" >&2
+  echo "unknown stage $1: timings, bits, cpu16 or noenable" >&2
   exit 2
   ;;
 esac
