@@ -119,3 +119,33 @@ def test_verdict_and_exit_code_come_from_one_mapping():
     setup = _perturb.RunSetup(0)
     outcome = _spawn.RunOutcome(setup, 0, None, "", False, 1.0)
     assert outcome.reason == "exited 0 without writing its result"
+
+
+def test_a_rerun_is_the_same_through_a_step_whatever_follows_it(tmp_path):
+    later = [SUMS[0], [[9, 9], [9, 9]]]
+    baseline = [_run(tmp_path, "a", [1.0, 0.5], SUMS, FINAL)]
+    rerun = [_run(tmp_path, "b", [1.0, 0.25], later, FINAL)]
+    assert _compare.same_through(baseline, rerun, 0)
+    assert not _compare.same_through(baseline, rerun, 1)
+    assert not _compare.same_through(baseline, rerun, None)
+
+
+def test_the_earliest_divergence_of_any_worker_is_the_runs(tmp_path):
+    nudged = float(np.nextafter(np.float32(0.5), np.float32(1)))
+    same = _run(tmp_path, "same", [1.0, 0.5], SUMS, FINAL)
+    late = _run(tmp_path, "late", [1.0, nudged], SUMS, FINAL)
+    early = _run(tmp_path, "early", [2.0, 0.5], SUMS, FINAL)
+    worker, divergence = _compare.compare_jobs([same, same, same], [same, late, early])
+    assert (worker, divergence.step) == (2, 0)
+    worker, divergence = _compare.compare_jobs([same, same], [late, late])
+    assert (worker, divergence.step) == (0, 1)  # A tie: the lowest worker.
+    assert _compare.compare_jobs([same, same], [same, same]) == (0, None)
+
+
+def test_a_multi_worker_runs_own_workers_are_compared_before_the_baseline():
+    jobs = [["a0", "a1"], ["b0", "b1"]]
+    assert _compare.comparisons(jobs) == [
+        (0, 0, [(1, "a0", "a1")]),
+        (1, 1, [(1, "b0", "b1")]),
+        (0, 1, [(0, "a0", "b0"), (1, "a1", "b1")]),
+    ]
