@@ -6,9 +6,11 @@ Plain TensorFlow (no tfdet), the built-in CNN (`builtin:cnn`), one
 defaults and under `TF_DETERMINISTIC_OPS=1`, in fresh processes one after
 another, it tells a first run that is slow (kernels JIT-compiled from PTX,
 cuDNN and XLA autotuning: the next process is faster, from the CUDA cache)
-from a run that hangs (a Python stack is dumped every `--dump` seconds).
+from a run that hangs (a Python stack is dumped every `--dump` seconds);
+`--no-xla` trains without XLA, and `XLA_FLAGS=--xla_gpu_autotune_level=0`
+with XLA but without its autotuning.
 
-    python3 benchmarks/gpu_first_steps.py --steps 3 --dump 60
+    python3 benchmarks/gpu_first_steps.py --steps 3 --dump 60 [--no-xla]
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--dump", type=float, default=60.0)
+    parser.add_argument(
+        "--no-xla",
+        action="store_true",
+        help="train with jit_compile=False (Keras's 'auto' uses XLA on a GPU)",
+    )
     args = parser.parse_args()
     faulthandler.dump_traceback_later(args.dump, repeat=True, file=sys.stderr)
     import tensorflow as tf
@@ -39,7 +46,9 @@ def main() -> int:
     from tfdet._target import _load
 
     built = _load.build("builtin:cnn", seed=0)
-    _say("built builtin:cnn")
+    if args.no_xla:
+        built.model.jit_compile = False
+    _say(f"built builtin:cnn (jit_compile={built.model.jit_compile})")
     for step in range(args.steps):
         x, y = built.batch(step)[:2]
         loss = built.model.train_on_batch(x, y)

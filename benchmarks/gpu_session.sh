@@ -8,6 +8,7 @@
 #   bash benchmarks/gpu_session.sh bits      # cuDNN RNN repeatability, pytest -m gpu, tfdet check --device gpu
 #   bash benchmarks/gpu_session.sh cpu16     # the built-in CNN on the host CPU's cores, GPU hidden
 #   bash benchmarks/gpu_session.sh noenable  # first steps' times without tfdet; check --no-enable
+#                                            # (XLA_ONLY=1: only the first steps with XLA off / not autotuned)
 #
 # Device time is scarce (minutes per session), so each stage bounds every
 # command with `timeout` and writes its log as it goes: a stage cut short
@@ -56,13 +57,23 @@ noenable)
   # CUDA cache; then op determinism), then the check itself, its
   # progress lines stamped with the seconds since it started.
   { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv; } >"$out/device.txt" 2>&1
-  for mode in defaults defaults deterministic; do
+  [ -n "${XLA_ONLY:-}" ] || for mode in defaults defaults deterministic; do
     echo "== $mode"
     if [ "$mode" = deterministic ]; then export TF_DETERMINISTIC_OPS=1; else unset TF_DETERMINISTIC_OPS; fi
     timeout 100 python3 benchmarks/gpu_first_steps.py --steps 3 --dump 45 2>&1 | grep -v "^ *$"
     echo "exit ${PIPESTATUS[0]}"
   done >"$out/first_steps.log" 2>&1
   unset TF_DETERMINISTIC_OPS
+  {
+    echo "== defaults, XLA off (jit_compile=False)"
+    timeout 100 python3 benchmarks/gpu_first_steps.py --steps 3 --dump 45 --no-xla 2>&1 | grep -v "^ *$"
+    echo "exit ${PIPESTATUS[0]}"
+    echo "== defaults, XLA without autotuning (--xla_gpu_autotune_level=0)"
+    XLA_FLAGS=--xla_gpu_autotune_level=0 timeout 100 python3 benchmarks/gpu_first_steps.py \
+      --steps 3 --dump 45 2>&1 | grep -v "^ *$"
+    echo "exit ${PIPESTATUS[0]}"
+  } >"$out/first_steps_xla.log" 2>&1
+  [ -n "${XLA_ONLY:-}" ] && { tail -n 30 "$out"/first_steps_xla.log; exit 0; }
   start=$(date +%s)
   timeout "$budget" python3 -m tfdet check builtin:cnn --device gpu --no-enable --steps 3 \
     --no-attribute 2>&1 | while IFS= read -r line; do echo "$(( $(date +%s) - start )) s  $line"; done \
