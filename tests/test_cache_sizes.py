@@ -55,6 +55,23 @@ def test_geometries_are_real_cpus_other_than_this_one():
     assert "L1d" in geometry.describe() and geometry.name in geometry.describe()
 
 
+@pytest.mark.parametrize(
+    "own, first",
+    [
+        ((32 * 1024, 1024 * 1024), "Intel Xeon Sapphire Rapids"),  # Zen 4
+        ((48 * 1024, 1024 * 1024), "AMD EPYC Zen 4"),  # Zen 5: the Xeon's L1d
+        ((48 * 1024, 2048 * 1024), "AMD EPYC Zen 4"),  # the Xeon itself
+    ],
+)
+def test_the_first_geometry_imitated_has_another_l1d(monkeypatch, own, first):
+    # Eigen blocks by the L1d size: a geometry that differs from this CPU in
+    # L2 alone left the built-in CNN's bits unchanged on a Zen 5.
+    monkeypatch.setattr(_cache_sizes, "this_cpu", lambda: own)
+    others = _cache_sizes.others()
+    assert others[0].name == first and others[0].l1d != own[0]
+    assert own not in [(g.l1d, g.l2) for g in others]
+
+
 def test_eigen_products_follow_the_imitated_l1_unless_enable_pins_it():
     # One process: Eigen's sizes as CPUID gave them, an imitated Intel Xeon's,
     # then enable()'s pin, which the imitation must leave alone; and undone.

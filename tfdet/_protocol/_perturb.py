@@ -500,8 +500,9 @@ REGISTRY: Mapping[str, Perturbation] = types.MappingProxyType(
                 name=CACHES,
                 description="another real CPU's cache sizes, as Eigen and oneDNN "
                 "read them (an imitation: the caches themselves are unchanged)",
-                imitates="Another real CPU's cache sizes (e.g. an Intel Xeon's L1d "
-                "48K, L2 2M on an AMD EPYC), written where Eigen and oneDNN keep "
+                imitates="Another real CPU's cache sizes, one with another L1d "
+                "first (e.g. an Intel Xeon's L1d 48K, L2 2M on an AMD EPYC Zen 4, "
+                "a Zen 4's 32K on a Zen 5), written where Eigen and oneDNN keep "
                 "what CPUID reported: Eigen's L1 size decides how its matrix "
                 "products split their sums (enable() pins Eigen's sizes, so there "
                 "it shows oneDNN's). The caches themselves, and code elsewhere "
