@@ -2,6 +2,7 @@
 `locate` and the Python API (`tfdet.check`, `tfdet.locate`) do, from their
 options (`_options`) to their typed reports (`_report`).
 
-They plan the runs, hand them to the runner (`tfdet._runner`) and compare
-what comes back (`tfdet._record`); they never run inside a child.
+They plan the runs, hand them to the runner (`tfdet._runner`), have what
+comes back compared (`tfdet._record`) and report it; they never run inside
+a child.
 """

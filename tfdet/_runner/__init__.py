@@ -1,4 +1,5 @@
 """The parent's process runner: starts the child processes a command planned,
 follows their progress, kills what overruns, and reads back each one's
-result (`_spawn`); mirrors a script's directory for each run (`_workdir`).
+result and trace (`_spawn`); mirrors a script's directory for each run
+(`_workdir`).
 """
