@@ -92,8 +92,8 @@ class Geometry:
 
 
 K = 1024
-# Real CPUs this project compared (lscpu on each); Intel first: its 48K L1d
-# is the size that changed Eigen's bits on an AMD EPYC Zen 3 and Zen 4.
+# Real CPUs this project compared (lscpu on each); `others()` orders them
+# for the `caches` imitation.
 GEOMETRIES = (
     Geometry("Intel Xeon Sapphire Rapids", 48 * K, 2048 * K, 300 * K * K),
     Geometry("AMD EPYC Zen 4", 32 * K, 1024 * K, 32 * K * K),
@@ -120,12 +120,9 @@ def this_cpu() -> tuple[int | None, int | None]:
 
 def others() -> list[Geometry]:
     """The recorded geometries whose L1d or L2 differ from this CPU's, those
-    with another L1d first.
-
-    Eigen blocks its products by the L1d size first: on an AMD EPYC Zen 5
-    (L1d 48K, L2 1024K) the Xeon's geometry (48K, 2048K) left the built-in
-    CNN's bits unchanged without tfdet, and a 32K L1d changed them.
-    """
+    with another L1d first: Eigen blocks its products by the L1d size, so a
+    geometry that differs in L2 alone may leave their bits as they are
+    (docs/explanation/what-decides-the-bits.md, "Cache sizes")."""
     l1d, l2 = this_cpu()
     differ = [g for g in GEOMETRIES if (g.l1d, g.l2) != (l1d, l2)]
     return sorted(differ, key=lambda geometry: geometry.l1d == l1d)

@@ -363,7 +363,16 @@ def first_divergence(a: Trace, b: Trace) -> Divergence | None:
     A step whose bits differ, or a step recorded in only one of them
     (quantity `"steps"`; e.g. a run killed early, or another `every`).
     """
-    steps_a, steps_b = a.by_step(), b.by_step()
+    return _step_divergence(a, b, a.by_step(), b.by_step())
+
+
+def _step_divergence(
+    a: Trace,
+    b: Trace,
+    steps_a: Mapping[int, dict[str, Any]],
+    steps_b: Mapping[int, dict[str, Any]],
+) -> Divergence | None:
+    """`first_divergence`, given each trace's steps keyed by step."""
     # Fingerprints are matched by position; A's names label them.
     variables = a.variables if len(a.variables) == len(b.variables) else None
     divergence = None
@@ -384,12 +393,12 @@ def compare(a: Trace, b: Trace) -> TraceComparison:
     bits (`first_divergence`); the profile, environment and distribution
     facts that differ are reported beside it.
     """
-    common = set(a.by_step()) & set(b.by_step())
+    steps_a, steps_b = a.by_step(), b.by_step()
     return TraceComparison(
         profile_differences=profile_differences(a, b),
         fingerprint_differences=fingerprint_differences(a, b),
-        divergence=first_divergence(a, b),
-        steps_compared=len(common),
+        divergence=_step_divergence(a, b, steps_a, steps_b),
+        steps_compared=len(set(steps_a) & set(steps_b)),
         steps=(len(a.steps), len(b.steps)),
         truncated=(a.truncated, b.truncated),
         variables=(len(a.variables), len(b.variables)),
