@@ -71,6 +71,24 @@ def test_op_times_are_summed_per_op_type_per_step(tmp_path):
     }
 
 
+def test_a_replacement_used_many_times_is_one_op(tmp_path):
+    # TensorFlow makes a name scope used again unique with a suffix.
+    scope = "gradient_tape/seq/conv2d/convolution"
+    _write_trace(
+        tmp_path,
+        [
+            ("seq/conv2d/PoolSizeFreeConv2D/Conv2D:Conv2D", 1.0),
+            ("seq/conv2d_1/PoolSizeFreeConv2D_1/Conv2D:Conv2D", 2.0),
+            (f"{scope}/PoolSizeFreeConv2D_21/concat:ConcatV2", 4.0),
+            ("seq/dense/PoolSizeFreeMatMul_3/Conv2D:Conv2D", 1.0),
+        ],
+    )
+    assert _ops.per_op_type(str(tmp_path), steps=1) == {
+        "PoolSizeFreeConv2D": {"ms": 7.0, "node": f"{scope}/PoolSizeFreeConv2D_21"},
+        "PoolSizeFreeMatMul": {"ms": 1.0, "node": "seq/dense/PoolSizeFreeMatMul_3"},
+    }
+
+
 def test_no_trace_is_an_error_not_an_empty_profile(tmp_path):
     with pytest.raises(FileNotFoundError, match="profiler trace"):
         _ops.per_op_type(str(tmp_path), steps=1)
