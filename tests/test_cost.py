@@ -504,9 +504,25 @@ def test_cost_times_every_setting_and_names_the_op_it_replaces(tmp_path):
         # The op the pool-size-free products replace, by its replacement.
         grown = [op["op"] for op in rows[pool_size_free]["growing_ops"]]
         assert "PoolSizeFreeConv2DBackpropFilter" in grown
+    # The tiers, from each run's own profile.
+    assert rows["plain TensorFlow"]["gives"] == []
+    assert rows["enable()"]["gives"] == [
+        "this-machine",
+        "any-thread-count",
+        "any-x86-cpu",
+    ]
+    native = next(name for name in rows if "cpu_isa=None" in name)
+    assert rows[native]["gives"] == ["this-machine"]
+    assert "the CPU's instruction set" in rows[native]["bits_follow"]
+    assert "any-batch" in rows[next(n for n in rows if POOL_SIZE_FREE in n)]["gives"]
     assert rows["plain TensorFlow"]["ops"] and rows["enable()"]["ops"]
-    assert report["recommended"] in rows
-    assert rows[report["recommended"]]["portable"]
+    # Firm or a tie names a setting; on a noisy machine it may be inconclusive.
+    assert report["need"] == ["any-x86-cpu"]
+    assert report["blocks_timed"] == len(report["per_block_ms"]) >= 4
+    if report["advice"]["verdict"] == "inconclusive":
+        assert report["recommended"] is None
+    else:
+        assert "any-x86-cpu" in rows[report["recommended"]]["gives"]
     assert report["recommendation"] in result.stdout
     assert "ms/step" in result.stdout
 

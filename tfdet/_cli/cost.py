@@ -12,8 +12,8 @@ TensorFlow with the middle half of the block ratios, the tiers of
 guarantee its profile gives (this-machine: the same CPU and threads;
 any-thread-count; any-x86-cpu: AVX2 and up, any core count; any-batch:
 predictions that do not follow the batch) and what its bits follow, the ops
-whose time grew most (TensorFlow's profiler), the cheapest setting per tier
-and one recommendation for --need. A cheaper setting is advised over the
+whose time grew most (TensorFlow's profiler), the advice per tier and one
+sentence for --need. A cheaper setting is advised over the
 default one when it is more than 10% cheaper and faster in enough blocks
 (a sign test); while the blocks cannot tell, more blocks run (up to twice
 the schedule), then the advice says "inconclusive" and how many --blocks

@@ -78,8 +78,8 @@ class Advice:
         rival: The other setting weighed against it, or None.
         rival_ratio: The rival's ratio.
         faster_blocks: Blocks in which the cheapest was faster than the
-            preferred one (0 when they are one setting).
-        blocks: Blocks compared.
+            preferred one (0 when they are one setting, or a tie).
+        blocks: Blocks timed.
     """
 
     need: tuple[str, ...]
@@ -134,7 +134,9 @@ def advise(
     preferred = candidates[0]
     cheapest = min(candidates, key=lambda row: row.ratio)
     if cheapest is preferred:
-        return Advice(need, FIRM, preferred.name, preferred.ratio)
+        return Advice(
+            need, FIRM, preferred.name, preferred.ratio, blocks=len(per_block)
+        )
     if preferred.ratio <= cheapest.ratio * WORTH_LEAVING:
         return Advice(
             need, TIE, preferred.name, preferred.ratio, cheapest.name, cheapest.ratio
