@@ -380,6 +380,40 @@ def test_settings_that_did_not_run_as_asked_or_repeat_give_no_tier():
     assert _cost(_row("threads", 1.0, ("2 threads",))).advice().verdict == "none"
 
 
+class _FakeWorker:
+    """A setting's process as `_measure._round` sees it, with fixed times."""
+
+    def __init__(self, name: str, ms: float, log: list[str]) -> None:
+        self.setting, self.finished, self._ms, self._log = (
+            Setting(name, {}),
+            False,
+            ms,
+            log,
+        )
+
+    def ready(self) -> dict:
+        return {"xla": False, "profile": {}}
+
+    def ask(self, request: dict) -> dict:
+        self._log.append(f"{self.setting.name}:{next(iter(request))}")
+        if "steps" in request:
+            return {"ms": [self._ms] * request["steps"]}
+        return {"digest": "d"} if "digest" in request else {"ops": {}}
+
+
+def test_more_blocks_run_after_the_digests_while_the_advice_asks():
+    log: list[str] = []
+    workers = [_FakeWorker("plain", 10.0, log), _FakeWorker("enable()", 20.0, log)]
+    figures = _measure._Figures()
+    asked = iter([True, True, False])
+    _measure._round(workers, figures, 0, 4, 2, lambda text: None, lambda: next(asked))
+    assert len(figures.per_block) == 6
+    # The digests come after the blocks asked for, so that every round's
+    # digests cover the same steps; the profile comes last.
+    kinds = [entry.split(":")[1] for entry in log]
+    assert kinds == ["steps"] * 8 + ["digest"] * 2 + ["steps"] * 4 + ["profile"] * 2
+
+
 def _conclude(report, max_ratio):
     from tfdet._cli import cost
 
