@@ -152,15 +152,16 @@ def execute(args: argparse.Namespace) -> int:
         except (ImportError, ValueError) as error:
             raise app.UsageError(f"--plot: {error}") from error
         check_output_file(args.plot, "--plot")
-    if args.script is not None and not os.path.isfile(args.script):
-        raise app.UsageError(
-            f"Expected --script to name a Python script. No such file: {args.script!r}"
-        )
     if args.script is not None:
         workload = _measure.Workload(
             script=args.script,
             args=tuple(_training_flags.script_arguments(args, "cost")),
         )
+        if not os.path.isfile(args.script):
+            raise app.UsageError(
+                "Expected --script to name a Python script. No such file: "
+                f"{args.script!r}"
+            )
     elif args.script_args:
         raise app.UsageError(
             "Expected one TARGET. Received: "
