@@ -147,11 +147,11 @@ def execute(args: argparse.Namespace) -> int:
             _advice.check_max_ratio(args.max_ratio, "--max-ratio")
     # Everything the measurement's end needs is checked before it starts.
     if args.plot:
+        check_output_file(args.plot, "--plot")  # Before matplotlib's import.
         try:
             _plot.check_path(args.plot)
         except (ImportError, ValueError) as error:
             raise app.UsageError(f"--plot: {error}") from error
-        check_output_file(args.plot, "--plot")
     if args.script is not None:
         workload = _measure.Workload(
             script=args.script,
