@@ -367,7 +367,7 @@ def test_an_emulated_run_says_it_is_allowed_ten_times_the_timeout():
     context = _perturb.Context(
         runs=2, pinned_isa="AVX2", threads=1, emulated_model="Haswell-v4"
     )
-    change = _perturb._emulated_change(1, context)
+    change = _perturb.REGISTRY["emulated_cpu"].change(1, context)
     assert change.slowdown == 10.0
     assert "allowed 10x --timeout" in change.label
 
