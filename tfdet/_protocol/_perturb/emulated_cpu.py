@@ -24,7 +24,7 @@ def _change(index: int, context: Context) -> Change:
     model = _model(context)
     return Change(
         f"{_emulation.describe(model)} (an emulation, not real hardware; "
-        f"allowed {_emulation.SLOWDOWN:g}x --timeout, as emulation is that much "
+        f"allowed {_emulation.SLOWDOWN:g}x `timeout`, as emulation is that much "
         "slower)",
         env={_variables.EMULATED_CPU: model},
         by_child=True,
