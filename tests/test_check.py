@@ -509,13 +509,15 @@ def test_a_batch_divergence_plain_tensorflow_does_not_have_names_the_patch():
     # for a batch of 16 differed from a batch of 1; plain TensorFlow's
     # (AVX-512) did not. The control line said "identical too ... proves
     # little".
-    from tfdet._cli import _check_text
+    from tfdet._cli import _check_text, as_flags
 
     batch = {"batch": "predicted its inputs in another order"}
     report = _controlled_report("diverged", "identical", imitated=batch)
     text = _check_text.format_report(report.to_dict())
     assert "oneDNN ISA cap" in text and "identical too" not in text, text
-    assert "--patches auto,pool_size_free_products" in text, text
+    # The library names the option as Python does; the CLI as its flag.
+    assert "`patches=auto,pool_size_free_products`" in text, text
+    assert "--patches auto,pool_size_free_products" in as_flags(text), text
     assert "batch-invariant predictions" in str(report)
     # Already under the patch, or another perturbation: no such advice.
     for other in (

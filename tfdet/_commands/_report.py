@@ -101,7 +101,7 @@ def control_line(
         line += (
             f"; for {_perturb.BATCH}: under tfdet a prediction's bits follow "
             "its batch here, and the opt-in patch "
-            f"{_BATCH_FREE_PATCH} (--patches auto,{_BATCH_FREE_PATCH}) gives "
+            f"{_BATCH_FREE_PATCH} (`patches=auto,{_BATCH_FREE_PATCH}`) gives "
             "batch-invariant predictions"
         )
     return line
