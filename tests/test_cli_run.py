@@ -330,3 +330,41 @@ def test_mismatch_message_names_every_flag() -> None:
     assert mismatch_message(error).endswith(
         "pass --threads 4 --cpu-isa none --no-onednn to tfdet run."
     )
+
+
+# A script that chooses tf_keras itself, as the tf_keras guide allows.
+_TF_KERAS_SCRIPT = """
+import os
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import json
+from tensorflow.keras import layers
+
+
+def keras_of_a_layer(_=None):
+    import tfdet
+
+    layer = layers.Dense(1)
+    layer.build((None, 2))
+    return {
+        "keras": type(layer).__module__.split(".")[0],
+        "seed": tfdet.profile().seed,
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps({"parent": keras_of_a_layer()}))
+"""
+
+
+@pytest.mark.tf_keras
+def test_scripts_own_tf_keras_choice_is_honoured(tmp_path: Path) -> None:
+    # Before: enable() imported Keras 3 before the script chose tf_keras, and
+    # the script failed with a Keras 3 error (or trained another Keras than
+    # `check --script`, which reads the assignment, had verified).
+    script = tmp_path / "train.py"
+    script.write_text(_TF_KERAS_SCRIPT)
+    env = clean_env(TF_USE_LEGACY_KERAS=None)
+    proc = run_tfdet("run", "--seed", "5", str(script), env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = last_json_line(proc.stdout)
+    assert seen["parent"] == {"keras": "tf_keras", "seed": 5}
