@@ -341,8 +341,11 @@ from tensorflow.keras import layers
 
 
 def keras_of_a_layer(_=None):
+    import tensorflow as tf
     import tfdet
 
+    # Under TF_DETERMINISTIC_OPS, an op without a seed raises.
+    tf.random.uniform([])
     layer = layers.Dense(1)
     layer.build((None, 2))
     return {
@@ -352,19 +355,31 @@ def keras_of_a_layer(_=None):
 
 
 if __name__ == "__main__":
-    print(json.dumps({"parent": keras_of_a_layer()}))
+    import multiprocessing
+
+    # A worker pool of fresh interpreters, as a hyper-parameter search makes.
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        child = pool.map(keras_of_a_layer, [0])[0]
+    print(json.dumps({"parent": keras_of_a_layer(), "child": child}))
 """
 
 
 @pytest.mark.tf_keras
-def test_scripts_own_tf_keras_choice_is_honoured(tmp_path: Path) -> None:
+def test_scripts_own_tf_keras_choice_and_spawned_children_get_the_profile(
+    tmp_path: Path,
+) -> None:
     # Before: enable() imported Keras 3 before the script chose tf_keras, and
     # the script failed with a Keras 3 error (or trained another Keras than
-    # `check --script`, which reads the assignment, had verified).
+    # `check --script`, which reads the assignment, had verified). A child
+    # of a "spawn" pool inherited TF_DETERMINISTIC_OPS but no seed: its
+    # first random op raised, and the pool could hang.
     script = tmp_path / "train.py"
     script.write_text(_TF_KERAS_SCRIPT)
     env = clean_env(TF_USE_LEGACY_KERAS=None)
-    proc = run_tfdet("run", "--seed", "5", str(script), env=env, cwd=tmp_path)
+    proc = run_tfdet(
+        "run", "--seed", "5", str(script), env=env, cwd=tmp_path, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = last_json_line(proc.stdout)
     assert seen["parent"] == {"keras": "tf_keras", "seed": 5}
+    assert seen["child"] == {"keras": "tf_keras", "seed": 5}

@@ -3,6 +3,9 @@
 Started by `tfdet run` as `python -m tfdet._setup._launch SETTINGS_JSON KIND TARGET
 [ARGS...]` in an environment that already pins what must exist before the
 interpreter starts. KIND is "script" or "module".
+
+A process the script starts with `multiprocessing`'s "spawn" or
+"forkserver" method is enabled with the same settings (`_spawned`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import sys
 
 from tfdet import _variables
 from tfdet._errors import EXIT_USAGE, ProfileMismatchError
+from tfdet._setup import _spawned
 
 # `tfdet run`'s flag for each profile setting a script's own enable() may ask for.
 _FLAGS = {"seed": "--seed", "threads": "--threads", "cpu_isa": "--cpu-isa"}
@@ -51,6 +55,7 @@ def main(argv: list[str]) -> None:
         _notices.hide_at_import()
 
     enable(**json.loads(settings))
+    _spawned.give_spawned_children_the_profile(settings)
     sys.argv = [target, *args]
     try:
         _run(kind, target)
