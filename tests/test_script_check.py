@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -331,3 +332,32 @@ def test_a_script_reports_json_keeps_its_fields_and_their_order():
         stderr_tail="Traceback",
     )
     assert list(failed.to_dict()) == [*said, "stderr_tail"]
+
+
+def test_a_backup_dir_after_a_chdir_elsewhere_is_still_the_runs_own(
+    tmp_path, monkeypatch
+):
+    # A script that calls os.chdir(...) and then BackupAndRestore("bk"): the
+    # path is resolved as the script meant (in the directory it moved to),
+    # and compared with the run's own directory, not with the new working
+    # directory. Before: "bk" after the chdir counted as inside the run's
+    # directory, so every run shared the real elsewhere/bk.
+    from tfdet._child import _script_worker
+
+    run_dir, elsewhere = tmp_path / "run0" / "project", tmp_path / "elsewhere"
+    run_dir.mkdir(parents=True)
+    elsewhere.mkdir()
+    monkeypatch.chdir(run_dir)
+    monkeypatch.setattr(_script_worker, "own_copies", {})
+    monkeypatch.setattr(
+        _script_worker, "run_directory", str(run_dir), raising=False
+    )
+    os.chdir(elsewhere)  # The script's own chdir (monkeypatch restores it).
+    copy = _script_worker.own_copy("bk")
+    assert copy == os.path.join(
+        run_dir, _script_worker.PRIVATE_DIR, str(elsewhere / "bk").lstrip(os.sep)
+    )
+    assert _script_worker.own_copies == {"bk": copy}
+    # A path inside the run's directory is its own already.
+    assert _script_worker.own_copy(run_dir / "bk") == run_dir / "bk"
+

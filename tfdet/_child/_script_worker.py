@@ -385,6 +385,9 @@ def _after_each_call(owner: Any, name: str, then: Any) -> None:
 PRIVATE_DIR = ".tfdet-own-copies"
 # `{path the script gave: the run's own copy}`, for the report.
 own_copies: dict[str, str] = {}
+# The run's own directory (its mirror): the working directory the script
+# started in, whatever `os.chdir` it calls later (set by `run`).
+run_directory: str | None = None
 
 
 def own_copy(path: Any) -> Any:
@@ -394,11 +397,14 @@ def own_copy(path: Any) -> Any:
     `/tmp/backup` (or `../backup`, outside the run's mirror) was one
     directory for all of them, and a run resumed from another's backup. A
     path inside the run's directory is its own already and stays as it is.
+    A relative path is resolved as the script meant it, against its working
+    directory now, and compared with the run's own directory, which a
+    script's `os.chdir` elsewhere does not move.
     """
     if not isinstance(path, str | os.PathLike):
         return path
     absolute = os.path.abspath(os.fspath(path))
-    here = os.getcwd()
+    here = run_directory or os.getcwd()
     if absolute == here or absolute.startswith(here + os.sep):
         return path
     private = os.path.join(here, PRIVATE_DIR, absolute.lstrip(os.sep))
@@ -522,7 +528,9 @@ def _print_script_traceback(error: BaseException, script: str) -> None:
 
 def run(spec: WorkerSpec) -> int:
     """Runs the script under the hooks; writes the result; returns the exit status."""
+    global run_directory
     started = time.perf_counter()
+    run_directory = os.getcwd()
     _start.child_start(spec)
     recorder = Recorder(spec.trace, spec.max_steps)
     install(recorder)
