@@ -361,3 +361,21 @@ def test_a_backup_dir_after_a_chdir_elsewhere_is_still_the_runs_own(
     # A path inside the run's directory is its own already.
     assert _script_worker.own_copy(run_dir / "bk") == run_dir / "bk"
 
+
+@pytest.mark.parametrize(
+    "words, expected",
+    [
+        (["--", "--lr", "0.1"], ["--lr", "0.1"]),
+        # A `--` among the script's own arguments is the script's, as under
+        # `python train.py a -- b` and `tfdet run`. Before: dropped.
+        (["--", "a", "--", "b"], ["a", "--", "b"]),
+        (["--", "--", "x"], ["--", "x"]),
+        (["--runs", "3", "--", "data", "--", "--", "c"], ["data", "--", "--", "c"]),
+    ],
+)
+def test_the_scripts_arguments_are_every_word_after_the_first_dashes(words, expected):
+    from tfdet._cli import _training_flags, parse_flags
+
+    args = parse_flags(["tfdet", "check", "--script", "train.py", *words])
+    assert _training_flags.script_arguments(args, "check") == expected
+
