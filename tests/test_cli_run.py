@@ -339,6 +339,8 @@ os.environ["TF_USE_LEGACY_KERAS"] = "1"
 import json
 from tensorflow.keras import layers
 
+import helper  # Beside the real file, not beside the link.
+
 
 def keras_of_a_layer(_=None):
     import tensorflow as tf
@@ -365,7 +367,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.tf_keras
-def test_scripts_own_tf_keras_choice_and_spawned_children_get_the_profile(
+def test_linked_script_its_tf_keras_choice_and_spawned_children_get_the_profile(
     tmp_path: Path,
 ) -> None:
     # Before: enable() imported Keras 3 before the script chose tf_keras, and
@@ -373,8 +375,13 @@ def test_scripts_own_tf_keras_choice_and_spawned_children_get_the_profile(
     # `check --script`, which reads the assignment, had verified). A child
     # of a "spawn" pool inherited TF_DETERMINISTIC_OPS but no seed: its
     # first random op raised, and the pool could hang.
+    # Reached through a symbolic link: its sibling module is beside the real
+    # file, where `python` looks (before: ModuleNotFoundError).
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "train.py").write_text(_TF_KERAS_SCRIPT)
+    (tmp_path / "real" / "helper.py").write_text("")
     script = tmp_path / "train.py"
-    script.write_text(_TF_KERAS_SCRIPT)
+    script.symlink_to(tmp_path / "real" / "train.py")
     env = clean_env(TF_USE_LEGACY_KERAS=None)
     proc = run_tfdet(
         "run", "--seed", "5", str(script), env=env, cwd=tmp_path, timeout=300

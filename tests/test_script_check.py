@@ -379,3 +379,45 @@ def test_the_scripts_arguments_are_every_word_after_the_first_dashes(words, expe
     args = parse_flags(["tfdet", "check", "--script", "train.py", *words])
     assert _training_flags.script_arguments(args, "check") == expected
 
+
+# Reached through a symbolic link, imports a module beside its real file,
+# moves elsewhere before naming its backup relatively.
+_LINKED_SCRIPT = """
+import os
+import sys
+
+import helper
+import keras
+import numpy as np
+
+os.chdir(sys.argv[1])
+model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(helper.UNITS)])
+model.compile("sgd", "mse")
+model.fit(np.ones((8, 2)), np.ones((8, 1)), batch_size=4, epochs=2, verbose=0,
+          callbacks=[keras.callbacks.BackupAndRestore("bk")])
+"""
+
+
+@pytest.mark.slow
+def test_a_linked_script_that_moves_is_checked(tmp_path):
+    # Before: ModuleNotFoundError (sys.path[0] was the link's directory, not
+    # the real file's); then both runs shared elsewhere/bk (the own-copy
+    # logic compared the path with the cwd after the chdir). Each made the
+    # check exit 3.
+    real, project, elsewhere = (tmp_path / name for name in ("real", "project", "else"))
+    for directory in (real, project, elsewhere):
+        directory.mkdir()
+    (real / "train.py").write_text(_LINKED_SCRIPT)
+    (real / "helper.py").write_text("UNITS = 1\n")
+    (project / "train.py").symlink_to(real / "train.py")
+    report_path = tmp_path / "report.json"
+    proc = run_tfdet(
+        "check", "--script", "train.py", "--perturb", "none",
+        "--json", str(report_path), "--", str(elsewhere),
+        cwd=project,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
+    report = json.loads(report_path.read_text())
+    assert all(run["steps_recorded"] == 4 for run in report["run_reports"])
+    assert any(notice.startswith("bk: ") for notice in report["notices"])
+    assert not (elsewhere / "bk").exists()

@@ -536,8 +536,11 @@ def run(spec: WorkerSpec) -> int:
     install(recorder)
     script = spec.script
     sys.argv = [script, *spec.args]
-    # As `python script.py`: sys.path[0] is the script's directory.
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    # As `python script.py`: sys.path[0] is the directory of the script's
+    # real file (the run's copy of a linked script is not a link).
+    sys.path[0] = os.path.abspath(
+        spec.script_dir or os.path.dirname(os.path.realpath(script))
+    )
     end, status = "completed", 0
     try:
         runpy.run_path(script, run_name="__main__")

@@ -71,9 +71,11 @@ def _run(kind: str, target: str) -> None:
         # As `python -m`: sys.path[0] stays the working directory.
         runpy.run_module(target, run_name="__main__", alter_sys=True)
     else:
-        # As `python script.py`: sys.path[0] is the script's directory, not
-        # the working directory that `python -m tfdet._setup._launch` put there.
-        sys.path[0] = os.path.dirname(os.path.abspath(target))
+        # As `python script.py`: sys.path[0] is the directory of the
+        # script's real file (a symbolic link resolved, so its sibling
+        # modules import), not the working directory that `python -m
+        # tfdet._setup._launch` put there.
+        sys.path[0] = os.path.dirname(os.path.realpath(target))
         runpy.run_path(target, run_name="__main__")
 
 
