@@ -349,9 +349,7 @@ def test_a_backup_dir_after_a_chdir_elsewhere_is_still_the_runs_own(
     elsewhere.mkdir()
     monkeypatch.chdir(run_dir)
     monkeypatch.setattr(_script_worker, "own_copies", {})
-    monkeypatch.setattr(
-        _script_worker, "run_directory", str(run_dir), raising=False
-    )
+    monkeypatch.setattr(_script_worker, "run_directory", str(run_dir), raising=False)
     os.chdir(elsewhere)  # The script's own chdir (monkeypatch restores it).
     copy = _script_worker.own_copy("bk")
     assert copy == os.path.join(
@@ -381,7 +379,8 @@ def test_the_scripts_arguments_are_every_word_after_the_first_dashes(words, expe
 
 
 # Reached through a symbolic link, imports a module beside its real file,
-# moves elsewhere before naming its backup relatively.
+# moves elsewhere before naming its backup relatively, and ends with
+# os._exit(0) after training.
 _LINKED_SCRIPT = """
 import os
 import sys
@@ -395,15 +394,16 @@ model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(helper.UNITS)])
 model.compile("sgd", "mse")
 model.fit(np.ones((8, 2)), np.ones((8, 1)), batch_size=4, epochs=2, verbose=0,
           callbacks=[keras.callbacks.BackupAndRestore("bk")])
+os._exit(0)
 """
 
 
 @pytest.mark.slow
-def test_a_linked_script_that_moves_is_checked(tmp_path):
+def test_a_linked_script_that_moves_and_ends_with_os_exit_is_checked(tmp_path):
     # Before: ModuleNotFoundError (sys.path[0] was the link's directory, not
     # the real file's); then both runs shared elsewhere/bk (the own-copy
-    # logic compared the path with the cwd after the chdir). Each made the
-    # check exit 3.
+    # logic compared the path with the cwd after the chdir); then every run
+    # "exited 0 without writing its result". Each made the check exit 3.
     real, project, elsewhere = (tmp_path / name for name in ("real", "project", "else"))
     for directory in (real, project, elsewhere):
         directory.mkdir()
@@ -418,6 +418,7 @@ def test_a_linked_script_that_moves_is_checked(tmp_path):
     )  # fmt: skip
     assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
     report = json.loads(report_path.read_text())
+    assert [run["end"] for run in report["run_reports"]] == ["called os._exit(0)"] * 2
     assert all(run["steps_recorded"] == 4 for run in report["run_reports"])
     assert any(notice.startswith("bk: ") for notice in report["notices"])
     assert not (elsewhere / "bk").exists()
