@@ -366,6 +366,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.tf_keras
 def test_linked_script_its_tf_keras_choice_and_spawned_children_get_the_profile(
     tmp_path: Path,
