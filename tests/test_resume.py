@@ -657,3 +657,33 @@ def test_a_manual_resume_from_a_saved_model_says_it_is_not_exact(tmp_path, keras
     assert warning in resumed.stderr and "not exact" in resumed.stderr
     assert warning not in full.stderr
     assert _digest(tmp_path / "resumed.json") != _digest(tmp_path / "full.json")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TF_KERAS_INSTALLED, reason="tf_keras is not installed")
+def test_check_script_numbers_a_tf_keras_fit_resumed_past_epoch_0_as_the_uninterrupted_run(
+    tmp_path,
+):
+    # A per-epoch backup: the kill comes in epoch 1, and the resumed tf_keras
+    # process starts at epoch 1. It numbered its steps from 0 again, so its
+    # epoch 1 batch 0 was compared with the other run's epoch 0 batch 0: a
+    # false "diverged at epoch 1, step 0, data". The control: a resume that
+    # trains other batches on purpose is still found, at its first step (8).
+    (tmp_path / "resumable_fit.py").write_text(FIT.read_text())
+    common = ["check", "--script", "resumable_fit.py", "--perturb", "interrupt",
+              "--seed", "3", "--no-attribute"]  # fmt: skip
+    script = ["--", "out.json", "backup", "--tf-keras"]
+    reports = _checks_at_once(
+        {
+            "exact": [*common, *script],
+            "control": [*common, *script, "--other-data-on-resume"],
+        },
+        cwd=tmp_path,
+    )
+    assert reports["exact"]["verdict"] == "identical", reports["exact"]
+    interrupted = reports["exact"]["run_reports"][1]["perturbations"]["interrupt"]
+    assert not interrupted.startswith("not applied"), interrupted
+    divergence = reports["control"]["divergence"]
+    assert reports["control"]["verdict"] == "diverged"
+    found = (divergence["quantity"], divergence["epoch"], divergence["step"])
+    assert found == ("data", 1, 8), divergence

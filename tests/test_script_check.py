@@ -331,3 +331,17 @@ def test_a_script_reports_json_keeps_its_fields_and_their_order():
         stderr_tail="Traceback",
     )
     assert list(failed.to_dict()) == [*said, "stderr_tail"]
+
+
+def test_a_resumed_fit_numbers_its_steps_on_from_the_epoch_it_resumes_at():
+    # tf_keras and Keras 3 both start a resumed fit at the backup's epoch:
+    # its first step is that epoch's, numbered as the uninterrupted run did.
+    from tfdet._child._script_worker import resumed_epoch_start
+
+    assert resumed_epoch_start(1, 8, []) == 8
+    assert resumed_epoch_start(0, 8, []) == 0
+    # Epoch length unknown: from the killed process's trace.
+    kept = [{"step": s, "epoch": s // 3, "batch": s % 3} for s in range(5)]
+    assert resumed_epoch_start(1, None, kept) == 3  # Recorded in that epoch.
+    assert resumed_epoch_start(1, None, kept[:3]) == 3  # The epoch before ended.
+    assert resumed_epoch_start(1, None, []) == 0
