@@ -3,7 +3,7 @@
 `python resumable_fit.py OUT BACKUP [--save-freq N] [--kill E:B] [--kill-at-save K]
 [--data array|tfdata|tfdata-repeat|pydataset|generator] [--model dense|conv]
 [--threads N] [--pool-size-free] [--plain] [--tf-keras] [--backups N] [--unpatched] [--drop-epoch-random]
-[--other-data-on-resume]`:
+[--other-data-on-resume] [--batch-size N]`:
 trains 4 epochs of 256 samples (8 batches of 32, shuffled) under
 `tfdet.enable(seed=3)` and writes the final weights' digest to OUT.
 `--model conv` trains Conv2D + BatchNormalization + GELU instead of the first
@@ -18,6 +18,7 @@ per pool (0: every core), and `--pool-size-free` adds the
 `keras_backup_and_restore` patch (Keras's own BackupAndRestore);
 `--drop-epoch-random` removes from the current backup the global generators'
 state at its epoch's start, as a backup written before tfdet kept it;
+`--batch-size N` fits arrays in batches of N (default 32);
 `--other-data-on-resume` reverses the samples' order when BACKUP exists at
 the start (a resume made inexact on purpose: it trains other batches);
 `--backups N`
@@ -51,6 +52,7 @@ parser.add_argument("--backups", type=int, default=1)
 parser.add_argument("--unpatched", action="store_true")
 parser.add_argument("--drop-epoch-random", action="store_true")
 parser.add_argument("--other-data-on-resume", action="store_true")
+parser.add_argument("--batch-size", type=int, default=32)
 args = parser.parse_args()
 resuming = os.path.isdir(args.backup)
 
@@ -219,7 +221,13 @@ elif args.data == "tfdata":
     model.fit(data, epochs=4, verbose=0, callbacks=callbacks)
 else:
     model.fit(
-        x, y, batch_size=32, epochs=4, shuffle=True, verbose=0, callbacks=callbacks
+        x,
+        y,
+        batch_size=args.batch_size,
+        epochs=4,
+        shuffle=True,
+        verbose=0,
+        callbacks=callbacks,
     )
 digest = hashlib.sha256(b"".join(w.tobytes() for w in model.get_weights()))
 with open(args.out, "w") as handle:
