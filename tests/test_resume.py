@@ -366,6 +366,73 @@ def test_a_resume_with_another_batch_size_is_refused_naming_both(tmp_path, keras
     assert any(backup.iterdir())  # Not deleted.
 
 
+def test_a_damaged_keras_backup_is_an_error_naming_the_file(tmp_path):
+    # A pointer that names no generation was read as "no backup": the fit
+    # trained from step 0 and Keras deleted the directory at its end. A
+    # truncated weights file gave h5py's raw OSError.
+    import h5py
+
+    from tfdet import ResumeError
+    from tfdet._resume import _keras3 as backup
+
+    pointer = tmp_path / backup.CURRENT
+    assert backup._current(str(tmp_path)) is None  # No backup yet.
+    # Killed while it wrote its first backup: nothing was made current.
+    (tmp_path / "tfdet-0.state.json").write_text("{}")
+    assert backup._current(str(tmp_path)) is None
+    (tmp_path / "tfdet-0.weights.h5").write_bytes(b"")
+    pointer.write_text("0")
+    assert backup._current(str(tmp_path)) == 0
+    for damaged in ("", "§?", "-1", "0\n1"):
+        pointer.write_text(damaged)
+        with pytest.raises(ResumeError, match="tfdet_current") as caught:
+            backup._current(str(tmp_path))
+        assert "not the number of a backup generation" in str(caught.value)
+    pointer.write_text("0")
+    (tmp_path / "tfdet-0.weights.h5").unlink()
+    with pytest.raises(ResumeError, match=r"tfdet-0\.weights\.h5 .*missing"):
+        backup._current(str(tmp_path))
+    weights = tmp_path / "w.weights.h5"
+    with h5py.File(weights, "w") as handle:
+        handle["layer"] = list(range(1000))
+    backup._check_weights_file(str(weights))
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ResumeError, match="w.weights.h5 .*truncated file"):
+        backup._check_weights_file(str(weights))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keras_name", ["keras3", "tf_keras"])
+def test_a_resume_from_a_damaged_backup_stops_and_keeps_the_backup(
+    tmp_path, keras_name
+):
+    # The damaged pointer was ignored (trained from step 0, the directory
+    # deleted at the end; tf_keras: when TensorFlow could not parse it); a
+    # missing or truncated weights file raised h5py's or TensorFlow's own
+    # error. Each stops the fit with tfdet's, naming the file.
+    if keras_name == "tf_keras":
+        pytest.importorskip("tf_keras")
+    script = SCRIPTS / "damaged_backup.py"
+    argv = [str(script), keras_name, str(tmp_path / "backup")]
+    code = f"import runpy, sys; sys.argv = {argv!r}\n"
+    code += f"runpy.run_path({str(script)!r}, run_name='__main__')"
+    result = run_python(code, env=clean_env(PYTHONHASHSEED="1"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    pointer, weights = (
+        ("tfdet/checkpoint", "tfdet/ckpt-")
+        if keras_name == "tf_keras"
+        else ("tfdet_current", "tfdet-1.weights.h5")
+    )
+    assert set(found) == {
+        "garbled pointer", "empty pointer", "missing weights", "truncated weights"
+    }  # fmt: skip
+    for case, (error, message, kept) in found.items():
+        assert (error, kept) == ("ResumeError", True), (case, message)
+        assert (pointer if "pointer" in case else weights) in message, message
+        assert "restore the file, or delete the backup directory" in message
+
+
 @pytest.mark.slow
 def test_a_planted_pickle_in_the_backup_directory_is_never_run(tmp_path):
     # Whoever can write the backup directory (Keras's example is /tmp/backup)

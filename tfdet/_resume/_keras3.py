@@ -318,13 +318,20 @@ def exact_backup_and_restore_class() -> type:
             if model.optimizer is not None and not model.optimizer.built:
                 model.optimizer.build(model.trainable_variables)
             weights = os.path.join(self.backup_dir, _WEIGHTS.format(n=generation))
+            _check_weights_file(weights)
             deferred = _restore_when_built(model, weights)
             with warnings.catch_warnings():
                 # Keras's "Skipping variable loading for optimizer ...": the
                 # deferred optimizers get theirs when built.
                 if deferred:
                     warnings.filterwarnings("ignore", "Skipping variable loading")
-                model.load_weights(weights)
+                try:
+                    model.load_weights(weights)
+                except OSError as error:  # Keras's own on_train_begin would
+                    # take it for its own files' damage, and re-raise it raw.
+                    raise _resume_state.damaged(
+                        weights, f"unreadable ({error})"
+                    ) from None
             path = os.path.join(self.backup_dir, _STATE.format(n=generation))
             try:
                 with open(path, encoding="utf-8") as handle:
@@ -524,11 +531,58 @@ def _assign_when_built(optimizer: Any, saved: list[Any], source: str) -> None:
 
 
 def _current(directory: str) -> int | None:
+    """The current backup generation in `directory`; None if it holds none.
+
+    No pointer is no backup (a process killed while it wrote its first one
+    leaves generation files and no pointer: nothing was made current). A
+    pointer that does not name a generation whose files are there is a
+    damaged backup: resuming from nothing would train from step 0 and
+    delete the directory at the end.
+
+    Raises:
+        ResumeError: naming the damaged or missing file.
+    """
+    pointer = os.path.join(directory, CURRENT)
     try:
-        with open(os.path.join(directory, CURRENT), encoding="utf-8") as handle:
-            return int(handle.read().strip())
-    except (OSError, ValueError):
+        with open(pointer, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError) as error:
+        what = f"unreadable ({type(error).__name__}: {error})"
+        raise _resume_state.damaged(pointer, what) from None
+    try:
+        generation = int(text.strip())
+        if generation < 0:
+            raise ValueError(generation)
+    except ValueError:
+        raise _resume_state.damaged(
+            pointer, f"{text[:40]!r}, not the number of a backup generation"
+        ) from None
+    for name in (_WEIGHTS, _STATE):
+        path = os.path.join(directory, name.format(n=generation))
+        if not os.path.isfile(path):
+            raise _resume_state.damaged(
+                path, f"missing ({CURRENT} names generation {generation})"
+            )
+    return generation
+
+
+def _check_weights_file(path: str) -> None:
+    """Refuses a weights file that HDF5 cannot open (truncated, overwritten).
+
+    Raises:
+        ResumeError: naming the file, and HDF5's reason.
+    """
+    import h5py
+
+    try:
+        with h5py.File(path, "r"):
+            pass
+    except OSError as error:
+        raise _resume_state.damaged(
+            path, f"not a readable HDF5 file ({error})"
+        ) from None
 
 
 def _fast_forward(data: Any, epochs: int) -> None:

@@ -396,3 +396,16 @@ def check_position_in_epoch(backup: str, steps_done: int, steps_per_epoch: Any) 
             "Resume with the backup's settings and data, or delete the backup "
             "directory to start over."
         )
+
+
+def damaged(path: str, what: str) -> ResumeError:
+    """The error for a backup file a resume cannot read.
+
+    Raised before training and before anything is deleted: the backup is
+    left as it is (Keras deletes its directory when a fit ends).
+    """
+    return ResumeError(
+        f"Expected {path} to be as the tfdet backup wrote it. Received: "
+        f"{what}. The backup is left as it is: restore the file, or delete the "
+        "backup directory to start over."
+    )

@@ -240,16 +240,33 @@ def exact_backup_and_restore_class() -> type:
                 random_layers=[g.state for _, g in random_generators(model)],
                 host=self._host,
             )
-            self._manager = tf.train.CheckpointManager(
-                checkpoint,
-                os.path.join(self.backup_dir, BACKUP_SUBDIRECTORY),
-                max_to_keep=1,
-            )
+            directory = os.path.join(self.backup_dir, BACKUP_SUBDIRECTORY)
+            # The manager's pointer to the current checkpoint: TensorFlow
+            # ignores one it cannot parse (a fit then trained from step 0 and
+            # deleted the backup at its end) or raises a bare ValueError.
+            pointer = os.path.join(directory, "checkpoint")
+            try:
+                self._manager = tf.train.CheckpointManager(
+                    checkpoint, directory, max_to_keep=1
+                )
+            except ValueError as error:
+                raise _resume_state.damaged(pointer, str(error)) from None
             latest = self._manager.latest_checkpoint
             if latest is None:
+                if os.path.exists(pointer):
+                    raise _resume_state.damaged(
+                        pointer, "it names no checkpoint TensorFlow can read"
+                    )
                 return
             _resume_state.check_owned(self.backup_dir)
-            status = checkpoint.restore(latest)
+            try:
+                status = checkpoint.restore(latest)
+            except (tf.errors.OpError, IndexError, ValueError) as error:
+                # A missing or truncated file of the checkpoint `latest`.
+                message = getattr(error, "message", None) or str(error)
+                raise _resume_state.damaged(
+                    f"{latest} (its .index and .data files)", message
+                ) from None
             try:
                 status.assert_existing_objects_matched()
             except AssertionError as error:
