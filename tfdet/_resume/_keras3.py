@@ -172,20 +172,10 @@ def _decode_state(data: Any, path: str) -> dict[str, Any]:
             "epoch_random": _decode_globals(data.get("epoch_random")),
             # Absent from older backups too: their position is checked
             # against the epoch length only.
-            "fit": _decode_geometry(data.get("fit")),
+            "fit": _resume_state.decode_geometry(data.get("fit")),
         }
     except (KeyError, TypeError, ValueError) as error:
         raise _resume_state.unreadable(path, STATE_FORMAT, error) from None
-
-
-def _decode_geometry(data: Any) -> dict[str, int | None] | None:
-    """The `fit_geometry` a state file holds (ValueError if malformed)."""
-    if data is None:
-        return None
-    return {
-        key: None if data[key] is None else int(data[key])
-        for key in ("steps_per_epoch", "batch_size", "samples")
-    }
 
 
 @functools.cache

@@ -340,6 +340,15 @@ def fit_geometry(x: Any, batch_size: Any, steps_per_epoch: Any) -> dict[str, Any
     }
 
 
+def decode_geometry(data: Any) -> dict[str, int | None] | None:
+    """The `fit_geometry` a backup holds (KeyError etc. if malformed)."""
+    if data is None:
+        return None
+    return {
+        key: None if data[key] is None else int(data[key]) for key in _GEOMETRY_NAMES
+    }
+
+
 def check_same_geometry(
     backup: str, position: str, saved: dict[str, Any] | None, now: dict[str, Any]
 ) -> None:

@@ -121,16 +121,12 @@ def _read_host_state(text: str, source: str) -> dict[str, Any]:
         data = json.loads(text)
         if data["format"] != HOST_STATE_FORMAT:
             raise ValueError(f"format {data['format']!r}")
-        fit = data.get("fit")  # Absent from older backups: not compared.
         return {
             "metrics": [_resume_state.from_array(value) for value in data["metrics"]],
             **_resume_state.decode_host_generators(data),
-            "fit": None
-            if fit is None
-            else {
-                key: None if fit[key] is None else int(fit[key])
-                for key in ("steps_per_epoch", "batch_size", "samples")
-            },
+            # Absent from older backups: their position is checked against
+            # the epoch length only.
+            "fit": _resume_state.decode_geometry(data.get("fit")),
         }
     except (KeyError, TypeError, ValueError) as error:
         raise _resume_state.unreadable(source, HOST_STATE_FORMAT, error) from None
