@@ -271,6 +271,7 @@ def test_the_resume_state_round_trips_through_json_bit_for_bit():
             random.Random(7).getstate(),
             np.random.RandomState(8).get_state(),
         ),
+        "fit": {"steps_per_epoch": 8, "batch_size": 32, "samples": 256},
     }
     path = "backup/tfdet-0.state.json"
     text = json.dumps(backup._encode_state(state))
@@ -278,6 +279,9 @@ def test_the_resume_state_round_trips_through_json_bit_for_bit():
     # A backup written before the epoch's start state was kept still reads.
     older = {k: v for k, v in json.loads(text).items() if k != "epoch_random"}
     assert backup._decode_state(older, path)["epoch_random"] is None
+    # ... and one written before the fit's geometry was kept.
+    older = {k: v for k, v in json.loads(text).items() if k != "fit"}
+    assert backup._decode_state(older, path)["fit"] is None
 
     def bits(value):
         if isinstance(value, np.ndarray):
@@ -291,6 +295,142 @@ def test_the_resume_state_round_trips_through_json_bit_for_bit():
     }
     random.setstate(decoded["python_random"])  # Accepted as they are.
     np.random.set_state(decoded["numpy_random"])
+
+
+def test_a_backup_position_is_validated_against_the_resumed_fits_epochs():
+    # Killed at epoch 1 after 7 of 8 batches of 8 (64 samples), resumed with
+    # batches of 16 or on a data set that shrank: resumed at "7 steps into
+    # epoch 1", fit skipped batches across the epoch boundary and said
+    # nothing. Each difference is named, the backup's value and the fit's.
+    import numpy as np
+
+    from tfdet import ResumeError
+    from tfdet._resume import _state
+
+    x64, x60 = np.zeros((64, 3)), np.zeros((60, 3))
+    saved = _state.fit_geometry(x64, 8, 8)
+    assert saved == {"steps_per_epoch": 8, "batch_size": 8, "samples": 64}
+    where = "epoch 1, 7 steps into it"
+    _state.check_same_geometry("bk", where, saved, _state.fit_geometry(x64, 8, 8))
+    # The positional form fit(x, y, batch_size) and Keras's default of 32.
+    assert _state.fit_arguments((x64, None, 16), {}) == (x64, 16)
+    assert _state.fit_geometry([x64, x64], None, 2)["batch_size"] == 32
+    with pytest.raises(ResumeError) as caught:
+        _state.check_same_geometry("bk", where, saved, _state.fit_geometry(x64, 16, 4))
+    message = str(caught.value)
+    assert "steps per epoch 8 in the backup, 4 now" in message
+    assert "batch size 8 in the backup, 16 now" in message
+    assert "bk" in message and where in message and "delete the backup" in message
+    # A data set that shrank within the last batch keeps the epoch length.
+    with pytest.raises(ResumeError, match="samples 64 in the backup, 60 now"):
+        _state.check_same_geometry("bk", where, saved, _state.fit_geometry(x60, 8, 8))
+    # A tf.data input: its size and batch are its own, the epoch length known.
+    data = _state.fit_geometry(object(), None, 8)
+    assert data == {"steps_per_epoch": 8, "batch_size": None, "samples": None}
+    with pytest.raises(ResumeError, match="steps per epoch 8 in the backup, 6 now"):
+        _state.check_same_geometry(
+            "bk", where, data, _state.fit_geometry(object(), 5, 6)
+        )
+    # A backup without the geometry (an older tfdet's): its position must
+    # still lie in the resumed epochs.
+    _state.check_same_geometry("bk", where, None, data)
+    _state.check_position_in_epoch("bk", 8, 8)  # The epoch's last batch.
+    _state.check_position_in_epoch("bk", 7, None)  # Epoch length unknown.
+    with pytest.raises(ResumeError, match="7 steps of the epoch trained in the"):
+        _state.check_position_in_epoch("bk", 7, 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "keras_args", [(), ("--tf-keras",)], ids=["keras3", "tf_keras"]
+)
+def test_a_resume_with_another_batch_size_is_refused_naming_both(tmp_path, keras_args):
+    # Killed at epoch 1 after batch 6 (8 batches of 32 an epoch, a backup
+    # each batch), resumed with batches of 64: the resume skipped 7 batches
+    # across the epoch boundary (Keras 3: 4 of epoch 1, 3 of epoch 2) and
+    # said nothing. It now stops before training, naming both values, and
+    # the backup stays for a resume with the first settings.
+    if keras_args:
+        pytest.importorskip("tf_keras")
+    backup, out = tmp_path / "backup", tmp_path / "out.json"
+    args = [str(backup), "--save-freq", "1", *keras_args]
+    _run(FIT, out, *args, "--kill", "1:6", killed=True)
+    argv = [str(FIT), str(out), *args, "--batch-size", "64"]
+    code = f"import runpy, sys; sys.argv = {argv!r}\n"
+    code += f"runpy.run_path({str(FIT)!r}, run_name='__main__')"
+    result = run_python(code, env=clean_env(PYTHONHASHSEED="0"))
+    assert result.returncode != 0 and not out.exists(), result.stderr[-2000:]
+    assert "tfdet._errors.ResumeError" in result.stderr, result.stderr[-2000:]
+    assert "steps per epoch 8 in the backup, 4 now" in result.stderr
+    assert "batch size 32 in the backup, 64 now" in result.stderr
+    assert any(backup.iterdir())  # Not deleted.
+
+
+def test_a_damaged_keras_backup_is_an_error_naming_the_file(tmp_path):
+    # A pointer that names no generation was read as "no backup": the fit
+    # trained from step 0 and Keras deleted the directory at its end. A
+    # truncated weights file gave h5py's raw OSError.
+    import h5py
+
+    from tfdet import ResumeError
+    from tfdet._resume import _keras3 as backup
+
+    pointer = tmp_path / backup.CURRENT
+    assert backup._current(str(tmp_path)) is None  # No backup yet.
+    # Killed while it wrote its first backup: nothing was made current.
+    (tmp_path / "tfdet-0.state.json").write_text("{}")
+    assert backup._current(str(tmp_path)) is None
+    (tmp_path / "tfdet-0.weights.h5").write_bytes(b"")
+    pointer.write_text("0")
+    assert backup._current(str(tmp_path)) == 0
+    for damaged in ("", "§?", "-1", "0\n1"):
+        pointer.write_text(damaged)
+        with pytest.raises(ResumeError, match="tfdet_current") as caught:
+            backup._current(str(tmp_path))
+        assert "not the number of a backup generation" in str(caught.value)
+    pointer.write_text("0")
+    (tmp_path / "tfdet-0.weights.h5").unlink()
+    with pytest.raises(ResumeError, match=r"tfdet-0\.weights\.h5 .*missing"):
+        backup._current(str(tmp_path))
+    weights = tmp_path / "w.weights.h5"
+    with h5py.File(weights, "w") as handle:
+        handle["layer"] = list(range(1000))
+    backup._check_weights_file(str(weights))
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ResumeError, match="w.weights.h5 .*truncated file"):
+        backup._check_weights_file(str(weights))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keras_name", ["keras3", "tf_keras"])
+def test_a_resume_from_a_damaged_backup_stops_and_keeps_the_backup(
+    tmp_path, keras_name
+):
+    # The damaged pointer was ignored (trained from step 0, the directory
+    # deleted at the end; tf_keras: when TensorFlow could not parse it); a
+    # missing or truncated weights file raised h5py's or TensorFlow's own
+    # error. Each stops the fit with tfdet's, naming the file.
+    if keras_name == "tf_keras":
+        pytest.importorskip("tf_keras")
+    script = SCRIPTS / "damaged_backup.py"
+    argv = [str(script), keras_name, str(tmp_path / "backup")]
+    code = f"import runpy, sys; sys.argv = {argv!r}\n"
+    code += f"runpy.run_path({str(script)!r}, run_name='__main__')"
+    result = run_python(code, env=clean_env(PYTHONHASHSEED="1"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    pointer, weights = (
+        ("tfdet/checkpoint", "tfdet/ckpt-")
+        if keras_name == "tf_keras"
+        else ("tfdet_current", "tfdet-1.weights.h5")
+    )
+    assert set(found) == {
+        "garbled pointer", "empty pointer", "missing weights", "truncated weights"
+    }  # fmt: skip
+    for case, (error, message, kept) in found.items():
+        assert (error, kept) == ("ResumeError", True), (case, message)
+        assert (pointer if "pointer" in case else weights) in message, message
+        assert "restore the file, or delete the backup directory" in message
 
 
 @pytest.mark.slow
@@ -657,3 +797,33 @@ def test_a_manual_resume_from_a_saved_model_says_it_is_not_exact(tmp_path, keras
     assert warning in resumed.stderr and "not exact" in resumed.stderr
     assert warning not in full.stderr
     assert _digest(tmp_path / "resumed.json") != _digest(tmp_path / "full.json")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TF_KERAS_INSTALLED, reason="tf_keras is not installed")
+def test_check_script_numbers_a_tf_keras_fit_resumed_past_epoch_0_as_the_uninterrupted_run(
+    tmp_path,
+):
+    # A per-epoch backup: the kill comes in epoch 1, and the resumed tf_keras
+    # process starts at epoch 1. It numbered its steps from 0 again, so its
+    # epoch 1 batch 0 was compared with the other run's epoch 0 batch 0: a
+    # false "diverged at epoch 1, step 0, data". The control: a resume that
+    # trains other batches on purpose is still found, at its first step (8).
+    (tmp_path / "resumable_fit.py").write_text(FIT.read_text())
+    common = ["check", "--script", "resumable_fit.py", "--perturb", "interrupt",
+              "--seed", "3", "--no-attribute"]  # fmt: skip
+    script = ["--", "out.json", "backup", "--tf-keras"]
+    reports = _checks_at_once(
+        {
+            "exact": [*common, *script],
+            "control": [*common, *script, "--other-data-on-resume"],
+        },
+        cwd=tmp_path,
+    )
+    assert reports["exact"]["verdict"] == "identical", reports["exact"]
+    interrupted = reports["exact"]["run_reports"][1]["perturbations"]["interrupt"]
+    assert not interrupted.startswith("not applied"), interrupted
+    divergence = reports["control"]["divergence"]
+    assert reports["control"]["verdict"] == "diverged"
+    found = (divergence["quantity"], divergence["epoch"], divergence["step"])
+    assert found == ("data", 1, 8), divergence

@@ -422,3 +422,17 @@ def test_a_linked_script_that_moves_and_ends_with_os_exit_is_checked(tmp_path):
     assert all(run["steps_recorded"] == 4 for run in report["run_reports"])
     assert any(notice.startswith("bk: ") for notice in report["notices"])
     assert not (elsewhere / "bk").exists()
+
+
+def test_a_resumed_fit_numbers_its_steps_on_from_the_epoch_it_resumes_at():
+    # tf_keras and Keras 3 both start a resumed fit at the backup's epoch:
+    # its first step is that epoch's, numbered as the uninterrupted run did.
+    from tfdet._child._script_worker import resumed_epoch_start
+
+    assert resumed_epoch_start(1, 8, []) == 8
+    assert resumed_epoch_start(0, 8, []) == 0
+    # Epoch length unknown: from the killed process's trace.
+    kept = [{"step": s, "epoch": s // 3, "batch": s % 3} for s in range(5)]
+    assert resumed_epoch_start(1, None, kept) == 3  # Recorded in that epoch.
+    assert resumed_epoch_start(1, None, kept[:3]) == 3  # The epoch before ended.
+    assert resumed_epoch_start(1, None, []) == 0

@@ -131,6 +131,12 @@ class TraceFormatError(Error, ValueError):
     """A file is not a tfdet trace, or its header is unreadable."""
 
 
+class ResumeError(Error, RuntimeError):
+    """A backup cannot be resumed exactly: a damaged file (named), another
+    training's state, or a position the resumed `fit` does not have (another
+    epoch length, batch size or data size). Also a `RuntimeError`."""
+
+
 class RunFailedError(Error):
     """A spawned training run crashed, failed to start, or timed out."""
 

@@ -210,6 +210,32 @@ def _updates(model: Any) -> int:
     return total
 
 
+def resumed_epoch_start(
+    epoch: int, steps_per_epoch: int | None, kept: list[dict[str, Any]]
+) -> int:
+    """The global step of `epoch`'s first batch, in a fit resumed at `epoch`.
+
+    The run that never stopped numbered its steps on from epoch 0; the
+    resumed process must number them the same, or its steps are compared
+    with other steps of that run. With the epoch length known, `epoch`
+    epochs of it; otherwise from the killed process's trace (`kept`): a
+    step it recorded in `epoch`, or the end of the epoch before.
+
+    Args:
+        epoch: The epoch the resumed fit starts at (its first
+            `on_epoch_begin`).
+        steps_per_epoch: `fit`'s steps per epoch, or None if unknown.
+        kept: The step records the killed process wrote.
+    """
+    if steps_per_epoch:
+        return epoch * int(steps_per_epoch)
+    in_epoch = [s for s in kept if s.get("epoch") == epoch and "batch" in s]
+    if in_epoch:
+        return int(in_epoch[0]["step"]) - int(in_epoch[0]["batch"])
+    before = [int(s["step"]) for s in kept if s.get("epoch") == epoch - 1]
+    return max(before) + 1 if before else 0
+
+
 def _callback_class(recorder: Recorder) -> type:
     """`DeterminismCallback` (its tf_keras flavour when in use) that counts steps.
 
@@ -235,14 +261,21 @@ def _callback_class(recorder: Recorder) -> type:
             except (OSError, ValueError):
                 kept = []
         base.on_train_begin(self, logs)
+        self._kept_steps = kept
+        self._first_epoch = True
         if resuming:
-            steps = (self.params or {}).get("steps")
-            if steps:
-                self._epoch_start = (
-                    getattr(self.model, "_initial_epoch", 0) or 0
-                ) * steps
             self._writer.keep(kept)
             self._updates = _updates(self.model)
+
+    def on_epoch_begin(self: Any, epoch: int, logs: Any = None) -> None:
+        if resuming and self._first_epoch:
+            # The fit starts at the epoch its backup restored (Keras 3 and
+            # tf_keras alike): its steps go on with the killed run's numbers.
+            self._epoch_start = resumed_epoch_start(
+                int(epoch), (self.params or {}).get("steps"), self._kept_steps
+            )
+        self._first_epoch = False
+        base.on_epoch_begin(self, epoch, logs)
 
     def on_train_batch_end(self: Any, batch: int, logs: Any = None) -> None:
         if resuming:
@@ -259,6 +292,7 @@ def _callback_class(recorder: Recorder) -> type:
         (base,),
         {
             "on_train_begin": on_train_begin,
+            "on_epoch_begin": on_epoch_begin,
             "on_train_batch_end": on_train_batch_end,
             "steps_recorded_total": 0,
         },

@@ -16,6 +16,7 @@ import sys
 import warnings
 from typing import Any
 
+from tfdet._errors import ResumeError
 from tfdet._resume import _state as _resume_state
 
 # The file that names the current generation, and each generation's files.
@@ -31,6 +32,8 @@ _RESTORED_BY = "_tfdet_restored_by"
 # `steps_per_epoch` (given: one iterator serves every epoch).
 _FIT_INPUT = "_tfdet_fit_input"
 _FIT_STEPS_PER_EPOCH = "_tfdet_fit_steps_per_epoch"
+# ... and its `batch_size` (what a backup's position is counted in).
+_FIT_BATCH_SIZE = "_tfdet_fit_batch_size"
 _SKIPPING = "_tfdet_skipping"
 # Iterators Keras 3's TF `fit` makes of a `tf.data` input per epoch (one at
 # the epoch's start, one made at its end and dropped), when `steps_per_epoch`
@@ -120,6 +123,7 @@ def _encode_state(state: dict[str, Any]) -> dict[str, Any]:
         **_resume_state.encode_host_generators(state),
         "counters": list(state["counters"]),
         "epoch_random": _encode_globals(state["epoch_random"]),
+        "fit": state["fit"],
     }
 
 
@@ -166,6 +170,9 @@ def _decode_state(data: Any, path: str) -> dict[str, Any]:
             # Absent from the backups of tfdet 0.x before it: a mid-epoch
             # resume from one replays the epoch's start draws as before.
             "epoch_random": _decode_globals(data.get("epoch_random")),
+            # Absent from older backups too: their position is checked
+            # against the epoch length only.
+            "fit": _resume_state.decode_geometry(data.get("fit")),
         }
     except (KeyError, TypeError, ValueError) as error:
         raise _resume_state.unreadable(path, STATE_FORMAT, error) from None
@@ -227,7 +234,16 @@ def exact_backup_and_restore_class() -> type:
                     self._last_batch_seen,
                 ),
                 "epoch_random": self._epoch_random,
+                "fit": self._fit_geometry(),
             }
+
+        def _fit_geometry(self) -> dict[str, Any]:
+            model = self.model
+            return _resume_state.fit_geometry(
+                getattr(model, _FIT_INPUT, None),
+                getattr(model, _FIT_BATCH_SIZE, None),
+                (self.params or {}).get("steps"),
+            )
 
         def _save_model(self) -> None:
             if not self._random_checked:  # Traced by now.
@@ -292,19 +308,26 @@ def exact_backup_and_restore_class() -> type:
             if model.optimizer is not None and not model.optimizer.built:
                 model.optimizer.build(model.trainable_variables)
             weights = os.path.join(self.backup_dir, _WEIGHTS.format(n=generation))
+            _check_weights_file(weights)
             deferred = _restore_when_built(model, weights)
             with warnings.catch_warnings():
                 # Keras's "Skipping variable loading for optimizer ...": the
                 # deferred optimizers get theirs when built.
                 if deferred:
                     warnings.filterwarnings("ignore", "Skipping variable loading")
-                model.load_weights(weights)
+                try:
+                    model.load_weights(weights)
+                except OSError as error:  # Keras's own on_train_begin would
+                    # take it for its own files' damage, and re-raise it raw.
+                    raise _resume_state.damaged(
+                        weights, f"unreadable ({error})"
+                    ) from None
             path = os.path.join(self.backup_dir, _STATE.format(n=generation))
             try:
                 with open(path, encoding="utf-8") as handle:
                     data = json.load(handle)
             except (OSError, ValueError) as error:
-                raise RuntimeError(
+                raise ResumeError(
                     f"Expected {path} to hold a tfdet resume state. Received: "
                     f"{type(error).__name__}: {error}. Delete the backup "
                     "directory to start over."
@@ -312,8 +335,14 @@ def exact_backup_and_restore_class() -> type:
             self._restore(_decode_state(data, path))
 
         def _restore(self, state: dict[str, Any]) -> None:
-
             model = self.model
+            where = f"epoch {state['epoch']}, {state['steps_done']} steps into it"
+            _resume_state.check_same_geometry(
+                self.backup_dir, where, state["fit"], self._fit_geometry()
+            )
+            _resume_state.check_position_in_epoch(
+                self.backup_dir, state["steps_done"], (self.params or {}).get("steps")
+            )
             position = {
                 "epoch": state["epoch"],
                 "step in epoch": state["steps_done"],
@@ -330,7 +359,7 @@ def exact_backup_and_restore_class() -> type:
             object.__setattr__(model, _RESTORED_BY, (self.backup_dir, position))
             iterations = int(model.optimizer.iterations.numpy())
             if iterations != state["iterations"]:
-                raise RuntimeError(
+                raise ResumeError(
                     f"Expected the backup in {self.backup_dir} to hold one "
                     f"training state. Received: weights at optimizer step "
                     f"{iterations}, random state at step {state['iterations']}. "
@@ -338,7 +367,7 @@ def exact_backup_and_restore_class() -> type:
                 )
             names = [name for name, _ in seed_generators(model)]
             if names != [name for name, _ in state["seeds"]]:
-                raise RuntimeError(
+                raise ResumeError(
                     "Expected the model's random layers to be those of the "
                     f"backup. Received: {names} now, "
                     f"{[name for name, _ in state['seeds']]} saved."
@@ -478,7 +507,7 @@ def _assign_when_built(optimizer: Any, saved: list[Any], source: str) -> None:
         original(variables)
         del optimizer.build  # The class's own again.
         if len(optimizer.variables) != len(saved):
-            raise RuntimeError(
+            raise ResumeError(
                 f"Expected optimizer {optimizer.name!r} to have the "
                 f"{len(saved)} variables saved in {source}. Received: "
                 f"{len(optimizer.variables)} once built. Delete the backup "
@@ -492,11 +521,58 @@ def _assign_when_built(optimizer: Any, saved: list[Any], source: str) -> None:
 
 
 def _current(directory: str) -> int | None:
+    """The current backup generation in `directory`; None if it holds none.
+
+    No pointer is no backup (a process killed while it wrote its first one
+    leaves generation files and no pointer: nothing was made current). A
+    pointer that does not name a generation whose files are there is a
+    damaged backup: resuming from nothing would train from step 0 and
+    delete the directory at the end.
+
+    Raises:
+        ResumeError: naming the damaged or missing file.
+    """
+    pointer = os.path.join(directory, CURRENT)
     try:
-        with open(os.path.join(directory, CURRENT), encoding="utf-8") as handle:
-            return int(handle.read().strip())
-    except (OSError, ValueError):
+        with open(pointer, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError) as error:
+        what = f"unreadable ({type(error).__name__}: {error})"
+        raise _resume_state.damaged(pointer, what) from None
+    try:
+        generation = int(text.strip())
+        if generation < 0:
+            raise ValueError(generation)
+    except ValueError:
+        raise _resume_state.damaged(
+            pointer, f"{text[:40]!r}, not the number of a backup generation"
+        ) from None
+    for name in (_WEIGHTS, _STATE):
+        path = os.path.join(directory, name.format(n=generation))
+        if not os.path.isfile(path):
+            raise _resume_state.damaged(
+                path, f"missing ({CURRENT} names generation {generation})"
+            )
+    return generation
+
+
+def _check_weights_file(path: str) -> None:
+    """Refuses a weights file that HDF5 cannot open (truncated, overwritten).
+
+    Raises:
+        ResumeError: naming the file, and HDF5's reason.
+    """
+    import h5py
+
+    try:
+        with h5py.File(path, "r"):
+            pass
+    except OSError as error:
+        raise _resume_state.damaged(
+            path, f"not a readable HDF5 file ({error})"
+        ) from None
 
 
 def _fast_forward(data: Any, epochs: int) -> None:
@@ -540,6 +616,9 @@ def wrap_fit(original: Any) -> Any:
         # What a resume must fast-forward: the input (`_fast_forward`).
         # Set past Keras's attribute tracking: tfdet's notes, not model state.
         object.__setattr__(self, _FIT_INPUT, x)
+        object.__setattr__(
+            self, _FIT_BATCH_SIZE, _resume_state.fit_arguments((x, *args), kwargs)[1]
+        )
         object.__setattr__(self, _FIT_STEPS_PER_EPOCH, kwargs.get("steps_per_epoch"))
         # Which BackupAndRestore restored this fit, which ones skip.
         object.__setattr__(self, _RESTORED_BY, None)

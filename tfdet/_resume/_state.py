@@ -18,6 +18,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from tfdet._errors import ResumeError
+
 # Random ops that keep their state in their kernel (seeded once, advanced on
 # each run: `tf.random.normal` and the like without a generator): no
 # checkpoint holds it, so a resumed process draws their first values again.
@@ -125,9 +127,9 @@ def set_eager_seed(state: Any) -> None:
         generator.setstate(state)
 
 
-def unreadable(source: str, state_format: int, error: Exception) -> RuntimeError:
+def unreadable(source: str, state_format: int, error: Exception) -> ResumeError:
     """The error for a resume state that cannot be read back."""
-    return RuntimeError(
+    return ResumeError(
         f"Expected {source} to hold a tfdet resume state (format {state_format}). "
         f"Received: unreadable ({type(error).__name__}: {error}). Delete the "
         "backup directory to start over."
@@ -142,11 +144,11 @@ def same_position(first: tuple[str, Any], other: tuple[str, Any]) -> None:
         other: the same of another restoring callback of the fit.
 
     Raises:
-        RuntimeError: naming both positions, and what to do.
+        ResumeError: naming both positions, and what to do.
     """
     (first_dir, first_position), (other_dir, other_position) = first, other
     if first_position != other_position:
-        raise RuntimeError(
+        raise ResumeError(
             "Expected the BackupAndRestore callbacks of one fit to hold the "
             f"same training state. Received: {first_position} in {first_dir}, "
             f"{other_position} in {other_dir}. Keep one BackupAndRestore, or "
@@ -207,7 +209,7 @@ def check_owned(directory: str) -> None:
     directory, `/tmp/backup`, is one any local user can create first).
 
     Raises:
-        RuntimeError: with the directory, its owner or mode, and what to do.
+        ResumeError: with the directory, its owner or mode, and what to do.
     """
     if not hasattr(os, "getuid"):  # No POSIX owners (Windows).
         return
@@ -220,7 +222,7 @@ def check_owned(directory: str) -> None:
         # 002) every directory of theirs is.
         problem = f"writable by every user (mode {stat.filemode(info.st_mode)})"
     if problem is not None:
-        raise RuntimeError(
+        raise ResumeError(
             f"Expected the backup directory {directory} to be yours alone: a "
             f"resume reads the training state from it. Received: {problem}. "
             "Use a backup_dir of your own (not a shared /tmp path), or make it "
@@ -273,3 +275,146 @@ def warn_if_resumed_without_state(
             "custom loop, put tfdet.random_state(model) in the checkpoint.",
             stacklevel=4,
         )
+
+
+# `fit`'s batch size when it is given arrays and none (Keras 3 and tf_keras).
+FIT_DEFAULT_BATCH_SIZE = 32
+# What a backup's position is counted in, as the messages name it.
+_GEOMETRY_NAMES = {
+    "steps_per_epoch": "steps per epoch",
+    "batch_size": "batch size",
+    "samples": "samples",
+}
+
+
+def fit_arguments(args: tuple, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """`(x, batch_size)` of a `fit(x, y, batch_size, ...)` call (self left out).
+
+    Keras 3 and tf_keras name them alike and in the same order.
+    """
+    x = args[0] if args else kwargs.get("x")
+    batch_size = args[2] if len(args) > 2 else kwargs.get("batch_size")
+    return x, batch_size
+
+
+def _samples(x: Any) -> int | None:
+    """The number of samples of array input `x`; None for any other input.
+
+    A `tf.data.Dataset`, a `PyDataset` or a generator has no `shape`: its
+    size is its own, and only its epoch length is known to `fit`.
+    """
+    while isinstance(x, list | tuple | dict) and x:  # Several inputs.
+        x = next(iter(x.values())) if isinstance(x, dict) else x[0]
+    shape = getattr(x, "shape", None)
+    try:
+        return int(shape[0])
+    except (TypeError, IndexError, ValueError):  # None, (), or unknown.
+        return None
+
+
+def fit_geometry(x: Any, batch_size: Any, steps_per_epoch: Any) -> dict[str, Any]:
+    """What a backup's position is counted in, for this `fit`.
+
+    A position (epoch E, step S) names the same batches in another process
+    only when the epochs are as long and cut alike: `fit`'s steps per epoch,
+    and, for arrays, the number of samples and the batch size (one that
+    changes the last batch's size only keeps the epoch length).
+
+    Args:
+        x: `fit`'s input.
+        batch_size: `fit`'s `batch_size` argument.
+        steps_per_epoch: `fit`'s steps per epoch (the callbacks' `params`),
+            None if unknown.
+
+    Returns:
+        `{"steps_per_epoch", "batch_size", "samples"}`, None where unknown
+        or meaningless (no batch size but for arrays).
+    """
+    samples = _samples(x)
+    if samples is not None and batch_size is None:
+        batch_size = FIT_DEFAULT_BATCH_SIZE
+    return {
+        "steps_per_epoch": None if steps_per_epoch is None else int(steps_per_epoch),
+        "batch_size": None if samples is None else int(batch_size),
+        "samples": samples,
+    }
+
+
+def decode_geometry(data: Any) -> dict[str, int | None] | None:
+    """The `fit_geometry` a backup holds (KeyError etc. if malformed)."""
+    if data is None:
+        return None
+    return {
+        key: None if data[key] is None else int(data[key]) for key in _GEOMETRY_NAMES
+    }
+
+
+def check_same_geometry(
+    backup: str, position: str, saved: dict[str, Any] | None, now: dict[str, Any]
+) -> None:
+    """Refuses a resume whose `fit` cuts its epochs otherwise than the backup's.
+
+    Resumed at the backup's position with other epochs (a new batch size, a
+    data set that shrank or grew), `fit` would skip batches it never trained
+    or train some twice, across epoch boundaries, and say nothing.
+
+    Args:
+        backup: The backup (directory or file), for the message.
+        position: The backup's position in words (epoch, step).
+        saved: `fit_geometry` of the fit that wrote the backup; None in a
+            backup of a tfdet that did not record it (nothing to compare).
+        now: `fit_geometry` of the resumed fit.
+
+    Raises:
+        ResumeError: naming each value that differs, the backup's and this
+            fit's.
+    """
+    if saved is None:
+        return
+    differences = [
+        f"{name} {saved.get(key)} in the backup, {now[key]} now"
+        for key, name in _GEOMETRY_NAMES.items()
+        if saved.get(key) is not None
+        and now[key] is not None
+        and saved.get(key) != now[key]
+    ]
+    if differences:
+        raise ResumeError(
+            f"Expected the fit resumed from {backup} to cut its epochs as the "
+            f"fit that wrote the backup did. Received: {'; '.join(differences)}. "
+            f"Resumed at the backup's position ({position}), it would skip "
+            "batches never trained or train some twice. Resume with the "
+            "backup's settings and data, or delete the backup directory to "
+            "start over."
+        )
+
+
+def check_position_in_epoch(backup: str, steps_done: int, steps_per_epoch: Any) -> None:
+    """Refuses a mid-epoch position past the resumed fit's epoch length.
+
+    Backups that hold no `fit_geometry` are checked this far.
+
+    Raises:
+        ResumeError: naming the backup's step and the epoch length now.
+    """
+    if steps_per_epoch is not None and steps_done > int(steps_per_epoch) > 0:
+        raise ResumeError(
+            f"Expected the fit resumed from {backup} to have the backup's "
+            f"position in its epochs. Received: {steps_done} steps of the epoch "
+            f"trained in the backup, {steps_per_epoch} steps per epoch now. "
+            "Resume with the backup's settings and data, or delete the backup "
+            "directory to start over."
+        )
+
+
+def damaged(path: str, what: str) -> ResumeError:
+    """The error for a backup file a resume cannot read.
+
+    Raised before training and before anything is deleted: the backup is
+    left as it is (Keras deletes its directory when a fit ends).
+    """
+    return ResumeError(
+        f"Expected {path} to be as the tfdet backup wrote it. Received: "
+        f"{what}. The backup is left as it is: restore the file, or delete the "
+        "backup directory to start over."
+    )

@@ -43,6 +43,7 @@ import os
 import warnings
 from typing import Any
 
+from tfdet._errors import ResumeError
 from tfdet._resume import _state as _resume_state
 
 # The backup's files, inside `backup_dir` (tf_keras's own go in "chief").
@@ -55,6 +56,9 @@ _DATA_HANDLER = "_tfdet_data_handler"
 # Note on the model: the BackupAndRestore that restored this fit (its
 # directory, and the position: epoch, batch, steps trained).
 _RESTORED_BY = "_tfdet_restored_by"
+# Note on the model: `fit`'s input and batch size (what a backup's position
+# is counted in).
+_FIT_ARGUMENTS = "_tfdet_fit_arguments"
 # Inputs whose order is drawn while their iterator runs (a Sequence's
 # shuffle, a DatasetCreator's function): a resume cannot replay it.
 _UNREPLAYABLE_ADAPTERS = {
@@ -93,7 +97,13 @@ def _metric_variables(model: Any) -> list[Any]:
     return [variable for metric in model.metrics for variable in metric.variables]
 
 
-def _host_state(model: Any) -> dict[str, Any]:
+def _fit_geometry(model: Any, steps_per_epoch: Any) -> dict[str, Any]:
+    """`_resume_state.fit_geometry` of the `fit` running `model`."""
+    x, batch_size = getattr(model, _FIT_ARGUMENTS, (None, None))
+    return _resume_state.fit_geometry(x, batch_size, steps_per_epoch)
+
+
+def _host_state(model: Any, steps_per_epoch: Any) -> dict[str, Any]:
     return {
         "format": HOST_STATE_FORMAT,
         "metrics": [
@@ -101,22 +111,31 @@ def _host_state(model: Any) -> dict[str, Any]:
             for variable in _metric_variables(model)
         ],
         **_resume_state.encode_host_generators(_resume_state.host_generators()),
+        "fit": _fit_geometry(model, steps_per_epoch),
     }
 
 
-def _restore_host_state(text: str, source: str) -> list[Any]:
-    """Sets the host's generators from the backup; its metric values."""
+def _read_host_state(text: str, source: str) -> dict[str, Any]:
+    """The backup's JSON string: metric values, host generators, fit geometry."""
     try:
         data = json.loads(text)
         if data["format"] != HOST_STATE_FORMAT:
             raise ValueError(f"format {data['format']!r}")
-        metrics = [_resume_state.from_array(value) for value in data["metrics"]]
-        host = _resume_state.decode_host_generators(data)
+        return {
+            "metrics": [_resume_state.from_array(value) for value in data["metrics"]],
+            **_resume_state.decode_host_generators(data),
+            # Absent from older backups: their position is checked against
+            # the epoch length only.
+            "fit": _resume_state.decode_geometry(data.get("fit")),
+        }
     except (KeyError, TypeError, ValueError) as error:
         raise _resume_state.unreadable(source, HOST_STATE_FORMAT, error) from None
+
+
+def _restore_host_generators(host: dict[str, Any]) -> None:
+    """Sets the host's generators as the backup holds them."""
     _resume_state.set_globals((host["python_random"], host["numpy_random"]))
     _resume_state.set_eager_seed(host["eager_seed"])
-    return metrics
 
 
 def _load_metrics(model: Any, data: Any, saved: list[Any]) -> None:
@@ -217,20 +236,37 @@ def exact_backup_and_restore_class() -> type:
                 random_layers=[g.state for _, g in random_generators(model)],
                 host=self._host,
             )
-            self._manager = tf.train.CheckpointManager(
-                checkpoint,
-                os.path.join(self.backup_dir, BACKUP_SUBDIRECTORY),
-                max_to_keep=1,
-            )
+            directory = os.path.join(self.backup_dir, BACKUP_SUBDIRECTORY)
+            # The manager's pointer to the current checkpoint: TensorFlow
+            # ignores one it cannot parse (a fit then trained from step 0 and
+            # deleted the backup at its end) or raises a bare ValueError.
+            pointer = os.path.join(directory, "checkpoint")
+            try:
+                self._manager = tf.train.CheckpointManager(
+                    checkpoint, directory, max_to_keep=1
+                )
+            except ValueError as error:
+                raise _resume_state.damaged(pointer, str(error)) from None
             latest = self._manager.latest_checkpoint
             if latest is None:
+                if os.path.exists(pointer):
+                    raise _resume_state.damaged(
+                        pointer, "it names no checkpoint TensorFlow can read"
+                    )
                 return
             _resume_state.check_owned(self.backup_dir)
-            status = checkpoint.restore(latest)
+            try:
+                status = checkpoint.restore(latest)
+            except (tf.errors.OpError, IndexError, ValueError) as error:
+                # A missing or truncated file of the checkpoint `latest`.
+                message = getattr(error, "message", None) or str(error)
+                raise _resume_state.damaged(
+                    f"{latest} (its .index and .data files)", message
+                ) from None
             try:
                 status.assert_existing_objects_matched()
             except AssertionError as error:
-                raise RuntimeError(
+                raise ResumeError(
                     f"Expected the backup in {self.backup_dir} to be this "
                     f"model's. Received: {str(error).splitlines()[0]} Delete "
                     "the backup directory to start over."
@@ -247,8 +283,22 @@ def exact_backup_and_restore_class() -> type:
                 _resume_state.same_position(first, (self.backup_dir, position))
                 return
             object.__setattr__(model, _RESTORED_BY, (self.backup_dir, position))
-            metrics = _restore_host_state(self._host.numpy().decode(), latest)
-            self._fast_forward(metrics)
+            host = _read_host_state(self._host.numpy().decode(), latest)
+            steps = self.params.get("steps")
+            # tf_keras resumes after the saved batch, or the saved epoch.
+            by_batch = isinstance(self.save_freq, int)
+            trained = position["batch"] + 1 if by_batch else 0
+            where = (
+                f"epoch {position['epoch']}, {trained} steps into it"
+                if by_batch
+                else f"the end of epoch {position['epoch']}"
+            )
+            _resume_state.check_same_geometry(
+                self.backup_dir, where, host["fit"], _fit_geometry(model, steps)
+            )
+            _resume_state.check_position_in_epoch(self.backup_dir, trained, steps)
+            _restore_host_generators(host)
+            self._fast_forward(host["metrics"])
 
         def _fast_forward(self, metrics: list[Any]) -> None:
             """Brings the input to the batch the resumed run trains first.
@@ -317,7 +367,9 @@ def exact_backup_and_restore_class() -> type:
             if not self._random_checked:  # Traced by now.
                 _resume_state.warn_if_kernel_state_random(self.model.train_function)
                 self._random_checked = True
-            self._host.assign(json.dumps(_host_state(self.model)))
+            self._host.assign(
+                json.dumps(_host_state(self.model, self.params.get("steps")))
+            )
             self._manager.save()
 
         def on_train_end(self, logs: Any = None) -> None:
@@ -388,6 +440,9 @@ def _wrap_fit(original: Any) -> Any:
             kwargs, lambda: _fresh_random_layers(self)
         )
         object.__setattr__(self, _RESTORED_BY, None)
+        object.__setattr__(
+            self, _FIT_ARGUMENTS, _resume_state.fit_arguments(args, kwargs)
+        )
         return original(self, *args, **kwargs)
 
     return fit

@@ -2,7 +2,8 @@
 
 `python resumable_fit.py OUT BACKUP [--save-freq N] [--kill E:B] [--kill-at-save K]
 [--data array|tfdata|tfdata-repeat|pydataset|generator] [--model dense|conv]
-[--threads N] [--pool-size-free] [--plain] [--tf-keras] [--backups N] [--unpatched] [--drop-epoch-random]`:
+[--threads N] [--pool-size-free] [--plain] [--tf-keras] [--backups N] [--unpatched] [--drop-epoch-random]
+[--other-data-on-resume] [--batch-size N]`:
 trains 4 epochs of 256 samples (8 batches of 32, shuffled) under
 `tfdet.enable(seed=3)` and writes the final weights' digest to OUT.
 `--model conv` trains Conv2D + BatchNormalization + GELU instead of the first
@@ -17,6 +18,9 @@ per pool (0: every core), and `--pool-size-free` adds the
 `keras_backup_and_restore` patch (Keras's own BackupAndRestore);
 `--drop-epoch-random` removes from the current backup the global generators'
 state at its epoch's start, as a backup written before tfdet kept it;
+`--batch-size N` fits arrays in batches of N (default 32);
+`--other-data-on-resume` reverses the samples' order when BACKUP exists at
+the start (a resume made inexact on purpose: it trains other batches);
 `--backups N`
 gives fit N BackupAndRestore callbacks (BACKUP, BACKUP-2, ...), with the one
 save_freq or one each (`--save-freq 3,epoch`). OUT also gets the optimizer's
@@ -47,7 +51,10 @@ parser.add_argument("--tf-keras", action="store_true")
 parser.add_argument("--backups", type=int, default=1)
 parser.add_argument("--unpatched", action="store_true")
 parser.add_argument("--drop-epoch-random", action="store_true")
+parser.add_argument("--other-data-on-resume", action="store_true")
+parser.add_argument("--batch-size", type=int, default=32)
 args = parser.parse_args()
+resuming = os.path.isdir(args.backup)
 
 if args.drop_epoch_random:
     from tfdet._resume import _keras3 as exact
@@ -93,6 +100,8 @@ if args.plain:  # TensorFlow's own answer: seeds and op determinism, no tfdet.
 rng = np.random.RandomState(0)
 x = rng.standard_normal((256, 16)).astype(np.float32)
 y = keras.utils.to_categorical(rng.randint(0, 4, 256), 4)
+if args.other_data_on_resume and resuming:
+    x, y = x[::-1].copy(), y[::-1].copy()
 if args.model == "conv":
     first = [
         keras.layers.Reshape((4, 4, 1)),
@@ -212,7 +221,13 @@ elif args.data == "tfdata":
     model.fit(data, epochs=4, verbose=0, callbacks=callbacks)
 else:
     model.fit(
-        x, y, batch_size=32, epochs=4, shuffle=True, verbose=0, callbacks=callbacks
+        x,
+        y,
+        batch_size=args.batch_size,
+        epochs=4,
+        shuffle=True,
+        verbose=0,
+        callbacks=callbacks,
     )
 digest = hashlib.sha256(b"".join(w.tobytes() for w in model.get_weights()))
 with open(args.out, "w") as handle:
