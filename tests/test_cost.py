@@ -413,10 +413,11 @@ def test_a_script_keeps_its_stdio_and_the_users_backup_and_rounds_say_no(
     project.mkdir()
     (project / "train.py").write_text(_OWN_STDIO_SCRIPT.format(backup=str(backup)))
     monkeypatch.chdir(project)
+    said = []
     report = _measure.measure(
         _measure.Workload(script="train.py"),
         _TWO_SETTINGS,
-        rounds=2, blocks=1, steps=2, warmup=1, timeout=120,
+        rounds=2, blocks=1, steps=2, warmup=1, timeout=120, progress=said.append,
     )  # fmt: skip
     # Measured: the protocol never went through the script's stdin or stdout.
     assert [row.setting.name for row in report.rows] == ["plain TensorFlow", "enable()"]
@@ -428,6 +429,7 @@ def test_a_script_keeps_its_stdio_and_the_users_backup_and_rounds_say_no(
     # Every run trained against its own copy of the backup directory.
     assert sorted(p.name for p in backup.iterdir()) == ["generation.txt"]
     assert (backup / "generation.txt").read_text() == "the user's own backup\n"
+    assert any(line.startswith(f"{backup}: outside") for line in said), said
 
 
 # A tf_keras script that makes the choice itself (the tf_keras guide's way)

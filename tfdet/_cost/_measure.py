@@ -317,6 +317,7 @@ def measure(
     env = _environment_for_runs(workload)
     specs = [_spec_for(setting, workload, warmup) for setting in settings]
     figures = _Figures()
+    own_copies: set[str] = set()  # A script's paths each run had its own copy of.
     launched_in = os.getcwd()
     with tempfile.TemporaryDirectory(prefix="tfdet-cost-") as workdir:
         for round_ in range(rounds):
@@ -351,7 +352,17 @@ def measure(
             except BaseException:
                 processes.close(stop=True)
                 raise
-            processes.close(stop=False, grace=timeout)
+            outcomes = processes.close(stop=False, grace=timeout)
+            own_copies.update(
+                path
+                for outcome in outcomes
+                for path in ((outcome.result or {}).get("own_copies") or {})
+            )
+    for path in sorted(own_copies):
+        say(
+            f"{path}: outside the working directory, so each setting's run kept "
+            "its own copy (training state a resume reads back)"
+        )
     if not figures.per_block:
         raise TargetError(
             f"Expected the script to train {warmup} warm-up steps and a block of "
