@@ -347,7 +347,14 @@ def measure(
                 outcomes = processes.close(stop=True)
                 if workload.script is None:
                     # A TARGET that cannot be built (exit 2) says so first.
-                    _spawn.raise_unbuilt_target(outcomes, workload.target, timeout)
+                    # A run that timed out (or that this parent stopped) says
+                    # nothing about the TARGET: each answer is timed, so it
+                    # may have been starting TensorFlow still.
+                    _spawn.raise_unbuilt_target(
+                        [outcome for outcome in outcomes if not outcome.timed_out],
+                        workload.target,
+                        timeout,
+                    )
                 raise
             except BaseException:
                 processes.close(stop=True)
