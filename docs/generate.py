@@ -228,7 +228,7 @@ def perturbations_page() -> str:
 
     records = _perturb.REGISTRY
     lines = [
-        _marker("the perturbation records (tfdet/_protocol/_perturb.py)"),
+        _marker("the perturbation records (tfdet/_protocol/_perturb/)"),
         "",
         "# Perturbations",
         "",

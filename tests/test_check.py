@@ -496,6 +496,89 @@ def test_json_is_written_before_the_report_and_a_closed_stdout_is_harmless(
     stdout.close()
 
 
+# `tfdet.check()` and `tfdet check` run the same library, which names options
+# the Python way (`workers`); the CLI says them as its flags (`as_flags`).
+# These reasons and this error used to say `--workers` and `--timeout` to a
+# Python caller too.
+
+
+def test_skipped_reasons_name_parameters_in_python_and_flags_in_the_cli(
+    monkeypatch, capsys
+):
+    import dataclasses
+
+    import tfdet
+    from tfdet._cli import main
+    from tfdet._commands import _check as runs_check
+    from tfdet._protocol import _spec
+
+    def ran(device, options, progress, workdir, step=None):
+        # No process: a finished device with the real plan's skipped reasons.
+        return dataclasses.replace(
+            _fake_report().devices["cpu"],
+            perturbations=options.perturb,
+            perturbations_skipped=options.plan(_spec.CHECK, device).skipped,
+        )
+
+    monkeypatch.setattr(runs_check, "_check_device", ran)
+    monkeypatch.setattr(runs_check._devices, "gpu_visible", lambda: True)
+    report = tfdet.check(workers=2, perturb="interrupt,batch", steps=2).to_dict()
+    assert report["devices"]["gpu"]["reason"] == (
+        "`workers` and `replicas` are checked on the CPU only"
+    )
+    assert report["devices"]["cpu"]["perturbations_skipped"] == {
+        "interrupt": "not for `workers` or `replicas`: tf.distribute resumes "
+        "its own way",
+        "batch": "not for `workers` or `replicas`",
+    }
+    flags = ["--workers", "2", "--perturb", "interrupt,batch", "--steps", "2"]
+    assert main(["tfdet", "check", *flags]) == 0
+    out = capsys.readouterr().out
+    assert "GPU: skipped, --workers and --replicas are checked on the CPU only" in out
+    assert "interrupt not applied: not for --workers or --replicas: tf." in out
+    assert "batch not applied: not for --workers or --replicas\n" in out
+    assert "`workers`" not in out
+
+
+def test_a_target_building_past_the_timeout_names_timeout_then_the_flag(
+    monkeypatch, capsys
+):
+    import tfdet
+    from tfdet._cli import main
+    from tfdet._commands import _check as runs_check
+    from tfdet._protocol import _spec
+    from tfdet._runner import _spawn
+
+    def still_building(setups, spec, workdir, *, timeout, **kwargs):
+        # No process: every run was stopped at the timeout, still building.
+        return [
+            [
+                _spawn.RunOutcome(
+                    setup=setup,
+                    returncode=None,
+                    result=None,
+                    stderr_tail="",
+                    timed_out=True,
+                    seconds=timeout,
+                    stage=_spec.BUILDING,
+                )
+            ]
+            for setup in setups
+        ]
+
+    monkeypatch.setattr(_spawn, "run_jobs", still_building)
+    monkeypatch.setattr(runs_check._devices, "gpu_visible", lambda: False)
+    with pytest.raises(tfdet.RunFailedError) as error:
+        tfdet.check(timeout=5, perturb="none", device="cpu")
+    message = str(error.value)
+    assert "to be built within `timeout=5` seconds." in message
+    assert "Raise `timeout`, or" in message and "--" not in message
+    assert main(["tfdet", "check", "--timeout", "5", "--perturb", "none"]) == 3
+    err = capsys.readouterr().err
+    assert "to be built within --timeout 5 seconds." in err
+    assert "Raise --timeout, or" in err
+
+
 def test_progress_never_raises(monkeypatch):
     from tfdet._cli import _training_flags
 

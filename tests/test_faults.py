@@ -294,7 +294,7 @@ def test_closed_stdout_and_stderr_pipes_do_not_change_the_verdict(tmp_path):
         (
             ("locate", f"{FAULTS}:hangs", "--timeout", "5"),
             3,
-            "to be built within --timeout 5s",
+            "to be built within --timeout 5 seconds",
         ),
     ],
 )

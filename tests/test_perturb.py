@@ -249,7 +249,7 @@ def test_an_emulated_run_gets_the_emulator_in_front_and_more_time():
     ("options", "reason"),
     [
         ({"steps": 1}, "needs 2 steps"),
-        ({"steps": 4, "workers": 2}, "not for --workers"),
+        ({"steps": 4, "workers": 2}, "not for `workers`"),
         ({"steps": 4, "target": "builtin:cnn_tf_keras"}, "not for tf_keras"),
         ({"steps": 4}, None),
     ],
@@ -367,16 +367,20 @@ def test_an_emulated_run_says_it_is_allowed_ten_times_the_timeout():
     context = _perturb.Context(
         runs=2, pinned_isa="AVX2", threads=1, emulated_model="Haswell-v4"
     )
-    change = _perturb._emulated_change(1, context)
+    change = _perturb.REGISTRY["emulated_cpu"].change(1, context)
     assert change.slowdown == 10.0
-    assert "allowed 10x --timeout" in change.label
+    assert "allowed 10x `timeout`" in change.label
+    # The CLI's reports say it as the flag.
+    from tfdet._cli import as_flags
+
+    assert "allowed 10x --timeout," in as_flags(change.label)
 
 
 @pytest.mark.parametrize(
     ("options", "kind", "reason"),
     [
         ({}, _spec.CHECK, None),
-        ({"workers": 2}, _spec.CHECK, "not for --workers"),
+        ({"workers": 2}, _spec.CHECK, "not for `workers`"),
         ({}, _spec.LOCATE, "compares training steps"),
         ({}, _spec.SCRIPT, "a script predicts what it chooses"),
     ],

@@ -140,7 +140,7 @@ def _xy():
             TargetError,
             r"\(batch, 8\)\. Received: a batch of shape \(32, 5\)",
         ),
-        ("hangs", RunFailedError, "within --timeout 5s"),
+        ("hangs", RunFailedError, "within `timeout=5` seconds"),
     ],
 )
 def test_preflight_survives_targets_that_exit_hang_or_do_not_fit(

@@ -7,7 +7,9 @@ plane per device, one line per thread, one event per executed op named
 events enclose the ops inside them, which are counted themselves. The ops
 inside one of tfdet's replacements (a node under a `PoolSizeFree...`,
 `Deterministic...` or `Portable...` name scope) count as that replacement:
-it is what stands in for the op it replaced.
+it is what stands in for the op it replaced. TensorFlow makes each use of a
+name scope unique with a suffix (`PoolSizeFreeConv2D`, `PoolSizeFreeConv2D_1`,
+`PoolSizeFreeConv2D_21`): they are one op type, named without it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from tfdet.patches._registry import SCOPE_PREFIXES
 _OP_EVENT = re.compile(r"^(?P<node>[^\s:]+):(?P<type>_?[A-Z][A-Za-z0-9_]*)$")
 # oneDNN's kernels, named after the TensorFlow op they stand in for.
 _KERNEL_PREFIXES = ("_MklNative", "_Mkl", "_")
+# The suffix TensorFlow adds to a name scope used again in one graph.
+_UNIQUE_SUFFIX = re.compile(r"_[0-9]+$")
 # Events that enclose other ops' events.
 _ENCLOSING = frozenset(
     {"PartitionedCall", "StatefulPartitionedCall", "While", "StatelessWhile"}
@@ -67,11 +71,12 @@ def op_type(kernel: str) -> str:
 
 
 def _replacement(node: str) -> tuple[str, str] | None:
-    """`(scope, its path)` when `node` runs inside one of tfdet's replacements."""
+    """`(replacement, its path)` when `node` runs inside one of tfdet's
+    replacements; the replacement is its scope without a unique suffix."""
     parts = node.split("/")
     for index, part in enumerate(parts):
         if part.startswith(SCOPE_PREFIXES):
-            return part, "/".join(parts[: index + 1])
+            return _UNIQUE_SUFFIX.sub("", part), "/".join(parts[: index + 1])
     return None
 
 

@@ -14,7 +14,14 @@ from __future__ import annotations
 
 import argparse
 
-from tfdet._cli import _check_text, _output, _training_flags, usage_errors, write_json
+from tfdet._cli import (
+    _check_text,
+    _output,
+    _training_flags,
+    as_flags,
+    usage_errors,
+    write_json,
+)
 from tfdet._commands import _api, _options
 
 
@@ -128,7 +135,8 @@ def _execute_script(args: argparse.Namespace) -> int:
     report = result.to_dict()
     # The file first: a closed stdout must not lose the machine-readable report.
     write_json(args.json, report)
-    _output.out(_check_text.format_script_report(report))
+    # The library names options the Python way (`workers`): say them as flags.
+    _output.out(as_flags(_check_text.format_script_report(report)))
     return result.exit_code
 
 
@@ -164,5 +172,6 @@ def execute(args: argparse.Namespace) -> int:
     report = result.to_dict()
     # The file first: a closed stdout must not lose the machine-readable report.
     write_json(args.json, report)
-    _output.out(_check_text.format_report(report))
+    # The library names options the Python way (`workers`): say them as flags.
+    _output.out(as_flags(_check_text.format_report(report)))
     return result.exit_code

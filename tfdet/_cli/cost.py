@@ -1,28 +1,48 @@
 """What determinism costs on your model, on this machine, and how to pay less.
 
 Trains TARGET with train_on_batch (or runs a whole script with --script)
-in one fresh process per setting, on the CPU: plain TensorFlow (Keras's seeding only), tfdet's default enable()
-(one thread), and, where they apply, enable(threads=N) with N the cores this
-process may use, the pool-size-free products at N threads, and XLA
-(jit_compile=True). The processes take turns, block by block, so that the
-machine's load falls on every setting alike. Prints each setting's ms per
-step and ratio to plain TensorFlow with the middle half of the block ratios,
-what its profile leaves to decide the bits (the core count, the CPU's
-instruction set: a setting without any is portable), the ops whose time grew
-most (TensorFlow's profiler) and one recommendation.
+in one fresh process per setting, on the CPU: plain TensorFlow (Keras's
+seeding only), tfdet's default enable() (one thread, AVX2), and, where they
+apply, enable(threads=N) with N the cores this process may use,
+enable(threads=N, cpu_isa=None) (the CPU's best instructions), the
+pool-size-free products at N threads, and XLA (jit_compile=True). The
+processes take turns, block by block, so that the machine's load falls on
+every setting alike. Prints each setting's ms per step and ratio to plain
+TensorFlow with the middle half of the block ratios, the tiers of
+guarantee its profile gives (this-machine: the same CPU and threads;
+any-thread-count; any-x86-cpu: AVX2 and up, any core count; any-batch:
+predictions that do not follow the batch) and what its bits follow, the ops
+whose time grew most (TensorFlow's profiler), the advice per tier and one
+sentence for --need. A cheaper setting is advised over the
+default one when it is more than 10% cheaper and faster in enough blocks
+(a sign test); while the blocks cannot tell, more blocks run (up to twice
+the schedule), then the advice says "inconclusive" and how many --blocks
+to rerun with.
 
-Exit codes: 0 measured, 2 bad input, 3 a run failed.
+Exit codes: 0 measured (and, with --max-ratio, the advised setting within
+it), 1 with --max-ratio: the advised setting's ratio is above it (when
+inconclusive: even the cheaper of the two is; or no setting gives --need),
+2 bad input, 3 a run failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 from absl import app
 
-from tfdet._cli import _output, _training_flags, usage_errors, write_json
+from tfdet._cli import (
+    _output,
+    _training_flags,
+    check_output_file,
+    usage_errors,
+    write_json,
+)
 from tfdet._commands import _options
-from tfdet._cost import _measure, _plot
+from tfdet._cost import _advice, _measure, _plot, _report
+from tfdet._errors import EXIT_DIVERGED, EXIT_OK
+from tfdet._pin import _tiers
 from tfdet._target import _load
 
 # The schedule's defaults, stated once in `_measure`.
@@ -84,6 +104,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"block, the profile) before it is killed, exit 3 (default "
         f"{_options.DEFAULT_TIMEOUT:g}).",
     )
+    parser.add_argument(
+        "--need",
+        default=",".join(_report.DEFAULT_NEED),
+        metavar="TIER[,TIER]",
+        help="The guarantee to advise for: "
+        f"{', '.join(tier.name for tier in _tiers.CPU_TIERS)}; several, "
+        "comma-separated, must all hold (default "
+        f"{','.join(_report.DEFAULT_NEED)}: what enable() gives).",
+    )
+    parser.add_argument(
+        "--max-ratio",
+        type=float,
+        default=None,
+        metavar="R",
+        help="Exit 1 when the advised setting's ratio to plain TensorFlow is "
+        "above R (a CI gate: fails when determinism gets more expensive).",
+    )
     parser.add_argument("--json", metavar="FILE", help="Also write the report as JSON.")
     parser.add_argument(
         "--plot",
@@ -102,16 +139,29 @@ def execute(args: argparse.Namespace) -> int:
         )
     with usage_errors():
         timeout = _options.check_timeout(args.timeout)
+        need = _tiers.check_names(
+            [name.strip() for name in args.need.split(",") if name.strip()],
+            _tiers.CPU_TIERS,
+        )
+        if args.max_ratio is not None:
+            _advice.check_max_ratio(args.max_ratio, "--max-ratio")
+    # Everything the measurement's end needs is checked before it starts.
     if args.plot:
+        check_output_file(args.plot, "--plot")  # Before matplotlib's import.
         try:
-            _plot.require_matplotlib()
-        except ImportError as error:
+            _plot.check_path(args.plot)
+        except (ImportError, ValueError) as error:
             raise app.UsageError(f"--plot: {error}") from error
     if args.script is not None:
         workload = _measure.Workload(
             script=args.script,
             args=tuple(_training_flags.script_arguments(args, "cost")),
         )
+        if not os.path.isfile(args.script):
+            raise app.UsageError(
+                "Expected --script to name a Python script. No such file: "
+                f"{args.script!r}"
+            )
     elif args.script_args:
         raise app.UsageError(
             "Expected one TARGET. Received: "
@@ -128,10 +178,22 @@ def execute(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         timeout=timeout,
         progress=_training_flags.progress,
+        need=need,
     )
+    return conclude(report, args)
+
+
+def conclude(report: _report.CostReport, args: argparse.Namespace) -> int:
+    """Writes `report` (JSON, picture, text) and applies `--max-ratio`."""
     # The file first: a closed stdout must not lose the machine-readable report.
     write_json(args.json, report.to_dict())
     if args.plot:
         _plot.plot_cost(report, args.plot)
     _output.out(str(report))
-    return 0
+    if args.max_ratio is None:
+        return EXIT_OK
+    failed = _advice.over_gate(report.advice(), args.max_ratio)
+    if failed is None:
+        return EXIT_OK
+    _output.err(f"tfdet cost: {failed} (exit {int(EXIT_DIVERGED)})")
+    return EXIT_DIVERGED

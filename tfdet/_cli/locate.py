@@ -20,7 +20,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tfdet._cli import _output, _training_flags, check_output_file, write_json
+from tfdet._cli import (
+    _output,
+    _training_flags,
+    as_flags,
+    check_output_file,
+    write_json,
+)
 from tfdet._commands import _locate, _options
 from tfdet._commands._report import LocateReport, RecordReport
 
@@ -116,7 +122,8 @@ def execute(args: argparse.Namespace) -> int:
     # The file first: a closed stdout must not lose the machine-readable report.
     write_json(args.json, report.to_dict())
     if isinstance(report, RecordReport):
-        _output.out(format_record_report(report))
+        # An emulated run's label names `timeout` the Python way: say the flag.
+        _output.out(as_flags(format_record_report(report)))
     else:
         _output.out(format_report(report))
     return report.exit_code

@@ -357,7 +357,7 @@ def check(
                 continue
             if device == "gpu" and options.distributed:
                 devices["gpu"] = DeviceReport.skipped(
-                    "--workers and --replicas are checked on the CPU only"
+                    "`workers` and `replicas` are checked on the CPU only"
                 )
                 continue
             device_dir = os.path.join(workdir, device)

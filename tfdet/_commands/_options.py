@@ -261,7 +261,7 @@ class RunOptions:
         if kind != _spec.CHECK:
             not_predicting = "tfdet locate compares training steps"
         elif self.distributed:
-            not_predicting = "not for --workers or --replicas"
+            not_predicting = "not for `workers` or `replicas`"
         reason = None
         if kind != _spec.CHECK:
             reason = "tfdet locate does not interrupt its runs"
@@ -269,7 +269,7 @@ class RunOptions:
             reason = "needs 2 steps or more: one before the interruption, one after"
         elif self.distributed:
             reason = (
-                "not for --workers or --replicas: tf.distribute resumes its own way"
+                "not for `workers` or `replicas`: tf.distribute resumes its own way"
             )
         elif self.target_spec.legacy_keras:
             reason = (

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdet._commands._options import DEFAULT_TIMEOUT, RunOptions
-from tfdet._cost import _report, _settings
+from tfdet._cost import _advice, _report, _settings
 from tfdet._cost._settings import Setting
 from tfdet._errors import RunFailedError, TargetError
 from tfdet._pin import _environment, _isa
@@ -241,35 +241,47 @@ def _round(
     blocks: int,
     steps: int,
     say: Progress,
+    more_blocks: Callable[[], bool] = lambda: False,
 ) -> None:
-    """One round: the blocks in turn, the digests, the profile (round 0)."""
+    """One round: the blocks in turn, the digests, while `more_blocks()` one
+    more block (after the digests, so that every round's digests cover the
+    same steps), then the profile (round 0)."""
     for worker in workers:
         figures.ready[worker.setting.name] = worker.ready()
     label = f"round {round_ + 1}"
-    for block in range(blocks):
-        shift = (round_ * blocks + block) % len(workers)
+
+    def block(index: int, of: str) -> bool:
+        """Times one block; False when a script ended during it."""
+        shift = (round_ * blocks + index) % len(workers)
         times = {
             worker.setting.name: worker.ask({"steps": steps})["ms"]
             for worker in workers[shift:] + workers[:shift]
         }
         if any(worker.finished for worker in workers):
             # A script ended: this block is short, and there is no next.
-            say(f"{label}: the script ended during block {block + 1}; kept {block}")
-            break
+            say(f"{label}: the script ended during block {index + 1}; kept {index}")
+            return False
         medians = {name: statistics.median(ms) for name, ms in times.items()}
         figures.per_block.append(medians)
         say(
-            f"{label} block {block + 1}/{blocks}: "
+            f"{label} block {index + 1}{of}: "
             + ", ".join(
                 f"{w.setting.name} {medians[w.setting.name]:.1f}" for w in workers
             )
             + " ms/step"
         )
+        return True
+
+    ended = not all(block(index, f"/{blocks}") for index in range(blocks))
     # Every process has trained the same steps: equal digests across rounds
     # mean repeatable bits (`_repeat`).
     for worker in workers:
         answer = worker.ask({"digest": True})
         figures.digests.setdefault(worker.setting.name, []).append(answer)
+    extra = blocks
+    while not ended and more_blocks():
+        ended = not block(extra, " (beyond --blocks: the advice is inconclusive)")
+        extra += 1
     if round_ == 0:
         say(f"profiling {PROFILED_STEPS} steps per setting")
         for worker in workers:
@@ -287,6 +299,7 @@ def measure(
     warmup: int = DEFAULT_WARMUP,
     timeout: float = DEFAULT_TIMEOUT,
     progress: Progress | None = None,
+    need: tuple[str, ...] = _report.DEFAULT_NEED,
 ) -> _report.CostReport:
     """Times `workload` under each setting, interleaved; see the module doc.
 
@@ -302,6 +315,9 @@ def measure(
         timeout: Seconds a run may take to give any one answer (its start,
             build and warm-up come before the first) before it is killed.
         progress: Called with a line of text per event.
+        need: The tiers to advise for (`tfdet._pin._tiers` names): while
+            the blocks cannot tell its candidates apart, the last round runs
+            more blocks, up to `_advice.blocks_bound`.
 
     Raises:
         TargetError: the TARGET cannot be built, or the script trains too
@@ -319,6 +335,28 @@ def measure(
     figures = _Figures()
     own_copies: set[str] = set()  # A script's paths each run had its own copy of.
     launched_in = os.getcwd()
+
+    def report() -> _report.CostReport:
+        return _report.CostReport(
+            target=workload.name,
+            cores=available,
+            cpu_model=_isa.cpu_model(),
+            rounds=rounds,
+            blocks=blocks,
+            steps=steps,
+            warmup=warmup,
+            rows=tuple(
+                _row(setting, figures, settings[0].name) for setting in settings
+            ),
+            per_block=tuple(figures.per_block),
+            need=need,
+        )
+
+    def more_blocks() -> bool:
+        return len(figures.per_block) < _advice.blocks_bound(
+            rounds * blocks
+        ) and _advice.undecided(report().advice())
+
     with tempfile.TemporaryDirectory(prefix="tfdet-cost-") as workdir:
         for round_ in range(rounds):
             say(
@@ -342,7 +380,16 @@ def measure(
             workers = [_Worker(setting, timeout) for setting in settings]
             processes = _Processes(workers, specs, first, workdir, env, directories)
             try:
-                _round(workers, figures, round_, blocks, steps, say)
+                last = round_ == rounds - 1
+                _round(
+                    workers,
+                    figures,
+                    round_,
+                    blocks,
+                    steps,
+                    say,
+                    more_blocks if last else lambda: False,
+                )
             except RunFailedError:
                 outcomes = processes.close(stop=True)
                 if workload.script is None:
@@ -376,16 +423,7 @@ def measure(
             f"{steps} more. Received: it ended before. Use fewer --steps or "
             "--warmup, or give the script more steps."
         )
-    return _report.CostReport(
-        target=workload.name,
-        cores=available,
-        cpu_model=_isa.cpu_model(),
-        rounds=rounds,
-        blocks=blocks,
-        steps=steps,
-        warmup=warmup,
-        rows=tuple(_row(setting, figures, settings[0].name) for setting in settings),
-    )
+    return report()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -450,6 +488,7 @@ def _row(setting: Setting, figures: _Figures, baseline: str) -> _report.CostRow:
         **dataclasses.asdict(timing),
         xla=xla,
         bits_follow=tuple(_settings.bits_follow(figures.ready[name]["profile"], xla)),
+        tiers=tuple(_settings.tiers(figures.ready[name]["profile"], xla)),
         digests=digests,
         same_bits_unknown=unknown,
         ops=_shares(figures.ops.get(name, {}), timing.ms_per_step),

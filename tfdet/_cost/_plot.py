@@ -1,8 +1,8 @@
 """A picture of `tfdet cost`: each setting's ratio, and the ops that grew.
 
 Left: per setting, its ratio to plain TensorFlow (the bar) with the middle
-half of the block ratios (the whisker), coloured by whether its bits are
-portable. Right: per tfdet setting, the op types whose time per step grew
+half of the block ratios (the whisker), coloured by whether it gives the
+tiers the report advises for (`--need`). Right: per tfdet setting, the op types whose time per step grew
 most over plain TensorFlow. matplotlib is imported only here, with the
 non-interactive Agg canvas.
 """
@@ -12,11 +12,32 @@ from __future__ import annotations
 import os
 
 from tfdet._cost._report import CostReport
+from tfdet._pin import _tiers
 from tfdet._record._plot import require_matplotlib
 
 _PORTABLE = "#2ca02c"
 _TIED = "#ff7f0e"
 _PLAIN = "#7f7f7f"
+
+
+def check_path(path: str | os.PathLike[str]) -> None:
+    """Fails before any measurement when `plot_cost` could not write `path`
+    in a format its extension names.
+
+    Raises:
+        ImportError: matplotlib is not installed.
+        ValueError: no extension, or one matplotlib does not write.
+    """
+    require_matplotlib()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    extension = os.path.splitext(os.fspath(path))[1][1:].lower()
+    if extension not in formats:
+        raise ValueError(
+            f"Expected a file name whose extension is a picture format "
+            f"({', '.join(sorted(formats))}). Received: {os.fspath(path)!r}"
+        )
 
 
 def plot_cost(report: CostReport, path: str | os.PathLike[str], dpi: int = 120) -> str:
@@ -40,7 +61,9 @@ def plot_cost(report: CostReport, path: str | os.PathLike[str], dpi: int = 120) 
     names = [row.setting.name for row in rows]
     y = list(range(len(rows)))[::-1]
     colours = [
-        _PLAIN if index == 0 else (_PORTABLE if row.portable else _TIED)
+        _PLAIN
+        if index == 0
+        else (_PORTABLE if set(report.need) <= set(row.gives) else _TIED)
         for index, row in enumerate(rows)
     ]
     ratios.barh(
@@ -56,10 +79,11 @@ def plot_cost(report: CostReport, path: str | os.PathLike[str], dpi: int = 120) 
     ratios.axvline(1.0, color="black", linewidth=0.8)
     ratios.set_yticks(y, names, fontsize=8)
     ratios.set_xlabel("time per step / plain TensorFlow's (middle half of blocks)")
+    need = " + ".join(_tiers.TIERS[name].label for name in report.need)
     ratios.legend(
         handles=[
-            Patch(color=_PORTABLE, label="portable bits"),
-            Patch(color=_TIED, label="bits follow this machine"),
+            Patch(color=_PORTABLE, label=f"gives {need}"),
+            Patch(color=_TIED, label=f"does not give {need}"),
         ],
         fontsize=8,
         loc="lower center",

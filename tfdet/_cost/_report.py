@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from tfdet._cost import _advice
 from tfdet._cost._settings import Setting
+from tfdet._pin import _tiers
 
-# A setting that ties the bits to this machine is worth naming only when it
-# is at least this much faster than the best portable one.
-WORTH_TYING = 1.10
+# What `tfdet cost` advises for unless told (`--need`): the bits of any x86
+# CPU with any core count, what the default `enable()` gives.
+DEFAULT_NEED = (_tiers.ANY_X86_CPU.name,)
 # Ops listed per setting: those whose time per step grew most.
 GROWING_OPS = 5
 
@@ -49,6 +51,7 @@ class CostRow:
         xla: Whether Keras trained it with XLA.
         bits_follow: The machine facts its profile leaves to decide the bits
             (`_settings.bits_follow`); empty: portable.
+        tiers: The tiers its profile gives (`_settings.tiers`), by name.
         digests: Its weights' digest, one per round (a fresh process each);
             empty when `same_bits_unknown` says why they cannot tell.
         ops: `{op type: {"ms": its share of a step, "node": costliest
@@ -70,11 +73,22 @@ class CostRow:
     digests: tuple[str, ...]
     ops: dict[str, dict[str, Any]]
     note: str | None = None
+    tiers: tuple[str, ...] = ()
     same_bits_unknown: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.setting.name
 
     @property
     def portable(self) -> bool:
         return not self.bits_follow
+
+    @property
+    def gives(self) -> tuple[str, ...]:
+        """The tiers it gives: its profile's, none if its bits did not repeat
+        in fresh processes (then the profile did not hold them)."""
+        return () if self.repeatable is False else self.tiers
 
     @property
     def repeatable(self) -> bool | None:
@@ -108,6 +122,8 @@ class CostRow:
             },
         }
         data["bits_follow"] = list(self.bits_follow)
+        data["tiers"] = list(self.tiers)
+        data["gives"] = list(self.gives)
         data["digests"] = list(self.digests)
         data["portable"] = self.portable
         data["repeatable"] = self.repeatable
@@ -126,8 +142,13 @@ class CostReport:
         target: The TARGET trained.
         cores: CPUs the processes could use.
         cpu_model: This machine's CPU.
-        rounds, blocks, steps, warmup: The schedule (`_measure.measure`).
+        rounds, blocks, steps, warmup: The schedule (`_measure.measure`);
+            `blocks` per round, as asked.
         rows: Plain TensorFlow first, then each tfdet setting.
+        per_block: Per block timed (all rounds, and the blocks run beyond
+            the schedule while the advice was inconclusive), each setting's
+            median ms/step: what the advice compares.
+        need: The tier names the advice is for (`tfdet._pin._tiers`).
     """
 
     target: str
@@ -138,6 +159,8 @@ class CostReport:
     steps: int
     warmup: int
     rows: tuple[CostRow, ...]
+    per_block: tuple[dict[str, float], ...] = ()
+    need: tuple[str, ...] = DEFAULT_NEED
 
     @property
     def plain(self) -> CostRow:
@@ -147,46 +170,47 @@ class CostReport:
         """The tfdet settings that ran as asked."""
         return [row for row in self.rows[1:] if row.note is None]
 
-    def recommended(self) -> CostRow | None:
-        """The fastest setting whose bits this machine does not decide.
+    def advice(self, need: tuple[str, ...] | None = None) -> _advice.Advice:
+        """The advice for `need` (default: the report's), `_advice.advise`."""
+        return _advice.advise(self.rows, self.per_block, need or self.need)
 
-        The default profile (`enable()`, the first tfdet setting) is kept
-        when the fastest one is within its spread: the middle halves of
-        their block ratios overlap, so the difference is the machine's noise.
-        """
-        portable = [row for row in self.candidates() if row.portable]
-        fastest = min(portable, key=lambda row: row.ratio, default=None)
-        default = self.rows[1] if len(self.rows) > 1 else None
-        if (
-            fastest is not None
-            and default in portable
-            and default.ratio_q1 <= fastest.ratio_q3
-        ):
-            return default
-        return fastest
+    def recommended(self) -> CostRow | None:
+        """The setting advised for the report's need, or None when none
+        gives it or the blocks could not tell the candidates apart."""
+        advice = self.advice()
+        if advice.verdict not in (_advice.FIRM, _advice.TIE):
+            return None
+        return next(row for row in self.rows if row.name == advice.setting)
 
     def recommendation(self) -> str:
-        """One sentence: what to use, and what a faster setting would trade."""
-        best = self.recommended()
-        if best is None:
-            return (
-                "No tfdet setting ran with bits that are free of this machine; "
-                "see the notes above."
+        """One sentence: what to use for the need, and what a cheaper
+        setting that gives less would trade."""
+        advice = self.advice()
+        sentence = _advice.sentence(advice, self.rounds)
+        if advice.verdict not in (_advice.FIRM, _advice.TIE):
+            return sentence
+        others = [row for row in self.candidates() if row.name != advice.setting]
+        cheaper = min(others, key=lambda row: row.ratio, default=None)
+        if (
+            cheaper is not None
+            and cheaper.ratio * _advice.WORTH_LEAVING <= advice.ratio
+        ):
+            lacks = [
+                _tiers.TIERS[name].label
+                for name in advice.need
+                if name not in cheaper.gives
+            ]
+            sentence = sentence[:-1] + (
+                f"; tfdet.{cheaper.name} is {cheaper.ratio:.2f}x but does not give "
+                f"{' or '.join(lacks)}"
+                + (
+                    f" (its bits follow {', '.join(cheaper.bits_follow)})"
+                    if cheaper.bits_follow
+                    else ""
+                )
+                + "."
             )
-        sentence = (
-            f"Use tfdet.{best.setting.name}: {best.ratio:.2f}x plain TensorFlow "
-            "here, with bits that do not depend on this machine's core count or "
-            "instruction set"
-        )
-        tied = [row for row in self.candidates() if not row.portable]
-        faster = min(tied, key=lambda row: row.ratio, default=None)
-        if faster is not None and faster.ratio * WORTH_TYING <= best.ratio:
-            sentence += (
-                f"; tfdet.{faster.setting.name} is {faster.ratio:.2f}x but ties the "
-                f"bits to {' and '.join(faster.bits_follow)}: only for runs that "
-                "all use this machine's cores"
-            )
-        return sentence + "."
+        return sentence
 
     def to_dict(self) -> dict[str, Any]:
         best = self.recommended()
@@ -196,9 +220,17 @@ class CostReport:
             "cpu_model": self.cpu_model,
             "rounds": self.rounds,
             "blocks": self.blocks,
+            "blocks_timed": len(self.per_block),
             "steps": self.steps,
             "warmup": self.warmup,
             "rows": [row.to_dict(self.plain) for row in self.rows],
+            "per_block_ms": [dict(block) for block in self.per_block],
+            "need": list(self.need),
+            "advice": self.advice().to_dict(),
+            "advice_per_tier": {
+                tier.name: self.advice((tier.name,)).to_dict()
+                for tier in _tiers.CPU_TIERS
+            },
             "recommended": None if best is None else best.setting.name,
             "recommendation": self.recommendation(),
         }
@@ -207,8 +239,38 @@ class CostReport:
         return format_text(self)
 
 
-def _portability(row: CostRow) -> str:
-    return "portable" if row.portable else "follow " + ", ".join(row.bits_follow)
+# The tiers of a CPU run that build on each other (each includes the one
+# before); any batch stands beside them.
+_LADDER = (_tiers.THIS_MACHINE, _tiers.ANY_THREAD_COUNT, _tiers.ANY_X86_CPU)
+
+
+def _gives(row: CostRow) -> str:
+    """The widest tier of the ladder it reaches, any batch beside, and what
+    its bits follow."""
+    if not row.gives:
+        why = "bits did not repeat" if row.repeatable is False else "no op determinism"
+        return f"none ({why})"
+    reached = [tier.label for tier in _LADDER if tier.name in row.gives][-1:]
+    if _tiers.ANY_BATCH.name in row.gives:
+        reached.append(_tiers.ANY_BATCH.label)
+    text = ", ".join(reached)
+    if row.bits_follow:
+        text += f" (bits follow {', '.join(row.bits_follow)})"
+    return text
+
+
+def _advice_line(report: CostReport, tier: _tiers.Tier) -> str:
+    advice = report.advice((tier.name,))
+    head = f"  {tier.label:<18}"
+    if advice.verdict == _advice.NONE:
+        return head + "no setting gives it"
+    if advice.verdict == _advice.INCONCLUSIVE:
+        return (
+            head + f"inconclusive: {advice.rival} {advice.rival_ratio:.2f}x or "
+            f"{advice.setting} {advice.ratio:.2f}x (the first faster in "
+            f"{advice.faster_blocks} of {advice.blocks} blocks)"
+        )
+    return head + f"{advice.setting} {advice.ratio:.2f}x"
 
 
 def _same_bits(row: CostRow) -> str:
@@ -221,22 +283,25 @@ def _same_bits(row: CostRow) -> str:
 
 def format_text(report: CostReport) -> str:
     """The report as a person reads it: the table, the ops, the advice."""
-    blocks = report.rounds * report.blocks
+    blocks = len(report.per_block) or report.rounds * report.blocks
+    extra = blocks - report.rounds * report.blocks
+    more = f" (+{extra} while the advice was inconclusive)" if extra > 0 else ""
     width = max(len(row.setting.name) for row in report.rows) + 2
     lines = [
         f"tfdet cost {report.target}: {report.cores} cores ({report.cpu_model}); "
-        f"{blocks} interleaved blocks of {report.steps} steps in {report.rounds} "
-        f"round(s) of fresh processes, after {report.warmup} warm-up steps",
+        f"{blocks} interleaved blocks{more} of {report.steps} steps in "
+        f"{report.rounds} round(s) of fresh processes, after {report.warmup} "
+        "warm-up steps",
         "",
         f"{'setting':<{width}}{'ms/step':>9}{'ratio':>7}  {'middle half':<11}  "
-        f"{'XLA':<4}{'same bits':<10}  bits",
+        f"{'XLA':<4}{'same bits':<10}  same bits on",
     ]
     for row in report.rows:
         lines.append(
             f"{row.setting.name:<{width}}{row.ms_per_step:>9.2f}{row.ratio:>7.2f}  "
             f"{row.ratio_q1:.2f}-{row.ratio_q3:.2f}{'':<2}  "
             f"{'on' if row.xla else 'off':<4}{_same_bits(row):<10}  "
-            f"{_portability(row)}"
+            f"{_gives(row)}"
         )
     notes = [f"  {row.setting.name}: {row.note}" for row in report.rows if row.note]
     notes += [
@@ -246,8 +311,12 @@ def format_text(report: CostReport) -> str:
     ]
     if notes:
         lines += ["", "notes:", *notes]
-    best = report.recommended()
-    shown = [row for row in report.candidates() if row is best or row is report.rows[1]]
+    advice = report.advice()
+    shown = [
+        row
+        for row in report.candidates()
+        if row.name in (advice.setting, advice.rival) or row is report.rows[1]
+    ]
     for row in shown:
         growth = row.growth(report.plain)
         lines += ["", f"ops whose time grew most under {row.setting.name} (ms/step):"]
@@ -260,5 +329,7 @@ def format_text(report: CostReport) -> str:
             )
         if row.ops and not growth:
             lines.append("  none grew")
+    lines += ["", "advice per tier (--need picks the one below):"]
+    lines += [_advice_line(report, tier) for tier in _tiers.CPU_TIERS]
     lines += ["", report.recommendation()]
     return "\n".join(lines)

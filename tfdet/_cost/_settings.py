@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-# The opt-in patch whose products do not follow the thread-pool size.
-POOL_SIZE_FREE = "pool_size_free_products"
+from tfdet._pin import _tiers
+from tfdet._pin._tiers import POOL_SIZE_FREE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,22 +37,35 @@ PLAIN = Setting("plain TensorFlow", None)
 
 
 def settings_for(cores: int, xla: bool = True) -> list[Setting]:
-    """Plain TensorFlow (the baseline, first) and each tfdet setting that
-    applies on a machine whose process may use `cores` CPUs.
+    """Plain TensorFlow (the baseline, first) and each tfdet setting a user
+    would try on a machine whose process may use `cores` CPUs, one per tier
+    of guarantee (`tfdet._pin._tiers`), cheapest way to each first:
 
-    With one core, more threads and the pool-size-free products (whose point
-    is the same bits at any thread count) have nothing to add. `xla=False`
-    leaves XLA out (a script compiles its own models).
+    - `enable()`: one thread, AVX2 (any x86 CPU);
+    - `enable(threads=N)`: the cores, AVX2 (bits follow N threads);
+    - `enable(threads=N, cpu_isa=None)`: the cores and the CPU's best
+      instructions, op determinism and seeds (this machine only);
+    - the pool-size-free products at N threads (any x86 CPU, any batch);
+    - XLA (`xla=False` leaves it out: a script compiles its own models).
+
+    With one core, `threads=N` is `enable()` itself and is left out.
     """
+    threads = {"threads": cores} if cores > 1 else {}
+
+    def call(**arguments: str) -> str:
+        shown = {**{k: str(v) for k, v in threads.items()}, **arguments}
+        return f"enable({', '.join(f'{k}={v}' for k, v in shown.items())})"
+
     found = [PLAIN, Setting("enable()", {})]
     if cores > 1:
-        found.append(Setting(f"enable(threads={cores})", {"threads": cores}))
-        found.append(
-            Setting(
-                f'enable(threads={cores}, patches=["auto", "{POOL_SIZE_FREE}"])',
-                {"threads": cores, "patches": ["auto", POOL_SIZE_FREE]},
-            )
+        found.append(Setting(call(), dict(threads)))
+    found.append(Setting(call(cpu_isa="None"), {**threads, "cpu_isa": None}))
+    found.append(
+        Setting(
+            call(patches=f'["auto", "{POOL_SIZE_FREE}"]'),
+            {**threads, "patches": ["auto", POOL_SIZE_FREE]},
         )
+    )
     if xla:
         # Whether the model compiles (and Keras keeps XLA under op
         # determinism) is known only once it is built: the run says so.
@@ -62,7 +75,8 @@ def settings_for(cores: int, xla: bool = True) -> list[Setting]:
 
 def bits_follow(profile: dict[str, Any], xla: bool) -> list[str]:
     """The machine facts that decide a run's bits because its profile leaves
-    them free: the ones a faster setting trades. Empty: the same bits on any
+    them free: the ones a faster setting trades (the tiers it does not
+    reach, `tfdet._pin._tiers`, in words). Empty: the same bits on any
     machine that conforms to the profile.
 
     Args:
@@ -72,10 +86,14 @@ def bits_follow(profile: dict[str, Any], xla: bool) -> list[str]:
     """
     tied = []
     threads = profile["intra_op_threads"]
-    if threads != 1 and POOL_SIZE_FREE not in profile["patches"]:
+    if _tiers.follows_threads(profile):
         tied.append("the core count" if threads == 0 else f"{threads} threads")
-    if profile["cpu_isa"] == "ALL":
-        tied.append("the CPU's instruction set")
-    elif xla and str(profile.get("xla_cpu_isa")).startswith("none"):
-        tied.append("the CPU's instruction set (XLA:CPU)")
+    if _tiers.follows_isa(profile, xla):
+        xla_only = profile["cpu_isa"] not in ("ALL", "not applicable")
+        tied.append("the CPU's instruction set" + (" (XLA:CPU)" if xla_only else ""))
     return tied
+
+
+def tiers(profile: dict[str, Any], xla: bool) -> list[str]:
+    """The tiers a run's profile gives, by name (`tfdet._pin._tiers.given`)."""
+    return [tier.name for tier in _tiers.given(profile, xla)]

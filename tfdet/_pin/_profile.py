@@ -6,6 +6,8 @@ import dataclasses
 import json
 from typing import Any
 
+from tfdet._pin import _tiers
+
 
 @dataclasses.dataclass(frozen=True)
 class Profile:
@@ -103,6 +105,18 @@ class Profile:
             for name in mine
             if mine[name] != theirs[name]
         }
+
+    def tiers(self, xla: bool = False, device: str = "cpu") -> tuple[str, ...]:
+        """The guarantees this profile gives, by tier name (`tfdet._pin._tiers`):
+        e.g. `("this-machine", "any-thread-count", "any-x86-cpu")` for the
+        default `enable()` on a CPU.
+
+        Args:
+            xla: Whether the training compiles with XLA (whose CPU code has an
+                instruction-set cap of its own).
+            device: "cpu" or "gpu", the device the training runs on.
+        """
+        return tuple(tier.name for tier in _tiers.given(self.to_dict(), xla, device))
 
     def __str__(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)

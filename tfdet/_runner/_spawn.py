@@ -104,10 +104,9 @@ def raise_unbuilt_target(
         return
     if any(outcome.timed_out for outcome in outcomes):
         raise RunFailedError(
-            f"Expected TARGET {target!r} to be built within --timeout "
-            f"{timeout:g}s. Received: still building after {timeout:g}s, "
-            "stopped. Raise --timeout, or make the TARGET function return "
-            "sooner."
+            f"Expected TARGET {target!r} to be built within `timeout={timeout:g}` "
+            f"seconds. Received: still building after {timeout:g}s, stopped. "
+            "Raise `timeout`, or make the TARGET function return sooner."
         )
     for outcome in outcomes:
         if outcome.stage == _spec.BUILDING and not outcome.ok:

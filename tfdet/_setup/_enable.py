@@ -394,7 +394,7 @@ def enable(
         **_software_facts(installed),
     )
     _active = (request, profile)
-    _LOG.info("tfdet: enabled %s", profile)
+    _LOG.info("tfdet: enabled %s; tiers: %s", profile, ", ".join(profile.tiers()))
     return profile
 
 
