@@ -454,6 +454,84 @@ def test_identical_nan_losses_are_not_reported_without_a_word():
     assert "NaN" not in _check_text.format_report(_fake_report().to_dict())
 
 
+_VERDICT_CODES = {"identical": 0, "diverged": 1, "failed": 3}
+# The control's sentence for each (tfdet's verdict, the control's): what it
+# must say, and what it must not.
+_CONTROL_SENTENCES = {
+    ("identical", "diverged"): ("so tfdet is what made these runs identical", "too"),
+    ("diverged", "diverged"): ("as these runs do with tfdet", "identical"),
+    ("failed", "diverged"): ("whether tfdet keeps them identical is not known", "made"),
+    ("identical", "identical"): ("identical too", "tfdet diverged"),
+    # Plain TensorFlow identical where tfdet diverged is no "identical too":
+    # the kernels tfdet's settings choose follow the perturbations.
+    ("diverged", "identical"): ("where these runs with tfdet diverged", "too"),
+    ("failed", "identical"): ("with tfdet failed, so nothing was compared", "too"),
+    ("identical", "failed"): ("a run failed, so nothing was compared", "identical"),
+    ("diverged", "failed"): ("a run failed, so nothing was compared", "identical"),
+    ("failed", "failed"): ("a run failed, so nothing was compared", "identical"),
+}
+
+
+def _controlled_report(verdict, control, imitated=None, patches=("auto",)):
+    """`_fake_report` with tfdet's verdict and a control's (no process)."""
+    import dataclasses
+
+    report = _fake_report()
+    code = _VERDICT_CODES[verdict]
+    return dataclasses.replace(
+        report,
+        exit_code=code,
+        devices={"cpu": dataclasses.replace(report.devices["cpu"], exit_code=code)},
+        imitated=imitated or {},
+        patches=patches,
+        control={
+            "verdict": control,
+            "exit_code": _VERDICT_CODES[control],
+            "divergence": "Bits diverged at step 0" if control == "diverged" else None,
+        },
+    )
+
+
+@pytest.mark.parametrize(("verdict", "control"), sorted(_CONTROL_SENTENCES))
+def test_the_control_sentence_fits_both_verdicts(verdict, control):
+    from tfdet._cli import _check_text
+
+    said, unsaid = _CONTROL_SENTENCES[verdict, control]
+    report = _controlled_report(verdict, control)
+    for text in (_check_text.format_report(report.to_dict()), str(report)):
+        (line,) = [line for line in text.splitlines() if "control without" in line]
+        assert said in line and unsaid not in line, line
+        assert "pool_size_free_products" not in line, line
+
+
+def test_a_batch_divergence_plain_tensorflow_does_not_have_names_the_patch():
+    # Under enable() (oneDNN capped at AVX2) a Dense model's predictions
+    # for a batch of 16 differed from a batch of 1; plain TensorFlow's
+    # (AVX-512) did not. The control line said "identical too ... proves
+    # little".
+    from tfdet._cli import _check_text, as_flags
+
+    batch = {"batch": "predicted its inputs in another order"}
+    report = _controlled_report("diverged", "identical", imitated=batch)
+    text = _check_text.format_report(report.to_dict())
+    assert "oneDNN ISA cap" in text and "identical too" not in text, text
+    # The library names the option as Python does; the CLI as its flag.
+    assert "`patches=auto,pool_size_free_products`" in text, text
+    assert "--patches auto,pool_size_free_products" in as_flags(text), text
+    assert "batch-invariant predictions" in str(report)
+    # Already under the patch, or another perturbation: no such advice.
+    for other in (
+        _controlled_report(
+            "diverged",
+            "identical",
+            imitated=batch,
+            patches=("auto", "pool_size_free_products"),
+        ),
+        _controlled_report("diverged", "identical", imitated={"hashseed": "x"}),
+    ):
+        assert "batch-invariant" not in _check_text.format_report(other.to_dict())
+
+
 def test_json_is_written_before_the_report_and_a_closed_stdout_is_harmless(
     tmp_path, monkeypatch
 ):

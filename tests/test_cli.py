@@ -181,3 +181,70 @@ def test_progress_that_would_block_is_dropped():
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+# The positional arguments each subcommand needs to parse.
+_POSITIONALS = {"diff": ["a.jsonl", "b.jsonl"]}
+
+
+def _subcommands_with_json() -> list[str]:
+    parser = _cli.build_parser()
+    (subparsers,) = (
+        action
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    return [
+        name
+        for name, sub in subparsers.choices.items()
+        if any("--json" in action.option_strings for action in sub._actions)
+    ]
+
+
+def test_every_subcommand_but_run_takes_json():
+    assert set(_subcommands_with_json()) == set(_cli.SUBCOMMANDS) - {"run"}
+
+
+@pytest.mark.parametrize("name", _subcommands_with_json())
+@pytest.mark.parametrize("where", ["directory", "missing parent", "parent a file"])
+def test_a_json_path_that_cannot_be_a_file_is_exit_2_before_any_work(
+    name, where, tmp_path, monkeypatch, capsys
+):
+    # A directory passed the check before: `check` and `cost` did all their
+    # work, then failed to write the report (exit 3, "its summary above
+    # stands" with nothing printed); `env` printed, then exit 3.
+    (tmp_path / "a file").write_text("kept")
+    path = {
+        "directory": tmp_path,
+        "missing parent": tmp_path / "missing" / "report.json",
+        "parent a file": tmp_path / "a file" / "report.json",
+    }[where]
+    ran = []
+    module = importlib.import_module(f"tfdet._cli.{name}")
+    monkeypatch.setattr(module, "execute", lambda args: ran.append(args) or 0)
+    argv = ["tfdet", name, *_POSITIONALS.get(name, []), "--json", str(path)]
+    assert _cli.main(argv) == 2
+    assert ran == []
+    err = capsys.readouterr().err
+    assert (
+        f"Expected --json to name a {'file' if where == 'directory' else 'writable file'}"
+        in err
+    ), err
+    assert (tmp_path / "a file").read_text() == "kept"
+
+
+def test_a_report_that_cannot_be_written_after_the_work_claims_no_summary(
+    tmp_path, capsys
+):
+    path = tmp_path / "report.json"
+
+    def work_then_report(args):
+        path.mkdir()  # Made a directory while the work ran.
+        _cli.write_json(args.json, {"verdict": "identical"})
+        _output.out("verdict: identical (exit 0)")
+        return 0
+
+    assert _cli.execute(_namespace(work_then_report, json=str(path))) == 3
+    err = capsys.readouterr().err
+    assert "report was not written, so no verdict is given" in err, err
+    assert "above stands" not in err

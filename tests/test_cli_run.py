@@ -330,3 +330,64 @@ def test_mismatch_message_names_every_flag() -> None:
     assert mismatch_message(error).endswith(
         "pass --threads 4 --cpu-isa none --no-onednn to tfdet run."
     )
+
+
+# A script that chooses tf_keras itself, as the tf_keras guide allows.
+_TF_KERAS_SCRIPT = """
+import os
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import json
+from tensorflow.keras import layers
+
+import helper  # Beside the real file, not beside the link.
+
+
+def keras_of_a_layer(_=None):
+    import tensorflow as tf
+    import tfdet
+
+    # Under TF_DETERMINISTIC_OPS, an op without a seed raises.
+    tf.random.uniform([])
+    layer = layers.Dense(1)
+    layer.build((None, 2))
+    return {
+        "keras": type(layer).__module__.split(".")[0],
+        "seed": tfdet.profile().seed,
+    }
+
+
+if __name__ == "__main__":
+    import multiprocessing
+
+    # A worker pool of fresh interpreters, as a hyper-parameter search makes.
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        child = pool.map(keras_of_a_layer, [0])[0]
+    print(json.dumps({"parent": keras_of_a_layer(), "child": child}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.tf_keras
+def test_linked_script_its_tf_keras_choice_and_spawned_children_get_the_profile(
+    tmp_path: Path,
+) -> None:
+    # Before: enable() imported Keras 3 before the script chose tf_keras, and
+    # the script failed with a Keras 3 error (or trained another Keras than
+    # `check --script`, which reads the assignment, had verified). A child
+    # of a "spawn" pool inherited TF_DETERMINISTIC_OPS but no seed: its
+    # first random op raised, and the pool could hang.
+    # Reached through a symbolic link: its sibling module is beside the real
+    # file, where `python` looks (before: ModuleNotFoundError).
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "train.py").write_text(_TF_KERAS_SCRIPT)
+    (tmp_path / "real" / "helper.py").write_text("")
+    script = tmp_path / "train.py"
+    script.symlink_to(tmp_path / "real" / "train.py")
+    env = clean_env(TF_USE_LEGACY_KERAS=None)
+    proc = run_tfdet(
+        "run", "--seed", "5", str(script), env=env, cwd=tmp_path, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = last_json_line(proc.stdout)
+    assert seen["parent"] == {"keras": "tf_keras", "seed": 5}
+    assert seen["child"] == {"keras": "tf_keras", "seed": 5}

@@ -158,6 +158,87 @@ def test_tf_keras_batch_norm_does_not_follow_the_pool_size_with_the_patch():
     assert len({digest for digest, _ in fused.values()}) > 1, fused
 
 
+# Keras 3's Conv2DTranspose, one process per pool size: weights after a fit
+# whose last batch is partial (8 of 40 samples after two of 16), and the
+# predictions at batch sizes 1, 5 and 16; without the patch (the control),
+# then with it. What the patch leaves to TensorFlow's ops is said on
+# tfdet's logger.
+CONV_TRANSPOSE = """
+import hashlib, json, logging, sys
+import numpy as np
+import tfdet
+from tfdet.patches import _registry
+tfdet.enable(seed=0, threads=int(sys.argv[1]))
+import keras
+
+left = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        left.append(record.getMessage())
+logging.getLogger("tfdet").addHandler(Keep())
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(40, 12, 12, 8)).astype("float32")
+y = rng.normal(size=(40, 4)).astype("float32")
+
+def bits(array):
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()[:16]
+
+def run():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.layers.Input((12, 12, 8)),
+        keras.layers.Conv2DTranspose(24, 3, strides=2, padding="same"),
+        keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    return {
+        "weights": bits(np.concatenate([w.ravel() for w in model.get_weights()])),
+        "predictions": [bits(model.predict(x, batch_size=size, verbose=0))
+                        for size in (1, 5, 16)],
+    }
+
+plain = run()
+_registry.install(["pool_size_free_products"])
+print(json.dumps({"plain": plain, "patched": run(),
+                  "left": [message for message in left if "leaves" in message]}))
+"""
+
+
+@pytest.mark.slow
+def test_conv2d_transpose_trains_and_predicts_at_any_batch_apart_from_the_pool_size():
+    # Before: `predict` at a new batch size and `fit` with a partial last
+    # batch (a step traced with an unknown batch) raised "TypeError: int()
+    # argument must be ... not 'SymbolicTensor'"; with that fixed, the
+    # kernel's gradient went to TensorFlow's Conv2DBackpropFilter (the
+    # channels lost their static size) and 2 threads trained other weights
+    # than 1 and 3.
+    processes = {
+        threads: subprocess.Popen(
+            [sys.executable, "-c", CONV_TRANSPOSE, str(threads)],
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for threads in (1, 2, 3)
+    }
+    results = {}
+    for threads, process in processes.items():
+        out, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err[-3000:]
+        results[threads] = last_json_line(out)
+    assert all(r["left"] == [] for r in results.values()), results
+    patched = [r["patched"] for r in results.values()]
+    plain = [r["plain"] for r in results.values()]
+    assert len({r["weights"] for r in patched}) == 1, results
+    assert all(len(set(r["predictions"])) == 1 for r in patched), results
+    # The controls: without the patch the pool size decides the weights,
+    # and the batch size the predictions' bits.
+    assert len({r["weights"] for r in plain}) > 1, results
+    assert any(len(set(r["predictions"])) > 1 for r in plain), results
+
+
 CHECKS = """
 import json
 import numpy as np
@@ -240,6 +321,18 @@ traced = tf.function(lambda a, b: tf.matmul(a, b, adjoint_b=True),
                      input_signature=spec).get_concrete_function()
 report["unknown batch"] = {
     "replaced": sorted({op.type for op in traced.graph.get_operations()} & REPLACED)}
+# Keras 3's Conv2DTranspose passes its output shape as a list whose batch is
+# a tensor when traced with an unknown batch; with its gradients.
+transpose = lambda x, w: tf.nn.conv2d_transpose(
+    x, w, [tf.shape(x)[0], 9, 11, 3], 2, "SAME")
+traced = tf.function(lambda x, w: with_grads(transpose, x, w), input_signature=[
+    tf.TensorSpec([None, 5, 6, 4]), tf.TensorSpec([3, 3, 3, 4])]).get_concrete_function()
+# Its one-image case is a tf.cond: the ops of its branches, and of their
+# gradients, are in the graph's function library.
+graph_def = traced.graph.as_graph_def()
+types = {node.op for node in graph_def.node} | {
+    node.op for function in graph_def.library.function for node in function.node_def}
+report["unknown batch transpose"] = {"replaced": sorted(types & REPLACED)}
 # What the replacements cannot compute goes to TensorFlow's op, which gives
 # its result (the same bits) instead of an error.
 fallbacks = {
@@ -359,6 +452,9 @@ def test_a_batch_unknown_when_traced_is_still_replaced(checks):
     # Falling back for it gave other bits than the same product traced with
     # a known batch: Keras's predict at batch 96 and then 32 disagreed.
     assert checks["unknown batch"]["replaced"] == []
+    # A transposed convolution's: it raised a TypeError ('SymbolicTensor'),
+    # then left its filter gradient to Conv2DBackpropFilter.
+    assert checks["unknown batch transpose"]["replaced"] == []
 
 
 @pytest.mark.parametrize(

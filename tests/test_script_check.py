@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -331,3 +332,93 @@ def test_a_script_reports_json_keeps_its_fields_and_their_order():
         stderr_tail="Traceback",
     )
     assert list(failed.to_dict()) == [*said, "stderr_tail"]
+
+
+def test_a_backup_dir_after_a_chdir_elsewhere_is_still_the_runs_own(
+    tmp_path, monkeypatch
+):
+    # A script that calls os.chdir(...) and then BackupAndRestore("bk"): the
+    # path is resolved as the script meant (in the directory it moved to),
+    # and compared with the run's own directory, not with the new working
+    # directory. Before: "bk" after the chdir counted as inside the run's
+    # directory, so every run shared the real elsewhere/bk.
+    from tfdet._child import _script_worker
+
+    run_dir, elsewhere = tmp_path / "run0" / "project", tmp_path / "elsewhere"
+    run_dir.mkdir(parents=True)
+    elsewhere.mkdir()
+    monkeypatch.chdir(run_dir)
+    monkeypatch.setattr(_script_worker, "own_copies", {})
+    monkeypatch.setattr(_script_worker, "run_directory", str(run_dir), raising=False)
+    os.chdir(elsewhere)  # The script's own chdir (monkeypatch restores it).
+    copy = _script_worker.own_copy("bk")
+    assert copy == os.path.join(
+        run_dir, _script_worker.PRIVATE_DIR, str(elsewhere / "bk").lstrip(os.sep)
+    )
+    assert _script_worker.own_copies == {"bk": copy}
+    # A path inside the run's directory is its own already.
+    assert _script_worker.own_copy(run_dir / "bk") == run_dir / "bk"
+
+
+@pytest.mark.parametrize(
+    "words, expected",
+    [
+        (["--", "--lr", "0.1"], ["--lr", "0.1"]),
+        # A `--` among the script's own arguments is the script's, as under
+        # `python train.py a -- b` and `tfdet run`. Before: dropped.
+        (["--", "a", "--", "b"], ["a", "--", "b"]),
+        (["--", "--", "x"], ["--", "x"]),
+        (["--runs", "3", "--", "data", "--", "--", "c"], ["data", "--", "--", "c"]),
+    ],
+)
+def test_the_scripts_arguments_are_every_word_after_the_first_dashes(words, expected):
+    from tfdet._cli import _training_flags, parse_flags
+
+    args = parse_flags(["tfdet", "check", "--script", "train.py", *words])
+    assert _training_flags.script_arguments(args, "check") == expected
+
+
+# Reached through a symbolic link, imports a module beside its real file,
+# moves elsewhere before naming its backup relatively, and ends with
+# os._exit(0) after training.
+_LINKED_SCRIPT = """
+import os
+import sys
+
+import helper
+import keras
+import numpy as np
+
+os.chdir(sys.argv[1])
+model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(helper.UNITS)])
+model.compile("sgd", "mse")
+model.fit(np.ones((8, 2)), np.ones((8, 1)), batch_size=4, epochs=2, verbose=0,
+          callbacks=[keras.callbacks.BackupAndRestore("bk")])
+os._exit(0)
+"""
+
+
+@pytest.mark.slow
+def test_a_linked_script_that_moves_and_ends_with_os_exit_is_checked(tmp_path):
+    # Before: ModuleNotFoundError (sys.path[0] was the link's directory, not
+    # the real file's); then both runs shared elsewhere/bk (the own-copy
+    # logic compared the path with the cwd after the chdir); then every run
+    # "exited 0 without writing its result". Each made the check exit 3.
+    real, project, elsewhere = (tmp_path / name for name in ("real", "project", "else"))
+    for directory in (real, project, elsewhere):
+        directory.mkdir()
+    (real / "train.py").write_text(_LINKED_SCRIPT)
+    (real / "helper.py").write_text("UNITS = 1\n")
+    (project / "train.py").symlink_to(real / "train.py")
+    report_path = tmp_path / "report.json"
+    proc = run_tfdet(
+        "check", "--script", "train.py", "--perturb", "none",
+        "--json", str(report_path), "--", str(elsewhere),
+        cwd=project,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
+    report = json.loads(report_path.read_text())
+    assert [run["end"] for run in report["run_reports"]] == ["called os._exit(0)"] * 2
+    assert all(run["steps_recorded"] == 4 for run in report["run_reports"])
+    assert any(notice.startswith("bk: ") for notice in report["notices"])
+    assert not (elsewhere / "bk").exists()

@@ -22,7 +22,8 @@ At exit the final digest of every variable trained is taken. The result
 (written atomically at `spec.result`) lists the traces, the final
 digests, the entry points exercised, the step count, the XLA facts and how
 the script ended; only the run's own process writes it (a process the
-script forked never does). A script that raises or exits non-zero makes this process
+script forked never does), before the process exits when the script ends
+with `os._exit(0)`. A script that raises or exits non-zero makes this process
 exit non-zero (1, or the script's status) after printing its traceback, so
 the parent reports the run as failed with its stderr tail.
 """
@@ -385,6 +386,9 @@ def _after_each_call(owner: Any, name: str, then: Any) -> None:
 PRIVATE_DIR = ".tfdet-own-copies"
 # `{path the script gave: the run's own copy}`, for the report.
 own_copies: dict[str, str] = {}
+# The run's own directory (its mirror): the working directory the script
+# started in, whatever `os.chdir` it calls later (set by `run`).
+run_directory: str | None = None
 
 
 def own_copy(path: Any) -> Any:
@@ -394,11 +398,14 @@ def own_copy(path: Any) -> Any:
     `/tmp/backup` (or `../backup`, outside the run's mirror) was one
     directory for all of them, and a run resumed from another's backup. A
     path inside the run's directory is its own already and stays as it is.
+    A relative path is resolved as the script meant it, against its working
+    directory now, and compared with the run's own directory, which a
+    script's `os.chdir` elsewhere does not move.
     """
     if not isinstance(path, str | os.PathLike):
         return path
     absolute = os.path.abspath(os.fspath(path))
-    here = os.getcwd()
+    here = run_directory or os.getcwd()
     if absolute == here or absolute.startswith(here + os.sep):
         return path
     private = os.path.join(here, PRIVATE_DIR, absolute.lstrip(os.sep))
@@ -520,16 +527,51 @@ def _print_script_traceback(error: BaseException, script: str) -> None:
     sys.stderr.flush()
 
 
+def _hook_os_exit(finish: Any) -> None:
+    """Makes the script's `os._exit(0)` write the run's result first.
+
+    `os._exit` skips everything after it, the result this process writes
+    when the script returns included; a script that ends that way (to skip
+    slow interpreter shutdown, or threads that never end) would be a failed
+    run. `finish(end)` writes the result from what was recorded so far. A
+    non-zero status is the script's failure, reported as such; a process the
+    script forked exits at once (it never writes the run's result).
+    """
+    real_exit = os._exit
+
+    @functools.wraps(real_exit)
+    def _exit(status: int) -> None:
+        if status == 0 and _start.is_owner():
+            sys.stdout.flush()
+            try:
+                finish(f"called os._exit({status})")
+            except BaseException:  # noqa: BLE001 - then the run fails with it
+                traceback.print_exc()
+                status = 1
+            sys.stderr.flush()
+        real_exit(status)
+
+    os._exit = _exit
+
+
 def run(spec: WorkerSpec) -> int:
     """Runs the script under the hooks; writes the result; returns the exit status."""
+    global run_directory
     started = time.perf_counter()
+    run_directory = os.getcwd()
     _start.child_start(spec)
     recorder = Recorder(spec.trace, spec.max_steps)
     install(recorder)
     script = spec.script
     sys.argv = [script, *spec.args]
-    # As `python script.py`: sys.path[0] is the script's directory.
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    # As `python script.py`: sys.path[0] is the directory of the script's
+    # real file (the run's copy of a linked script is not a link).
+    sys.path[0] = os.path.abspath(
+        spec.script_dir or os.path.dirname(os.path.realpath(script))
+    )
+    _hook_os_exit(
+        lambda end: _write_result(spec, recorder, end, time.perf_counter() - started)
+    )
     end, status = "completed", 0
     try:
         runpy.run_path(script, run_name="__main__")
@@ -566,6 +608,19 @@ def run(spec: WorkerSpec) -> int:
     if status:
         sys.stderr.flush()
         return status
+    _write_result(spec, recorder, end, time.perf_counter() - started)
+    return 0
+
+
+def _write_result(
+    spec: WorkerSpec, recorder: Recorder, end: str, seconds: float
+) -> None:
+    """Writes the run's result: how it ended, its traces and final digests."""
+    for trace in recorder.traces:
+        if trace.callback is not None:
+            # Whole already (each line is flushed); closed for a fit that
+            # `os._exit` ended.
+            trace.callback._close()
     not_interrupted = _start.interrupt_not_applied()
     if not_interrupted is not None:
         # The run meant to be killed and resumed finished whole: it is an
@@ -580,7 +635,7 @@ def run(spec: WorkerSpec) -> int:
 
     result = {
         **(_start.run_facts(spec) if spec.enable else {"profile": None}),
-        "script": script,
+        "script": spec.script,
         "args": list(spec.args),
         "end": end,
         "traces": [trace.to_dict() for trace in recorder.traces],
@@ -599,7 +654,6 @@ def run(spec: WorkerSpec) -> int:
         "final_weights": final_digests(recorder),
         "xla": _xla.facts(recorder.models),
         "own_copies": dict(own_copies),
-        "seconds": time.perf_counter() - started,
+        "seconds": seconds,
     }
     _start.write_result(result)
-    return 0

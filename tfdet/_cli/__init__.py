@@ -188,9 +188,19 @@ def _report_error(error: BaseException) -> None:
 
 
 def check_output_file(path: str | None, flag: str = "--json") -> None:
-    """Fails before any work when an output file (`--json FILE`) cannot be written."""
+    """Fails before any work when an output file (`--json FILE`) cannot be written.
+
+    A directory, a missing or unwritable parent directory, or a file that
+    cannot be opened for writing is a usage error (exit 2) here, so that no
+    check or measurement runs for a report it could not write.
+    """
     if not path or path == "-":
         return
+    if os.path.isdir(path):
+        raise app.UsageError(
+            f"Expected {flag} to name a file. Received: {path!r}, a directory; "
+            f"name a file in it, e.g. {os.path.join(path, 'report.json')!r}."
+        )
     existed = os.path.exists(path)
     try:
         if existed and not _regular_or_new(path):
@@ -241,7 +251,8 @@ def write_json(path: str | None, data: Any) -> None:
     except OSError as error:
         raise ReportWriteError(
             f"Expected to write the report to {path!r}. Received: {error}. The "
-            "work itself finished; its summary above stands."
+            "work itself finished, but its report was not written, so no "
+            "verdict is given."
         ) from error
 
 

@@ -81,7 +81,17 @@ def _unpinned_xla_isa(runs: list[dict[str, Any]]) -> list[str]:
 
 def _verdict_lines(report: dict[str, Any]) -> list[str]:
     """The control's sentence (with `--control`), then the verdict."""
-    control = control_line(report.get("control"), report["verdict"])
+    control = control_line(
+        report.get("control"),
+        report["verdict"],
+        # A TARGET's report: imitated and varied; a script's: perturbations.
+        [
+            *report.get("imitated", ()),
+            *report.get("varied", ()),
+            *report.get("perturbations", ()),
+        ],
+        report.get("patches", ()),
+    )
     verdict = f"verdict: {report['verdict']} (exit {report['exit_code']})"
     return [verdict] if control is None else [control, verdict]
 

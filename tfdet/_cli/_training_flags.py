@@ -132,8 +132,10 @@ def options(args: argparse.Namespace, **extra: Any) -> _options.RunOptions:
 def script_arguments(args: argparse.Namespace, command: str) -> list[str]:
     """The script's own arguments of `tfdet COMMAND --script train.py -- ARGS`.
 
-    argparse takes the first argument after `--` as TARGET; it goes back to
-    the script's. A TARGET given before `--` with --script is a usage error.
+    argparse takes the first argument after `--` as TARGET, and drops the
+    next `--` from the rest; the script gets every word after the first
+    `--`, as `python train.py ARGS` gives them (another `--` included). A
+    TARGET given before `--` with --script is a usage error.
     """
     from absl import app
 
@@ -146,7 +148,9 @@ def script_arguments(args: argparse.Namespace, command: str) -> list[str]:
                 f"{args.target!r} and --script {args.script!r}. The script's own "
                 f"arguments go after `--`: tfdet {command} --script train.py -- ARGS"
             )
-        script_args.insert(0, args.target)
+        # After `--` every word is positional: TARGET and script_args hold
+        # them all, less the `--` argparse removed.
+        script_args = list(after_dashes)
         args.target = None
     return script_args
 

@@ -32,6 +32,7 @@ from tfdet import _variables
 from tfdet._cli import _training_flags, usage_errors
 from tfdet._pin import _isa, _settings
 from tfdet._setup import _enable
+from tfdet._target import _load
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -208,6 +209,12 @@ def execute(args: argparse.Namespace) -> int:
             args.onednn,
         )
     )
+    if kind == "script" and _load.sets_legacy_keras(target):
+        # The script chooses tf_keras itself (`os.environ[...] = "1"` before
+        # importing TensorFlow), too late in a process where enable() has
+        # imported Keras 3 already: the child starts with it, as each run of
+        # `check --script` does, so it trains the Keras the check verified.
+        env[_load.LEGACY_KERAS] = "1"
     if getattr(args, "verbose", False):
         env[_variables.VERBOSE] = "1"
     command = [

@@ -12,14 +12,20 @@ disagree.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED
+from tfdet._protocol import _perturb
 from tfdet._record._layer_walk import Location
 from tfdet._version import __version__
+from tfdet.patches import pool_size_free_products
 
 if TYPE_CHECKING:
     from tfdet._runner._spawn import RunOutcome
+
+# The opt-in patch that makes each sample's predictions follow no batch.
+_BATCH_FREE_PATCH = pool_size_free_products.PATCH.name
 
 # Verdict of each exit code: the one mapping for devices and the whole check.
 VERDICTS = {EXIT_OK: "identical", EXIT_DIVERGED: "diverged", EXIT_RUN_FAILED: "failed"}
@@ -40,27 +46,65 @@ def control_of(plain: CheckReport | ScriptCheckReport) -> dict[str, Any]:
     }
 
 
-def control_line(control: dict[str, Any] | None, verdict: str) -> str | None:
-    """The report's sentence on its control: what the verdict proves."""
+def control_line(
+    control: dict[str, Any] | None,
+    verdict: str,
+    perturbations: Iterable[str] = (),
+    patches: Iterable[str] = (),
+) -> str | None:
+    """The report's sentence on its control: what the verdict proves.
+
+    Args:
+        control: `control_of` the check without tfdet, or None (no control).
+        verdict: The check with tfdet's (`"identical"`, `"diverged"`,
+            `"failed"`).
+        perturbations: The names of the perturbations both checks applied.
+        patches: The check's `tfdet.enable(patches=...)`.
+    """
     if control is None:
         return None
     if control["verdict"] == "diverged":
-        said = (
-            "so tfdet is what made these runs identical"
-            if verdict == "identical"
-            else "as these runs do with tfdet"
+        said = {
+            "identical": "so tfdet is what made these runs identical",
+            "diverged": "as these runs do with tfdet",
+        }.get(
+            verdict,
+            "but these runs with tfdet failed, so whether tfdet keeps them "
+            "identical is not known",
         )
         return (
             f"control without tfdet: diverged ({control['divergence']}): these "
             f"perturbations separate plain TensorFlow, {said}"
         )
-    if control["verdict"] == "identical":
+    if control["verdict"] != "identical":
+        return "control without tfdet: a run failed, so nothing was compared"
+    if verdict == "identical":
         return (
             "control without tfdet: identical too: these perturbations do not "
             "separate plain TensorFlow on this model, so an identical verdict "
             "proves little here"
         )
-    return "control without tfdet: a run failed, so nothing was compared"
+    if verdict != "diverged":
+        return (
+            "control without tfdet: identical: these perturbations do not "
+            "separate plain TensorFlow on this model; these runs with tfdet "
+            "failed, so nothing was compared with it"
+        )
+    line = (
+        "control without tfdet: identical, where these runs with tfdet "
+        "diverged: the kernels that tfdet's settings choose (its oneDNN ISA "
+        "cap, AVX2 by default where plain TensorFlow uses this CPU's best "
+        "instructions, among them) follow these perturbations on this model, "
+        "and plain TensorFlow's do not"
+    )
+    if _perturb.BATCH in perturbations and _BATCH_FREE_PATCH not in patches:
+        line += (
+            f"; for {_perturb.BATCH}: under tfdet a prediction's bits follow "
+            "its batch here, and the opt-in patch "
+            f"{_BATCH_FREE_PATCH} (`patches=auto,{_BATCH_FREE_PATCH}`) gives "
+            "batch-invariant predictions"
+        )
+    return line
 
 
 def _headline(subject: str, exit_code: int, shape: str, enable: bool) -> str:
@@ -448,7 +492,13 @@ class CheckReport:
         if self.imitated:
             lines.append(f"  imitated other machines by: {', '.join(self.imitated)}")
         if self.control is not None:
-            lines.append(f"  {control_line(self.control, self.verdict)}")
+            control = control_line(
+                self.control,
+                self.verdict,
+                [*self.imitated, *self.varied],
+                self.patches,
+            )
+            lines.append(f"  {control}")
         return "\n".join(lines)
 
     _repr_pretty_ = _pretty
@@ -671,7 +721,8 @@ class ScriptCheckReport:
             lines.append("  the runs trained nothing")
         lines.extend(f"  {notice}" for notice in self.notices)
         if self.control is not None:
-            lines.append(f"  {control_line(self.control, self.verdict)}")
+            control = control_line(self.control, self.verdict, self.perturbations)
+            lines.append(f"  {control}")
         return "\n".join(lines)
 
     _repr_pretty_ = _pretty

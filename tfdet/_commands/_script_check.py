@@ -255,10 +255,15 @@ def check_script(
     # Inside the directory the check was started in, the script runs from
     # each run's mirror of it (a relative path resolves there).
     relative = _workdir.inside(options.script, launched_in)
+    # sys.path[0], as `python` puts it: the real file's directory (a linked
+    # script's sibling modules lie there), in the run's mirror when inside.
+    real_directory = os.path.dirname(os.path.realpath(options.script))
     plan = run.plan(
         _spec.SCRIPT,
         environment=_environment(options),
         script=relative or os.path.abspath(options.script),
+        script_dir=_workdir.inside(real_directory, os.path.realpath(launched_in))
+        or real_directory,
         args=options.args,
         max_steps=options.max_steps,
     )

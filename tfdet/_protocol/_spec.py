@@ -73,6 +73,10 @@ class WorkerSpec:
         record: Path of a `tfdet locate --record` trace to write, or None.
         script: Path of the training script (script, cost).
         args: The script's arguments (script, cost).
+        script_dir: The directory put first on `sys.path` (script): that
+            of the script's real file, as `python script.py` puts it (a
+            symbolic link resolved); relative to the run's directory when
+            it lies inside it. None: the script's own directory.
         max_steps: Stop the script after this many recorded steps, or None.
         result: Path of the result file (filled in per process).
         trace: Path of the trace file, or the base of a script's trace files
@@ -102,6 +106,7 @@ class WorkerSpec:
     record: str | None = None
     script: str | None = None
     args: tuple[str, ...] = ()
+    script_dir: str | None = None
     max_steps: int | None = None
     result: str = ""
     trace: str = ""

@@ -10,14 +10,19 @@ links to directories elsewhere (a scratch disk's output directory) included;
 small regular files copied (what a run rewrites is its own); large files,
 FIFOs, sockets and devices, the directories that are not the script's data
 (`.git`, virtual environments, `node_modules`, `__pycache__`), and every
-entry past the first `MAX_ENTRIES`, linked (read as they are, never copied).
-Each mirror sits in a parent directory of the run's own that links the
-original's siblings, so `../data` reads as under `python`.
+file past the first `MAX_ENTRIES` entries, linked (read as they are, never
+copied). Past that limit directories are still created anew, however many:
+a file a run creates (a checkpoint under `outputs/ckpt/`) is in its own
+directory whatever the size of the tree; the limit bounds what is copied,
+not what is walked (one link per file and one directory per directory of
+the tree, for each run). Each mirror sits in a parent directory of the
+run's own that links the original's siblings, so `../data` reads as under
+`python`.
 
-A linked file, or a directory linked past the limit, is still shared:
-`shared_writes` lists those a run changed (for a directory: an entry
-created, removed or renamed in it), and the check then fails instead of
-comparing runs that were not isolated.
+A linked file (or a directory linked because it loops back to one
+mirrored already) is still shared: `shared_writes` lists those a run
+changed (for a directory: an entry created, removed or renamed in it), and
+the check then fails instead of comparing runs that were not isolated.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ import stat
 # Files up to this size are copied into each run's directory; larger ones
 # (data sets, weights) are linked.
 MAX_COPIED_BYTES = 1 << 20
-# Entries mirrored one by one at most; deeper directories are linked whole.
+# Entries whose small files are copied at most; past them every file is
+# linked (directories are still created: see the module doc).
 MAX_ENTRIES = 20_000
 # Directory names linked whole: not what a training script writes into.
 _LINKED_WHOLE = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__"})
@@ -107,8 +113,8 @@ def mirror(source: str, destination: str, exclude: str) -> Mirror:
                     # Not the script's (.git, caches), or another file system
                     # mounted in the tree (/proc, /sys, /dev from "/").
                     os.symlink(path, target)
-                elif entries > MAX_ENTRIES or real in seen:
-                    # Past the limit, or a loop: shared, watched for new entries.
+                elif real in seen:
+                    # A loop: shared, watched for new entries.
                     os.symlink(path, target)
                     linked[path] = _stamp(path)
                 else:

@@ -3,6 +3,9 @@
 Started by `tfdet run` as `python -m tfdet._setup._launch SETTINGS_JSON KIND TARGET
 [ARGS...]` in an environment that already pins what must exist before the
 interpreter starts. KIND is "script" or "module".
+
+A process the script starts with `multiprocessing`'s "spawn" or
+"forkserver" method is enabled with the same settings (`_spawned`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import sys
 
 from tfdet import _variables
 from tfdet._errors import EXIT_USAGE, ProfileMismatchError
+from tfdet._setup import _spawned
 
 # `tfdet run`'s flag for each profile setting a script's own enable() may ask for.
 _FLAGS = {"seed": "--seed", "threads": "--threads", "cpu_isa": "--cpu-isa"}
@@ -51,6 +55,7 @@ def main(argv: list[str]) -> None:
         _notices.hide_at_import()
 
     enable(**json.loads(settings))
+    _spawned.give_spawned_children_the_profile(settings)
     sys.argv = [target, *args]
     try:
         _run(kind, target)
@@ -66,9 +71,11 @@ def _run(kind: str, target: str) -> None:
         # As `python -m`: sys.path[0] stays the working directory.
         runpy.run_module(target, run_name="__main__", alter_sys=True)
     else:
-        # As `python script.py`: sys.path[0] is the script's directory, not
-        # the working directory that `python -m tfdet._setup._launch` put there.
-        sys.path[0] = os.path.dirname(os.path.abspath(target))
+        # As `python script.py`: sys.path[0] is the directory of the
+        # script's real file (a symbolic link resolved, so its sibling
+        # modules import), not the working directory that `python -m
+        # tfdet._setup._launch` put there.
+        sys.path[0] = os.path.dirname(os.path.realpath(target))
         runpy.run_path(target, run_name="__main__")
 
 

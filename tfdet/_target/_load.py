@@ -60,7 +60,7 @@ class TargetSpec:
     legacy_keras: bool = False
 
 
-_LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
+LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
 # The values TensorFlow itself takes as "use tf_keras"
 # (`_versions.uses_legacy_keras`).
 _LEGACY_ON = frozenset({"1", "true", "True"})
@@ -79,17 +79,17 @@ def _turns_legacy_keras_on(node: ast.AST) -> bool:
     if isinstance(node, ast.Assign):
         return _constant(node.value) in _LEGACY_ON and any(
             isinstance(target, ast.Subscript)
-            and _constant(target.slice) == _LEGACY_KERAS
+            and _constant(target.slice) == LEGACY_KERAS
             for target in node.targets
         )
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
         arguments = [_constant(argument) for argument in node.args]
         if node.func.attr in ("setdefault", "putenv") and len(arguments) == 2:
-            return arguments[0] == _LEGACY_KERAS and arguments[1] in _LEGACY_ON
+            return arguments[0] == LEGACY_KERAS and arguments[1] in _LEGACY_ON
         if node.func.attr == "update" and node.args:
             mapping = node.args[0]
             return isinstance(mapping, ast.Dict) and any(
-                _constant(key) == _LEGACY_KERAS and _constant(value) in _LEGACY_ON
+                _constant(key) == LEGACY_KERAS and _constant(value) in _LEGACY_ON
                 for key, value in zip(mapping.keys, mapping.values, strict=True)
                 if key is not None
             )

@@ -147,17 +147,29 @@ def static_shape(sizes: Any) -> Any:
     """The static `tf.TensorShape` that a sizes tensor (4 numbers) holds.
 
     The registered gradients pass `shape_n([input, filter])[i]`, which has
-    no static value in a graph; its input has a static shape.
+    no static value in a graph; its input has a static shape. Keras 3's
+    `Conv2DTranspose` passes a list whose batch is a tensor of a graph
+    (`[tf.shape(x)[0], 16, 16, 4]` when traced with an unknown batch): that
+    number is unknown, the others are kept.
     """
     import tensorflow as tf
 
     value = tf.get_static_value(sizes, partial=True)
     if value is not None:
-        return tf.TensorShape([None if size is None else int(size) for size in value])
+        return tf.TensorShape([_static_number(size) for size in value])
     op = getattr(sizes, "op", None)
     if op is not None and op.type in ("Shape", "ShapeN"):
         return op.inputs[sizes.value_index].shape
     return tf.TensorShape([None] * 4)
+
+
+def _static_number(size: Any) -> int | None:
+    """One number of a sizes tensor or list as an int, or None if not known."""
+    import tensorflow as tf
+
+    if tf.is_tensor(size):
+        size = tf.get_static_value(size)
+    return None if size is None else int(size)
 
 
 def attribute_text(attribute: Any, default: str) -> str:

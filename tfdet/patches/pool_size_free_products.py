@@ -577,6 +577,12 @@ def conv2d_backprop_input(
             front = reach - 1 - before
             back = sizes[axis] + before - length
             spread = _cut_and_pad(spread, axis, front, back, length)
+        # The reshapes and pads above lose the static channel count: traced
+        # with an unknown batch (a Keras step, `predict` at a new batch
+        # size), the gradients of the convolution below would take it for a
+        # grouped one and leave it to TensorFlow's ops, which follow the
+        # pool size.
+        spread.set_shape([None, None, None, upstream.shape[3]])
         flipped = tf.transpose(tf.reverse(kernel, [0, 1]), [0, 1, 3, 2])
         return _conv(spread, flipped, [1, 1, 1, 1], "VALID", (), dilations)
 

@@ -54,6 +54,7 @@ from tfdet._protocol._perturb._registry import (
     parse,
     validate,
 )
+from tfdet._protocol._perturb.batch import BATCH
 from tfdet._protocol._perturb.emulated_cpu import EMULATED_CPU
 from tfdet._protocol._perturb.interrupt import INTERRUPT, SCRIPT_INTERRUPT_AFTER
 from tfdet._protocol._perturb.migrate import MIGRATE
@@ -61,6 +62,7 @@ from tfdet._protocol._perturb.threads import THREADS
 
 __all__ = [
     "ALL",
+    "BATCH",
     "DESCRIPTIONS",
     "EMULATED_CPU",
     "IMITATED",
