@@ -11,7 +11,8 @@ import os
 import pytest
 
 from tests.conftest import REPO, clean_env, run_tfdet
-from tfdet._cost import _advice, _measure, _ops, _report
+from tfdet._child import _ops
+from tfdet._cost import _advice, _measure, _report
 from tfdet._cost._settings import (
     PLAIN,
     POOL_SIZE_FREE,
@@ -653,7 +654,9 @@ def test_cost_times_a_whole_script_in_copies_of_its_directory(tmp_path, kind):
     assert names[:2] == ["plain TensorFlow", "enable()"]
     assert not any("jit_compile" in name for name in names)
     for row in report["rows"]:
-        assert row["ms_per_step"] > 0 and row["digests"] == []
+        # One round: a digest of what the script trained, not yet compared.
+        assert row["ms_per_step"] > 0 and len(row["digests"]) == 1
+        assert row["repeatable"] is None
     assert report["rows"][1]["portable"]
     # Each setting ran in a copy of the directory: nothing was written here.
     assert sorted(path.name for path in tmp_path.iterdir()) == ["train.py"]
@@ -680,3 +683,116 @@ def test_a_run_that_hangs_is_killed_at_the_timeout_and_exits_3():
     result = run_tfdet("cost", f"{target}:sleepy_model", "--timeout", "20")
     assert result.returncode == 3, result.stderr
     assert "run did not answer within 20 s (--timeout)" in result.stderr
+
+
+# --- A script's runs: the runner's own pipes, directories and Keras choice -----
+
+_TWO_SETTINGS = [PLAIN, Setting("enable()", {})]
+
+# It reads stdin, points fd 0 and 1 at /dev/null, seeds itself from
+# os.urandom and keeps a BackupAndRestore backup in an absolute directory
+# of the user's: each is the script's business, none may reach tfdet's
+# protocol or the user's files.
+_OWN_STDIO_SCRIPT = """
+import os, sys
+import numpy as np
+import keras
+
+sys.stdin.read()
+devnull = os.open(os.devnull, os.O_RDWR)
+os.dup2(devnull, 0)
+os.dup2(devnull, 1)
+keras.utils.set_random_seed(int.from_bytes(os.urandom(4), "little"))
+x = np.random.rand(64, 4).astype("float32")
+y = np.random.rand(64, 1).astype("float32")
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+backup = keras.callbacks.BackupAndRestore({backup!r}, save_freq=1)
+model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[backup])
+print("trained")
+"""
+
+
+@pytest.mark.slow
+def test_a_script_keeps_its_stdio_and_the_users_backup_and_rounds_say_no(
+    tmp_path, monkeypatch
+):
+    backup = tmp_path / "users-backup"
+    backup.mkdir()
+    (backup / "generation.txt").write_text("the user's own backup\n")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text(_OWN_STDIO_SCRIPT.format(backup=str(backup)))
+    monkeypatch.chdir(project)
+    said = []
+    report = _measure.measure(
+        _measure.Workload(script="train.py"),
+        _TWO_SETTINGS,
+        rounds=2, blocks=1, steps=2, warmup=1, timeout=120, progress=said.append,
+    )  # fmt: skip
+    # Measured: the protocol never went through the script's stdin or stdout.
+    assert [row.setting.name for row in report.rows] == ["plain TensorFlow", "enable()"]
+    for row in report.rows:
+        assert row.ms_per_step > 0
+        # Seeded from os.urandom: two fresh processes differ, and it says so.
+        assert row.repeatable is False and len(row.digests) == 2, row
+        assert "NO (2)" in str(report)
+    # Every run trained against its own copy of the backup directory.
+    assert sorted(p.name for p in backup.iterdir()) == ["generation.txt"]
+    assert (backup / "generation.txt").read_text() == "the user's own backup\n"
+    assert any(line.startswith(f"{backup}: outside") for line in said), said
+
+
+# A tf_keras script that makes the choice itself (the tf_keras guide's way)
+# and trains 24 steps: 8 batches in each of 3 epochs.
+_TF_KERAS_SCRIPT = """
+import os
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import numpy as np
+import tensorflow as tf
+
+tf.keras.utils.set_random_seed(1)
+x = np.random.rand(64, 4).astype("float32")
+y = np.random.rand(64, 1).astype("float32")
+model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+assert type(model).__module__.startswith("tf_keras"), type(model)
+model.compile("sgd", "mse")
+model.fit(x, y, batch_size=8, epochs=3, verbose=0)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.tf_keras
+def test_a_tf_keras_script_that_chooses_it_itself_is_measured_step_by_step(
+    tmp_path, monkeypatch
+):
+    (tmp_path / "train.py").write_text(_TF_KERAS_SCRIPT)
+    monkeypatch.chdir(tmp_path)
+    # The caller's own choice is not what decides: the script's is.
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
+    said = []
+    # 4 warm-up steps and 2 blocks of 10: exactly the script's 24 steps, so
+    # a step tfdet missed would cut the second block short.
+    report = _measure.measure(
+        _measure.Workload(script="train.py"),
+        _TWO_SETTINGS,
+        blocks=2, steps=10, warmup=4, timeout=120, progress=said.append,
+    )  # fmt: skip
+    assert all(row.ms_per_step > 0 for row in report.rows)
+    assert not [line for line in said if "ended during block" in line], said
+    assert sum("block 2/2" in line for line in said) == 1, said
+
+
+def test_rounds_say_why_they_cannot_tell_whether_the_bits_repeat():
+    same = {"digest": "d1", "steps": 9}
+    assert _measure._repeat([same, same]) == (("d1", "d1"), None)
+    assert _measure._repeat([same, {"digest": "d2", "steps": 9}])[1] is None
+    digests, why = _measure._repeat([same, {"digest": "d2", "steps": 7}])
+    assert digests == () and "different step counts before the digest (7, 9)" in why
+    digests, why = _measure._repeat([same, {"digest": None, "why": "no model"}])
+    assert (digests, why) == ((), "no model")
+    row = dataclasses.replace(
+        _row("enable()", 1.0), digests=(), same_bits_unknown="no model"
+    )
+    text = str(_cost(row))
+    assert "unknown" in text and "enable(): same bits unknown: no model" in text

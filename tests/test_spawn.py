@@ -10,6 +10,7 @@ import json
 import os
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -35,6 +36,14 @@ CHILD = textwrap.dedent(
         sys.exit(5)
     elif mode == "hang":
         threading.Event().wait()
+    elif mode == "answer":
+        # tfdet cost's kind of run: answers each request until the last.
+        requests = os.fdopen(spec["requests_fd"])
+        for line in requests:
+            answer = {"echo": json.loads(line), "stdin": sys.stdin.read()}
+            os.write(spec["progress_fd"], (json.dumps(answer) + "\\n").encode())
+        with open(spec["result"], "w") as out:
+            json.dump({}, out)
     """
 )
 
@@ -92,6 +101,50 @@ def test_a_progress_callback_that_raises_does_not_fail_the_run(child, tmp_path):
 
     outcome = _one(child, tmp_path, "result", progress=broken)
     assert called.is_set() and outcome.ok
+
+
+def test_a_conversation_asks_its_run_over_pipes_of_its_own(child, tmp_path):
+    from tfdet._errors import RunFailedError
+    from tfdet._runner._conversation import Conversation
+
+    def converse(mode, timeout=60.0):
+        talk = Conversation("talking", timeout)
+        done = []
+        thread = threading.Thread(
+            target=lambda: done.extend(
+                _spawn.run_all(
+                    [_perturb.RunSetup(0)],
+                    _spec.WorkerSpec(_spec.CHECK, target=mode),
+                    str(tmp_path),
+                    module="spawn_child",
+                    base_env=child,
+                    timeout=0.5,  # A whole-life limit does not apply to it.
+                    conversations=lambda setup: talk,
+                )
+            )
+        )
+        thread.start()
+        return talk, thread, done
+
+    talk, thread, done = converse("answer")
+    time.sleep(1.0)  # Past the whole-life limit above: not killed.
+    assert talk.ask({"steps": 2}) == {"echo": {"steps": 2}, "stdin": ""}
+    assert talk.ask({"steps": 3})["echo"] == {"steps": 3}
+    talk.end()
+    thread.join(30)
+    (outcome,) = done
+    assert outcome.ok
+    # A run that ends before it answers says how, at once.
+    talk, thread, _ = converse("exit")
+    with pytest.raises(RunFailedError, match=r"talking run ended \(exited 5\)"):
+        talk.ask({"steps": 1})
+    thread.join(30)
+    # One that does not answer is killed after `timeout`, per answer.
+    talk, thread, done = converse("hang", timeout=1.0)
+    with pytest.raises(RunFailedError, match="did not answer within 1 s"):
+        talk.ask({"steps": 1})
+    thread.join(30)
+    assert done[0].timed_out
 
 
 def test_worker_spec_and_environment_come_from_the_options():

@@ -1,7 +1,7 @@
 """The protocol between tfdet and the training processes it starts.
 
-Every process `tfdet check`, `check --script`, `locate` and the TARGET
-preflight start is `python -m tfdet._child SPEC_JSON`, where SPEC_JSON
+Every process `tfdet check`, `check --script`, `locate`, `cost` and the
+TARGET preflight start is `python -m tfdet._child SPEC_JSON`, where SPEC_JSON
 is one `WorkerSpec`. The child:
 
 1. calls `child_start` first (every kind): `tfdet.enable()` with the spec's
@@ -9,13 +9,15 @@ is one `WorkerSpec`. The child:
    perturbation that acts inside the process (`_perturb.applied_in_child`,
    deferred to `import tensorflow` where TensorFlow is not loaded yet);
    the notice of a `jit_compile=True` that Keras dropped;
-2. runs its kind (`_worker`, `_locate_worker`, `_script_worker`, or the
-   preflight in `_target`), telling the parent its steps on a channel of
-   its own (`report_progress`: a pipe whose descriptor the spec names, never
-   stdout, which a script may redirect or close), and, for a TARGET, when
-   it starts building it and when it has built it (`report_stage`), so the
-   parent can tell a TARGET that exits or hangs while being built from a
-   run that fails later;
+2. runs its kind (`_worker`, `_locate_worker`, `_script_worker`,
+   `_cost_worker`, or the preflight in `_target`), telling the parent its
+   steps on a channel of its own (`report_progress`: a pipe whose descriptor
+   the spec names, never stdout, which a script may redirect or close), and,
+   for a TARGET, when it starts building it and when it has built it
+   (`report_stage`), so the parent can tell a TARGET that exits or hangs
+   while being built from a run that fails later. A `cost` run also reads
+   its parent's requests from a pipe of its own (`next_request`) and
+   answers on the progress channel (`answer`);
 3. writes one JSON result, atomically (`write_result`), from its own
    process only (a process the script forked never writes it). The result
    carries `perturbations_applied`, so the parent can refuse a run that did
@@ -58,6 +60,7 @@ from tfdet._protocol._spec import (
 _own_spec: WorkerSpec | None = None
 _owner_pid: int | None = None
 _progress: Any = None
+_requests: Any = None
 _applied: dict[str, str] = {}
 # Perturbations given to this run that it could not apply, with why.
 _not_applied: dict[str, str] = {}
@@ -80,6 +83,23 @@ def _tell_parent(line: str) -> None:
         except (OSError, ValueError):
             # Progress is for people: the parent may have stopped reading.
             pass
+
+
+def answer(message: dict[str, Any]) -> None:
+    """Answers the parent's request (a run of the `cost` kind), as one JSON
+    line on the progress channel. Unlike progress, an answer that cannot be
+    sent is an error: the parent is gone, and the run with it."""
+    if _progress is None or not is_owner():
+        return
+    _progress.write(json.dumps(message) + "\n")
+    _progress.flush()
+
+
+def next_request() -> dict[str, Any]:
+    """The parent's next request (a run of the `cost` kind); `{"end": true}`
+    when it closed its end, or when this run has no request channel."""
+    line = _requests.readline() if _requests is not None else ""
+    return json.loads(line) if line.strip() else {"end": True}
 
 
 def report_stage(stage: str) -> None:
@@ -244,15 +264,16 @@ def _apply_perturbations() -> None:
 def child_start(spec: WorkerSpec) -> None:
     """What every child does before its TARGET or script: see the module doc.
 
-    A script run without tfdet is left to seed itself (it is the careful
-    user); TensorFlow is not imported for it here, so that the script's own
-    environment settings still come first.
+    A script run without tfdet (`check --script`'s, `cost --script`'s) is
+    left to seed itself (it is the careful user); TensorFlow is not imported
+    for it here, so that the script's own environment settings still come
+    first.
     """
     from tfdet.patches import _import_hook
 
     if spec.enable:
         _enable(spec)
-    elif spec.kind != SCRIPT:
+    elif spec.script is None:
         seed_without_tfdet(spec.seed, spec.workers)
     # In-child perturbations (e.g. another CPU's cache sizes) act once
     # TensorFlow's libraries are loaded and before its first op.
@@ -282,12 +303,13 @@ def run_facts(spec: WorkerSpec) -> dict[str, Any]:
     }
 
 
-def _open_progress(fd: int | None) -> Any:
+def _open_channel(fd: int | None, mode: str) -> Any:
+    """The progress (`"w"`) or request (`"r"`) channel, or None."""
     if fd is None:
         return None
     # Not inherited by programs the script starts (subprocess closes it).
     os.set_inheritable(fd, False)
-    return os.fdopen(fd, "w", encoding="utf-8", closefd=True)
+    return os.fdopen(fd, mode, encoding="utf-8", closefd=True)
 
 
 def _resume_where_killed(spec: WorkerSpec) -> None:
@@ -310,13 +332,14 @@ def main(argv: list[str]) -> int:
     """The entry point of every child: `python -m tfdet._child SPEC_JSON`."""
     import importlib
 
-    global _own_spec, _owner_pid, _progress
+    global _own_spec, _owner_pid, _progress, _requests
     from tfdet._errors import EXIT_USAGE, TargetError
 
     _own_spec = WorkerSpec.from_json(argv[1])
     _resume_where_killed(_own_spec)
     _owner_pid = os.getpid()
-    _progress = _open_progress(_own_spec.progress_fd)
+    _progress = _open_channel(_own_spec.progress_fd, "w")
+    _requests = _open_channel(_own_spec.requests_fd, "r")
     module = importlib.import_module(KINDS[_own_spec.kind])
     try:
         return module.run(_own_spec) or 0

@@ -45,11 +45,11 @@ from tfdet._errors import EXIT_DIVERGED, EXIT_OK
 from tfdet._pin import _tiers
 from tfdet._target import _load
 
-# The schedule's defaults: about a minute on the built-in CNN on 2 cores.
-DEFAULT_ROUNDS = 1
-DEFAULT_BLOCKS = 4
-DEFAULT_STEPS = 5
-DEFAULT_WARMUP = 3
+# The schedule's defaults, stated once in `_measure`.
+DEFAULT_ROUNDS = _measure.DEFAULT_ROUNDS
+DEFAULT_BLOCKS = _measure.DEFAULT_BLOCKS
+DEFAULT_STEPS = _measure.DEFAULT_STEPS
+DEFAULT_WARMUP = _measure.DEFAULT_WARMUP
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,38 +7,48 @@ A block's ratio to plain TensorFlow compares steps timed seconds apart, so
 the load of a shared machine hits every setting alike; the report gives the
 median over blocks of these ratios, and their middle half. After the blocks
 each process reports its weights' digest (with several rounds, equal
-digests say that a setting gave the same bits in every fresh process), then
-profiles a few steps per op type (first round only).
+digests say that a setting gave the same bits in every fresh process, unless
+they say why they cannot tell: `_repeat`), then profiles a few steps per op
+type (first round only).
+
+The processes are children of the `cost` kind (`tfdet._child._cost_worker`),
+started by the runner as `tfdet check`'s are (`_spawn.run_all`), each with a
+`Conversation` the parent asks over pipes of tfdet's own; a script's each
+in a mirror of the working directory of its own (`_workdir`), as under
+`tfdet check --script`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import os
-import queue
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from tfdet._commands._options import DEFAULT_TIMEOUT
+from tfdet._commands._options import DEFAULT_TIMEOUT, RunOptions
 from tfdet._cost import _advice, _report, _settings
 from tfdet._cost._settings import Setting
 from tfdet._errors import RunFailedError, TargetError
 from tfdet._pin import _environment, _isa
+from tfdet._protocol import _spec
+from tfdet._protocol._perturb import RunSetup
 from tfdet._runner import _spawn, _workdir
+from tfdet._runner._conversation import Conversation
 
+# The schedule's defaults (the CLI's too): about a minute on the built-in CNN
+# on 2 cores.
+DEFAULT_ROUNDS = 1
+DEFAULT_BLOCKS = 4
+DEFAULT_STEPS = 5
+DEFAULT_WARMUP = 3
 # Profiled steps per setting: enough to average the per-op times, few enough
 # not to matter next to the timed blocks.
 PROFILED_STEPS = 3
-# How often a wait for a worker's answer wakes, so that Ctrl-C is handled.
-_POLL_SECONDS = 0.5
+_LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
 
 Progress = Callable[[str], None]
 
@@ -81,102 +91,117 @@ class Workload:
         }
 
 
+def _spec_for(setting: Setting, workload: Workload, warmup: int) -> _spec.WorkerSpec:
+    """The `cost` child's spec for `setting`: its `enable()` keyword
+    arguments are `RunOptions` fields (each default stated there once)."""
+    options = RunOptions(enable=setting.enable is not None, **(setting.enable or {}))
+    return options.worker_spec(
+        _spec.COST,
+        **workload.spec(),
+        warmup=warmup,
+        jit_compile=setting.jit_compile,
+    )
+
+
 class _Worker:
-    """One setting in its own fresh process, answering the parent's requests."""
+    """One setting's process, which the parent asks to train in turns."""
 
-    def __init__(
-        self,
-        setting: Setting,
-        workload: Workload,
-        warmup: int,
-        env: dict[str, str],
-        logs: str,
-        cwd: str | None,
-        timeout: float,
-    ) -> None:
+    def __init__(self, setting: Setting, timeout: float) -> None:
         self.setting = setting
-        self._timeout = timeout
+        self.conversation = Conversation(setting.name, timeout)
         self.finished = False  # A script that ended by itself.
-        spec = {
-            **workload.spec(),
-            "setting": setting.to_dict(),
-            "warmup": warmup,
-            "seed": 0,
-        }
-        self._log = os.path.join(logs, f"{len(os.listdir(logs))}.stderr")
-        with open(self._log, "wb") as stderr:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "tfdet._cost._worker", json.dumps(spec)],
-                env=env,
-                cwd=cwd,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                text=True,
-                start_new_session=True,  # Killed with whatever it started.
-            )
-        # Read on a thread of its own, so that a wait can time out.
-        self._lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self._process.stdout:
-            self._lines.put(line)
-        self._lines.put("")  # The process closed its end: it is gone.
-
-    def _answer(self) -> dict[str, Any]:
-        deadline = time.monotonic() + self._timeout
-        while True:
-            try:
-                line = self._lines.get(timeout=_POLL_SECONDS)
-                break
-            except queue.Empty:
-                if time.monotonic() > deadline:
-                    self.close()
-                    raise RunFailedError(
-                        f"tfdet cost: the {self.setting.name} run did not answer "
-                        f"within {self._timeout:g} s (--timeout): a step that hangs, "
-                        "or a build slower than that."
-                    ) from None
-        if not line:
-            self._process.wait()
-            tail = _spawn.stderr_tail(self._log)
-            raise RunFailedError(
-                f"tfdet cost: the {self.setting.name} run ended "
-                f"({_spawn.describe_exit(self._process.returncode)}) before it "
-                "answered." + (f" Its output ends:\n{tail}" if tail else "")
-            )
-        return json.loads(line)
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        self._process.stdin.write(json.dumps(request) + "\n")
-        self._process.stdin.flush()
-        answer = self._answer()
+        answer = self.conversation.ask(request)
         self.finished = self.finished or bool(answer.get("finished"))
         return answer
 
     def ready(self) -> dict[str, Any]:
         """The worker's first answer: built, warmed up, its profile."""
-        answer = self._answer()
+        answer = self.conversation.answer()
         if "error" in answer:
             raise TargetError(answer["error"])
         return answer
 
-    def close(self) -> None:
-        _spawn.kill_tree(self._process)
-        with contextlib.suppress(OSError):
-            self._process.stdin.close()
-        self._process.wait()
+
+class _Processes:
+    """One round's processes, one per setting, started together by the runner
+    (`_spawn.run_all` with a `Conversation` each, in a thread of its own
+    while this one talks to them); see `tfdet._runner._conversation`."""
+
+    def __init__(
+        self,
+        workers: list[_Worker],
+        specs: list[_spec.WorkerSpec],
+        first_index: int,
+        workdir: str,
+        env: dict[str, str],
+        directories: list[str] | None,
+    ) -> None:
+        self.workers = workers
+        self.outcomes: list[_spawn.RunOutcome] = []
+        setups = [RunSetup(first_index + k) for k in range(len(workers))]
+
+        def slot(setup: RunSetup) -> int:
+            return setup.index - first_index
+
+        def run() -> None:
+            self.outcomes = _spawn.run_all(
+                setups,
+                lambda setup: specs[slot(setup)],
+                workdir,
+                base_env=env,
+                # Unused: a conversation's run is timed per answer.
+                timeout=DEFAULT_TIMEOUT,
+                directory=None
+                if directories is None
+                else lambda setup: directories[slot(setup)],
+                conversations=lambda setup: workers[slot(setup)].conversation,
+            )
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def close(self, stop: bool, grace: float = 0.0) -> list[_spawn.RunOutcome]:
+        """Ends every process, waits for them, and returns their outcomes.
+
+        Without `stop`, each is told there are no more requests and has
+        `grace` seconds to write its result and exit; then, or at once with
+        `stop`, what is left is killed.
+        """
+        if not stop:
+            for worker in self.workers:
+                worker.conversation.end()
+            deadline = time.monotonic() + grace
+            while self._thread.is_alive() and time.monotonic() < deadline:
+                self._thread.join(_spawn.JOIN_POLL_SECONDS)
+        if stop or self._thread.is_alive():
+            for worker in self.workers:
+                worker.conversation.kill()
+        _spawn.join_interruptibly(self._thread)
+        return self.outcomes
 
 
 def _environment_for_runs(workload: Workload) -> dict[str, str]:
     """The CPU runs' environment, without the caller's determinism variables:
-    plain TensorFlow means plain, and each setting pins its own."""
+    plain TensorFlow means plain, and each setting pins its own. The Keras
+    stays the workload's: a script's choice is read from it, as `check
+    --script` reads it, and the caller's `TF_USE_LEGACY_KERAS` is kept."""
     from tfdet._target import _load
 
-    env = _spawn.run_environment(_load.parse(workload.target), "cpu")
+    spec = (
+        _load.parse(workload.target)
+        if workload.script is None
+        else _load.TargetSpec(
+            "script", legacy_keras=_load.sets_legacy_keras(workload.script)
+        )
+    )
+    env = _spawn.run_environment(spec, "cpu")
+    keras_choice = env.get(_LEGACY_KERAS)
     for name in _environment.DETERMINISM_VARIABLES:
         env.pop(name, None)
+    if keras_choice is not None:
+        env[_LEGACY_KERAS] = keras_choice
     return env
 
 
@@ -204,7 +229,8 @@ class _Figures:
 
     ready: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     per_block: list[dict[str, float]] = dataclasses.field(default_factory=list)
-    digests: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    # Per round, each process's answer to `digest`.
+    digests: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
     ops: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
@@ -248,11 +274,10 @@ def _round(
 
     ended = not all(block(index, f"/{blocks}") for index in range(blocks))
     # Every process has trained the same steps: equal digests across rounds
-    # mean repeatable bits.
+    # mean repeatable bits (`_repeat`).
     for worker in workers:
-        digest = worker.ask({"digest": True})["digest"]
-        if digest is not None:
-            figures.digests.setdefault(worker.setting.name, []).append(digest)
+        answer = worker.ask({"digest": True})
+        figures.digests.setdefault(worker.setting.name, []).append(answer)
     extra = blocks
     while not ended and more_blocks():
         ended = not block(extra, " (beyond --blocks: the advice is inconclusive)")
@@ -268,10 +293,10 @@ def measure(
     workload: Workload | str,
     settings: list[Setting] | None = None,
     *,
-    rounds: int = 1,
-    blocks: int = 4,
-    steps: int = 5,
-    warmup: int = 3,
+    rounds: int = DEFAULT_ROUNDS,
+    blocks: int = DEFAULT_BLOCKS,
+    steps: int = DEFAULT_STEPS,
+    warmup: int = DEFAULT_WARMUP,
     timeout: float = DEFAULT_TIMEOUT,
     progress: Progress | None = None,
     need: tuple[str, ...] = _report.DEFAULT_NEED,
@@ -306,7 +331,9 @@ def measure(
         settings = _settings.settings_for(available, xla=workload.script is None)
     say = progress or (lambda text: None)
     env = _environment_for_runs(workload)
+    specs = [_spec_for(setting, workload, warmup) for setting in settings]
     figures = _Figures()
+    own_copies: set[str] = set()  # A script's paths each run had its own copy of.
     launched_in = os.getcwd()
 
     def report() -> _report.CostReport:
@@ -330,27 +357,29 @@ def measure(
             rounds * blocks
         ) and _advice.undecided(report().advice())
 
-    with tempfile.TemporaryDirectory(prefix="tfdet-cost-") as logs:
+    with tempfile.TemporaryDirectory(prefix="tfdet-cost-") as workdir:
         for round_ in range(rounds):
             say(
                 f"round {round_ + 1}/{rounds}: starting TensorFlow in "
                 f"{len(settings)} processes, one per setting"
             )
-            workers = []
+            first = round_ * len(settings)
+            directories = None
+            if workload.script is not None:
+                # As `tfdet check --script`: a copy of the working directory
+                # each, so no two settings share a file.
+                name = os.path.basename(launched_in.rstrip(os.sep)) or "root"
+                directories = [
+                    _workdir.mirror(
+                        launched_in,
+                        os.path.join(workdir, f"run{first + k}-parent", name),
+                        workdir,
+                    ).path
+                    for k in range(len(settings))
+                ]
+            workers = [_Worker(setting, timeout) for setting in settings]
+            processes = _Processes(workers, specs, first, workdir, env, directories)
             try:
-                for index, setting in enumerate(settings):
-                    cwd = None
-                    if workload.script is not None:
-                        # As `tfdet check --script`: a copy of the working
-                        # directory each, so no two settings share a file.
-                        name = os.path.basename(launched_in.rstrip(os.sep)) or "root"
-                        parent = os.path.join(logs, f"r{round_}s{index}-parent")
-                        cwd = _workdir.mirror(
-                            launched_in, os.path.join(parent, name), logs
-                        ).path
-                    workers.append(
-                        _Worker(setting, workload, warmup, env, logs, cwd, timeout)
-                    )
                 last = round_ == rounds - 1
                 _round(
                     workers,
@@ -361,9 +390,33 @@ def measure(
                     say,
                     more_blocks if last else lambda: False,
                 )
-            finally:
-                for worker in workers:
-                    worker.close()
+            except RunFailedError:
+                outcomes = processes.close(stop=True)
+                if workload.script is None:
+                    # A TARGET that cannot be built (exit 2) says so first.
+                    # A run that timed out (or that this parent stopped) says
+                    # nothing about the TARGET: each answer is timed, so it
+                    # may have been starting TensorFlow still.
+                    _spawn.raise_unbuilt_target(
+                        [outcome for outcome in outcomes if not outcome.timed_out],
+                        workload.target,
+                        timeout,
+                    )
+                raise
+            except BaseException:
+                processes.close(stop=True)
+                raise
+            outcomes = processes.close(stop=False, grace=timeout)
+            own_copies.update(
+                path
+                for outcome in outcomes
+                for path in ((outcome.result or {}).get("own_copies") or {})
+            )
+    for path in sorted(own_copies):
+        say(
+            f"{path}: outside the working directory, so each setting's run kept "
+            "its own copy (training state a resume reads back)"
+        )
     if not figures.per_block:
         raise TargetError(
             f"Expected the script to train {warmup} warm-up steps and a block of "
@@ -381,6 +434,22 @@ class BlockFigures:
     ratio: float
     ratio_q1: float
     ratio_q3: float
+
+
+def _repeat(answers: list[dict[str, Any]]) -> tuple[tuple[str, ...], str | None]:
+    """A setting's digests over the rounds, or why they cannot say whether
+    it repeated its bits: `(digests, why)`."""
+    unknown = [answer["why"] for answer in answers if answer.get("digest") is None]
+    if unknown:
+        return (), unknown[0]
+    steps = sorted({answer.get("steps") for answer in answers}, key=str)
+    if len(steps) > 1:
+        return (), (
+            "its processes trained different step counts before the digest ("
+            + ", ".join(map(str, steps))
+            + "): the script chose them"
+        )
+    return tuple(answer["digest"] for answer in answers), None
 
 
 def block_figures(
@@ -413,13 +482,15 @@ def _row(setting: Setting, figures: _Figures, baseline: str) -> _report.CostRow:
     name = setting.name
     timing = block_figures(figures.per_block, name, baseline)
     xla = bool(figures.ready[name]["xla"])
+    digests, unknown = _repeat(figures.digests.get(name, []))
     return _report.CostRow(
         setting=setting,
         **dataclasses.asdict(timing),
         xla=xla,
         bits_follow=tuple(_settings.bits_follow(figures.ready[name]["profile"], xla)),
         tiers=tuple(_settings.tiers(figures.ready[name]["profile"], xla)),
-        digests=tuple(figures.digests.get(name, [])),
+        digests=digests,
+        same_bits_unknown=unknown,
         ops=_shares(figures.ops.get(name, {}), timing.ms_per_step),
         note=None
         if not setting.jit_compile or xla

@@ -52,11 +52,15 @@ class CostRow:
         bits_follow: The machine facts its profile leaves to decide the bits
             (`_settings.bits_follow`); empty: portable.
         tiers: The tiers its profile gives (`_settings.tiers`), by name.
-        digests: Its weights' digest, one per round (a fresh process each).
+        digests: Its weights' digest, one per round (a fresh process each);
+            empty when `same_bits_unknown` says why they cannot tell.
         ops: `{op type: {"ms": its share of a step, "node": costliest
             node}}` from the profiler (`_measure._shares`); empty when the
             profiler saw no op (XLA compiles the step into one program).
         note: Why it is not what was asked (XLA turned off), or None.
+        same_bits_unknown: Why the rounds cannot say whether it repeated
+            its bits (a script whose processes trained different step
+            counts), or None.
     """
 
     setting: Setting
@@ -70,6 +74,7 @@ class CostRow:
     ops: dict[str, dict[str, Any]]
     note: str | None = None
     tiers: tuple[str, ...] = ()
+    same_bits_unknown: str | None = None
 
     @property
     def name(self) -> str:
@@ -87,7 +92,8 @@ class CostRow:
 
     @property
     def repeatable(self) -> bool | None:
-        """Same digest in every round; None with one round (not compared)."""
+        """Same digest in every round; None with one round (not compared),
+        or when `same_bits_unknown` says why the rounds cannot tell."""
         return None if len(self.digests) < 2 else len(set(self.digests)) == 1
 
     def growth(self, plain: CostRow) -> list[OpGrowth]:
@@ -268,6 +274,8 @@ def _advice_line(report: CostReport, tier: _tiers.Tier) -> str:
 
 
 def _same_bits(row: CostRow) -> str:
+    if row.same_bits_unknown is not None:
+        return "unknown"
     if row.repeatable is None:
         return "-"
     return ("yes" if row.repeatable else "NO") + f" ({len(row.digests)})"
@@ -296,6 +304,11 @@ def format_text(report: CostReport) -> str:
             f"{_gives(row)}"
         )
     notes = [f"  {row.setting.name}: {row.note}" for row in report.rows if row.note]
+    notes += [
+        f"  {row.setting.name}: same bits unknown: {row.same_bits_unknown}"
+        for row in report.rows
+        if row.same_bits_unknown is not None
+    ]
     if notes:
         lines += ["", "notes:", *notes]
     advice = report.advice()

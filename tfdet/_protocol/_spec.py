@@ -22,11 +22,13 @@ CHECK = "check"
 LOCATE = "locate"
 SCRIPT = "script"
 PREFLIGHT = "preflight"
+COST = "cost"
 KINDS = {
     CHECK: "tfdet._child._worker",
     LOCATE: "tfdet._child._locate_worker",
     SCRIPT: "tfdet._child._script_worker",
     PREFLIGHT: "tfdet._child._preflight",
+    COST: "tfdet._child._cost_worker",
 }
 
 
@@ -47,6 +49,9 @@ TARGET_ERROR = "target"
 BUILDING = "building"
 BUILT = "built"
 STAGES = (BUILDING, BUILT)
+# A line on the progress channel that starts so is a child's answer to its
+# parent's request (a JSON object: `tfdet cost`'s worker), not progress.
+ANSWER_START = "{"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,13 +66,13 @@ class WorkerSpec:
             gives some processes another one).
         cpu_isa: `tfdet.enable(cpu_isa=...)`.
         patches: `tfdet.enable(patches=...)`.
-        target: The TARGET string (check, locate, preflight).
+        target: The TARGET string (check, locate, preflight, cost).
         steps: Training steps (check, locate).
         workers: Processes of a multi-worker run (check).
         replicas: Replicas of a `MirroredStrategy` in one process (check).
         record: Path of a `tfdet locate --record` trace to write, or None.
-        script: Path of the training script (script).
-        args: The script's arguments (script).
+        script: Path of the training script (script, cost).
+        args: The script's arguments (script, cost).
         script_dir: The directory put first on `sys.path` (script): that
             of the script's real file, as `python script.py` puts it (a
             symbolic link resolved); relative to the run's directory when
@@ -80,6 +85,12 @@ class WorkerSpec:
             (filled in per process).
         resume_dir: Where a run of the `interrupt` perturbation keeps what
             it needs to resume (filled in per process), or None.
+        warmup: Untimed training steps before the first answer (cost).
+        jit_compile: Set on the TARGET's model before its first step (cost's
+            XLA setting), or None to keep what the TARGET compiled with.
+        requests_fd: The descriptor the child reads its parent's requests
+            from (cost: one JSON line each; the answers go back on the
+            progress channel), or None (filled in per process).
     """
 
     kind: str
@@ -101,6 +112,9 @@ class WorkerSpec:
     trace: str = ""
     progress_fd: int | None = None
     resume_dir: str | None = None
+    warmup: int = 0
+    jit_compile: bool | None = None
+    requests_fd: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -36,6 +36,7 @@ from tfdet._errors import RunFailedError, TargetError, TraceFormatError
 from tfdet._protocol import _spec
 from tfdet._protocol._perturb import RunSetup
 from tfdet._record import _trace
+from tfdet._runner._conversation import Conversation
 from tfdet._target import _load
 
 STDERR_TAIL_LINES = 25
@@ -348,12 +349,17 @@ def _forward_progress(
     index: int,
     progress: Callable[[int, int, int], None] | None,
     stages: list[str],
+    conversation: Conversation | None = None,
 ) -> None:
-    """Passes one `DONE TOTAL` line on, and keeps a stage line in `stages`.
+    """Passes one `DONE TOTAL` line on, keeps a stage line in `stages`, and
+    gives an answer line to the run's `conversation` (when it has one).
 
     Anything else is ignored.
     """
     line = raw.decode("utf-8", errors="replace").strip()
+    if conversation is not None and line.startswith(_spec.ANSWER_START):
+        conversation.received(line)
+        return
     if line in _spec.STAGES:
         stages.append(line)
         return
@@ -373,6 +379,7 @@ def _follow_progress(
     progress: Callable[[int, int, int], None] | None,
     stages: list[str],
     ended: threading.Event,
+    conversation: Conversation | None = None,
 ) -> threading.Thread:
     """Reads the progress pipe until it closes, or `ended` is set and it is idle.
 
@@ -394,7 +401,7 @@ def _follow_progress(
                     return
                 *lines, pending = (pending + chunk).split(b"\n")
                 for line in lines:
-                    _forward_progress(line, index, progress, stages)
+                    _forward_progress(line, index, progress, stages, conversation)
         finally:
             os.close(read_fd)
 
@@ -445,16 +452,22 @@ def _start_and_wait(
     group: _ProcessGroup,
     timeout: float,
     cwd: str | None,
+    conversation: Conversation | None = None,
 ) -> tuple[subprocess.Popen, bool]:
     """Runs one process of a run to its end: `(process, timed out)`.
 
     `command` ends with the spec, whose progress descriptor is replaced by
     this process's own pipe. Output is appended to the run's files, the
-    stages it reports to `stages`.
+    stages it reports to `stages`. A run with a `conversation` also gets a
+    request pipe of its own, and no limit on its whole life: the
+    conversation times each answer (see `_conversation`).
     """
     read_fd, write_fd = os.pipe()
+    requests_read, requests_write = os.pipe() if conversation else (-1, -1)
     spec = dataclasses.replace(
-        _spec.WorkerSpec.from_json(command[-1]), progress_fd=write_fd
+        _spec.WorkerSpec.from_json(command[-1]),
+        progress_fd=write_fd,
+        requests_fd=requests_read if conversation else None,
     )
     cpus = set(setup.cpus) if setup.cpus else None
 
@@ -462,8 +475,11 @@ def _start_and_wait(
         os.sched_setaffinity(0, cpus)
 
     ended = threading.Event()
-    follower = _follow_progress(read_fd, setup.index, progress, stages, ended)
+    follower = _follow_progress(
+        read_fd, setup.index, progress, stages, ended, conversation
+    )
     killed = threading.Event()
+    process = None
     try:
         with (
             open(f"{stem}.stdout", "ab") as stdout,
@@ -475,7 +491,7 @@ def _start_and_wait(
                 stdin=subprocess.DEVNULL,
                 stdout=stdout,
                 stderr=stderr,
-                pass_fds=(write_fd,),
+                pass_fds=(write_fd, requests_read) if conversation else (write_fd,),
                 preexec_fn=pin_affinity if cpus else None,
                 cwd=cwd,
             )
@@ -488,7 +504,15 @@ def _start_and_wait(
 
         # An emulated run is given as many times longer as it runs slower.
         timer = threading.Timer(timeout * setup.slowdown, kill)
-        timer.start()
+        if conversation is None:
+            timer.start()
+        else:
+            os.close(requests_read)
+            requests_read = -1
+            conversation.started(
+                requests_write, kill, lambda: stderr_tail(f"{stem}.stderr")
+            )
+            requests_write = -1
         try:
             process.wait()
         finally:
@@ -497,10 +521,20 @@ def _start_and_wait(
             # and left behind (a helper, a fork) goes with it.
             kill_tree(process)
     finally:
-        if write_fd >= 0:
-            os.close(write_fd)
+        for fd in (write_fd, requests_read, requests_write):
+            if fd >= 0:
+                os.close(fd)
         ended.set()
-    follower.join(timeout=5)
+        follower.join(timeout=5)
+        if conversation is not None:
+            # After the follower: every answer the run wrote is received.
+            conversation.ended(
+                "did not start"
+                if process is None
+                else "killed at the timeout"
+                if killed.is_set()
+                else describe_exit(process.returncode)
+            )
     return process, killed.is_set()
 
 
@@ -514,6 +548,7 @@ def _run_one(
     progress: Callable[[int, int, int], None] | None,
     group: _ProcessGroup,
     cwd: str | None = None,
+    conversation: Conversation | None = None,
 ) -> RunOutcome:
     stem = os.path.join(workdir, setup.file_stem)
     spec = dataclasses.replace(
@@ -541,7 +576,16 @@ def _run_one(
         ]
         env = child_environment(base_env, process_setup.env)
         return _start_and_wait(
-            command, env, stem, process_setup, progress, stages, group, timeout, cwd
+            command,
+            env,
+            stem,
+            process_setup,
+            progress,
+            stages,
+            group,
+            timeout,
+            cwd,
+            conversation,
         )
 
     neighbour = None
@@ -655,7 +699,7 @@ def _processes(setup: RunSetup) -> list[RunSetup]:
 
 def run_jobs(
     setups: Sequence[RunSetup],
-    spec: _spec.WorkerSpec,
+    spec: _spec.WorkerSpec | Callable[[RunSetup], _spec.WorkerSpec],
     workdir: str,
     *,
     module: str = _spec.MODULE,
@@ -663,6 +707,7 @@ def run_jobs(
     timeout: float,
     progress: Callable[[int, int, int], None] | None = None,
     directory: Callable[[RunSetup], str] | None = None,
+    conversations: Callable[[RunSetup], Conversation] | None = None,
 ) -> list[list[RunOutcome]]:
     """Starts every process of every run at once and waits for all of them.
 
@@ -675,7 +720,8 @@ def run_jobs(
     Args:
         setups: The runs (their `delay` staggers the starts).
         spec: The spec every process gets (its result, trace and progress
-            channel are filled in per process).
+            channel are filled in per process), or a function that gives
+            each run's (the settings `tfdet cost` compares).
         workdir: Where results, weights, stdout and stderr files go.
         module: The module run as `python -m module SPEC_JSON` (tests
             substitute a stand-in child).
@@ -685,6 +731,9 @@ def run_jobs(
         progress: Called as `progress(run_index, steps_done, steps_total)`,
             from the first process of each run.
         directory: The working directory of a process (None: this one's).
+        conversations: The `Conversation` of each run, whose process the
+            parent asks for answers while it runs (`tfdet cost`), or None:
+            runs that go to their end unasked.
 
     Returns:
         One list of `RunOutcome`s per run, one per process, in order. Anything
@@ -703,13 +752,14 @@ def run_jobs(
             outcomes[slot][member] = _run_one(
                 setup,
                 module,
-                spec,
+                spec(setup) if callable(spec) else spec,
                 base_env,
                 workdir,
                 timeout,
                 progress if member == 0 else None,
                 group,
                 None if directory is None else directory(setup),
+                None if conversations is None else conversations(setup),
             )
         except Exception as error:  # noqa: BLE001 - reported as a failed run
             failed = _failed(setup, error)
@@ -717,6 +767,9 @@ def run_jobs(
                 failed.failure = f"not started: {group.first_failure.name} failed"
             outcomes[slot][member] = failed
             group.fail(setup)
+            if conversations is not None:
+                # Its parent may be waiting for an answer: there is none.
+                conversations(setup).ended(failed.reason or "failed")
 
     threads = []
     try:
@@ -728,7 +781,7 @@ def run_jobs(
                 threads.append(thread)
                 thread.start()
         for thread in threads:
-            _join_interruptibly(thread)
+            join_interruptibly(thread)
     finally:
         # On an interrupt (or any error here), no child may outlive us.
         for group in groups:
@@ -740,7 +793,7 @@ def run_jobs(
 JOIN_POLL_SECONDS = 0.5
 
 
-def _join_interruptibly(thread: threading.Thread) -> None:
+def join_interruptibly(thread: threading.Thread) -> None:
     """`thread.join()`, waking every `JOIN_POLL_SECONDS`.
 
     Python runs a signal handler (Ctrl-C's KeyboardInterrupt) in the main

@@ -1,4 +1,4 @@
-"""Child side of `tfdet cost --script`: a whole script, stepping when told.
+"""The `cost` child's script: a whole script, stepping when told.
 
 A script runs its own loop, so the parent cannot call its steps; instead
 each training step ends in a hook (`_Gate.step`) that counts it and, when
@@ -16,14 +16,18 @@ settings still take turns. A step is:
 
 The warm-up steps (at least the first, which traces) are not timed; the
 "ready" answer comes at the end of the last of them. The request `end` (or
-the end of stdin) stops the script where it is; a script that ends by
-itself answers what is pending with `finished`.
+the parent closing its end) stops the script where it is; a script that
+ends by itself answers what is pending with `finished`. The requests and
+answers go through the child protocol's own channels (`_start`), so the
+script keeps its stdin and stdout; it runs as `check --script` runs it: in
+its run's own directory, with its own copy of a training-state path outside
+it (`_script_worker.own_copy`), under the Keras the script chose (the
+parent read it from the script, as for `check --script`).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import runpy
 import sys
@@ -32,10 +36,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from tfdet._child import _script_worker
-from tfdet._cost import _ops
-
-Answer = Callable[[dict[str, Any]], None]
+from tfdet._child import _ops, _script_worker, _start
+from tfdet._protocol._spec import WorkerSpec
 
 
 class _Ended(BaseException):
@@ -46,11 +48,15 @@ class _Gate:
     """Counts the script's steps against the parent's requests."""
 
     def __init__(
-        self, warmup: int, answer: Answer, ready: Callable[[], dict[str, Any]]
+        self,
+        warmup: int,
+        ready: Callable[[], dict[str, Any]],
+        digest: Callable[[list[Any]], str],
     ) -> None:
         self._warmup_left = max(1, warmup)
-        self._answer = answer
+        self._answer = _start.answer
         self._ready = ready
+        self._digest = digest
         self._started = False  # "ready" answered: steps are timed.
         self._budget = 0
         self._times: list[float] = []
@@ -58,6 +64,23 @@ class _Gate:
         self.steps = 0
         self.resumed_at = time.perf_counter()
         self.depth = 0  # Inside fit or train_on_batch: updates are theirs.
+        # What the script trained, for the digest: its models, and the
+        # variables each custom loop's optimizer updated.
+        self.models: list[Any] = []
+        self.loops: dict[int, Callable[[], list[Any]]] = {}
+
+    def trained(self, model: Any) -> None:
+        if all(known is not model for known in self.models):
+            self.models.append(model)
+
+    def digest(self) -> dict[str, Any]:
+        """The answer to `digest`: every trained weight's, and the steps."""
+        variables = [weight for model in self.models for weight in model.weights]
+        for loop in self.loops.values():
+            variables += loop()
+        if not variables:
+            return {"digest": None, "why": "tfdet saw no trained model"}
+        return {"digest": self._digest(variables), "steps": self.steps}
 
     def step(self, ms: float) -> None:
         """One training step ended, `ms` long; may wait for the parent."""
@@ -86,8 +109,7 @@ class _Gate:
     def _next(self) -> None:
         """Reads requests until one lets the script train on."""
         while True:
-            line = sys.stdin.readline()
-            request = json.loads(line) if line.strip() else {"end": True}
+            request = _start.next_request()
             self._times = []
             if "steps" in request:
                 self._budget = request["steps"]
@@ -98,9 +120,7 @@ class _Gate:
                 self._profiling.start()
                 break
             if "digest" in request:
-                # Which of a script's models is "the" model is the script's
-                # business: no digest.
-                self._answer({"digest": None})
+                self._answer(self.digest())
                 continue
             raise _Ended
         self.resumed_at = time.perf_counter()
@@ -118,10 +138,10 @@ class _Gate:
             )
             return
         self._reply(finished=True)
-        for line in sys.stdin:
-            request = json.loads(line)
+        while True:
+            request = _start.next_request()
             if "digest" in request:
-                self._answer({"digest": None})
+                self._answer(self.digest())
             elif "steps" in request or "profile" in request:
                 self._answer({"ms": [], "ops": {}, "finished": True})
             else:
@@ -149,6 +169,7 @@ def _hook_model(model_class: Any, callback_base: type, gate: _Gate) -> None:
         args, kwargs = _script_worker.with_fit_callback(
             args, kwargs, _timed_callback(callback_base, gate)
         )
+        gate.trained(self)
         gate.depth += 1
         try:
             return fit(self, *args, **kwargs)
@@ -158,6 +179,7 @@ def _hook_model(model_class: Any, callback_base: type, gate: _Gate) -> None:
     @functools.wraps(train_on_batch)
     def timed_train_on_batch(self: Any, *args: Any, **kwargs: Any) -> Any:
         began = time.perf_counter()
+        gate.trained(self)
         gate.depth += 1
         try:
             outputs = train_on_batch(self, *args, **kwargs)
@@ -170,7 +192,9 @@ def _hook_model(model_class: Any, callback_base: type, gate: _Gate) -> None:
     model_class.train_on_batch = timed_train_on_batch
 
 
-def _hook_optimizer(optimizer_class: Any, method: str, gate: _Gate) -> None:
+def _hook_optimizer(
+    optimizer_class: Any, method: str, gate: _Gate, variables_of: Any
+) -> None:
     import tensorflow as tf
 
     original = getattr(optimizer_class, method)
@@ -180,6 +204,9 @@ def _hook_optimizer(optimizer_class: Any, method: str, gate: _Gate) -> None:
         if gate.depth or not tf.executing_eagerly():
             return original(self, *args, **kwargs)
         result = original(self, *args, **kwargs)
+        if id(self) not in gate.loops:
+            variables = variables_of(self, args, kwargs)
+            gate.loops[id(self)] = lambda: list(variables)
         gate.step(1000 * (time.perf_counter() - gate.resumed_at))
         gate.resumed_at = time.perf_counter()
         return result
@@ -188,47 +215,64 @@ def _hook_optimizer(optimizer_class: Any, method: str, gate: _Gate) -> None:
 
 
 def _install(gate: _Gate) -> None:
-    """Hooks Keras 3, and tf_keras when it is in use."""
+    """Hooks Keras 3, and tf_keras when it is in use; gives the run its own
+    copy of a training-state path outside its directory (as `check
+    --script` does)."""
     import keras
 
     from tfdet._pin import _versions
 
+    _script_worker._own_training_state()
     _hook_model(keras.Model, keras.callbacks.Callback, gate)
-    _hook_optimizer(keras.optimizers.Optimizer, "apply", gate)
+    _hook_optimizer(
+        keras.optimizers.Optimizer, "apply", gate, _script_worker._keras3_variables
+    )
     if _versions.uses_legacy_keras():
         import tf_keras
 
         _hook_model(tf_keras.Model, tf_keras.callbacks.Callback, gate)
-        _hook_optimizer(tf_keras.optimizers.Optimizer, "apply_gradients", gate)
+        _hook_optimizer(
+            tf_keras.optimizers.Optimizer,
+            "apply_gradients",
+            gate,
+            _script_worker._tf_keras_variables,
+        )
 
 
 def run(
-    script: str,
-    args: list[str],
-    warmup: int,
-    answer: Answer,
+    spec: WorkerSpec,
     ready: Callable[[], dict[str, Any]],
+    digest: Callable[[list[Any]], str],
 ) -> int:
-    """Runs `script` as `python script.py args` would, under the gate.
+    """Runs the spec's script as `python script.py args` would, under the gate.
+
+    `ready` gives the first answer, `digest` a digest of variables' values.
 
     Returns:
         The process's exit status: 0 when the parent ended it or the script
-        ended well, the script's own status (or 1 with its traceback) else.
+        ended well (its result written), the script's own status (or 1 with
+        its traceback) else.
     """
-    gate = _Gate(warmup, answer, ready)
+    gate = _Gate(spec.warmup, ready, digest)
     _install(gate)
-    sys.argv = [script, *args]
+    script = spec.script
+    sys.argv = [script, *spec.args]
     # As `python script.py`: sys.path[0] is the script's directory.
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     try:
         runpy.run_path(script, run_name="__main__")
     except _Ended:
-        return 0
+        pass
     except SystemExit as exit_:
         if exit_.code not in (None, 0):
             raise
+        gate.script_ended(spec.warmup)
     except BaseException:  # noqa: BLE001 - the parent shows the traceback
         traceback.print_exc()
         return 1
-    gate.script_ended(warmup)
+    else:
+        gate.script_ended(spec.warmup)
+    _start.write_result(
+        {"steps": gate.steps, "own_copies": dict(_script_worker.own_copies)}
+    )
     return 0
