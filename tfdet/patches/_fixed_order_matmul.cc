@@ -281,23 +281,39 @@ void ComputeProducts(tensorflow::OpKernelContext* context, Scratch* scratch,
   float* b_pack = a_pack + batch * a_size;
   auto* workers = context->device()->tensorflow_cpu_worker_threads();
   const int64 panels = a_panels + b_panels;
-  tensorflow::Shard(
-      workers->num_threads, workers->workers, batch * panels,
-      std::max<int64>(1, 16 * k), [&](int64 begin, int64 end) {
-        for (int64 unit = begin; unit < end; ++unit) {
-          const Product& p = products[unit / panels];
-          const int64 panel = unit % panels;
-          const int64 b = unit / panels;
-          if (panel < a_panels)
-            PackA(p.a, m, k, panel * kMR, a_pack + b * a_size + panel * kMR * k);
-          else
-            PackB(p.b, k, n, (panel - a_panels) * kNR,
-                  b_pack + b * b_size + (panel - a_panels) * kNR * k);
-        }
-      });
+  auto pack = [&](int64 unit) {
+    const Product& p = products[unit / panels];
+    const int64 panel = unit % panels;
+    const int64 b = unit / panels;
+    if (panel < a_panels)
+      PackA(p.a, m, k, panel * kMR, a_pack + b * a_size + panel * kMR * k);
+    else
+      PackB(p.b, k, n, (panel - a_panels) * kNR,
+            b_pack + b * b_size + (panel - a_panels) * kNR * k);
+  };
   const Tiling tiling(batch, m, n);
   const int64 per_product = tiling.row_tiles * tiling.col_tiles;
   const MicroKernel kernel = ChooseKernel();
+  if (per_product == 1) {
+    // Small products, one tile each: one pass over the pool, each task
+    // packing its own product's panels and computing it.
+    tensorflow::Shard(
+        workers->num_threads, workers->workers, batch,
+        std::max<int64>(1, m * n * k), [&](int64 begin, int64 end) {
+          for (int64 b = begin; b < end; ++b) {
+            for (int64 panel = 0; panel < panels; ++panel)
+              pack(b * panels + panel);
+            const Packed packed{a_pack + b * a_size, b_pack + b * b_size,
+                                products[b].c};
+            ComputeTile(packed, m, n, k, 0, 0, tiling.tm, tiling.tn, kernel);
+          }
+        });
+    return;
+  }
+  tensorflow::Shard(workers->num_threads, workers->workers, batch * panels,
+                    std::max<int64>(1, 16 * k), [&](int64 begin, int64 end) {
+                      for (int64 unit = begin; unit < end; ++unit) pack(unit);
+                    });
   tensorflow::Shard(
       workers->num_threads, workers->workers, batch * per_product,
       std::max<int64>(1, tiling.tm * tiling.tn * k),
