@@ -6,13 +6,13 @@ row count (a row computed in a batch of 96 equals the row computed alone),
 the micro-kernel's vector width (AVX2 and scalar paths), nor the pool size
 (fresh processes with pools 1, 2, 3, 4). Each invariance has its control:
 TensorFlow's own product under the same perturbation gives other bits.
-The kernel is built once per test session (`TFDET_KERNEL_CACHE`, shared by
-pytest-xdist's workers and the processes they start).
+The kernel is built once for the suite (`TFDET_KERNEL_CACHE`, set by
+tests/conftest.py, shared by pytest-xdist's workers and the processes they
+start).
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -24,13 +24,10 @@ from tfdet.patches import _fixed_order_kernels
 
 
 @pytest.fixture(scope="session")
-def kernels(tmp_path_factory):
-    """The loaded kernel module, built once into a cache the session shares."""
+def kernels():
+    """The loaded kernel module, built once (conftest's shared cache)."""
     if _fixed_order_kernels._compiler() is None:
         pytest.skip("no C++ compiler: the kernel cannot be built")
-    # The base temp's parent is shared by every xdist worker of the session.
-    shared = tmp_path_factory.getbasetemp().parent / "tfdet-kernels"
-    os.environ.setdefault(_fixed_order_kernels.CACHE_VARIABLE, str(shared))
     assert _fixed_order_kernels.load() is not None
     return _fixed_order_kernels
 
@@ -187,14 +184,10 @@ SETTINGS = ((1, "AVX2"), (2, "AVX2"), (3, "AVX2"), (4, "AVX2"), (1, "SSE41"))
 
 @pytest.mark.slow
 def test_bits_follow_neither_pool_nor_batch_where_tf_matmuls_do(kernels):
-    env = clean_env()
-    env[_fixed_order_kernels.CACHE_VARIABLE] = os.environ[
-        _fixed_order_kernels.CACHE_VARIABLE
-    ]
     processes = {
         setting: subprocess.Popen(
             [sys.executable, "-c", PRODUCTS, str(setting[0]), setting[1]],
-            env=env,
+            env=clean_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -9,7 +9,6 @@ graph holds the kernel's ops and none of TensorFlow's products.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -57,21 +56,13 @@ print(json.dumps({"plain": plain, "patched": patched, "ops": ops}))
 
 
 @pytest.mark.slow
-def test_training_bits_do_not_follow_the_pool_size_only_with_the_patch(
-    tmp_path_factory,
-):
+def test_training_bits_do_not_follow_the_pool_size_only_with_the_patch():
     if _fixed_order_kernels._compiler() is None:
         pytest.skip("no C++ compiler: the patch falls back to the composition")
-    env = clean_env()
-    # The session's shared build (tests/test_fixed_order_kernels.py's too).
-    env[_fixed_order_kernels.CACHE_VARIABLE] = os.environ.get(
-        _fixed_order_kernels.CACHE_VARIABLE,
-        str(tmp_path_factory.getbasetemp().parent / "tfdet-kernels"),
-    )
     processes = {
         threads: subprocess.Popen(
             [sys.executable, "-c", TRAIN, str(threads)],
-            env=env,
+            env=clean_env(),  # the suite's shared kernel build
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
