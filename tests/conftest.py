@@ -44,6 +44,15 @@ settings.register_profile("tfdet", database=None)
 settings.load_profile("tfdet")
 set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "tfdet-hypothesis")
 
+# tfdet's fixed-order product kernel is built once for the whole suite (its
+# cache is keyed by TensorFlow version and source): every pytest-xdist
+# worker, and every process a test starts, finds it here rather than
+# building it again into the user's cache.
+os.environ.setdefault(
+    "TFDET_KERNEL_CACHE",
+    str(Path(tempfile.gettempdir()) / f"tfdet-test-kernels-{os.getuid()}"),
+)
+
 
 def _gpu_listed() -> bool:
     """Whether nvidia-smi lists a GPU (without importing TensorFlow here)."""

@@ -1,0 +1,82 @@
+"""`fixed_order_products`: a Dense + MultiHeadAttention model's training bits
+do not follow the pool size, its products computed by tfdet's kernel.
+
+A fresh process per pool size (1, 2) trains the model twice: under the
+default profile (the control: its 32x4096 @ 4096x64 product is oneDNN's
+sgemm, whose bits follow the pool) and with the patch installed. The patched
+graph holds the kernel's ops and none of TensorFlow's products.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import clean_env, last_json_line
+from tfdet.patches import _fixed_order_kernels
+
+TRAIN = """
+import hashlib, json, sys
+import numpy as np
+import tfdet
+tfdet.enable(seed=0, threads=int(sys.argv[1]))
+import keras
+import tensorflow as tf
+from tfdet.patches import _registry
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(64, 8, 512)).astype("float32")
+y = rng.integers(0, 4, size=(64,))
+
+def model_and_digest():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 512))
+    h = keras.layers.MultiHeadAttention(2, 16)(inputs, inputs)
+    h = keras.layers.Dense(64, activation="relu")(keras.layers.Flatten()(h))
+    model = keras.Model(inputs, keras.layers.Dense(4)(h))
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True))
+    for step in range(2):
+        model.train_on_batch(x[32 * step:32 * step + 32], y[32 * step:32 * step + 32])
+    sha = hashlib.sha256()
+    for weight in model.get_weights():
+        sha.update(np.ascontiguousarray(weight).tobytes())
+    return model, sha.hexdigest()[:16]
+
+_, plain = model_and_digest()
+_registry.install(["fixed_order_products"])
+model, patched = model_and_digest()
+graph = tf.function(model).get_concrete_function(
+    tf.TensorSpec([None, 8, 512], tf.float32)).graph
+ops = sorted({op.type for op in graph.get_operations()})
+print(json.dumps({"plain": plain, "patched": patched, "ops": ops}))
+"""
+
+
+@pytest.mark.slow
+def test_training_bits_do_not_follow_the_pool_size_only_with_the_patch():
+    if _fixed_order_kernels._compiler() is None:
+        pytest.skip("no C++ compiler: the patch falls back to the composition")
+    processes = {
+        threads: subprocess.Popen(
+            [sys.executable, "-c", TRAIN, str(threads)],
+            env=clean_env(),  # the suite's shared kernel build
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for threads in (1, 2)
+    }
+    results = {}
+    for threads, process in processes.items():
+        out, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err[-3000:]
+        results[threads] = last_json_line(out)
+    assert results[1]["patched"] == results[2]["patched"], results
+    # The control: without the patch, pools 1 and 2 give other weights.
+    assert results[1]["plain"] != results[2]["plain"], results
+    ops = set(results[1]["ops"])
+    assert {"TfdetFixedOrderMatMul", "TfdetFixedOrderBatchMatMul"} <= ops, ops
+    assert not ops & {"MatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"}, ops

@@ -1,0 +1,189 @@
+"""Products by tfdet's own kernel, bits fixed by the shapes alone (opt-in).
+
+`MatMul`, `BatchMatMulV2/V3` and `Einsum` (through TensorFlow's Python
+decomposition into transposes, reshapes and those products) of float32
+are computed by tfdet's fixed-order product kernel
+(`tfdet/patches/_fixed_order_kernels.py`): every output element is one
+chain of fused multiply-adds over k in order, and the work is split over
+output tiles only. So a product's bits follow neither the pool size, nor
+the number of rows (a sample's bits do not follow its batch), nor the
+vector width (the AVX2 and scalar paths agree); their gradients are the
+same kernel. Dense layers and MultiHeadAttention's einsum products reach
+it through those ops.
+
+Where `pool_size_free_products` turns each product into a oneDNN 1x1
+convolution and about ten ops of plumbing, this is one op per product.
+It covers the products only: the other ops that `pool_size_free_products`
+replaces (convolutions and their gradients, `BiasAddGrad`, the element-wise
+functions on whole packets, tf_keras's fused BatchNormalization) are
+TensorFlow's, so a convolutional model still follows the pool size.
+Installed together with `pool_size_free_products`, that patch (installed
+after this one, in name order) computes the products as its composition.
+
+The kernel is compiled at first use against the installed TensorFlow and
+cached (about a minute once; `TFDET_KERNEL_CACHE` chooses the cache). Where
+it cannot be built (no C++ compiler), tfdet says so once and computes the
+products as `pool_size_free_products` does, slower. Values agree with
+TensorFlow's to float32 rounding. Other dtypes, and products with an empty
+dimension known when traced, go to TensorFlow's op. A custom op does not
+compile under XLA (`jit_compile=True`).
+
+Opt-in, never installed by "auto": `tfdet.enable(threads=N, patches=["auto",
+"fixed_order_products"])`. Cost: `benchmarks/fixed_order_products.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfdet.patches import _exact_math, _fixed_order_kernels, pool_size_free_products
+from tfdet.patches._registry import Patch
+
+_MAT_MUL = _exact_math.GeneratedOp("tensorflow.python.ops.gen_math_ops", "mat_mul")
+_BATCH_MAT_MUL = {
+    version: _exact_math.GeneratedOp("tensorflow.python.ops.gen_math_ops", version)
+    for version in ("batch_mat_mul_v2", "batch_mat_mul_v3")
+}
+_EINSUM = _exact_math.GeneratedOp("tensorflow.python.ops.gen_linalg_ops", "einsum")
+
+
+def _left_to_tensorflow(op_type: str, dtype: Any, reason: str | None = None) -> None:
+    _exact_math.left_to_tensorflow("fixed_order_products", op_type, dtype, reason)
+
+
+def _batch_product(a: Any, b: Any, adj_x: bool, adj_y: bool) -> Any:
+    """`a @ b` (batch dims broadcast): the kernel, or the composition."""
+    if _fixed_order_kernels.load() is not None:
+        return _fixed_order_kernels.batch_matmul(a, b, adj_x=adj_x, adj_y=adj_y)
+    import tensorflow as tf
+
+    # The composition wants one batch axis, broadcast already.
+    batch = tf.broadcast_dynamic_shape(tf.shape(a)[:-2], tf.shape(b)[:-2])
+    a = tf.broadcast_to(a, tf.concat([batch, tf.shape(a)[-2:]], 0))
+    b = tf.broadcast_to(b, tf.concat([batch, tf.shape(b)[-2:]], 0))
+    a = tf.reshape(a, tf.concat([[-1], tf.shape(a)[-2:]], 0))
+    b = tf.reshape(b, tf.concat([[-1], tf.shape(b)[-2:]], 0))
+    if adj_x:
+        a = tf.linalg.matrix_transpose(a)
+    if adj_y:
+        b = tf.linalg.matrix_transpose(b)
+    product = pool_size_free_products._batch_matmul(a, b)
+    return tf.reshape(product, tf.concat([batch, tf.shape(product)[1:]], 0))
+
+
+def mat_mul(
+    a: Any,
+    b: Any,
+    transpose_a: bool = False,
+    transpose_b: bool = False,
+    name: str | None = None,
+    **flags: Any,
+) -> Any:
+    """`tf.raw_ops.MatMul`, by the fixed-order kernel for float32."""
+    import tensorflow as tf
+
+    a_tensor, b_tensor = tf.convert_to_tensor(a), tf.convert_to_tensor(b)
+    if (
+        a_tensor.dtype != tf.float32
+        or b_tensor.dtype != tf.float32
+        or pool_size_free_products._has_no_elements(a_tensor.shape, b_tensor.shape)
+    ):
+        _left_to_tensorflow("MatMul", a_tensor.dtype)
+        return _MAT_MUL.original(
+            a, b, transpose_a=transpose_a, transpose_b=transpose_b, name=name, **flags
+        )
+    with tf.name_scope(name or "PortableFixedOrderMatMul"):
+        if _fixed_order_kernels.load() is not None:
+            return _fixed_order_kernels.matmul(
+                a_tensor, b_tensor, transpose_a=transpose_a, transpose_b=transpose_b
+            )
+        return pool_size_free_products.mat_mul(
+            a_tensor, b_tensor, transpose_a, transpose_b
+        )
+
+
+def _batch_mat_mul(version: str) -> Any:
+    """The replacement of `gen_math_ops.<version>` (BatchMatMulV2 or V3)."""
+
+    def batch_mat_mul(
+        x: Any,
+        y: Any,
+        *args: Any,
+        adj_x: bool = False,
+        adj_y: bool = False,
+        name: str | None = None,
+        **flags: Any,
+    ) -> Any:
+        import tensorflow as tf
+
+        original = _BATCH_MAT_MUL[version].original
+        a, b = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
+        out_type = args[0] if args else flags.get("Tout", tf.float32)
+        unknown = a.shape.rank is None or b.shape.rank is None
+        if (
+            unknown
+            or a.dtype != tf.float32
+            or b.dtype != tf.float32
+            or tf.as_dtype(out_type) != tf.float32
+            or min(a.shape.rank, b.shape.rank) < 2
+            or pool_size_free_products._has_no_elements(a.shape[-2:], b.shape[-2:])
+        ):
+            _left_to_tensorflow(
+                "BatchMatMul", a.dtype, "an unknown rank" if unknown else None
+            )
+            return original(x, y, *args, adj_x=adj_x, adj_y=adj_y, name=name, **flags)
+        with tf.name_scope(name or "PortableFixedOrderBatchMatMul"):
+            product = _batch_product(a, b, adj_x, adj_y)
+            static_batch = tf.broadcast_static_shape(a.shape[:-2], b.shape[:-2])
+            m = a.shape[-1] if adj_x else a.shape[-2]
+            n = b.shape[-2] if adj_y else b.shape[-1]
+            product.set_shape(static_batch.concatenate([m, n]))
+            return product
+
+    return batch_mat_mul
+
+
+def einsum(inputs: Any, equation: str, name: str | None = None) -> Any:
+    """`tf.raw_ops.Einsum` as transposes, reshapes and the products above.
+
+    TensorFlow's own Python decomposition (`_einsum_v1`), whose products go
+    through `tf.matmul`, hence through this patch's `MatMul` and
+    `BatchMatMul`.
+    """
+    import tensorflow as tf
+    from tensorflow.python.ops import special_math_ops
+
+    tensors = [tf.convert_to_tensor(x) for x in inputs]
+    if any(t.dtype != tf.float32 for t in tensors):
+        _left_to_tensorflow("Einsum", tensors[0].dtype)
+        return _EINSUM.original(inputs, equation, name=name)
+    try:
+        return special_math_ops._einsum_v1(equation, *tensors, name=name)
+    except ValueError:
+        # A subscript the decomposition does not take (a diagonal, "ii->i").
+        _left_to_tensorflow("Einsum", tensors[0].dtype, f"the equation {equation!r}")
+        return _EINSUM.original(inputs, equation, name=name)
+
+
+# The op types this patch computes apart from the pool size and the batch.
+COVERED = ("MatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum")
+
+
+def _apply(swap: Any) -> None:
+    # Built (or found in the cache) now, so the first product does not
+    # pay for the compiler, and a missing compiler is said at enable().
+    _fixed_order_kernels.load()
+    _MAT_MUL.replace(swap, mat_mul)
+    for version, op in _BATCH_MAT_MUL.items():
+        op.replace(swap, _batch_mat_mul(version))
+    _EINSUM.replace(swap, einsum)
+
+
+PATCH = Patch(
+    summary="MatMul, BatchMatMul, Einsum -> tfdet's fixed-order product kernel "
+    "(one FMA chain per output element, split over output tiles: bits "
+    "independent of the pool size, the batch and the vector width)",
+    upstream="https://github.com/uxlfoundation/oneDNN/issues/1443",
+    apply=_apply,
+    opt_in=True,
+)
