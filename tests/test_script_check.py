@@ -436,3 +436,38 @@ def test_a_resumed_fit_numbers_its_steps_on_from_the_epoch_it_resumes_at():
     assert resumed_epoch_start(1, None, kept) == 3  # Recorded in that epoch.
     assert resumed_epoch_start(1, None, kept[:3]) == 3  # The epoch before ended.
     assert resumed_epoch_start(1, None, []) == 0
+
+
+_OWN_ENABLE = """\
+import sys
+
+if "tensorflow" in sys.modules or "keras" in sys.modules:
+    sys.exit("tensorflow was imported before the script's own settings")
+import tfdet
+
+tfdet.enable(seed=1)  # Pins oneDNN: it must come before `import tensorflow`.
+import keras
+import numpy as np
+
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+model.fit(np.ones((8, 4)), np.ones((8, 1)), batch_size=4, epochs=1, verbose=0)
+"""
+
+
+@pytest.mark.slow
+def test_a_script_checked_without_tfdet_imports_tensorflow_itself(tmp_path):
+    # `--no-enable` leaves the script's settings first. The run's hooks
+    # imported Keras before the script did, so a script that enables tfdet
+    # itself was "too late to pin onednn" on a CPU where TensorFlow turns
+    # oneDNN off by itself (an AMD EPYC Zen 3): every run failed.
+    script = tmp_path / "own_enable.py"
+    script.write_text(_OWN_ENABLE)
+    report_path = tmp_path / "report.json"
+    proc = run_tfdet(
+        "check", "--script", str(script), "--no-enable", "--perturb", "none",
+        "--json", str(report_path),
+    )  # fmt: skip
+    assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
+    report = json.loads(report_path.read_text())
+    assert [run["steps_recorded"] for run in report["run_reports"]] == [2, 2]

@@ -508,6 +508,37 @@ def _note_backups() -> None:
     _after_each_call(tf.train.Checkpoint, "_write", _start.note_backup)
 
 
+def _install_at_first_import(recorder: Recorder) -> None:
+    """Installs the hooks once the script has imported Keras or TensorFlow.
+
+    A run without tfdet leaves the script's own settings first: what it sets
+    before `import tensorflow` (TF_ENABLE_ONEDNN_OPTS, its own
+    `tfdet.enable()`, which pins oneDNN) is read at that import, so
+    importing TensorFlow here, before the script, would make the script's
+    `enable()` too late on a CPU where TensorFlow turns oneDNN off by itself.
+    A script that imports `keras` first imports TensorFlow inside it: the
+    hooks wait for Keras to be whole.
+    """
+    from tfdet.patches import _import_hook
+
+    installed = False
+
+    def once() -> None:
+        nonlocal installed
+        if not installed:
+            installed = True
+            install(recorder)
+
+    def after_tensorflow() -> None:
+        keras = sys.modules.get("keras")
+        if getattr(getattr(keras, "__spec__", None), "_initializing", False):
+            return  # Keras's own hook installs them once it is whole.
+        once()
+
+    _import_hook.when_imported("keras", once)
+    _import_hook.when_imported("tensorflow", after_tensorflow)
+
+
 def install(recorder: Recorder) -> None:
     """Installs the hooks on Keras 3, and on tf_keras when it is in use."""
     import keras
@@ -595,7 +626,10 @@ def run(spec: WorkerSpec) -> int:
     run_directory = os.getcwd()
     _start.child_start(spec)
     recorder = Recorder(spec.trace, spec.max_steps)
-    install(recorder)
+    if spec.enable:
+        install(recorder)
+    else:
+        _install_at_first_import(recorder)
     script = spec.script
     sys.argv = [script, *spec.args]
     # As `python script.py`: sys.path[0] is the directory of the script's

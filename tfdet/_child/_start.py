@@ -282,8 +282,12 @@ def child_start(spec: WorkerSpec) -> None:
         from tfdet._child import _xla
 
         # After enable(), which must precede `import tensorflow` (oneDNN), and
-        # before the TARGET compiles: what it asked of XLA.
-        _xla.install()
+        # before the TARGET compiles: what it asked of XLA. A script without
+        # tfdet imports Keras itself, after its own settings.
+        if spec.enable or spec.script is None:
+            _xla.install()
+        else:
+            _import_hook.when_imported("keras", _xla.install)
 
 
 def run_facts(spec: WorkerSpec) -> dict[str, Any]:
