@@ -85,6 +85,21 @@ def test_readme_is_a_front_page_that_starts_with_the_setup_commands() -> None:
     assert text[:first_block].count("\n") < 10, "the set-up commands come first"
 
 
+# A measured figure: a count of tests or a wall time ("566 passed", "42 s",
+# "1528 s"). CONTRIBUTING carried two different "last CI run" times and an
+# older suite's fast-loop counts; figures live in docs/measurements.md only.
+_FIGURE = re.compile(r"\b\d+ (passed|skipped|failed)\b|\b\d+(\.\d+)? ?(s|min)\b")
+
+
+def test_contributing_keeps_no_figure_that_could_drift() -> None:
+    text = (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    figures = [match.group(0) for match in _FIGURE.finditer(text)]
+    assert not figures, (
+        f"CONTRIBUTING.md states {figures}: put measured figures in "
+        "docs/measurements.md (dated, with the machine) and link there"
+    )
+
+
 def test_relative_links_point_to_existing_files_and_anchors() -> None:
     broken = []
     for page in _pages():
