@@ -12,8 +12,8 @@ import pytest
 
 from tests.conftest import REPO, clean_env, run_tfdet
 from tfdet._child import _ops
-from tfdet._cost import _advice, _measure, _report
-from tfdet._cost._settings import (
+from tfdet._cost import _advice, _cost_report, _measure
+from tfdet._cost._timed_settings import (
     PLAIN,
     POOL_SIZE_FREE,
     Setting,
@@ -201,7 +201,7 @@ _THIS_MACHINE = ("this-machine",)
 
 
 def _row(name: str, ratio: float, follow: tuple[str, ...] = (), **extra):
-    return _report.CostRow(
+    return _cost_report.CostRow(
         setting=Setting(name, None if name == PLAIN.name else {}),
         ms_per_step=10 * ratio,
         ratio=ratio,
@@ -216,8 +216,8 @@ def _row(name: str, ratio: float, follow: tuple[str, ...] = (), **extra):
     )
 
 
-def _cost(*rows) -> _report.CostReport:
-    return _report.CostReport(
+def _cost(*rows) -> _cost_report.CostReport:
+    return _cost_report.CostReport(
         target="builtin:cnn",
         cores=2,
         cpu_model="a CPU",
@@ -231,7 +231,7 @@ def _cost(*rows) -> _report.CostReport:
 
 def _from_blocks(
     ratios: dict[str, list[float]], tiers: dict[str, tuple[str, ...]], **report
-) -> _report.CostReport:
+) -> _cost_report.CostReport:
     """A report whose figures come from fixed block times: per setting, its
     time per step over plain TensorFlow's (100 ms) in each block."""
     per_block = [

@@ -40,7 +40,7 @@ from tfdet._cli import (
     write_json,
 )
 from tfdet._commands import _options
-from tfdet._cost import _advice, _measure, _plot, _report
+from tfdet._cost import _advice, _cost_plot, _cost_report, _measure
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK
 from tfdet._pin import _tiers
 from tfdet._target import _load
@@ -106,12 +106,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--need",
-        default=",".join(_report.DEFAULT_NEED),
+        default=",".join(_cost_report.DEFAULT_NEED),
         metavar="TIER[,TIER]",
         help="The guarantee to advise for: "
         f"{', '.join(tier.name for tier in _tiers.CPU_TIERS)}; several, "
         "comma-separated, must all hold (default "
-        f"{','.join(_report.DEFAULT_NEED)}: what enable() gives).",
+        f"{','.join(_cost_report.DEFAULT_NEED)}: what enable() gives).",
     )
     parser.add_argument(
         "--max-ratio",
@@ -149,7 +149,7 @@ def execute(args: argparse.Namespace) -> int:
     if args.plot:
         check_output_file(args.plot, "--plot")  # Before matplotlib's import.
         try:
-            _plot.check_path(args.plot)
+            _cost_plot.check_path(args.plot)
         except (ImportError, ValueError) as error:
             raise app.UsageError(f"--plot: {error}") from error
     if args.script is not None:
@@ -183,12 +183,12 @@ def execute(args: argparse.Namespace) -> int:
     return conclude(report, args)
 
 
-def conclude(report: _report.CostReport, args: argparse.Namespace) -> int:
+def conclude(report: _cost_report.CostReport, args: argparse.Namespace) -> int:
     """Writes `report` (JSON, picture, text) and applies `--max-ratio`."""
     # The file first: a closed stdout must not lose the machine-readable report.
     write_json(args.json, report.to_dict())
     if args.plot:
-        _plot.plot_cost(report, args.plot)
+        _cost_plot.plot_cost(report, args.plot)
     _output.out(str(report))
     if args.max_ratio is None:
         return EXIT_OK

@@ -47,7 +47,7 @@ NONE = "none"
 
 
 class Row(Protocol):
-    """What the advice reads of a report's row (`_report.CostRow`)."""
+    """What the advice reads of a report's row (`_cost_report.CostRow`)."""
 
     @property
     def name(self) -> str: ...

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdet._commands._options import DEFAULT_TIMEOUT, RunOptions
-from tfdet._cost import _advice, _report, _settings
-from tfdet._cost._settings import Setting
+from tfdet._cost import _advice, _cost_report, _timed_settings
+from tfdet._cost._timed_settings import Setting
 from tfdet._errors import RunFailedError, TargetError
 from tfdet._pin import _environment, _isa
 from tfdet._protocol import _spec
@@ -299,14 +299,14 @@ def measure(
     warmup: int = DEFAULT_WARMUP,
     timeout: float = DEFAULT_TIMEOUT,
     progress: Progress | None = None,
-    need: tuple[str, ...] = _report.DEFAULT_NEED,
-) -> _report.CostReport:
+    need: tuple[str, ...] = _cost_report.DEFAULT_NEED,
+) -> _cost_report.CostReport:
     """Times `workload` under each setting, interleaved; see the module doc.
 
     Args:
         workload: What to train: a `Workload`, or a TARGET string.
         settings: Plain TensorFlow first (the ratios' baseline), then the
-            settings to compare; None: `_settings.settings_for(cores())`
+            settings to compare; None: `_timed_settings.settings_for(cores())`
             (without XLA for a script, which compiles its own models).
         rounds: Rounds of fresh processes.
         blocks: Interleaved blocks per round.
@@ -328,7 +328,7 @@ def measure(
         workload = Workload(target=workload)
     available = cores()
     if settings is None:
-        settings = _settings.settings_for(available, xla=workload.script is None)
+        settings = _timed_settings.settings_for(available, xla=workload.script is None)
     say = progress or (lambda text: None)
     env = _environment_for_runs(workload)
     specs = [_spec_for(setting, workload, warmup) for setting in settings]
@@ -336,8 +336,8 @@ def measure(
     own_copies: set[str] = set()  # A script's paths each run had its own copy of.
     launched_in = os.getcwd()
 
-    def report() -> _report.CostReport:
-        return _report.CostReport(
+    def report() -> _cost_report.CostReport:
+        return _cost_report.CostReport(
             target=workload.name,
             cores=available,
             cpu_model=_isa.cpu_model(),
@@ -477,18 +477,20 @@ def block_figures(
     )
 
 
-def _row(setting: Setting, figures: _Figures, baseline: str) -> _report.CostRow:
+def _row(setting: Setting, figures: _Figures, baseline: str) -> _cost_report.CostRow:
     """One setting's row: its block figures, XLA, profile, digests and ops."""
     name = setting.name
     timing = block_figures(figures.per_block, name, baseline)
     xla = bool(figures.ready[name]["xla"])
     digests, unknown = _repeat(figures.digests.get(name, []))
-    return _report.CostRow(
+    return _cost_report.CostRow(
         setting=setting,
         **dataclasses.asdict(timing),
         xla=xla,
-        bits_follow=tuple(_settings.bits_follow(figures.ready[name]["profile"], xla)),
-        tiers=tuple(_settings.tiers(figures.ready[name]["profile"], xla)),
+        bits_follow=tuple(
+            _timed_settings.bits_follow(figures.ready[name]["profile"], xla)
+        ),
+        tiers=tuple(_timed_settings.tiers(figures.ready[name]["profile"], xla)),
         digests=digests,
         same_bits_unknown=unknown,
         ops=_shares(figures.ops.get(name, {}), timing.ms_per_step),

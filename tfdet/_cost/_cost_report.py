@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from tfdet._cost import _advice
-from tfdet._cost._settings import Setting
+from tfdet._cost._timed_settings import Setting
 from tfdet._pin import _tiers
 
 # What `tfdet cost` advises for unless told (`--need`): the bits of any x86

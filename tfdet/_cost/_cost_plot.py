@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from tfdet._cost._report import CostReport
+from tfdet._cost._cost_report import CostReport
 from tfdet._pin import _tiers
 from tfdet._record._plot import require_matplotlib
 
