@@ -83,11 +83,7 @@ def mat_mul(
     import tensorflow as tf
 
     a_tensor, b_tensor = tf.convert_to_tensor(a), tf.convert_to_tensor(b)
-    if (
-        a_tensor.dtype != tf.float32
-        or b_tensor.dtype != tf.float32
-        or pool_size_free_products._has_no_elements(a_tensor.shape, b_tensor.shape)
-    ):
+    if pool_size_free_products.mat_mul_left_to_tensorflow(a_tensor, b_tensor):
         _left_to_tensorflow("MatMul", a_tensor.dtype)
         return _MAT_MUL.original(
             a, b, transpose_a=transpose_a, transpose_b=transpose_b, name=name, **flags
@@ -119,18 +115,11 @@ def _batch_mat_mul(version: str) -> Any:
         original = _BATCH_MAT_MUL[version].original
         a, b = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
         out_type = args[0] if args else flags.get("Tout", tf.float32)
-        unknown = a.shape.rank is None or b.shape.rank is None
-        if (
-            unknown
-            or a.dtype != tf.float32
-            or b.dtype != tf.float32
-            or tf.as_dtype(out_type) != tf.float32
-            or min(a.shape.rank, b.shape.rank) < 2
-            or pool_size_free_products._has_no_elements(a.shape[-2:], b.shape[-2:])
-        ):
-            _left_to_tensorflow(
-                "BatchMatMul", a.dtype, "an unknown rank" if unknown else None
-            )
+        left, reason = pool_size_free_products.batch_mat_mul_left_to_tensorflow(
+            a, b, out_type
+        )
+        if left:
+            _left_to_tensorflow("BatchMatMul", a.dtype, reason)
             return original(x, y, *args, adj_x=adj_x, adj_y=adj_y, name=name, **flags)
         with tf.name_scope(name or "PortableFixedOrderBatchMatMul"):
             product = _batch_product(a, b, adj_x, adj_y)

@@ -160,6 +160,47 @@ def _has_no_elements(*shapes: Any) -> bool:
     return any(dimension == 0 for shape in shapes for dimension in shape)
 
 
+def mat_mul_left_to_tensorflow(a: Any, b: Any) -> bool:
+    """Whether a `MatMul` of tensors `a` and `b` stays TensorFlow's own op.
+
+    The product patches (this one and `fixed_order_products`) compute
+    float32 products with no statically empty dimension.
+    """
+    import tensorflow as tf
+
+    return (
+        a.dtype != tf.float32
+        or b.dtype != tf.float32
+        or _has_no_elements(a.shape, b.shape)
+    )
+
+
+def batch_mat_mul_left_to_tensorflow(
+    a: Any, b: Any, out_type: Any
+) -> tuple[bool, str | None]:
+    """Whether a `BatchMatMul` of tensors `a` and `b` stays TensorFlow's op.
+
+    The product patches compute float32 products of rank 2 and more with
+    no statically empty matrix dimension.
+
+    Returns:
+        Whether it stays, and the reason its notice names where the dtype
+        does not say it (an unknown rank).
+    """
+    import tensorflow as tf
+
+    unknown = a.shape.rank is None or b.shape.rank is None
+    left = (
+        unknown
+        or a.dtype != tf.float32
+        or b.dtype != tf.float32
+        or tf.as_dtype(out_type) != tf.float32
+        or min(a.shape.rank, b.shape.rank) < 2
+        or _has_no_elements(a.shape[-2:], b.shape[-2:])
+    )
+    return left, "an unknown rank" if unknown else None
+
+
 def _batch_mat_mul(version: str) -> Any:
     """The replacement of `gen_math_ops.<version>` (BatchMatMulV2 or V3)."""
 
@@ -177,18 +218,9 @@ def _batch_mat_mul(version: str) -> Any:
         original = _BATCH_MAT_MUL[version].original
         a, b = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
         out_type = args[0] if args else flags.get("Tout", tf.float32)
-        unknown = a.shape.rank is None or b.shape.rank is None
-        if (
-            unknown
-            or a.dtype != tf.float32
-            or b.dtype != tf.float32
-            or tf.as_dtype(out_type) != tf.float32
-            or min(a.shape.rank, b.shape.rank) < 2
-            or _has_no_elements(a.shape[-2:], b.shape[-2:])
-        ):
-            _whole_packets.left_to_tensorflow(
-                "BatchMatMul", a.dtype, "an unknown rank" if unknown else None
-            )
+        left, reason = batch_mat_mul_left_to_tensorflow(a, b, out_type)
+        if left:
+            _whole_packets.left_to_tensorflow("BatchMatMul", a.dtype, reason)
             return original(x, y, *args, adj_x=adj_x, adj_y=adj_y, name=name, **flags)
         with tf.name_scope(name or "PoolSizeFreeBatchMatMul"):
             # Batch shapes broadcast as TensorFlow's op does them, known or
@@ -270,11 +302,7 @@ def mat_mul(
     import tensorflow as tf
 
     a_tensor, b_tensor = tf.convert_to_tensor(a), tf.convert_to_tensor(b)
-    if (
-        a_tensor.dtype != tf.float32
-        or b_tensor.dtype != tf.float32
-        or _has_no_elements(a_tensor.shape, b_tensor.shape)
-    ):
+    if mat_mul_left_to_tensorflow(a_tensor, b_tensor):
         _whole_packets.left_to_tensorflow("MatMul", a_tensor.dtype)
         return _MAT_MUL.original(
             a, b, transpose_a=transpose_a, transpose_b=transpose_b, name=name, **flags
