@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 
@@ -438,31 +439,51 @@ def test_a_resumed_fit_numbers_its_steps_on_from_the_epoch_it_resumes_at():
     assert resumed_epoch_start(1, None, []) == 0
 
 
-_OWN_ENABLE = """\
+_OWN_SETTINGS = """\
+import os
 import sys
 
 if "tensorflow" in sys.modules or "keras" in sys.modules:
     sys.exit("tensorflow was imported before the script's own settings")
-import tfdet
-
-tfdet.enable(seed=1)  # Pins oneDNN: it must come before `import tensorflow`.
-import keras
+{settings}
 import numpy as np
 
 model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
 model.compile("sgd", "mse")
 model.fit(np.ones((8, 4)), np.ones((8, 1)), batch_size=4, epochs=1, verbose=0)
 """
+_SETTINGS = {
+    # Its own enable() pins oneDNN: it must come before `import tensorflow`.
+    "own-enable": "import tfdet\n\ntfdet.enable(seed=1)\nimport keras",
+    # tf_keras imported first imports TensorFlow inside it.
+    "tf_keras-first": 'os.environ["TF_USE_LEGACY_KERAS"] = "1"\n'
+    "import tf_keras as keras\n\nkeras.utils.set_random_seed(1)",
+}
 
 
 @pytest.mark.slow
-def test_a_script_checked_without_tfdet_imports_tensorflow_itself(tmp_path):
+@pytest.mark.parametrize(
+    "settings",
+    [
+        "own-enable",
+        pytest.param(
+            "tf_keras-first",
+            marks=pytest.mark.skipif(
+                importlib.util.find_spec("tf_keras") is None,
+                reason="tf_keras is not installed",
+            ),
+        ),
+    ],
+)
+def test_a_script_checked_without_tfdet_imports_tensorflow_itself(tmp_path, settings):
     # `--no-enable` leaves the script's settings first. The run's hooks
     # imported Keras before the script did, so a script that enables tfdet
     # itself was "too late to pin onednn" on a CPU where TensorFlow turns
-    # oneDNN off by itself (an AMD EPYC Zen 3): every run failed.
-    script = tmp_path / "own_enable.py"
-    script.write_text(_OWN_ENABLE)
+    # oneDNN off by itself (an AMD EPYC Zen 3): every run failed. The hooks
+    # wait for the script's own import: for a Keras that imports TensorFlow
+    # inside it (tf_keras), until that Keras is whole.
+    script = tmp_path / "own_settings.py"
+    script.write_text(_OWN_SETTINGS.format(settings=_SETTINGS[settings]))
     report_path = tmp_path / "report.json"
     proc = run_tfdet(
         "check", "--script", str(script), "--no-enable", "--perturb", "none",

@@ -516,8 +516,8 @@ def _install_at_first_import(recorder: Recorder) -> None:
     `tfdet.enable()`, which pins oneDNN) is read at that import, so
     importing TensorFlow here, before the script, would make the script's
     `enable()` too late on a CPU where TensorFlow turns oneDNN off by itself.
-    A script that imports `keras` first imports TensorFlow inside it: the
-    hooks wait for Keras to be whole.
+    A script that imports `keras` or `tf_keras` first imports TensorFlow
+    inside it: the hooks, which need that Keras, wait for it to be whole.
     """
     from tfdet.patches import _import_hook
 
@@ -529,13 +529,17 @@ def _install_at_first_import(recorder: Recorder) -> None:
             installed = True
             install(recorder)
 
+    def importing(name: str) -> bool:
+        spec = getattr(sys.modules.get(name), "__spec__", None)
+        return getattr(spec, "_initializing", False)
+
     def after_tensorflow() -> None:
-        keras = sys.modules.get("keras")
-        if getattr(getattr(keras, "__spec__", None), "_initializing", False):
-            return  # Keras's own hook installs them once it is whole.
+        if importing("keras") or importing("tf_keras"):
+            return  # That Keras's own hook installs them once it is whole.
         once()
 
-    _import_hook.when_imported("keras", once)
+    for keras in ("keras", "tf_keras"):
+        _import_hook.when_imported(keras, once)
     _import_hook.when_imported("tensorflow", after_tensorflow)
 
 
