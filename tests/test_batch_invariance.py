@@ -111,8 +111,14 @@ def test_an_exported_model_keeps_it_where_tfdet_is_not_imported(tmp_path):
             f"PATCHES, PATH = {patches!r}, {path!r}\n{EXPORT}", env=clean_env()
         )
         assert exported.returncode == 0, exported.stderr[-3000:]
-        # TensorFlow's defaults there: all cores, oneDNN's ISA uncapped.
-        result = run_python(f"PATH = {path!r}\n{SERVE}", env=clean_env())
+        # TensorFlow's defaults there (all cores, oneDNN's ISA uncapped), but
+        # oneDNN's custom ops on: the patch's products are oneDNN
+        # convolutions, and where TensorFlow turns oneDNN off by itself (a
+        # CPU without AVX-512, an AMD EPYC Zen 3) Eigen's convolution ran
+        # them and 4 rows of a batch of 5 differed.
+        result = run_python(
+            f"PATH = {path!r}\n{SERVE}", env=clean_env(TF_ENABLE_ONEDNN_OPTS="1")
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         served[name] = last_json_line(result.stdout)
         assert served[name]["tfdet"] is False

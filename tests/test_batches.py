@@ -66,11 +66,11 @@ def test_a_different_batch_is_the_first_difference_of_a_step():
 _FIT = """
 import json, sys
 import numpy as np
-import keras
 import tfdet
 from tfdet._record import _batches
 
-tfdet.enable()
+tfdet.enable()  # Before Keras imports TensorFlow: it pins oneDNN.
+import keras
 rng = np.random.RandomState(0)
 x = rng.rand(32, 4).astype("float32")
 y = rng.randint(0, 2, 32)
