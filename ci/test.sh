@@ -21,6 +21,15 @@ python="${PYTHON:-python3}"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
   --no-deps -c ci/constraints.txt tf_keras
 
+# matplotlib, for the --plot tests (they draw in pytest's own process), goes
+# into a directory of its own that tests/conftest.py appends to pytest's
+# sys.path: installed in the virtual environment, it would be imported by every
+# TensorFlow process the tests spawn (TensorFlow imports Keras, and Keras
+# imports matplotlib.pyplot whenever it can): about 1 s a process on a 2-core
+# EPYC, on thousands of processes.
+[ -d "$venv/plot-only/matplotlib" ] || "$venv/bin/python" -m pip install --quiet \
+  --disable-pip-version-check -c ci/constraints.txt --target "$venv/plot-only" matplotlib
+
 # QEMU's user-mode emulator: the emulated-CPU tests run a process on another
 # vendor's x86 CPU model. Installed where this can (root with apt-get);
 # elsewhere those tests skip and pytest's summary says why.

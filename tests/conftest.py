@@ -28,6 +28,14 @@ from tfdet._runner._spawn import child_environment
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Where ci/test.sh installs matplotlib: outside the virtual environment, so
+# that only pytest's own process (where the --plot tests draw) can import it,
+# and not the TensorFlow processes the tests spawn, which would pay about 1 s
+# each for Keras's import of matplotlib.pyplot.
+PLOT_ONLY_PACKAGES = Path(sys.prefix) / "plot-only"
+if PLOT_ONLY_PACKAGES.is_dir():
+    sys.path.append(str(PLOT_ONLY_PACKAGES))
+
 
 def check_options(**fields: Any) -> RunOptions:
     """The options of `tfdet check builtin:cnn`, with `fields` changed.
