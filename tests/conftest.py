@@ -37,6 +37,12 @@ if PLOT_ONLY_PACKAGES.is_dir():
     sys.path.append(str(PLOT_ONLY_PACKAGES))
 
 
+def plot_packages() -> list[Path]:
+    """What a spawned process's PYTHONPATH needs to import matplotlib as
+    pytest's process does (nothing where it is installed in the venv)."""
+    return [PLOT_ONLY_PACKAGES] if PLOT_ONLY_PACKAGES.is_dir() else []
+
+
 def check_options(**fields: Any) -> RunOptions:
     """The options of `tfdet check builtin:cnn`, with `fields` changed.
 
