@@ -110,6 +110,7 @@ class _Worker:
         self.setting = setting
         self.conversation = Conversation(setting.name, timeout)
         self.finished = False  # A script that ended by itself.
+        self._ready: dict[str, Any] | None = None
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:
         answer = self.conversation.ask(request)
@@ -117,11 +118,14 @@ class _Worker:
         return answer
 
     def ready(self) -> dict[str, Any]:
-        """The worker's first answer: built, warmed up, its profile."""
-        answer = self.conversation.answer()
-        if "error" in answer:
-            raise TargetError(answer["error"])
-        return answer
+        """The worker's first answer: built, warmed up, its profile (waited
+        for at the first call)."""
+        if self._ready is None:
+            answer = self.conversation.answer()
+            if "error" in answer:
+                raise TargetError(answer["error"])
+            self._ready = answer
+        return self._ready
 
 
 class _Processes:
@@ -180,6 +184,33 @@ class _Processes:
                 worker.conversation.kill()
         _spawn.join_interruptibly(self._thread)
         return self.outcomes
+
+
+def _start(
+    workers: list[_Worker],
+    specs: list[_spec.WorkerSpec],
+    first_index: int,
+    workdir: str,
+    env: dict[str, str],
+    directories: list[str] | None,
+    part: slice,
+) -> _Processes:
+    """The processes of the settings in `part` of a round's."""
+    return _Processes(
+        workers[part],
+        specs[part],
+        first_index + (part.start or 0),
+        workdir,
+        env,
+        None if directories is None else directories[part],
+    )
+
+
+def _close(
+    processes: list[_Processes], stop: bool, grace: float = 0.0
+) -> list[_spawn.RunOutcome]:
+    """`_Processes.close` of each, in turn; every outcome."""
+    return [outcome for group in processes for outcome in group.close(stop, grace)]
 
 
 def _environment_for_runs(workload: Workload) -> dict[str, str]:
@@ -362,6 +393,7 @@ def measure(
             say(
                 f"round {round_ + 1}/{rounds}: starting TensorFlow in "
                 f"{len(settings)} processes, one per setting"
+                + (" (the first alone, until it has built)" if round_ == 0 else "")
             )
             first = round_ * len(settings)
             directories = None
@@ -378,8 +410,17 @@ def measure(
                     for k in range(len(settings))
                 ]
             workers = [_Worker(setting, timeout) for setting in settings]
-            processes = _Processes(workers, specs, first, workdir, env, directories)
+
+            # The first round's first setting starts alone: a TARGET that
+            # cannot be built, a script that fails or a run that hangs is
+            # then said from one process, not after TensorFlow started in
+            # one per setting. Once it has built, the others start.
+            group = (workers, specs, first, workdir, env, directories)
+            processes = [_start(*group, slice(0, 1) if round_ == 0 else slice(None))]
             try:
+                if round_ == 0:
+                    workers[0].ready()
+                    processes.append(_start(*group, slice(1, None)))
                 last = round_ == rounds - 1
                 _round(
                     workers,
@@ -391,7 +432,7 @@ def measure(
                     more_blocks if last else lambda: False,
                 )
             except RunFailedError:
-                outcomes = processes.close(stop=True)
+                outcomes = _close(processes, stop=True)
                 if workload.script is None:
                     # A TARGET that cannot be built (exit 2) says so first.
                     # A run that timed out (or that this parent stopped) says
@@ -404,9 +445,9 @@ def measure(
                     )
                 raise
             except BaseException:
-                processes.close(stop=True)
+                _close(processes, stop=True)
                 raise
-            outcomes = processes.close(stop=False, grace=timeout)
+            outcomes = _close(processes, stop=False, grace=timeout)
             own_copies.update(
                 path
                 for outcome in outcomes
