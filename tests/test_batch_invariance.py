@@ -5,9 +5,9 @@ MLP with GELU; Conv2D + BatchNormalization + MaxPooling; MultiHeadAttention +
 LayerNormalization; LSTM; Embedding + pooling) and each of the op survey's
 29 models predicts every input with the bits it gets in one whole batch,
 when predicted in another order in batches of 1, 5 or 32, or eagerly as
-`model(x[i:i + 5])`. The control: under tfdet's default profile the same
-predictions differ (oneDNN's sgemm and its batch-of-one convolution kernel,
-the scalar tails of element-wise functions). A model exported under the
+`model(x[i:i + 5])`. The control, on the five: under tfdet's default
+profile the same predictions differ (oneDNN's sgemm and its batch-of-one
+convolution kernel, the scalar tails of element-wise functions). A model exported under the
 patch keeps the property where it is served without tfdet.
 
 Each setting runs in a fresh process (`benchmarks/batch_invariance.py`, the
@@ -40,6 +40,11 @@ def counts(request) -> tuple[str, dict[str, dict]]:
     takes the five) measures only its set."""
     models = request.param
     arguments = SURVEY if models == "survey" else []
+    # The control runs on the five: on the survey's 29 it doubled the
+    # suite's slowest fixture (its figures: benchmarks/batch_invariance.py).
+    settings = ["pool_size_free_products"]
+    if models == "five":
+        settings.append("enable")
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         futures = {
             setting: pool.submit(
@@ -49,7 +54,7 @@ def counts(request) -> tuple[str, dict[str, dict]]:
                 BATCHES,
                 *arguments,
             )
-            for setting in ("enable", "pool_size_free_products")
+            for setting in settings
         }
         return models, {key: future.result() for key, future in futures.items()}
 
@@ -63,15 +68,13 @@ def test_each_sample_keeps_its_bits_in_any_batch_only_with_the_patch(counts):
     assert nonzero == {}
     assert len(patched) == (5 if models == "five" else 29)
     # The control: under the default profile a sample's bits follow its
-    # batch, on every one of the five models and on most of the survey's
-    # (mixed_bfloat16 and the tf.data model's Dense head were the exceptions
-    # on an AMD EPYC Zen 4).
-    default = measured["enable"]
-    following = [name for name, by_batch in default.items() if any(by_batch.values())]
+    # batch, on every one of the five models (and on most of the survey's:
+    # all but mixed_bfloat16 and the tf.data model's Dense head on an AMD
+    # EPYC Zen 4, measured by the benchmark).
     if models == "five":
+        default = measured["enable"]
+        following = [n for n, by_batch in default.items() if any(by_batch.values())]
         assert sorted(following) == sorted(default)
-    else:
-        assert len(following) >= 20, default
 
 
 EXPORT = """
