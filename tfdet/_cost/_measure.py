@@ -129,9 +129,10 @@ class _Worker:
 
 
 class _Processes:
-    """One round's processes, one per setting, started together by the runner
-    (`_spawn.run_all` with a `Conversation` each, in a thread of its own
-    while this one talks to them); see `tfdet._runner._conversation`."""
+    """The processes of a round's settings in `part` (one per setting),
+    started together by the runner (`_spawn.run_all` with a `Conversation`
+    each, in a thread of its own while this one talks to them); see
+    `tfdet._runner._conversation`."""
 
     def __init__(
         self,
@@ -141,7 +142,12 @@ class _Processes:
         workdir: str,
         env: dict[str, str],
         directories: list[str] | None,
+        part: slice = slice(None),
     ) -> None:
+        workers, specs = workers[part], specs[part]
+        if directories is not None:
+            directories = directories[part]
+        first_index += part.start or 0
         self.workers = workers
         self.outcomes: list[_spawn.RunOutcome] = []
         setups = [RunSetup(first_index + k) for k in range(len(workers))]
@@ -184,26 +190,6 @@ class _Processes:
                 worker.conversation.kill()
         _spawn.join_interruptibly(self._thread)
         return self.outcomes
-
-
-def _start(
-    workers: list[_Worker],
-    specs: list[_spec.WorkerSpec],
-    first_index: int,
-    workdir: str,
-    env: dict[str, str],
-    directories: list[str] | None,
-    part: slice,
-) -> _Processes:
-    """The processes of the settings in `part` of a round's."""
-    return _Processes(
-        workers[part],
-        specs[part],
-        first_index + (part.start or 0),
-        workdir,
-        env,
-        None if directories is None else directories[part],
-    )
 
 
 def _close(
@@ -416,11 +402,13 @@ def measure(
             # then said from one process, not after TensorFlow started in
             # one per setting. Once it has built, the others start.
             group = (workers, specs, first, workdir, env, directories)
-            processes = [_start(*group, slice(0, 1) if round_ == 0 else slice(None))]
+            processes = [
+                _Processes(*group, slice(0, 1) if round_ == 0 else slice(None))
+            ]
             try:
                 if round_ == 0:
                     workers[0].ready()
-                    processes.append(_start(*group, slice(1, None)))
+                    processes.append(_Processes(*group, slice(1, None)))
                 last = round_ == rounds - 1
                 _round(
                     workers,
