@@ -26,7 +26,7 @@ python="${PYTHON:-python3}"
 # sys.path: installed in the virtual environment, it would be imported by every
 # TensorFlow process the tests spawn (TensorFlow imports Keras, and Keras
 # imports matplotlib.pyplot whenever it can): about 1 s a process on a 2-core
-# EPYC, on thousands of processes.
+# EPYC Zen 3, on about 900 processes.
 [ -d "$venv/plot-only/matplotlib" ] || "$venv/bin/python" -m pip install --quiet \
   --disable-pip-version-check -c ci/constraints.txt --target "$venv/plot-only" matplotlib
 

@@ -31,16 +31,11 @@ REPO = Path(__file__).resolve().parents[1]
 # Where ci/test.sh installs matplotlib: outside the virtual environment, so
 # that only pytest's own process (where the --plot tests draw) can import it,
 # and not the TensorFlow processes the tests spawn, which would pay about 1 s
-# each for Keras's import of matplotlib.pyplot.
-PLOT_ONLY_PACKAGES = Path(sys.prefix) / "plot-only"
-if PLOT_ONLY_PACKAGES.is_dir():
-    sys.path.append(str(PLOT_ONLY_PACKAGES))
-
-
-def plot_packages() -> list[Path]:
-    """What a spawned process's PYTHONPATH needs to import matplotlib as
-    pytest's process does (nothing where it is installed in the venv)."""
-    return [PLOT_ONLY_PACKAGES] if PLOT_ONLY_PACKAGES.is_dir() else []
+# each for Keras's import of matplotlib.pyplot. A spawned process that needs
+# it puts these paths on its PYTHONPATH (none where matplotlib is in the venv).
+_PLOT_ONLY = Path(sys.prefix) / "plot-only"
+PLOT_PACKAGE_PATHS = [str(_PLOT_ONLY)] if _PLOT_ONLY.is_dir() else []
+sys.path.extend(PLOT_PACKAGE_PATHS)
 
 
 def check_options(**fields: Any) -> RunOptions:

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from tests.conftest import REPO, clean_env, plot_packages, run_tfdet
+from tests.conftest import PLOT_PACKAGE_PATHS, REPO, clean_env, run_tfdet
 from tfdet._child import _ops
 from tfdet._cost import _advice, _cost_report, _measure
 from tfdet._cost._timed_settings import (
@@ -489,10 +489,10 @@ def test_bad_input_exits_2_before_tensorflow_starts(tmp_path, flags, message):
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError('TensorFlow was imported')\n")
     env = clean_env()
-    # matplotlib, where pytest has it apart (conftest.PLOT_ONLY_PACKAGES): the
+    # matplotlib, where pytest has it apart (conftest.PLOT_PACKAGE_PATHS): the
     # extension is checked against the formats it writes.
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(fake.parent), env["PYTHONPATH"], *map(str, plot_packages())]
+        [str(fake.parent), env["PYTHONPATH"], *PLOT_PACKAGE_PATHS]
     )
     result = run_tfdet("cost", *flags, env=env, cwd=tmp_path, timeout=120)
     assert result.returncode == 2, result.stderr

@@ -195,8 +195,22 @@ class _Processes:
 def _close(
     processes: list[_Processes], stop: bool, grace: float = 0.0
 ) -> list[_spawn.RunOutcome]:
-    """`_Processes.close` of each, in turn; every outcome."""
-    return [outcome for group in processes for outcome in group.close(stop, grace)]
+    """`_Processes.close` of each group; every outcome.
+
+    Every process is told to end before any is waited for, and the groups
+    share one `grace`: closed one after the other, the second group would
+    hear only once the first had exited, and could wait a second `grace`.
+    """
+    if not stop:
+        for group in processes:
+            for worker in group.workers:
+                worker.conversation.end()
+    deadline = time.monotonic() + grace
+    return [
+        outcome
+        for group in processes
+        for outcome in group.close(stop, max(0.0, deadline - time.monotonic()))
+    ]
 
 
 def _environment_for_runs(workload: Workload) -> dict[str, str]:
