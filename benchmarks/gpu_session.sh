@@ -7,6 +7,8 @@
 #   bash benchmarks/gpu_session.sh timings   # gpu_cost.py --explain: ms/step, ratios, bits across rounds
 #   bash benchmarks/gpu_session.sh bits      # cuDNN RNN repeatability, pytest -m gpu, tfdet check --device gpu
 #   bash benchmarks/gpu_session.sh cpu16     # the built-in CNN on the host CPU's cores, GPU hidden
+#   bash benchmarks/gpu_session.sh cost      # tfdet cost --device gpu on the CNN and two zoo models;
+#                                            # then the zoo's encoder on the host's cores (GPU hidden)
 #   bash benchmarks/gpu_session.sh noenable  # first steps' times without tfdet; check --no-enable
 #                                            # (XLA_ONLY=1: only the first steps with XLA off / not autotuned)
 #
@@ -23,7 +25,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 budget=${BUDGET_S:-300}
 
-case ${1:?stage: timings, bits, cpu16 or noenable} in
+case ${1:?stage: timings, bits, cpu16, cost or noenable} in
 timings)
   { date -u; nvidia-smi; lscpu | head -20; python3 -m tfdet env; } >"$out/device.txt" 2>&1
   timeout "$budget" python3 benchmarks/gpu_cost.py --explain --rounds 3 --blocks 2 \
@@ -46,6 +48,18 @@ bits)
   } >"$out/check_gpu.log" 2>&1 &
   wait
   tail -n 25 "$out"/*.log
+  ;;
+cost)
+  { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv; } >"$out/device.txt" 2>&1
+  for target in builtin:cnn benchmarks/zoo.py:encoder benchmarks/zoo.py:resnet50; do
+    name=${target##*:}
+    timeout "$budget" python3 -m tfdet cost "$target" --device gpu --blocks 4 --steps 5 \
+      --json "$out/cost_gpu_$name.json" >"$out/cost_gpu_$name.log" 2>&1
+    echo "$target exit $?" >>"$out/cost_gpu_exits.log"
+  done
+  CUDA_VISIBLE_DEVICES="" timeout "$budget" python3 -m tfdet cost benchmarks/zoo.py:encoder \
+    --blocks 4 --steps 3 --json "$out/cost_cpu16_encoder.json" >"$out/cost_cpu16_encoder.log" 2>&1
+  tail -n 20 "$out"/cost_*.log
   ;;
 cpu16)
   CUDA_VISIBLE_DEVICES="" timeout "$budget" python3 benchmarks/cost_of_determinism.py \

@@ -14,13 +14,15 @@ from tests.conftest import PLOT_PACKAGE_PATHS, REPO, clean_env, run_tfdet
 from tfdet._child import _ops
 from tfdet._cost import _advice, _cost_report, _measure
 from tfdet._cost._timed_settings import (
+    OP_DETERMINISM,
     PLAIN,
     POOL_SIZE_FREE,
     Setting,
     bits_follow,
+    gpu_settings_for,
     settings_for,
 )
-from tfdet._pin import _tiers
+from tfdet._pin import _devices, _tiers
 from tfdet._pin._profile import Profile
 
 # --- The per-op times, from a profiler trace written here -------------------
@@ -190,6 +192,22 @@ def test_the_settings_a_user_would_try_are_timed():
         {"patches": ["auto", POOL_SIZE_FREE]},
     ]
     assert settings_for(1)[2].name == "enable(cpu_isa=None)"
+
+
+def test_the_settings_a_gpu_user_would_try_are_timed():
+    names = [setting.name for setting in gpu_settings_for(4)]
+    assert names == [
+        "plain TensorFlow",
+        "enable()",  # First of the deterministic ones: preferred on a tie.
+        "seeds + enable_op_determinism()",
+        "enable(threads=4)",
+        "enable() + jit_compile=True",
+    ]
+    # TensorFlow's own switch, without tfdet.
+    assert OP_DETERMINISM.enable is None and OP_DETERMINISM.op_determinism
+    assert [setting.name for setting in gpu_settings_for(1, xla=False)] == names[:3]
+    # A GPU run's bits follow the GPU, whatever its profile.
+    assert bits_follow(_profile(), False, "gpu") == ["the GPU model and its software"]
 
 
 # --- The recommendation -------------------------------------------------------
@@ -501,6 +519,79 @@ def test_bad_input_exits_2_before_tensorflow_starts(tmp_path, flags, message):
         result.stderr
     )
     assert sorted(path.name for path in tmp_path.iterdir()) == ["fake"]
+
+
+@pytest.mark.skipif(
+    bool(_devices._device_nodes()), reason="this machine may have a GPU"
+)
+def test_device_gpu_without_one_exits_4_before_tensorflow_starts(tmp_path):
+    fake = tmp_path / "fake" / "tensorflow"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('TensorFlow was imported')\n")
+    env = clean_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(fake.parent), env["PYTHONPATH"]])
+    result = run_tfdet("cost", "--device", "gpu", env=env, cwd=tmp_path, timeout=120)
+    assert result.returncode == 4, result.stderr
+    assert "Expected a GPU for --device gpu." in result.stderr, result.stderr
+    assert "no GPU device nodes on this machine" in result.stderr
+    # The GPU's tier is not one a CPU run can be advised for.
+    result = run_tfdet("cost", "--need", "same-gpu", env=env, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "Expected tiers from this-machine" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_gpu_report_names_the_gpu_and_advises_for_its_tier():
+    gpu = ("same-gpu",)
+    follow = ("the GPU model and its software",)
+    report = dataclasses.replace(
+        _cost(
+            _row("enable()", 1.15, follow, tiers=gpu),
+            dataclasses.replace(
+                _row(OP_DETERMINISM.name, 1.10, follow, tiers=gpu),
+                setting=OP_DETERMINISM,
+            ),
+        ),
+        device="gpu",
+        device_name="NVIDIA H100 80GB HBM3",
+        need=_cost_report.default_need("gpu"),
+    )
+    text = str(report)
+    assert text.startswith(
+        "tfdet cost builtin:cnn: GPU NVIDIA H100 80GB HBM3, host 2 cores (a CPU)"
+    )
+    assert "the same GPU (bits follow the GPU model and its software)" in text
+    # Within 10%: the default enable() is kept, for the GPU's one tier only.
+    assert "  the same GPU      enable() 1.15x" in text
+    assert "any x86 CPU" not in text
+    data = report.to_dict()
+    assert (data["device"], data["need"]) == ("gpu", ["same-gpu"])
+    assert list(data["advice_per_tier"]) == ["same-gpu"]
+    assert data["recommended"] == "enable()"
+
+
+@pytest.mark.slow
+def test_tensorflows_own_op_determinism_is_a_setting_and_the_report_says_where_it_ran():
+    # Asked for the GPU on a machine without one (the library does not
+    # refuse: the CLI does), the runs train on the CPU, and the report and
+    # the tiers say so from what each run reported.
+    report = _measure.measure(
+        "builtin:cnn",
+        [PLAIN, OP_DETERMINISM],
+        rounds=1,
+        blocks=1,
+        steps=1,
+        warmup=0,
+        device="gpu",
+    )
+    assert (report.device, report.device_name) == ("cpu", None)
+    plain, op_determinism = report.rows
+    assert plain.tiers == ()
+    # TensorFlow's switch reached the run (its profile says so); its bits
+    # follow the cores and the CPU's instructions, as tfdet's native row.
+    assert op_determinism.tiers == ("this-machine",)
+    assert op_determinism.bits_follow == ("the core count", "the CPU's instruction set")
+    assert report.need == _cost_report.DEFAULT_NEED
 
 
 def test_a_target_that_cannot_be_built_exits_2(tmp_path):

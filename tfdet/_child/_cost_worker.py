@@ -21,7 +21,9 @@ script:
 - `{"end": true}` (or the parent closing its end): writes the result and
   exits.
 
-Its first answer is `{"ready": true, "xla": ..., "profile": ...}`; a TARGET
+Its first answer is `{"ready": true, "xla": ..., "profile": ..., "device":
+..., "device_name": ...}` (where it trains: "gpu" when TensorFlow places
+its ops on a GPU, with the GPU's name, else "cpu"); a TARGET
 that cannot be built is a `TargetError` (exit 2, the protocol's result),
 a script that trains no more than the warm-up answers `{"error": ...}`. A
 script that ends by itself adds `"finished": true` to the answer it was
@@ -49,14 +51,30 @@ def digest(variables: Iterable[Any]) -> str:
     return sha.hexdigest()[:16]
 
 
+def _device() -> tuple[str, str | None]:
+    """Where TensorFlow places this process's ops: ("gpu", its name) when it
+    lists a GPU (the first, where Keras trains), else ("cpu", None)."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return "cpu", None
+    details = tf.config.experimental.get_device_details(gpus[0])
+    return "gpu", str(details.get("device_name") or gpus[0].name)
+
+
 def ready(spec: WorkerSpec, xla: bool) -> dict[str, Any]:
-    """The first answer: built and warmed up, whether XLA is on, the profile."""
+    """The first answer: built and warmed up, whether XLA is on, the profile,
+    where it trains."""
     from tfdet._setup import _enable
 
+    device, device_name = _device()
     return {
         "ready": True,
         "xla": xla,
         "profile": _enable.observed_profile(spec.seed).to_dict(),
+        "device": device,
+        "device_name": device_name,
     }
 
 

@@ -5,7 +5,8 @@ TARGET preflight start is `python -m tfdet._child SPEC_JSON`, where SPEC_JSON
 is one `WorkerSpec`. The child:
 
 1. calls `child_start` first (every kind): `tfdet.enable()` with the spec's
-   settings, or only Keras's seeds for a TARGET run without tfdet; every
+   settings, or only Keras's seeds for a TARGET run without tfdet (and
+   TensorFlow's own op determinism where the spec asks for it); every
    perturbation that acts inside the process (`_perturb.applied_in_child`,
    deferred to `import tensorflow` where TensorFlow is not loaded yet);
    the notice of a `jit_compile=True` that Keras dropped;
@@ -238,6 +239,13 @@ def seed_without_tfdet(seed: int, workers: int = 1) -> None:
         keras_multi_worker.PATCH.install()
 
 
+def _enable_op_determinism() -> None:
+    """TensorFlow's own switch, as its guide says to use it (with seeds)."""
+    import tensorflow as tf
+
+    tf.config.experimental.enable_op_determinism()
+
+
 def _enable(spec: WorkerSpec) -> None:
     """`tfdet.enable()` with the run's seed, threads and ISA cap."""
     from tfdet._setup._enable import enable
@@ -275,6 +283,10 @@ def child_start(spec: WorkerSpec) -> None:
         _enable(spec)
     elif spec.script is None:
         seed_without_tfdet(spec.seed, spec.workers)
+    if spec.op_determinism and not spec.enable:
+        # Once TensorFlow is imported (a script imports it itself, after its
+        # own settings), before the TARGET or the script's first op.
+        _import_hook.when_imported("tensorflow", _enable_op_determinism)
     # In-child perturbations (e.g. another CPU's cache sizes) act once
     # TensorFlow's libraries are loaded and before its first op.
     _import_hook.when_imported("tensorflow", _apply_perturbations)

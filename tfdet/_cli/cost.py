@@ -1,8 +1,9 @@
 """What determinism costs on your model, on this machine, and how to pay less.
 
 Trains TARGET with train_on_batch (or runs a whole script with --script)
-in one fresh process per setting, on the CPU: plain TensorFlow (Keras's
-seeding only), tfdet's default enable() (one thread, AVX2), and, where they
+in one fresh process per setting, on the CPU (on a GPU: see --device):
+plain TensorFlow (Keras's seeding only), tfdet's default enable() (one
+thread, AVX2), and, where they
 apply, enable(threads=N) with N the cores this process may use,
 enable(threads=N, cpu_isa=None) (the CPU's best instructions), the
 pool-size-free products at N threads, and XLA (jit_compile=True). The
@@ -22,7 +23,7 @@ to rerun with.
 Exit codes: 0 measured (and, with --max-ratio, the advised setting within
 it), 1 with --max-ratio: the advised setting's ratio is above it (when
 inconclusive: even the cheaper of the two is; or no setting gives --need),
-2 bad input, 3 a run failed.
+2 bad input, 3 a run failed, 4 --device gpu without a GPU.
 """
 
 from __future__ import annotations
@@ -105,13 +106,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{_options.DEFAULT_TIMEOUT:g}).",
     )
     parser.add_argument(
+        "--device",
+        default=_measure.AUTO,
+        choices=_measure.DEVICE_CHOICES,
+        help="Where the runs train: 'cpu' (GPUs hidden), 'gpu' (exit 4 without "
+        "one; the settings: plain TensorFlow, enable(), TensorFlow's own "
+        "seeds + enable_op_determinism(), enable(threads=N), XLA), or 'auto' "
+        "(default: the GPU where TensorFlow lists one, else the CPU).",
+    )
+    parser.add_argument(
         "--need",
-        default=",".join(_cost_report.DEFAULT_NEED),
+        default=None,
         metavar="TIER[,TIER]",
-        help="The guarantee to advise for: "
+        help="The guarantee to advise for: on the CPU "
         f"{', '.join(tier.name for tier in _tiers.CPU_TIERS)}; several, "
         "comma-separated, must all hold (default "
-        f"{','.join(_cost_report.DEFAULT_NEED)}: what enable() gives).",
+        f"{','.join(_cost_report.DEFAULT_NEED)}: what enable() gives); on a GPU "
+        f"{_tiers.SAME_GPU.name} (the default there).",
     )
     parser.add_argument(
         "--max-ratio",
@@ -139,9 +150,14 @@ def execute(args: argparse.Namespace) -> int:
         )
     with usage_errors():
         timeout = _options.check_timeout(args.timeout)
+    # Exit 4 without a GPU for --device gpu, before any other check.
+    device = _measure.resolve_device(args.device)
+    with usage_errors():
         need = _tiers.check_names(
-            [name.strip() for name in args.need.split(",") if name.strip()],
-            _tiers.CPU_TIERS,
+            [name.strip() for name in args.need.split(",") if name.strip()]
+            if args.need is not None
+            else list(_cost_report.default_need(device)),
+            _cost_report.device_tiers(device),
         )
         if args.max_ratio is not None:
             _advice.check_max_ratio(args.max_ratio, "--max-ratio")
@@ -179,6 +195,7 @@ def execute(args: argparse.Namespace) -> int:
         timeout=timeout,
         progress=_training_flags.progress,
         need=need,
+        device=device,
     )
     return conclude(report, args)
 

@@ -37,7 +37,6 @@ from tfdet._errors import (
     EXIT_DIVERGED,
     EXIT_OK,
     EXIT_RUN_FAILED,
-    DeviceUnavailableError,
     Error,
 )
 from tfdet._pin import _devices
@@ -339,13 +338,9 @@ def check(
         DeviceUnavailableError: `device="gpu"` without a visible GPU.
         Error: `options.traces` cannot be written (exit 2).
     """
+    if options.device == "gpu":
+        _devices.require_gpu()
     gpu = _devices.gpu_visible() if options.device in ("gpu", "all") else False
-    if options.device == "gpu" and not gpu:
-        raise DeviceUnavailableError(
-            "Expected a GPU for `device=gpu`. Received: no GPU visible to TensorFlow "
-            f"({_devices.why_no_gpu()}). Use `device=cpu`, or run on a machine with a "
-            "GPU and the tensorflow[and-cuda] build."
-        )
     wanted = ["cpu", "gpu"] if options.device == "all" else [options.device]
     if options.traces is not None:
         _prepare_traces(options.traces, [d for d in wanted if d != "gpu" or gpu])

@@ -28,6 +28,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from tfdet._cost._timed_settings import written
 from tfdet._pin import _tiers
 
 # A setting must be this much cheaper than the preferred one to be advised
@@ -213,22 +214,22 @@ def sentence(advice: Advice, rounds: int = 1) -> str:
         )
     if advice.verdict == INCONCLUSIVE:
         return (
-            f"For {labels}: inconclusive: tfdet.{advice.rival} ({advice.rival_ratio:.2f}x "
-            f"plain TensorFlow) and tfdet.{advice.setting} ({advice.ratio:.2f}x) "
+            f"For {labels}: inconclusive: {written(advice.rival)} ({advice.rival_ratio:.2f}x "
+            f"plain TensorFlow) and {written(advice.setting)} ({advice.ratio:.2f}x) "
             f"could not be told apart (the first faster in {advice.faster_blocks} of "
             f"{advice.blocks} blocks): rerun with --blocks "
             f"{math.ceil(2 * advice.blocks / rounds)} on a "
             "quieter machine."
         )
-    text = f"For {labels}: use tfdet.{advice.setting}: {advice.ratio:.2f}x plain TensorFlow here"
+    text = f"For {labels}: use {written(advice.setting)}: {advice.ratio:.2f}x plain TensorFlow here"
     if advice.verdict == TIE:
         text += (
-            f" (tfdet.{advice.rival}, {advice.rival_ratio:.2f}x, is within "
+            f" ({written(advice.rival)}, {advice.rival_ratio:.2f}x, is within "
             f"{WORTH_LEAVING - 1:.0%}: not worth leaving it)"
         )
     elif advice.rival is not None:
         text += (
-            f", faster than tfdet.{advice.rival} ({advice.rival_ratio:.2f}x) in "
+            f", faster than {written(advice.rival)} ({advice.rival_ratio:.2f}x) in "
             f"{advice.faster_blocks} of {advice.blocks} blocks"
         )
     return text + "."

@@ -6,12 +6,26 @@ import dataclasses
 from typing import Any
 
 from tfdet._cost import _advice
-from tfdet._cost._timed_settings import Setting
+from tfdet._cost._timed_settings import Setting, written
 from tfdet._pin import _tiers
 
-# What `tfdet cost` advises for unless told (`--need`): the bits of any x86
-# CPU with any core count, what the default `enable()` gives.
+# What `tfdet cost` advises for unless told (`--need`): on the CPU, the bits
+# of any x86 CPU with any core count, what the default `enable()` gives; on
+# a GPU, the same GPU's (the widest tier a GPU run gives).
 DEFAULT_NEED = (_tiers.ANY_X86_CPU.name,)
+DEFAULT_GPU_NEED = (_tiers.SAME_GPU.name,)
+
+
+def device_tiers(device: str) -> tuple[_tiers.Tier, ...]:
+    """The tiers a run on `device` ("cpu" or "gpu") can give."""
+    return _tiers.CPU_TIERS if device == "cpu" else (_tiers.SAME_GPU,)
+
+
+def default_need(device: str) -> tuple[str, ...]:
+    """What the advice is for on `device` unless told."""
+    return DEFAULT_NEED if device == "cpu" else DEFAULT_GPU_NEED
+
+
 # Ops listed per setting: those whose time per step grew most.
 GROWING_OPS = 5
 
@@ -149,6 +163,8 @@ class CostReport:
             the schedule while the advice was inconclusive), each setting's
             median ms/step: what the advice compares.
         need: The tier names the advice is for (`tfdet._pin._tiers`).
+        device: Where the runs trained: "cpu" or "gpu".
+        device_name: The GPU's name (None on the CPU).
     """
 
     target: str
@@ -161,6 +177,8 @@ class CostReport:
     rows: tuple[CostRow, ...]
     per_block: tuple[dict[str, float], ...] = ()
     need: tuple[str, ...] = DEFAULT_NEED
+    device: str = "cpu"
+    device_name: str | None = None
 
     @property
     def plain(self) -> CostRow:
@@ -201,7 +219,7 @@ class CostReport:
                 if name not in cheaper.gives
             ]
             sentence = sentence[:-1] + (
-                f"; tfdet.{cheaper.name} is {cheaper.ratio:.2f}x but does not give "
+                f"; {written(cheaper.name)} is {cheaper.ratio:.2f}x but does not give "
                 f"{' or '.join(lacks)}"
                 + (
                     f" (its bits follow {', '.join(cheaper.bits_follow)})"
@@ -218,6 +236,8 @@ class CostReport:
             "target": self.target,
             "cores": self.cores,
             "cpu_model": self.cpu_model,
+            "device": self.device,
+            "device_name": self.device_name,
             "rounds": self.rounds,
             "blocks": self.blocks,
             "blocks_timed": len(self.per_block),
@@ -229,7 +249,7 @@ class CostReport:
             "advice": self.advice().to_dict(),
             "advice_per_tier": {
                 tier.name: self.advice((tier.name,)).to_dict()
-                for tier in _tiers.CPU_TIERS
+                for tier in device_tiers(self.device)
             },
             "recommended": None if best is None else best.setting.name,
             "recommendation": self.recommendation(),
@@ -245,14 +265,17 @@ _LADDER = (_tiers.THIS_MACHINE, _tiers.ANY_THREAD_COUNT, _tiers.ANY_X86_CPU)
 
 
 def _gives(row: CostRow) -> str:
-    """The widest tier of the ladder it reaches, any batch beside, and what
-    its bits follow."""
+    """The widest tier of the ladder it reaches, any batch beside (or the
+    same GPU), and what its bits follow."""
     if not row.gives:
         why = "bits did not repeat" if row.repeatable is False else "no op determinism"
         return f"none ({why})"
     reached = [tier.label for tier in _LADDER if tier.name in row.gives][-1:]
-    if _tiers.ANY_BATCH.name in row.gives:
-        reached.append(_tiers.ANY_BATCH.label)
+    reached += [
+        tier.label
+        for tier in (_tiers.ANY_BATCH, _tiers.SAME_GPU)
+        if tier.name in row.gives
+    ]
     text = ", ".join(reached)
     if row.bits_follow:
         text += f" (bits follow {', '.join(row.bits_follow)})"
@@ -287,8 +310,11 @@ def format_text(report: CostReport) -> str:
     extra = blocks - report.rounds * report.blocks
     more = f" (+{extra} while the advice was inconclusive)" if extra > 0 else ""
     width = max(len(row.setting.name) for row in report.rows) + 2
+    where = f"{report.cores} cores ({report.cpu_model})"
+    if report.device == "gpu":
+        where = f"GPU {report.device_name}, host {where}"
     lines = [
-        f"tfdet cost {report.target}: {report.cores} cores ({report.cpu_model}); "
+        f"tfdet cost {report.target}: {where}; "
         f"{blocks} interleaved blocks{more} of {report.steps} steps in "
         f"{report.rounds} round(s) of fresh processes, after {report.warmup} "
         "warm-up steps",
@@ -330,6 +356,6 @@ def format_text(report: CostReport) -> str:
         if row.ops and not growth:
             lines.append("  none grew")
     lines += ["", "advice per tier (--need picks the one below):"]
-    lines += [_advice_line(report, tier) for tier in _tiers.CPU_TIERS]
+    lines += [_advice_line(report, tier) for tier in device_tiers(report.device)]
     lines += ["", report.recommendation()]
     return "\n".join(lines)

@@ -33,7 +33,7 @@ from tfdet._commands._options import DEFAULT_TIMEOUT, RunOptions
 from tfdet._cost import _advice, _cost_report, _timed_settings
 from tfdet._cost._timed_settings import Setting
 from tfdet._errors import RunFailedError, TargetError
-from tfdet._pin import _environment, _isa
+from tfdet._pin import _devices, _environment, _isa
 from tfdet._protocol import _spec
 from tfdet._protocol._perturb import RunSetup
 from tfdet._runner import _spawn, _workdir
@@ -56,6 +56,30 @@ Progress = Callable[[str], None]
 def cores() -> int:
     """The CPUs this process may use."""
     return len(_environment.affinity() or []) or os.cpu_count() or 1
+
+
+# `device`'s choices: a GPU where TensorFlow lists one, else the CPU; or one.
+AUTO = "auto"
+DEVICE_CHOICES = (AUTO, *_timed_settings.DEVICES)
+
+
+def resolve_device(device: str) -> str:
+    """Where the runs of `measure` train, from one of `DEVICE_CHOICES`.
+
+    Raises:
+        ValueError: `device` is not one of them.
+        DeviceUnavailableError: "gpu" on a machine without one (exit 4).
+    """
+    if device not in DEVICE_CHOICES:
+        raise ValueError(
+            f"Expected `device` to be one of {', '.join(DEVICE_CHOICES)}. "
+            f"Received: {device!r}"
+        )
+    if device == "gpu":
+        _devices.require_gpu()
+    if device == AUTO:
+        return "gpu" if _devices.gpu_visible() else "cpu"
+    return device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +124,7 @@ def _spec_for(setting: Setting, workload: Workload, warmup: int) -> _spec.Worker
         **workload.spec(),
         warmup=warmup,
         jit_compile=setting.jit_compile,
+        op_determinism=setting.op_determinism,
     )
 
 
@@ -213,8 +238,10 @@ def _close(
     ]
 
 
-def _environment_for_runs(workload: Workload) -> dict[str, str]:
-    """The CPU runs' environment, without the caller's determinism variables:
+def _environment_for_runs(workload: Workload, device: str) -> dict[str, str]:
+    """The runs' environment on `device` ("cpu": GPUs hidden; "gpu": as
+    `tfdet check --device gpu` gives its runs), without the caller's
+    determinism variables:
     plain TensorFlow means plain, and each setting pins its own. The Keras
     stays the workload's: a script's choice is read from it, as `check
     --script` reads it, and the caller's `TF_USE_LEGACY_KERAS` is kept."""
@@ -227,7 +254,7 @@ def _environment_for_runs(workload: Workload) -> dict[str, str]:
             "script", legacy_keras=_load.sets_legacy_keras(workload.script)
         )
     )
-    env = _spawn.run_environment(spec, "cpu")
+    env = _spawn.run_environment(spec, device)
     keras_choice = env.get(_LEGACY_KERAS)
     for name in _environment.DETERMINISM_VARIABLES:
         env.pop(name, None)
@@ -330,7 +357,8 @@ def measure(
     warmup: int = DEFAULT_WARMUP,
     timeout: float = DEFAULT_TIMEOUT,
     progress: Progress | None = None,
-    need: tuple[str, ...] = _cost_report.DEFAULT_NEED,
+    need: tuple[str, ...] | None = None,
+    device: str = "cpu",
 ) -> _cost_report.CostReport:
     """Times `workload` under each setting, interleaved; see the module doc.
 
@@ -338,7 +366,8 @@ def measure(
         workload: What to train: a `Workload`, or a TARGET string.
         settings: Plain TensorFlow first (the ratios' baseline), then the
             settings to compare; None: `_timed_settings.settings_for(cores())`
-            (without XLA for a script, which compiles its own models).
+            on the CPU, `gpu_settings_for` on the GPU (without XLA for a
+            script, which compiles its own models).
         rounds: Rounds of fresh processes.
         blocks: Interleaved blocks per round.
         steps: Timed steps per process per block.
@@ -359,19 +388,28 @@ def measure(
         workload = Workload(target=workload)
     available = cores()
     if settings is None:
-        settings = _timed_settings.settings_for(available, xla=workload.script is None)
+        chosen = (
+            _timed_settings.settings_for
+            if device == "cpu"
+            else _timed_settings.gpu_settings_for
+        )
+        settings = chosen(available, xla=workload.script is None)
     say = progress or (lambda text: None)
-    env = _environment_for_runs(workload)
+    env = _environment_for_runs(workload, device)
     specs = [_spec_for(setting, workload, warmup) for setting in settings]
     figures = _Figures()
     own_copies: set[str] = set()  # A script's paths each run had its own copy of.
     launched_in = os.getcwd()
 
     def report() -> _cost_report.CostReport:
+        # Where the runs really trained (they all start alike).
+        trained = figures.ready[settings[0].name]
         return _cost_report.CostReport(
             target=workload.name,
             cores=available,
             cpu_model=_isa.cpu_model(),
+            device=trained["device"],
+            device_name=trained["device_name"],
             rounds=rounds,
             blocks=blocks,
             steps=steps,
@@ -380,7 +418,7 @@ def measure(
                 _row(setting, figures, settings[0].name) for setting in settings
             ),
             per_block=tuple(figures.per_block),
-            need=need,
+            need=need or _cost_report.default_need(trained["device"]),
         )
 
     def more_blocks() -> bool:
@@ -524,16 +562,15 @@ def _row(setting: Setting, figures: _Figures, baseline: str) -> _cost_report.Cos
     """One setting's row: its block figures, XLA, profile, digests and ops."""
     name = setting.name
     timing = block_figures(figures.per_block, name, baseline)
-    xla = bool(figures.ready[name]["xla"])
+    ready = figures.ready[name]
+    xla, device = bool(ready["xla"]), ready["device"]
     digests, unknown = _repeat(figures.digests.get(name, []))
     return _cost_report.CostRow(
         setting=setting,
         **dataclasses.asdict(timing),
         xla=xla,
-        bits_follow=tuple(
-            _timed_settings.bits_follow(figures.ready[name]["profile"], xla)
-        ),
-        tiers=tuple(_timed_settings.tiers(figures.ready[name]["profile"], xla)),
+        bits_follow=tuple(_timed_settings.bits_follow(ready["profile"], xla, device)),
+        tiers=tuple(_timed_settings.tiers(ready["profile"], xla, device)),
         digests=digests,
         same_bits_unknown=unknown,
         ops=_shares(figures.ops.get(name, {}), timing.ms_per_step),

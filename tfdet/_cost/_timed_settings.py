@@ -19,11 +19,15 @@ class Setting:
             TensorFlow (Keras's own seeding only: what a careful user does).
         jit_compile: Set on the model before its first step (XLA), or None
             to keep what the TARGET compiled with.
+        op_determinism: Without tfdet (`enable` None), also turn on
+            TensorFlow's own op determinism as its guide says (seeds and
+            `tf.config.experimental.enable_op_determinism()`).
     """
 
     name: str
     enable: dict[str, Any] | None
     jit_compile: bool | None = None
+    op_determinism: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -34,6 +38,27 @@ class Setting:
 
 
 PLAIN = Setting("plain TensorFlow", None)
+# TensorFlow's own answer, without tfdet: what a GPU user tries first.
+OP_DETERMINISM = Setting("seeds + enable_op_determinism()", None, op_determinism=True)
+DEVICES = ("cpu", "gpu")
+
+
+def written(name: str) -> str:
+    """How a sentence writes the setting `name`: tfdet's as a call of the
+    package (`tfdet.enable(...)`), TensorFlow's own as named."""
+    return name if name in (PLAIN.name, OP_DETERMINISM.name) else f"tfdet.{name}"
+
+
+def _enable_call(threads: dict[str, int], **arguments: str) -> str:
+    """How the report names `enable()` with `threads` and `arguments`."""
+    shown = {**{k: str(v) for k, v in threads.items()}, **arguments}
+    return f"enable({', '.join(f'{k}={v}' for k, v in shown.items())})"
+
+
+def _xla_setting() -> Setting:
+    # Whether the model compiles (and Keras keeps XLA under op determinism)
+    # is known only once it is built: the run says so.
+    return Setting("enable() + jit_compile=True", {}, jit_compile=True)
 
 
 def settings_for(cores: int, xla: bool = True) -> list[Setting]:
@@ -51,29 +76,47 @@ def settings_for(cores: int, xla: bool = True) -> list[Setting]:
     With one core, `threads=N` is `enable()` itself and is left out.
     """
     threads = {"threads": cores} if cores > 1 else {}
-
-    def call(**arguments: str) -> str:
-        shown = {**{k: str(v) for k, v in threads.items()}, **arguments}
-        return f"enable({', '.join(f'{k}={v}' for k, v in shown.items())})"
-
     found = [PLAIN, Setting("enable()", {})]
     if cores > 1:
-        found.append(Setting(call(), dict(threads)))
-    found.append(Setting(call(cpu_isa="None"), {**threads, "cpu_isa": None}))
+        found.append(Setting(_enable_call(threads), dict(threads)))
+    found.append(
+        Setting(_enable_call(threads, cpu_isa="None"), {**threads, "cpu_isa": None})
+    )
     found.append(
         Setting(
-            call(patches=f'["auto", "{POOL_SIZE_FREE}"]'),
+            _enable_call(threads, patches=f'["auto", "{POOL_SIZE_FREE}"]'),
             {**threads, "patches": ["auto", POOL_SIZE_FREE]},
         )
     )
     if xla:
-        # Whether the model compiles (and Keras keeps XLA under op
-        # determinism) is known only once it is built: the run says so.
-        found.append(Setting("enable() + jit_compile=True", {}, jit_compile=True))
+        found.append(_xla_setting())
     return found
 
 
-def bits_follow(profile: dict[str, Any], xla: bool) -> list[str]:
+def gpu_settings_for(cores: int, xla: bool = True) -> list[Setting]:
+    """The settings a GPU user would try, plain TensorFlow (with XLA where
+    Keras turns it on by itself) first:
+
+    - `enable()`: the default profile (one host thread, tfdet's
+      replacements for the ops TensorFlow refuses on a GPU), first of the
+      deterministic ones, so the advice prefers it on a tie;
+    - TensorFlow's own op determinism and seeds (Keras then turns its
+      automatic XLA off; a model with an op TensorFlow refuses on a GPU
+      fails this setting's run, and `tfdet cost` with it: exit 3);
+    - `enable(threads=N)`: the host's cores, which shows the share of the
+      single host thread (the GPU's bits do not follow it);
+    - XLA under its deterministic ops (`xla=False` leaves it out).
+    """
+    threads = {"threads": cores} if cores > 1 else {}
+    found = [PLAIN, Setting("enable()", {}), OP_DETERMINISM]
+    if cores > 1:
+        found.append(Setting(_enable_call(threads), dict(threads)))
+    if xla:
+        found.append(_xla_setting())
+    return found
+
+
+def bits_follow(profile: dict[str, Any], xla: bool, device: str = "cpu") -> list[str]:
     """The machine facts that decide a run's bits because its profile leaves
     them free: the ones a faster setting trades (the tiers it does not
     reach, `tfdet._pin._tiers`, in words). Empty: the same bits on any
@@ -83,7 +126,10 @@ def bits_follow(profile: dict[str, Any], xla: bool) -> list[str]:
         profile: A run's `tfdet.Profile`, as `Profile.to_dict()` gives it.
         xla: Whether the run trained with XLA (whose CPU code has its own
             instruction-set cap).
+        device: "cpu" or "gpu": where the run trained.
     """
+    if device == "gpu":  # No GPU run was measured to repeat on another one.
+        return ["the GPU model and its software"]
     tied = []
     threads = profile["intra_op_threads"]
     if _tiers.follows_threads(profile):
@@ -94,6 +140,6 @@ def bits_follow(profile: dict[str, Any], xla: bool) -> list[str]:
     return tied
 
 
-def tiers(profile: dict[str, Any], xla: bool) -> list[str]:
+def tiers(profile: dict[str, Any], xla: bool, device: str = "cpu") -> list[str]:
     """The tiers a run's profile gives, by name (`tfdet._pin._tiers.given`)."""
-    return [tier.name for tier in _tiers.given(profile, xla)]
+    return [tier.name for tier in _tiers.given(profile, xla, device)]

@@ -47,6 +47,19 @@ def why_no_gpu() -> str:
     return "TensorFlow lists no GPU"
 
 
+def require_gpu() -> None:
+    """Raises `DeviceUnavailableError` (exit 4) when TensorFlow lists no GPU:
+    what `device="gpu"` of a command says on a machine without one."""
+    from tfdet._errors import DeviceUnavailableError
+
+    if not gpu_visible():
+        raise DeviceUnavailableError(
+            "Expected a GPU for `device=gpu`. Received: no GPU visible to TensorFlow "
+            f"({why_no_gpu()}). Use `device=cpu`, or run on a machine with a "
+            "GPU and the tensorflow[and-cuda] build."
+        )
+
+
 def hide_gpus() -> None:
     """Makes TensorFlow in this process CPU-only; call before its first op.
 

@@ -91,6 +91,9 @@ class WorkerSpec:
         requests_fd: The descriptor the child reads its parent's requests
             from (cost: one JSON line each; the answers go back on the
             progress channel), or None (filled in per process).
+        op_determinism: Without tfdet (`enable` False), turn on TensorFlow's
+            own op determinism once it is imported (cost's "seeds +
+            enable_op_determinism()" setting).
     """
 
     kind: str
@@ -115,6 +118,7 @@ class WorkerSpec:
     warmup: int = 0
     jit_compile: bool | None = None
     requests_fd: int | None = None
+    op_determinism: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
