@@ -5,7 +5,7 @@ Usage (from anywhere, with Python 3.10+ and pip; stdlib only):
     python3 ci/matrix.py                      # every combination
     python3 ci/matrix.py 2.16-oldest          # some, by name
     python3 ci/matrix.py --list               # the names
-    python3 ci/matrix.py --oldest --no-record      # what CI runs: record nothing
+    python3 ci/matrix.py --oldest --part ci --no-record   # what CI runs
 
 For each TensorFlow minor release tfdet supports there are two combinations,
 each in a virtual environment of its own (`.venv-matrix/<name>`, reused when
@@ -52,14 +52,20 @@ def combinations() -> list[str]:
     return [f"{minor}-{kind}" for minor in MINORS for kind in KINDS]
 
 
-def smoke_tests(path: Path = SMOKE) -> list[tuple[str, str]]:
-    """`(feature, pytest node id)` for each line of the smoke list."""
+# The mark of the smoke lines CI runs (`--part ci`), in the list's third column.
+CI_PART = "ci"
+
+
+def smoke_tests(path: Path = SMOKE, part: str | None = None) -> list[tuple[str, str]]:
+    """`(feature, pytest node id)` for each line of the smoke list, or only
+    for the lines marked `part` (`CI_PART`) when it is given."""
     tests = []
     for line in path.read_text(encoding="utf-8").splitlines():
         if not line.strip() or line.startswith("#"):
             continue
-        feature, node = line.split("\t")
-        tests.append((feature.strip(), node.strip()))
+        feature, node, *marks = line.split("\t")
+        if part is None or part in (mark.strip() for mark in marks):
+            tests.append((feature.strip(), node.strip()))
     return tests
 
 
@@ -149,12 +155,12 @@ def _selected(node: str, listed: str) -> bool:
     return node == listed or node.startswith(listed + "[")
 
 
-def run(name: str, venvs: Path, jobs: int) -> dict:
-    """Builds the combination and runs the smoke set; its record."""
+def run(name: str, venvs: Path, jobs: int, part: str | None = None) -> dict:
+    """Builds the combination and runs the smoke set (or its `part`); its record."""
     started = time.monotonic()
     python = build(name, venvs)
     installed = time.monotonic()
-    tests = smoke_tests()
+    tests = smoke_tests(part=part)
     nodes = list(dict.fromkeys(node for _, node in tests))
     junit = venvs / f"{name}.xml"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -219,11 +225,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--jobs", type=int, default=2, help="pytest-xdist workers.")
     parser.add_argument(
+        "--part",
+        choices=[CI_PART],
+        help="Run only the smoke lines marked so (ci: CI's part of the smoke set).",
+    )
+    parser.add_argument(
         "--no-record",
         action="store_true",
         help=f"Do not write {RESULTS.relative_to(REPO)}.",
     )
     args = parser.parse_args(argv)
+    if args.part is not None and not args.no_record:
+        # A record of a part would show the features it left out as "not run".
+        parser.error("--part needs --no-record")
     if args.list:
         print("\n".join(combinations()))
         return 0
@@ -239,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for name in names:
         print(f"== {name}", flush=True)
-        record = run(name, args.venvs, args.jobs)
+        record = run(name, args.venvs, args.jobs, args.part)
         record["machine"] = machine()
         failed |= record["pytest_exit"] != 0
         print(json.dumps(record, indent=1), flush=True)
