@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 
 from tests.conftest import clean_env, last_json_line
-from tfdet.patches import _fixed_order_kernels
+from tfdet.patches import _fixed_order_kernels, _kernel_library
 
 
 @pytest.fixture(scope="session")
 def kernels():
     """The loaded kernel module, built once (conftest's shared cache)."""
-    if _fixed_order_kernels._compiler() is None:
+    if _kernel_library.compiler() is None:
         pytest.skip("no C++ compiler: the kernel cannot be built")
     assert _fixed_order_kernels.load() is not None
     return _fixed_order_kernels
@@ -129,14 +129,17 @@ def test_scalar_path_gives_the_avx2_paths_bits(kernels, monkeypatch):
 
 
 def test_a_missing_compiler_is_said_once_and_load_gives_none(monkeypatch, caplog):
-    monkeypatch.setattr(_fixed_order_kernels, "_compiler", lambda: None)
-    monkeypatch.setattr(_fixed_order_kernels, "_loaded", {})
+    monkeypatch.setattr(_kernel_library, "compiler", lambda: None)
+    monkeypatch.setattr(_fixed_order_kernels.LIBRARY, "_loaded", {})
     with caplog.at_level("WARNING", logger="tfdet"):
         assert _fixed_order_kernels.load() is None
         assert _fixed_order_kernels.load() is None
-    warnings = [r for r in caplog.records if "fixed-order" in r.getMessage()]
+    warnings = [r for r in caplog.records if "_fixed_order_matmul.cc" in r.getMessage()]
     assert len(warnings) == 1
     assert "no C++ compiler" in warnings[0].getMessage()
+    assert "products use the slower pool-size-free composition instead" in (
+        warnings[0].getMessage()
+    )
 
 
 # One process per setting (pool size, oneDNN ISA cap): the kernel's and

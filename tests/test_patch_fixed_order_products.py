@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from tests.conftest import clean_env, last_json_line
-from tfdet.patches import _fixed_order_kernels
+from tfdet.patches import _kernel_library
 
 TRAIN = """
 import hashlib, json, sys
@@ -57,7 +57,7 @@ print(json.dumps({"plain": plain, "patched": patched, "ops": ops}))
 
 @pytest.mark.slow
 def test_training_bits_do_not_follow_the_pool_size_only_with_the_patch():
-    if _fixed_order_kernels._compiler() is None:
+    if _kernel_library.compiler() is None:
         pytest.skip("no C++ compiler: the patch falls back to the composition")
     processes = {
         threads: subprocess.Popen(

@@ -6,14 +6,12 @@ splits the work over output tiles only, so its bits do not follow the
 thread count, the row count (a sample's batch) or the vector width (its
 AVX2 path and its scalar path give the same bits). See the source's header.
 
-It is a TensorFlow custom op compiled at first use against the installed
-TensorFlow (`tf.sysconfig`'s flags, the C++ compiler `CXX` or `g++`), cached
-per TensorFlow version and source under `TFDET_KERNEL_CACHE`, else
-`$XDG_CACHE_HOME/tfdet/kernels` (`~/.cache/tfdet/kernels`), built under a
-file lock and moved into place atomically, so parallel processes build it
-once. Where it cannot be built (no compiler, a failed build) `load()`
-returns None and says why once: the caller falls back to a composition of
-TensorFlow's ops. `pip install` never compiles anything.
+It is a TensorFlow custom op built at first use and cached
+(`tfdet.patches._kernel_library`); where it cannot be built, `load()`
+returns None and says so once, and the callers compute the products as the
+pool-size-free composition. The AVX2 micro-kernel is compiled for AVX2+FMA
+by target attributes, chosen by CPUID at run time, so the rest runs on any
+x86-64.
 
 `TFDET_FIXED_ORDER_ISA=scalar` makes the kernel use its scalar path on any
 CPU (the tests compare both paths).
@@ -21,132 +19,28 @@ CPU (the tests compare both paths).
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-_LOG = logging.getLogger("tfdet")
+from tfdet.patches import _kernel_library
 
-SOURCE = Path(__file__).with_name("_fixed_order_matmul.cc")
-# Where the built library is kept (a directory); the tests share one build.
-CACHE_VARIABLE = "TFDET_KERNEL_CACHE"
 # "scalar" forces the scalar micro-kernel (read by the kernel at each call).
 ISA_VARIABLE = "TFDET_FIXED_ORDER_ISA"
-# Never -ffast-math: the kernel's chains are its bits. -ffp-contract=off
-# keeps the compiler from fusing the code's own multiply-adds; the AVX2
-# micro-kernel is compiled for AVX2+FMA by target attributes, chosen by
-# CPUID at run time, so the rest runs on any x86-64.
-_FLAGS = ("-std=c++17", "-shared", "-fPIC", "-O3", "-ffp-contract=off", "-w")
-
-_loaded: dict[str, Any] = {}
 
 
-def cache_dir() -> Path:
-    """The directory that holds built kernels (created on build)."""
-    chosen = os.environ.get(CACHE_VARIABLE)
-    if chosen:
-        return Path(chosen)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "tfdet" / "kernels"
+def _register_gradients(tf: Any) -> None:
+    """Registers the ops' gradients (once a process: TensorFlow refuses two)."""
+    tf.RegisterGradient("TfdetFixedOrderMatMul")(_mat_mul_gradient)
+    tf.RegisterGradient("TfdetFixedOrderBatchMatMul")(_batch_mat_mul_gradient)
 
 
-def _compiler() -> str | None:
-    return shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
-
-
-def library_path(compiler: str, flags: list[str]) -> Path:
-    """The cached library for this TensorFlow, source, compiler and flags."""
-    import tensorflow as tf
-
-    digest = hashlib.sha256(SOURCE.read_bytes())
-    digest.update("\0".join([compiler, *_FLAGS, *flags]).encode())
-    return (
-        cache_dir()
-        / f"tf{tf.__version__}-{digest.hexdigest()[:16]}"
-        / ("fixed_order_matmul.so")
-    )
-
-
-@contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / "build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def build() -> Path:
-    """Builds the library if it is not cached; returns its path.
-
-    Raises:
-        RuntimeError: no C++ compiler, or the build failed (with its output).
-    """
-    import tensorflow as tf
-
-    compiler = _compiler()
-    if compiler is None:
-        raise RuntimeError("no C++ compiler (set CXX or install g++)")
-    flags = [*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
-    target = library_path(compiler, flags)
-    if target.exists():
-        return target
-    with _locked(target.parent):
-        if target.exists():  # Another process built it while we waited.
-            return target
-        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-            built = Path(scratch) / target.name
-            command = [
-                compiler,
-                *_FLAGS,
-                *tf.sysconfig.get_compile_flags(),
-                str(SOURCE),
-                "-o",
-                str(built),
-                *tf.sysconfig.get_link_flags(),
-            ]
-            done = subprocess.run(command, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise RuntimeError(
-                    f"the build failed ({' '.join(command)}):\n{done.stderr[-2000:]}"
-                )
-            os.replace(built, target)
-    return target
-
-
-def load() -> Any:
-    """The loaded op library, built first if needed; None where it cannot be.
-
-    The first failure is logged once (tfdet's logger, a warning) with the
-    reason; later calls return None at once.
-    """
-    if "library" in _loaded:
-        return _loaded["library"]
-    import tensorflow as tf
-
-    try:
-        library = tf.load_op_library(str(build()))
-    except (RuntimeError, OSError, tf.errors.NotFoundError) as error:
-        _LOG.warning(
-            "tfdet: the fixed-order product kernel is unavailable (%s); "
-            "products use the slower pool-size-free composition instead.",
-            error,
-        )
-        library = None
-    else:
-        _register_gradients(tf)
-    _loaded["library"] = library
-    return library
+LIBRARY = _kernel_library.KernelLibrary(
+    Path(__file__).with_name("_fixed_order_matmul.cc"),
+    flags=(),
+    fallback="products use the slower pool-size-free composition",
+    register=_register_gradients,
+)
+load = LIBRARY.load
 
 
 def matmul(a: Any, b: Any, transpose_a: bool = False, transpose_b: bool = False) -> Any:
@@ -206,9 +100,3 @@ def _batch_mat_mul_gradient(op: Any, grad: Any) -> tuple[Any, Any]:
     gx = tf.reshape(tf.reduce_sum(gx, axes_x), shape_x)
     gy = tf.reshape(tf.reduce_sum(gy, axes_y), shape_y)
     return gx, gy
-
-
-def _register_gradients(tf: Any) -> None:
-    """Registers the ops' gradients (once a process: TensorFlow refuses two)."""
-    tf.RegisterGradient("TfdetFixedOrderMatMul")(_mat_mul_gradient)
-    tf.RegisterGradient("TfdetFixedOrderBatchMatMul")(_batch_mat_mul_gradient)

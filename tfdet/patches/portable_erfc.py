@@ -26,12 +26,16 @@ AVX-512). The gradient is the original's formula,
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from tfdet.patches import _exact_math
 from tfdet.patches._registry import Patch
 
 _ERFC = _exact_math.GeneratedOp("tensorflow.python.ops.gen_math_ops", "erfc")
+# `erfc_float32` as one op of tfdet's own, with its bits (float32 in, out),
+# while the opt-in `portable_kernels` patch is installed; else None.
+kernel: Callable[[Any], Any] | None = None
 
 
 # Eigen's generic_fast_erfc<float> (SpecialFunctionsImpl.h), highest degree first.
@@ -110,7 +114,8 @@ _COMPUTED_HERE = ("bfloat16", "float16", "float32")
 def _forward(value: Any) -> Any:
     import tensorflow as tf
 
-    return tf.cast(erfc_float32(tf.cast(value, tf.float32)), value.dtype)
+    computed = erfc_float32 if kernel is None else kernel
+    return tf.cast(computed(tf.cast(value, tf.float32)), value.dtype)
 
 
 def _gradient(value: Any, result: Any, upstream: Any) -> Any:

@@ -1,0 +1,143 @@
+"""`portable_kernels`: the portable Erfc as one op, with the composition's bits.
+
+The kernel must give, element for element, the bits of
+`portable_erfc.erfc_float32` (the composition of TensorFlow ops that the
+default profile uses): on every kind of float32, every tensor length (the
+last `length % 8` elements take Eigen's scalar Exp), eagerly and in a graph,
+with the gradient unchanged, and in a trained model's weights. The control:
+TensorFlow's own Erfc gives other bits than the composition on the same
+inputs, so the comparison can tell two implementations apart.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from tests.conftest import clean_env, last_json_line, run_python
+from tfdet.patches import _kernel_library, portable_erfc, portable_kernels
+
+
+@pytest.fixture(scope="module")
+def library():
+    """The loaded library, built once (conftest's shared kernel cache)."""
+    if _kernel_library.compiler() is None:
+        pytest.skip("no C++ compiler: the kernel cannot be built")
+    loaded = portable_kernels.LIBRARY.load()
+    assert loaded is not None
+    return loaded
+
+
+def _bits(tensor) -> np.ndarray:
+    return np.asarray(tensor).view(np.uint32)
+
+
+@pytest.mark.parametrize("length", [0, 1, 7, 8, 9, 4099, 1_000_003])
+def test_the_kernel_gives_the_compositions_bits_at_every_length(library, length):
+    import tensorflow as tf
+
+    rng = np.random.default_rng(length)
+    x = tf.constant((3 * rng.standard_normal(length)).astype(np.float32))
+    expected = _bits(portable_erfc.erfc_float32(x))
+    assert np.array_equal(_bits(library.tfdet_portable_erfc(x)), expected)
+    both = tf.function(lambda v: library.tfdet_portable_erfc(v))
+    assert np.array_equal(_bits(both(x)), expected)
+
+
+def test_on_every_kind_of_float32_and_only_tensorflows_own_erfc_differs(library):
+    import tensorflow as tf
+
+    x = tf.constant(portable_kernels.probe_inputs().reshape(4, -1))
+    expected = _bits(portable_erfc.erfc_float32(x))
+    assert np.array_equal(_bits(library.tfdet_portable_erfc(x)), expected)
+    # The control: TensorFlow's kernel (its reciprocal is RCPPS's estimate)
+    # gives other bits on some of the same inputs.
+    original = portable_erfc._ERFC.original or tf.raw_ops.Erfc
+    own = _bits(original(x=x) if original is tf.raw_ops.Erfc else original(x))
+    assert not np.array_equal(own, expected)
+
+
+def test_erfc_and_its_gradient_are_the_compositions_with_the_kernel_in_place(
+    library, monkeypatch
+):
+    import tensorflow as tf
+
+    x = tf.constant(np.linspace(-4, 4, 1001, dtype=np.float32))
+    found = []
+    for kernel in (None, portable_kernels.erfc):
+        monkeypatch.setattr(portable_erfc, "kernel", kernel)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = portable_erfc.erfc(x)
+        found.append((_bits(y), _bits(tape.gradient(y, x))))
+    assert all(np.array_equal(a, b) for a, b in zip(*found, strict=True))
+
+
+def test_a_kernel_that_disagrees_is_not_used_and_says_so_once(
+    library, monkeypatch, caplog
+):
+    import tensorflow as tf
+
+    class Wrong:
+        @staticmethod
+        def tfdet_portable_erfc(x):
+            return tf.zeros_like(x)
+
+    monkeypatch.setattr(portable_kernels.LIBRARY, "_loaded", {"library": Wrong()})
+    monkeypatch.setattr(portable_kernels, "_verdict", {})
+    x = tf.constant([0.5, 2.0], tf.float32)
+    with caplog.at_level(logging.WARNING, logger="tfdet"):
+        first = portable_kernels.erfc(x)
+        second = portable_kernels.erfc(x)
+    expected = _bits(portable_erfc.erfc_float32(x))
+    assert np.array_equal(_bits(first), expected)
+    assert np.array_equal(_bits(second), expected)
+    assert [r.message for r in caplog.records].count(
+        "tfdet: the portable_kernels Erfc kernel gave other bits than the "
+        "composition on its probe inputs; the composition is used."
+    ) == 1
+
+
+_TRAIN = """
+import json, sys
+import tfdet
+patches = json.loads(sys.argv[1])
+tfdet.enable(**({"patches": patches} if patches else {}))
+import hashlib
+import keras
+import numpy as np
+import tensorflow as tf
+
+rng = np.random.default_rng(0)
+x = rng.standard_normal((64, 33)).astype("float32")
+y = rng.integers(0, 3, 64)
+model = keras.Sequential([
+    keras.Input((33,)),
+    keras.layers.Dense(67, activation="gelu"),
+    keras.layers.Dense(3),
+])
+model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False)
+graph = tf.function(model).get_concrete_function(tf.TensorSpec((None, 33))).graph
+ops = {op.type for op in graph.get_operations()}
+digest = hashlib.sha256(b"".join(w.tobytes() for w in model.get_weights()))
+print(json.dumps({"digest": digest.hexdigest()[:16],
+                  "kernel": "TfdetPortableErfc" in ops}))
+"""
+
+
+@pytest.mark.slow
+def test_training_with_the_kernel_gives_the_default_profiles_weights(library):
+    def train(patches):
+        code = f"import sys; sys.argv = ['train', {json.dumps(patches)!r}]\n" + _TRAIN
+        result = run_python(code, env=clean_env())
+        assert result.returncode == 0, result.stderr[-3000:]
+        return last_json_line(result.stdout)
+
+    default = train([])
+    with_kernel = train(["auto", "portable_kernels"])
+    assert with_kernel["kernel"] and not default["kernel"]
+    assert with_kernel["digest"] == default["digest"]

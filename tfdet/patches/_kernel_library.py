@@ -1,0 +1,166 @@
+"""tfdet's own TensorFlow ops: C++ sources built at first use, then cached.
+
+Each library (`KernelLibrary`) is a TensorFlow custom op compiled against the
+installed TensorFlow (`tf.sysconfig`'s flags, the C++ compiler `CXX` or
+`g++`), cached per TensorFlow version, source, compiler and flags under
+`TFDET_KERNEL_CACHE`, else `$XDG_CACHE_HOME/tfdet/kernels`
+(`~/.cache/tfdet/kernels`), built under a file lock and moved into place
+atomically, so parallel processes build it once. Where it cannot be built
+(no compiler, a failed build) `load()` returns None and says why once: the
+caller computes the same thing as a composition of TensorFlow's ops.
+`pip install` never compiles anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+_LOG = logging.getLogger("tfdet")
+
+# Where the built libraries are kept (a directory); the tests share one build.
+CACHE_VARIABLE = "TFDET_KERNEL_CACHE"
+# Never -ffast-math: a kernel's order of operations is its bits.
+# -ffp-contract=off keeps the compiler from fusing the code's own
+# multiplications and additions into FMAs.
+COMMON_FLAGS = ("-std=c++17", "-shared", "-fPIC", "-O3", "-ffp-contract=off", "-w")
+
+
+def cache_dir() -> Path:
+    """The directory that holds built kernels (created on build)."""
+    chosen = os.environ.get(CACHE_VARIABLE)
+    if chosen:
+        return Path(chosen)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "tfdet" / "kernels"
+
+
+def compiler() -> str | None:
+    """The C++ compiler tfdet builds with (`CXX`, else g++ or c++), or None."""
+    return shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+class KernelLibrary:
+    """One C++ source of tfdet's ops, built and loaded once a process.
+
+    Args:
+        source: The `.cc` file.
+        flags: Compiler flags beside `COMMON_FLAGS` (an instruction set).
+        fallback: What the callers do where it cannot be built, for the
+            one warning (e.g. "products use the pool-size-free composition").
+        register: Called with `tensorflow` once the library loaded (its
+            ops' gradients: TensorFlow refuses a second registration).
+    """
+
+    def __init__(
+        self,
+        source: Path,
+        flags: tuple[str, ...],
+        fallback: str,
+        register: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.source = source
+        self.flags = flags
+        self._fallback = fallback
+        self._register = register
+        self._loaded: dict[str, Any] = {}
+
+    def library_path(self, compiler_path: str, tf_flags: list[str]) -> Path:
+        """The cached library for this TensorFlow, source, compiler and flags."""
+        import tensorflow as tf
+
+        digest = hashlib.sha256(self.source.read_bytes())
+        digest.update(
+            "\0".join([compiler_path, *COMMON_FLAGS, *self.flags, *tf_flags]).encode()
+        )
+        return (
+            cache_dir()
+            / f"tf{tf.__version__}-{digest.hexdigest()[:16]}"
+            / f"{self.source.stem}.so"
+        )
+
+    def build(self) -> Path:
+        """Builds the library if it is not cached; returns its path.
+
+        Raises:
+            RuntimeError: no C++ compiler, or the build failed (with its output).
+        """
+        import tensorflow as tf
+
+        found = compiler()
+        if found is None:
+            raise RuntimeError("no C++ compiler (set CXX or install g++)")
+        compile_flags = tf.sysconfig.get_compile_flags()
+        link_flags = tf.sysconfig.get_link_flags()
+        target = self.library_path(found, [*compile_flags, *link_flags])
+        if target.exists():
+            return target
+        with _locked(target.parent):
+            if target.exists():  # Another process built it while we waited.
+                return target
+            with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+                built = Path(scratch) / target.name
+                command = [
+                    found,
+                    *COMMON_FLAGS,
+                    *self.flags,
+                    *compile_flags,
+                    str(self.source),
+                    "-o",
+                    str(built),
+                    *link_flags,
+                ]
+                done = subprocess.run(command, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise RuntimeError(
+                        f"the build failed ({' '.join(command)}):\n"
+                        f"{done.stderr[-2000:]}"
+                    )
+                os.replace(built, target)
+        return target
+
+    def load(self) -> Any:
+        """The loaded op library, built first if needed; None where it cannot be.
+
+        The first failure is logged once (tfdet's logger, a warning) with the
+        reason; later calls return None at once.
+        """
+        if "library" in self._loaded:
+            return self._loaded["library"]
+        import tensorflow as tf
+
+        try:
+            library = tf.load_op_library(str(self.build()))
+        except (RuntimeError, OSError, tf.errors.NotFoundError) as error:
+            _LOG.warning(
+                "tfdet: the kernels of %s are unavailable (%s); %s instead.",
+                self.source.name,
+                error,
+                self._fallback,
+            )
+            library = None
+        else:
+            if self._register is not None:
+                self._register(tf)
+        self._loaded["library"] = library
+        return library

@@ -1,0 +1,119 @@
+"""The portable functions as ops of tfdet's own: the same bits, faster (opt-in).
+
+`portable_erfc` makes `Erfc` (and with it the exact GELU, Keras 3's `gelu`)
+portable as a composition of about 25 TensorFlow ops, one pass over the
+data each. This patch computes that composition in one op of tfdet's own
+(`TfdetPortableErfc`, `_portable_functions.cc`), step for step, with the
+same bits: every step is one correctly rounded float32 operation, and its
+`exp(-x^2)` is TensorFlow's own Exp kernel's code (Eigen's functor over the
+whole tensor on the op's thread pool, compiled for AVX as the TensorFlow
+wheels are). So the weights, the digests and every tier stay what
+`enable()` gives; only the time changes.
+
+The library is compiled at first use against the installed TensorFlow and
+cached (`tfdet.patches._kernel_library`; about 30 s once). Before its first
+use in a process, its results are compared bit for bit with the
+composition's on a fixed set of inputs (every kind of float32, the clamp's
+edges, both branches, tensor lengths that end off a packet); where no
+compiler builds it, or where they disagree, tfdet says so once and keeps the
+composition.
+
+Opt-in, never installed by "auto": a SavedModel traced while it is installed
+(`model.export`, `tf.saved_model.save`) holds `TfdetPortableErfc`, which a
+process without tfdet's library cannot load. Export with it off, or load
+the model where `tfdet.enable(patches=["auto", "portable_kernels"])` ran.
+Cost: `benchmarks/portable_kernels.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from tfdet.patches import _kernel_library, portable_erfc
+from tfdet.patches._registry import Patch
+
+_LOG = logging.getLogger("tfdet")
+
+LIBRARY = _kernel_library.KernelLibrary(
+    Path(__file__).with_name("_portable_functions.cc"),
+    # The packet width of TensorFlow's own element-wise kernels (its wheels
+    # are built for AVX): the Exp step takes the same path per element.
+    flags=("-mavx",),
+    fallback="the portable functions run as compositions of TensorFlow's ops "
+    "(the same bits, slower)",
+)
+# Whether the kernel gave the composition's bits on `probe_inputs()`:
+# checked once a process, at the first use.
+_verdict: dict[str, bool] = {}
+
+
+def probe_inputs() -> Any:
+    """The float32 inputs the kernel must agree on before it is used: a sweep
+    over the clamp's range and past it, the branches' edge (|x| = 1), zeros,
+    infinities, NaN, subnormals and random bit patterns; 12 284 elements, so
+    that the last ones take Eigen's scalar path."""
+    import numpy as np
+
+    special = np.array(
+        [0.0, -0.0, 1.0, -1.0, 11.0, -11.0, np.inf, -np.inf, np.nan, 1e-38, -1e-45],
+        dtype=np.float32,
+    )
+    edges = np.nextafter(
+        np.float32([1.0, -1.0, 11.0, -11.0]), np.float32([2.0, -2.0, 12.0, -12.0])
+    )
+    bits = np.random.default_rng(0).integers(0, 2**32, 4096, dtype=np.uint64)
+    return np.concatenate(
+        [
+            np.linspace(-12.0, 12.0, 8173, dtype=np.float32),
+            special,
+            edges.astype(np.float32),
+            bits.astype(np.uint32).view(np.float32),
+        ]
+    )
+
+
+def _agrees(library: Any) -> bool:
+    """Whether the kernel gives the composition's bits on `probe_inputs()`."""
+    import numpy as np
+    import tensorflow as tf
+
+    with tf.init_scope():  # Eagerly, also when first called while tracing.
+        x = tf.constant(probe_inputs())
+        found = library.tfdet_portable_erfc(x).numpy().view(np.uint32)
+        expected = portable_erfc.erfc_float32(x).numpy().view(np.uint32)
+    return bool(np.array_equal(found, expected))
+
+
+def erfc(x: Any) -> Any:
+    """`portable_erfc.erfc_float32(x)` (float32) by the kernel, once it was
+    found to agree with the composition in this process; else the
+    composition."""
+    library = LIBRARY.load()
+    if library is not None and "agrees" not in _verdict:
+        _verdict["agrees"] = _agrees(library)
+        if not _verdict["agrees"]:
+            _LOG.warning(
+                "tfdet: the portable_kernels Erfc kernel gave other bits than the "
+                "composition on its probe inputs; the composition is used."
+            )
+    if library is None or not _verdict["agrees"]:
+        return portable_erfc.erfc_float32(x)
+    return library.tfdet_portable_erfc(x)
+
+
+def _apply(swap: Any) -> None:
+    # Built (or found in the cache) now, so the first step does not pay for
+    # the compiler, and a missing compiler is said at enable().
+    LIBRARY.load()
+    swap.attribute(portable_erfc, "kernel", erfc)
+
+
+PATCH = Patch(
+    summary="PortableErfc's composition (about 25 ops) -> one op of tfdet's own "
+    "with the same bits (the exact GELU at about the speed of TensorFlow's Erfc)",
+    upstream=portable_erfc.PATCH.upstream,
+    apply=_apply,
+    opt_in=True,
+)
