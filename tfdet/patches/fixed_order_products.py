@@ -29,7 +29,10 @@ dimension known when traced, go to TensorFlow's op. A custom op does not
 compile under XLA (`jit_compile=True`).
 
 Opt-in, never installed by "auto": `tfdet.enable(threads=N, patches=["auto",
-"fixed_order_products"])`. Cost: `benchmarks/fixed_order_products.py`.
+"fixed_order_products"])`. A SavedModel traced while it is installed
+(`model.export`, `tf.saved_model.save`) holds tfdet's ops, which a process
+without tfdet's library cannot load: export with it off. Cost:
+`benchmarks/fixed_order_products.py`.
 """
 
 from __future__ import annotations
