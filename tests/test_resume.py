@@ -210,7 +210,9 @@ def test_check_script_interrupts_and_the_scripts_own_backup_resumes_it(tmp_path)
     (tmp_path / "preemptible_fit.py").write_text(
         (SCRIPTS / "preemptible_fit.py").read_text()
     )
-    common = ["check", "--script", "preemptible_fit.py", "--perturb", "interrupt"]
+    # The verdicts and the step are asserted, not the cause: no attribution.
+    common = ["check", "--script", "preemptible_fit.py", "--perturb", "interrupt",
+              "--no-attribute"]  # fmt: skip
     reports = _checks_at_once(
         {"tfdet": common, "plain": [*common, "--no-enable"]}, cwd=tmp_path
     )
@@ -228,7 +230,8 @@ def test_check_script_interrupts_a_gan_and_records_every_step_it_trains(tmp_path
     (tmp_path / "resumable_gan.py").write_text(
         (SCRIPTS / "resumable_gan.py").read_text()
     )
-    common = ["check", "--script", "resumable_gan.py", "--perturb", "interrupt"]
+    common = ["check", "--script", "resumable_gan.py", "--perturb", "interrupt",
+              "--no-attribute"]  # fmt: skip
     script_args = ["--", "out.json", "backup", "--save-freq", "1"]
     reports = _checks_at_once(
         {
@@ -629,7 +632,7 @@ def test_check_script_interrupt_waits_for_a_per_epoch_backup_and_finds_an_inexac
         (SCRIPTS / "per_epoch_backup_lr_counter.py").read_text()
     )
     (tmp_path / "none.py").write_text((SCRIPTS / "no_backup_fit.py").read_text())
-    common = ["check", "--perturb", "interrupt", "--script"]
+    common = ["check", "--perturb", "interrupt", "--no-attribute", "--script"]
     reports = _checks_at_once(
         {"lr": [*common, "lr.py"], "none": [*common, "none.py"]}, cwd=tmp_path
     )
