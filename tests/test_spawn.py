@@ -141,7 +141,10 @@ def test_a_conversation_asks_its_run_over_pipes_of_its_own(child, tmp_path):
     thread.join(30)
     # One that does not answer is killed after `timeout`, per answer.
     talk, thread, done = converse("hang", timeout=1.0)
-    with pytest.raises(RunFailedError, match="did not answer within 1 s"):
+    # The library names the Python parameter (the CLI says --timeout).
+    with pytest.raises(
+        RunFailedError, match=r"did not answer within 1 s \(`timeout`\)"
+    ):
         talk.ask({"steps": 1})
     thread.join(30)
     assert done[0].timed_out

@@ -130,7 +130,7 @@ class Conversation:
                     self.kill()
                     raise RunFailedError(
                         f"the {self.name} run did not answer within "
-                        f"{self._timeout:g} s (--timeout): a step that hangs, "
+                        f"{self._timeout:g} s (`timeout`): a step that hangs, "
                         "or a build slower than that."
                     ) from None
         if answer is None:
