@@ -141,3 +141,56 @@ def test_training_with_the_kernel_gives_the_default_profiles_weights(library):
     with_kernel = train(["auto", "portable_kernels"])
     assert with_kernel["kernel"] and not default["kernel"]
     assert with_kernel["digest"] == default["digest"]
+
+
+_EXPORT = """
+import hashlib, json, sys
+import tfdet
+tfdet.enable(patches=["auto", "portable_kernels"])
+import keras
+import numpy as np
+import tensorflow as tf
+
+x = np.random.default_rng(0).standard_normal((5, 8)).astype("float32")
+model = keras.Sequential([
+    keras.Input((8,)),
+    keras.layers.Dense(16, activation="gelu"),
+    keras.layers.Dense(2),
+])
+graph = tf.function(model).get_concrete_function(tf.TensorSpec((None, 8))).graph
+model.export(sys.argv[1], verbose=False)
+print(json.dumps({
+    "kernel": "TfdetPortableErfc" in {op.type for op in graph.get_operations()},
+    "y": hashlib.sha256(np.asarray(model(x)).tobytes()).hexdigest(),
+}))
+"""
+
+_SERVE = """
+import hashlib, json, sys
+import numpy as np
+import tensorflow as tf
+
+x = np.random.default_rng(0).standard_normal((5, 8)).astype("float32")
+loaded = tf.saved_model.load(sys.argv[1])  # Kept: it owns the variables.
+served = loaded.serve(x)
+print(json.dumps({"y": hashlib.sha256(np.asarray(served).tobytes()).hexdigest()}))
+"""
+
+
+@pytest.mark.slow
+def test_an_exported_model_loads_and_serves_the_same_bits_without_tfdet(
+    library, tmp_path
+):
+    # Exported while the kernel runs the model's steps, the SavedModel holds
+    # the composition (before, loading it without tfdet failed: "Op type not
+    # registered 'TfdetPortableErfc'"), and serves the kernel's bits.
+    def run(code):
+        argv = f"import sys; sys.argv = ['run', {str(tmp_path / 'model')!r}]\n"
+        result = run_python(argv + code, env=clean_env())
+        assert result.returncode == 0, result.stderr[-3000:]
+        return last_json_line(result.stdout)
+
+    exported = run(_EXPORT)
+    served = run(_SERVE)  # A process that never imports tfdet.
+    assert exported["kernel"]
+    assert served["y"] == exported["y"]

@@ -18,20 +18,27 @@ edges, both branches, tensor lengths that end off a packet); where no
 compiler builds it, or where they disagree, tfdet says so once and keeps the
 composition.
 
-Opt-in, never installed by "auto": a SavedModel traced while it is installed
-(`model.export`, `tf.saved_model.save`) holds `TfdetPortableErfc`, which a
-process without tfdet's library cannot load. Export with it off, or load
-the model where `tfdet.enable(patches=["auto", "portable_kernels"])` ran.
+A model exported while it is installed keeps to TensorFlow's own ops: the
+kernel is not used while Keras's `Model.export`, `keras.export.ExportArchive`
+or `tf.saved_model.save` traces (they trace the composition, with the same
+bits), so the SavedModel loads and serves where tfdet is not installed. A
+`tf.function` the program traced itself before saving it may still hold
+`TfdetPortableErfc` (the exports do not trace it again).
+
+Opt-in, never installed by "auto": it needs a C++ compiler at first use.
 Cost: `benchmarks/portable_kernels.py`.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tfdet.patches import _kernel_library, portable_erfc
+from tfdet.patches import _exact_math, _kernel_library, portable_erfc
 from tfdet.patches._registry import Patch
 
 _LOG = logging.getLogger("tfdet")
@@ -47,6 +54,10 @@ LIBRARY = _kernel_library.KernelLibrary(
 # Whether the kernel gave the composition's bits on `probe_inputs()`:
 # checked once a process, at the first use.
 _verdict: dict[str, bool] = {}
+# How many exports are tracing now: while any is, the composition is traced
+# (the same bits, and ops any TensorFlow can load). Not per thread: another
+# thread's step then takes the composition too, with the same bits.
+_exporting = [0]
 
 
 def probe_inputs() -> Any:
@@ -98,9 +109,29 @@ def erfc(x: Any) -> Any:
                 "tfdet: the portable_kernels Erfc kernel gave other bits than the "
                 "composition on its probe inputs; the composition is used."
             )
-    if library is None or not _verdict["agrees"]:
+    if library is None or not _verdict["agrees"] or _exporting[0]:
         return portable_erfc.erfc_float32(x)
     return library.tfdet_portable_erfc(x)
+
+
+def _without_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function`, during which the composition is traced instead of the kernel."""
+
+    @functools.wraps(function)
+    def exporting(*args: Any, **kwargs: Any) -> Any:
+        _exporting[0] += 1
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _exporting[0] -= 1
+
+    return exporting
+
+
+# TensorFlow's SavedModel writers (`tf.saved_model.save` calls the second;
+# tf_keras's `model.save` calls it directly).
+_SAVED_MODEL = "tensorflow.python.saved_model.save"
+_SAVERS = ("save", "save_and_return_nodes")
 
 
 def _apply(swap: Any) -> None:
@@ -108,6 +139,20 @@ def _apply(swap: Any) -> None:
     # the compiler, and a missing compiler is said at enable().
     LIBRARY.load()
     swap.attribute(portable_erfc, "kernel", erfc)
+    for name in _SAVERS:
+        original = getattr(sys.modules[_SAVED_MODEL], name)
+        _exact_math.swap_everywhere(swap, _SAVED_MODEL, name, _without_kernel(original))
+
+
+def _apply_to_keras(swap: Any) -> None:
+    """Keras 3's exports trace their endpoints before they write them."""
+    import keras
+
+    swap.attribute(keras.Model, "export", _without_kernel(keras.Model.export))
+    archive = getattr(getattr(keras, "export", None), "ExportArchive", None)
+    for name in ("add_endpoint", "track_and_add_endpoint", "write_out"):
+        if archive is not None and hasattr(archive, name):
+            swap.attribute(archive, name, _without_kernel(getattr(archive, name)))
 
 
 PATCH = Patch(
@@ -115,5 +160,6 @@ PATCH = Patch(
     "with the same bits (the exact GELU at about the speed of TensorFlow's Erfc)",
     upstream=portable_erfc.PATCH.upstream,
     apply=_apply,
+    after_import=(("keras", _apply_to_keras),),
     opt_in=True,
 )
