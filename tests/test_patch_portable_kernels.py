@@ -114,9 +114,13 @@ import tensorflow as tf
 rng = np.random.default_rng(0)
 x = rng.standard_normal((64, 33)).astype("float32")
 y = rng.integers(0, 3, 64)
+# The exact GELU as TensorFlow 2.19+ writes it (before, tf.nn.gelu used Erf).
+def gelu(v):
+    return 0.5 * v * tf.math.erfc(-v * 0.7071067811865476)
+
 model = keras.Sequential([
     keras.Input((33,)),
-    keras.layers.Dense(67, activation="gelu"),
+    keras.layers.Dense(67, activation=gelu),
     keras.layers.Dense(3),
 ])
 model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -154,11 +158,13 @@ import tensorflow as tf
 x = np.random.default_rng(0).standard_normal((5, 8)).astype("float32")
 model = keras.Sequential([
     keras.Input((8,)),
-    keras.layers.Dense(16, activation="gelu"),
+    keras.layers.Dense(
+        16, activation=lambda v: 0.5 * v * tf.math.erfc(-v * 0.7071067811865476)
+    ),
     keras.layers.Dense(2),
 ])
 graph = tf.function(model).get_concrete_function(tf.TensorSpec((None, 8))).graph
-model.export(sys.argv[1], verbose=False)
+model.export(sys.argv[1])
 print(json.dumps({
     "kernel": "TfdetPortableErfc" in {op.type for op in graph.get_operations()},
     "y": hashlib.sha256(np.asarray(model(x)).tobytes()).hexdigest(),
