@@ -488,6 +488,17 @@ def test_bad_schedules_are_usage_errors():
     assert "finite and > 0" in result.stderr
 
 
+def _env_refusing_tensorflow(tmp_path, *paths: str) -> dict[str, str]:
+    """The tests' environment with a TensorFlow that cannot be imported first
+    on the path (in `tmp_path/fake`), then `paths`."""
+    fake = tmp_path / "fake" / "tensorflow"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('TensorFlow was imported')\n")
+    env = clean_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(fake.parent), env["PYTHONPATH"], *paths])
+    return env
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -500,18 +511,12 @@ def test_bad_schedules_are_usage_errors():
     ids=["plot-extension", "plot-unwritable", "missing-script", "need", "max-ratio"],
 )  # fmt: skip
 def test_bad_input_exits_2_before_tensorflow_starts(tmp_path, flags, message):
-    # A TensorFlow that cannot be imported, first on the path: input checked
-    # before the runs start never meets it (before, the run failed, exit 3,
-    # or the whole measurement ran before --plot's error).
-    fake = tmp_path / "fake" / "tensorflow"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("raise ImportError('TensorFlow was imported')\n")
-    env = clean_env()
-    # matplotlib, where pytest has it apart (conftest.PLOT_PACKAGE_PATHS): the
-    # extension is checked against the formats it writes.
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(fake.parent), env["PYTHONPATH"], *PLOT_PACKAGE_PATHS]
-    )
+    # Input checked before the runs start never meets TensorFlow (before, the
+    # run failed, exit 3, or the whole measurement ran before --plot's
+    # error). matplotlib, where pytest has it apart
+    # (conftest.PLOT_PACKAGE_PATHS): the extension is checked against the
+    # formats it writes.
+    env = _env_refusing_tensorflow(tmp_path, *PLOT_PACKAGE_PATHS)
     result = run_tfdet("cost", *flags, env=env, cwd=tmp_path, timeout=120)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
@@ -525,11 +530,7 @@ def test_bad_input_exits_2_before_tensorflow_starts(tmp_path, flags, message):
     bool(_devices._device_nodes()), reason="this machine may have a GPU"
 )
 def test_device_gpu_without_one_exits_4_before_tensorflow_starts(tmp_path):
-    fake = tmp_path / "fake" / "tensorflow"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("raise ImportError('TensorFlow was imported')\n")
-    env = clean_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(fake.parent), env["PYTHONPATH"]])
+    env = _env_refusing_tensorflow(tmp_path)
     result = run_tfdet("cost", "--device", "gpu", env=env, cwd=tmp_path, timeout=120)
     assert result.returncode == 4, result.stderr
     assert "Expected a GPU for --device gpu." in result.stderr, result.stderr

@@ -101,6 +101,18 @@ def test_a_kernel_that_disagrees_is_not_used_and_says_so_once(
     ) == 1
 
 
+def _run(code: str, argument: str) -> dict:
+    """`code` with `sys.argv[1] = argument` in a fresh process; its JSON line."""
+    argv = f"import sys; sys.argv = ['run', {argument!r}]\n"
+    result = run_python(argv + code, env=clean_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    return last_json_line(result.stdout)
+
+
+# The exact GELU as TensorFlow 2.19+ writes it (before, tf.nn.gelu used Erf),
+# so that the model reaches Erfc on every TensorFlow.
+_GELU = "lambda v: 0.5 * v * tf.math.erfc(-v * 0.7071067811865476)"
+
 _TRAIN = """
 import json, sys
 import tfdet
@@ -114,13 +126,9 @@ import tensorflow as tf
 rng = np.random.default_rng(0)
 x = rng.standard_normal((64, 33)).astype("float32")
 y = rng.integers(0, 3, 64)
-# The exact GELU as TensorFlow 2.19+ writes it (before, tf.nn.gelu used Erf).
-def gelu(v):
-    return 0.5 * v * tf.math.erfc(-v * 0.7071067811865476)
-
 model = keras.Sequential([
     keras.Input((33,)),
-    keras.layers.Dense(67, activation=gelu),
+    keras.layers.Dense(67, activation=GELU),
     keras.layers.Dense(3),
 ])
 model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -130,19 +138,13 @@ ops = {op.type for op in graph.get_operations()}
 digest = hashlib.sha256(b"".join(w.tobytes() for w in model.get_weights()))
 print(json.dumps({"digest": digest.hexdigest()[:16],
                   "kernel": "TfdetPortableErfc" in ops}))
-"""
+""".replace("GELU", _GELU)
 
 
 @pytest.mark.slow
 def test_training_with_the_kernel_gives_the_default_profiles_weights(library):
-    def train(patches):
-        code = f"import sys; sys.argv = ['train', {json.dumps(patches)!r}]\n" + _TRAIN
-        result = run_python(code, env=clean_env())
-        assert result.returncode == 0, result.stderr[-3000:]
-        return last_json_line(result.stdout)
-
-    default = train([])
-    with_kernel = train(["auto", "portable_kernels"])
+    default = _run(_TRAIN, json.dumps([]))
+    with_kernel = _run(_TRAIN, json.dumps(["auto", "portable_kernels"]))
     assert with_kernel["kernel"] and not default["kernel"]
     assert with_kernel["digest"] == default["digest"]
 
@@ -158,9 +160,7 @@ import tensorflow as tf
 x = np.random.default_rng(0).standard_normal((5, 8)).astype("float32")
 model = keras.Sequential([
     keras.Input((8,)),
-    keras.layers.Dense(
-        16, activation=lambda v: 0.5 * v * tf.math.erfc(-v * 0.7071067811865476)
-    ),
+    keras.layers.Dense(16, activation=GELU),
     keras.layers.Dense(2),
 ])
 graph = tf.function(model).get_concrete_function(tf.TensorSpec((None, 8))).graph
@@ -169,7 +169,7 @@ print(json.dumps({
     "kernel": "TfdetPortableErfc" in {op.type for op in graph.get_operations()},
     "y": hashlib.sha256(np.asarray(model(x)).tobytes()).hexdigest(),
 }))
-"""
+""".replace("GELU", _GELU)
 
 _SERVE = """
 import hashlib, json, sys
@@ -190,13 +190,7 @@ def test_an_exported_model_loads_and_serves_the_same_bits_without_tfdet(
     # Exported while the kernel runs the model's steps, the SavedModel holds
     # the composition (before, loading it without tfdet failed: "Op type not
     # registered 'TfdetPortableErfc'"), and serves the kernel's bits.
-    def run(code):
-        argv = f"import sys; sys.argv = ['run', {str(tmp_path / 'model')!r}]\n"
-        result = run_python(argv + code, env=clean_env())
-        assert result.returncode == 0, result.stderr[-3000:]
-        return last_json_line(result.stdout)
-
-    exported = run(_EXPORT)
-    served = run(_SERVE)  # A process that never imports tfdet.
+    exported = _run(_EXPORT, str(tmp_path / "model"))
+    served = _run(_SERVE, str(tmp_path / "model"))  # It never imports tfdet.
     assert exported["kernel"]
     assert served["y"] == exported["y"]

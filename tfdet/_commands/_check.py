@@ -340,7 +340,9 @@ def check(
     """
     if options.device == "gpu":
         _devices.require_gpu()
-    gpu = _devices.gpu_visible() if options.device in ("gpu", "all") else False
+    gpu = options.device == "gpu" or (
+        options.device == "all" and _devices.gpu_visible()
+    )
     wanted = ["cpu", "gpu"] if options.device == "all" else [options.device]
     if options.traces is not None:
         _prepare_traces(options.traces, [d for d in wanted if d != "gpu" or gpu])

@@ -55,10 +55,9 @@ def _enable_call(threads: dict[str, int], **arguments: str) -> str:
     return f"enable({', '.join(f'{k}={v}' for k, v in shown.items())})"
 
 
-def _xla_setting() -> Setting:
-    # Whether the model compiles (and Keras keeps XLA under op determinism)
-    # is known only once it is built: the run says so.
-    return Setting("enable() + jit_compile=True", {}, jit_compile=True)
+# Whether the model compiles (and Keras keeps XLA under op determinism) is
+# known only once it is built: the run says so.
+XLA = Setting("enable() + jit_compile=True", {}, jit_compile=True)
 
 
 def settings_for(cores: int, xla: bool = True) -> list[Setting]:
@@ -89,7 +88,7 @@ def settings_for(cores: int, xla: bool = True) -> list[Setting]:
         )
     )
     if xla:
-        found.append(_xla_setting())
+        found.append(XLA)
     return found
 
 
@@ -112,7 +111,7 @@ def gpu_settings_for(cores: int, xla: bool = True) -> list[Setting]:
     if cores > 1:
         found.append(Setting(_enable_call(threads), dict(threads)))
     if xla:
-        found.append(_xla_setting())
+        found.append(XLA)
     return found
 
 
