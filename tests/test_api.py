@@ -61,8 +61,8 @@ print(json.dumps({
     "tensorflow_in_parent": "tensorflow" in sys.modules,
     "good": [good.verdict, good.exit_code, [r.final_loss for r in good.runs],
              good.to_dict()["target"], good.divergence],
-    "bad": [bad.verdict, bad.exit_code, bad.divergence["step"],
-            bad.divergence["device"]],
+    "bad": [bad.verdict, bad.exit_code, bad.divergence.step,
+            bad.divergence.device, bad.divergence.quantity],
     "json_keys": sorted(good.to_dict()),
     "printed": [str(good), str(bad)],
 }))
@@ -78,8 +78,11 @@ def test_check_from_a_python_c_session_agrees_with_the_cli(tmp_path):
     assert (verdict, code, divergence) == ("identical", 0, None)
     assert target == "__main__:build"
     assert len(losses) == 2 and losses[0] == losses[1]
-    # An os.urandom seed: the same API says "diverged", with the CLI's code.
-    assert facts["bad"] == ["diverged", 1, 0, "cpu"]
+    # An os.urandom seed: the same API says "diverged", with the CLI's code,
+    # and where, as attributes of a typed report.
+    verdict, code, step, device, quantity = facts["bad"]
+    assert (verdict, code, step, device) == ("diverged", 1, 0, "cpu")
+    assert quantity == "loss" or quantity.startswith("weights"), quantity
     # print(report) and a notebook cell: the verdict first, not every field.
     good_text, bad_text = facts["printed"]
     assert good_text.startswith("tfdet check __main__:build: IDENTICAL (exit 0)")

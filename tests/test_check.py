@@ -446,12 +446,12 @@ def test_identical_nan_losses_are_not_reported_without_a_word():
     from tfdet._cli import _check_text
 
     text = _check_text.format_report(
-        _fake_report(("nan", "nan"), nonfinite=["loss nan from step 1"]).to_dict()
+        _fake_report(("nan", "nan"), nonfinite=["loss nan from step 1"])
     )
     assert "final loss nan" in text
     assert "not finite: loss nan from step 1" in text
     assert "NaN or Inf" in text
-    assert "NaN" not in _check_text.format_report(_fake_report().to_dict())
+    assert "NaN" not in _check_text.format_report(_fake_report())
 
 
 _VERDICT_CODES = {"identical": 0, "diverged": 1, "failed": 3}
@@ -476,6 +476,8 @@ def _controlled_report(verdict, control, imitated=None, patches=("auto",)):
     """`_fake_report` with tfdet's verdict and a control's (no process)."""
     import dataclasses
 
+    from tfdet._commands._report import Control
+
     report = _fake_report()
     code = _VERDICT_CODES[verdict]
     return dataclasses.replace(
@@ -484,11 +486,11 @@ def _controlled_report(verdict, control, imitated=None, patches=("auto",)):
         devices={"cpu": dataclasses.replace(report.devices["cpu"], exit_code=code)},
         imitated=imitated or {},
         patches=patches,
-        control={
-            "verdict": control,
-            "exit_code": _VERDICT_CODES[control],
-            "divergence": "Bits diverged at step 0" if control == "diverged" else None,
-        },
+        control=Control(
+            verdict=control,
+            exit_code=_VERDICT_CODES[control],
+            divergence="Bits diverged at step 0" if control == "diverged" else None,
+        ),
     )
 
 
@@ -498,7 +500,7 @@ def test_the_control_sentence_fits_both_verdicts(verdict, control):
 
     said, unsaid = _CONTROL_SENTENCES[verdict, control]
     report = _controlled_report(verdict, control)
-    for text in (_check_text.format_report(report.to_dict()), str(report)):
+    for text in (_check_text.format_report(report), str(report)):
         (line,) = [line for line in text.splitlines() if "control without" in line]
         assert said in line and unsaid not in line, line
         assert "pool_size_free_products" not in line, line
@@ -513,7 +515,7 @@ def test_a_batch_divergence_plain_tensorflow_does_not_have_names_the_patch():
 
     batch = {"batch": "predicted its inputs in another order"}
     report = _controlled_report("diverged", "identical", imitated=batch)
-    text = _check_text.format_report(report.to_dict())
+    text = _check_text.format_report(report)
     assert "oneDNN ISA cap" in text and "identical too" not in text, text
     # The library names the option as Python does; the CLI as its flag.
     assert "`patches=auto,pool_size_free_products`" in text, text
@@ -529,7 +531,7 @@ def test_a_batch_divergence_plain_tensorflow_does_not_have_names_the_patch():
         ),
         _controlled_report("diverged", "identical", imitated={"hashseed": "x"}),
     ):
-        assert "batch-invariant" not in _check_text.format_report(other.to_dict())
+        assert "batch-invariant" not in _check_text.format_report(other)
 
 
 def test_json_is_written_before_the_report_and_a_closed_stdout_is_harmless(

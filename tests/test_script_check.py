@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import REPO, run_tfdet
 from tfdet._commands import _script_check
 from tfdet._commands._report import (
+    Attribution,
     ProcessFacts,
     ScriptDivergence,
     ScriptRunReport,
@@ -299,8 +300,19 @@ def test_a_script_reports_json_keeps_its_fields_and_their_order():
         "training", "step", "quantity", "description", "runs",
     ]  # fmt: skip
     assert divergence.to_dict()["runs"] == [0, 1]
-    attributed = dataclasses.replace(divergence, attribution={"verdict": "separated"})
+    attribution = Attribution(
+        alone={"rerun": "same bits", "threads": "differs"},
+        responsible=("threads",),
+        verdict="separated by threads",
+    )
+    attributed = dataclasses.replace(divergence, attribution=attribution)
     assert list(attributed.to_dict())[-1] == "attribution"
+    # A script's attribution says no more than the dict it replaced.
+    assert attributed.to_dict()["attribution"] == {
+        "alone": {"rerun": "same bits", "threads": "differs"},
+        "responsible": ["threads"],
+        "verdict": "separated by threads",
+    }
 
     facts = ProcessFacts(
         index=1, worker=None, name="run 1", perturbations={"hashseed": "seed 1"},

@@ -323,7 +323,7 @@ def check_or_fail(
         pytest.fail(f"{heading} could not run: {error}", pytrace=False)
     if result.verdict == "identical":
         return result
-    text = _check_text.format_report(result.to_dict())
+    text = _check_text.format_report(result)
     if result.verdict == "diverged":
         pytest.fail(f"{heading}: bits diverged.\n{text}", pytrace=False)
     pytest.fail(

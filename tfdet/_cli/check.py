@@ -132,11 +132,10 @@ def _execute_script(args: argparse.Namespace) -> int:
             max_steps=args.max_steps,
         )
     result = _script_check.check_script(options, progress=_training_flags.progress)
-    report = result.to_dict()
     # The file first: a closed stdout must not lose the machine-readable report.
-    write_json(args.json, report)
+    write_json(args.json, result.to_dict())
     # The library names options the Python way (`workers`): say them as flags.
-    _output.out(as_flags(_check_text.format_script_report(report)))
+    _output.out(as_flags(_check_text.format_script_report(result)))
     return result.exit_code
 
 
@@ -169,9 +168,8 @@ def execute(args: argparse.Namespace) -> int:
         result = _api.check_with_options(options, display.message, display.step)
     finally:
         display.finish()
-    report = result.to_dict()
     # The file first: a closed stdout must not lose the machine-readable report.
-    write_json(args.json, report)
+    write_json(args.json, result.to_dict())
     # The library names options the Python way (`workers`): say them as flags.
-    _output.out(as_flags(_check_text.format_report(report)))
+    _output.out(as_flags(_check_text.format_report(result)))
     return result.exit_code

@@ -203,6 +203,7 @@ StepFn = _spawn.StepFn
 
 
 def _divergence_report(
+    device: str,
     a: _spawn.RunOutcome,
     b: _spawn.RunOutcome,
     divergence: _diff.Divergence,
@@ -211,10 +212,11 @@ def _divergence_report(
 ) -> DivergenceReport:
     """`extra`: the `workers` that disagree, or the `attribution`."""
     return DivergenceReport(
+        device=device,
         runs=(a.setup.index, b.setup.index),
         # Multi-worker runs: which worker's bits parted (None: one process).
         worker=worker,
-        found=divergence.to_dict(),
+        found=divergence,
         description=divergence.describe(),
         # Reported first: a setting that differs usually explains the bits.
         profile_differences={
@@ -293,7 +295,7 @@ def _check_device(
                 )
             extra = {"attribution": attribution}
             worker = worker if options.workers > 1 else None
-        found = _divergence_report(first, second, divergence, worker, **extra)
+        found = _divergence_report(device, first, second, divergence, worker, **extra)
         return report(divergence=found, exit_code=EXIT_DIVERGED)
     return report(exit_code=EXIT_OK)
 

@@ -2,8 +2,8 @@
 
 `tfdet._commands._check` builds a `CheckReport` from the runs; `tfdet check
 --json` writes `CheckReport.to_dict()`, the human report is formatted from
-that dict (`tfdet._cli._check_text`), and `tfdet.check()` returns the
-`CheckReport` itself. `check --script` builds a `ScriptCheckReport`, `tfdet
+the same typed report (`tfdet._cli._check_text`), and `tfdet.check()`
+returns the `CheckReport` itself. `check --script` builds a `ScriptCheckReport`, `tfdet
 locate` a `LocateReport` (or, with `--record`, a `RecordReport`). Nothing
 else writes a report's JSON, so the Python object and the JSON file cannot
 disagree.
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED
 from tfdet._protocol import _perturb
+from tfdet._record._diff import Divergence
 from tfdet._record._layer_walk import Location
 from tfdet._version import __version__
 from tfdet.patches import pool_size_free_products
@@ -31,23 +32,36 @@ _BATCH_FREE_PATCH = pool_size_free_products.PATCH.name
 VERDICTS = {EXIT_OK: "identical", EXIT_DIVERGED: "diverged", EXIT_RUN_FAILED: "failed"}
 
 
-def control_of(plain: CheckReport | ScriptCheckReport) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class Control:
+    """What the same check without tfdet found (`control=True`).
+
+    Attributes:
+        verdict: `"identical"`, `"diverged"` or `"failed"`.
+        exit_code: 0, 1 or 3.
+        divergence: Its first divergence in one sentence, or None.
+    """
+
+    verdict: str
+    exit_code: int
+    divergence: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def control_of(plain: CheckReport | ScriptCheckReport) -> Control:
     """What a check without tfdet found, for the report of the check with it."""
     divergence = plain.divergence
-    if isinstance(divergence, ScriptDivergence):
-        description: str | None = divergence.description
-    else:
-        # `CheckReport.divergence` is the dict its Python API documents.
-        description = None if divergence is None else divergence["description"]
-    return {
-        "verdict": plain.verdict,
-        "exit_code": plain.exit_code,
-        "divergence": description,
-    }
+    return Control(
+        verdict=plain.verdict,
+        exit_code=plain.exit_code,
+        divergence=None if divergence is None else divergence.description,
+    )
 
 
 def control_line(
-    control: dict[str, Any] | None,
+    control: Control | None,
     verdict: str,
     perturbations: Iterable[str] = (),
     patches: Iterable[str] = (),
@@ -63,7 +77,7 @@ def control_line(
     """
     if control is None:
         return None
-    if control["verdict"] == "diverged":
+    if control.verdict == "diverged":
         said = {
             "identical": "so tfdet is what made these runs identical",
             "diverged": "as these runs do with tfdet",
@@ -73,10 +87,10 @@ def control_line(
             "identical is not known",
         )
         return (
-            f"control without tfdet: diverged ({control['divergence']}): these "
+            f"control without tfdet: diverged ({control.divergence}): these "
             f"perturbations separate plain TensorFlow, {said}"
         )
-    if control["verdict"] != "identical":
+    if control.verdict != "identical":
         return "control without tfdet: a run failed, so nothing was compared"
     if verdict == "identical":
         return (
@@ -267,56 +281,105 @@ class Attribution:
             bits" / "run failed (...)"}`.
         responsible: The perturbations that differ alone.
         verdict: One sentence: which perturbation separates the runs, or
-            that the target is nondeterministic by itself.
-        steps_rerun: How many steps each re-run trained.
-        pool_size_ops: When `threads` is responsible: the op types the runs
-            traced whose CPU bits follow the thread-pool size (from tfdet's
-            op table); empty otherwise.
+            that the target (the script) is nondeterministic by itself.
+        steps_rerun: How many steps each re-run trained (a TARGET's check);
+            None for a script's, whose re-runs train what the script does.
+        pool_size_ops: A TARGET's check, when `threads` is responsible: the
+            op types the runs traced whose CPU bits follow the thread-pool
+            size (from tfdet's op table), else empty; None for a script's.
     """
 
     alone: dict[str, str]
     responsible: tuple[str, ...]
     verdict: str
-    steps_rerun: int
-    pool_size_ops: tuple[str, ...] = ()
+    steps_rerun: int | None = None
+    pool_size_ops: tuple[str, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            **dataclasses.asdict(self),
+        out: dict[str, Any] = {
+            "alone": dict(self.alone),
             "responsible": list(self.responsible),
-            "pool_size_ops": list(self.pool_size_ops),
+            "verdict": self.verdict,
         }
+        if self.steps_rerun is not None:
+            out["steps_rerun"] = self.steps_rerun
+        if self.pool_size_ops is not None:
+            out["pool_size_ops"] = list(self.pool_size_ops)
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
 class DivergenceReport:
     """The first difference between two runs (or two workers of one run).
 
+    `step`, `epoch`, `quantity`, `expected`, `received`, `ulps` and
+    `detail` read those of `found`.
+
     Attributes:
+        device: `"cpu"` or `"gpu"`: where the runs trained.
         runs: The two runs' indices.
         worker: In a multi-worker check, the worker whose bits parted; None
             for runs of one process.
-        found: `tfdet._record._diff.Divergence.to_dict()`: step, epoch,
-            quantity, expected, received, ulps, detail.
+        found: What differs first, and both values.
         description: The same in one sentence.
         profile_differences: `{profile field: [run a's, run b's]}`.
         workers: Two workers of ONE run that disagree, or None.
         attribution: Which perturbation separates the runs, or None.
     """
 
+    device: str
     runs: tuple[int, int]
     worker: int | None
-    found: dict[str, Any]
+    found: Divergence
     description: str
     profile_differences: dict[str, list[Any]]
     workers: tuple[int, int] | None = None
     attribution: Attribution | None = None
 
+    @property
+    def step(self) -> int:
+        return self.found.step
+
+    @property
+    def epoch(self) -> int | None:
+        return self.found.epoch
+
+    @property
+    def quantity(self) -> str:
+        return self.found.quantity
+
+    @property
+    def expected(self) -> str:
+        return self.found.expected
+
+    @property
+    def received(self) -> str:
+        return self.found.received
+
+    @property
+    def ulps(self) -> int | None:
+        return self.found.ulps
+
+    @property
+    def detail(self) -> dict[str, Any] | None:
+        return self.found.detail
+
+    def run_names(self) -> tuple[str, str]:
+        """The two runs as the report names them: `1`, or `1 worker 0`."""
+        a, b = (str(index) for index in self.runs)
+        if self.workers is not None:  # Two workers of one run disagree.
+            return f"{a} worker {self.workers[0]}", f"{b} worker {self.workers[1]}"
+        if self.worker is not None:
+            return f"{a} worker {self.worker}", f"{b} worker {self.worker}"
+        return a, b
+
     def to_dict(self) -> dict[str, Any]:
+        """The device's `divergence` in `tfdet check --json` (its device is
+        the key it is under)."""
         out: dict[str, Any] = {
             "runs": list(self.runs),
             "worker": self.worker,
-            **self.found,
+            **self.found.to_dict(),
             "description": self.description,
             "profile_differences": {
                 name: list(values) for name, values in self.profile_differences.items()
@@ -440,8 +503,8 @@ class CheckReport:
         emulated: `{perturbation: the emulated CPU a run ran on, and what that
             stands for}` (`emulated_cpu`), or empty.
         exit_code: `tfdet check`'s exit code: 0, 1 or 3.
-        control: With `control=True`, the same runs without tfdet
-            (`control_of`: `verdict`, `exit_code`, `divergence`); else None.
+        control: With `control=True`, what the same runs without tfdet
+            found; else None.
     """
 
     target: str
@@ -460,7 +523,7 @@ class CheckReport:
     not_imitated: dict[str, str]
     emulated: dict[str, str]
     exit_code: int
-    control: dict[str, Any] | None = None
+    control: Control | None = None
 
     @property
     def verdict(self) -> str:
@@ -488,7 +551,7 @@ class CheckReport:
                 lines.append(f"  {device}: {VERDICTS[result.exit_code]}")
         divergence = self.divergence
         if divergence is not None:
-            lines.append(f"  first divergence: {divergence['description']}")
+            lines.append(f"  first divergence: {divergence.description}")
         if self.imitated:
             lines.append(f"  imitated other machines by: {', '.join(self.imitated)}")
         if self.control is not None:
@@ -523,14 +586,14 @@ class CheckReport:
         )
 
     @property
-    def divergence(self) -> dict[str, Any] | None:
-        """The first divergence (`device`, `runs`, `worker`, `step`,
-        `quantity`, `expected`, `received`, `description`, and with
-        attribution the perturbation responsible), or None."""
-        for device, result in self.devices.items():
-            if result.divergence is not None:
-                return {"device": device, **result.divergence.to_dict()}
-        return None
+    def divergence(self) -> DivergenceReport | None:
+        """The first divergence (its `device`, `runs`, `step`, `quantity`,
+        `expected`, `received`, `description`, and with attribution the
+        perturbation responsible), or None."""
+        return next(
+            (d.divergence for d in self.devices.values() if d.divergence is not None),
+            None,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The full report, as `tfdet check --json FILE` writes it."""
@@ -552,7 +615,7 @@ class CheckReport:
             "not_imitated": dict(self.not_imitated),
             "verdict": self.verdict,
             "exit_code": self.exit_code,
-            "control": self.control,
+            "control": None if self.control is None else self.control.to_dict(),
             "tfdet_version": __version__,
         }
 
@@ -632,15 +695,15 @@ class ScriptDivergence:
             steps.
         description: The same in one sentence.
         runs: The two runs' indices.
-        attribution: Which perturbation separates the runs (`alone`,
-            `responsible`, `verdict`), or None when not attributed.
+        attribution: Which perturbation separates the runs, or None when
+            not attributed.
     """
 
     training: str | None
     found: dict[str, Any]
     description: str
     runs: tuple[int, int]
-    attribution: dict[str, Any] | None = None
+    attribution: Attribution | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -650,7 +713,7 @@ class ScriptDivergence:
             "runs": list(self.runs),
         }
         if self.attribution is not None:
-            out["attribution"] = self.attribution
+            out["attribution"] = self.attribution.to_dict()
         return out
 
 
@@ -675,8 +738,8 @@ class ScriptCheckReport:
             changed (their bits were not compared in isolation).
         notices: Keras's notices (a dropped `jit_compile=True`), once each.
         exit_code: 0, 1 or 3.
-        control: With `control=True`, the same runs without tfdet
-            (`control_of`); else None.
+        control: With `control=True`, what the same runs without tfdet
+            found; else None.
     """
 
     script: str
@@ -694,7 +757,7 @@ class ScriptCheckReport:
     shared_writes: tuple[str, ...]
     notices: tuple[str, ...]
     exit_code: int
-    control: dict[str, Any] | None = None
+    control: Control | None = None
 
     @property
     def verdict(self) -> str:
@@ -748,7 +811,7 @@ class ScriptCheckReport:
             "notices": list(self.notices),
             "verdict": self.verdict,
             "exit_code": self.exit_code,
-            "control": self.control,
+            "control": None if self.control is None else self.control.to_dict(),
             "tfdet_version": __version__,
         }
 

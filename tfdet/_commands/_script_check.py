@@ -19,10 +19,10 @@ import dataclasses
 import os
 import tempfile
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from tfdet._commands._options import RunOptions
 from tfdet._commands._report import (
+    Attribution,
     ProcessFacts,
     ScriptCheckReport,
     ScriptDivergence,
@@ -183,7 +183,7 @@ def _attribute(
     other: _ScriptRun,
     run_in_mirrors: Callable[[Sequence[_perturb.RunSetup]], list[_ScriptRun]],
     progress: ProgressFn | None,
-) -> dict[str, Any]:
+) -> Attribution:
     """Re-runs the baseline with each of `other`'s perturbations alone.
 
     As a TARGET's check does: the perturbations whose run alone differs from
@@ -207,11 +207,11 @@ def _attribute(
             alone[key] = "same bits"
         else:
             alone[key] = "differs"
-    return {
-        "alone": alone,
-        "responsible": responsible_of(alone, RERUN),
-        "verdict": attribution_verdict(alone, RERUN, "script"),
-    }
+    return Attribution(
+        alone=alone,
+        responsible=tuple(responsible_of(alone, RERUN)),
+        verdict=attribution_verdict(alone, RERUN, "script"),
+    )
 
 
 def _run_report(run: _ScriptRun) -> ScriptRunReport:
