@@ -25,15 +25,14 @@ _WEIGHTS = "tfdet-{n}.weights.h5"
 _STATE = "tfdet-{n}.state.json"
 # Version of the state file's layout (`_encode_state`).
 STATE_FORMAT = 1
-# Notes on the model for one `fit`: the BackupAndRestore that restored it
-# (backup directory, position), and the callbacks skipping trained batches.
-_RESTORED_BY = "_tfdet_restored_by"
-# ... and the input `fit` was given, which a resume fast-forwards, and its
+# Notes on the model for one `fit` (besides `_resume_state.RESTORED_BY`): the
+# input `fit` was given, which a resume fast-forwards, and its
 # `steps_per_epoch` (given: one iterator serves every epoch).
 _FIT_INPUT = "_tfdet_fit_input"
 _FIT_STEPS_PER_EPOCH = "_tfdet_fit_steps_per_epoch"
 # ... and its `batch_size` (what a backup's position is counted in).
 _FIT_BATCH_SIZE = "_tfdet_fit_batch_size"
+# ... and the callbacks skipping trained batches (`_skip_trained_batches`).
 _SKIPPING = "_tfdet_skipping"
 # Iterators Keras 3's TF `fit` makes of a `tf.data` input per epoch (one at
 # the epoch's start, one made at its end and dropped), when `steps_per_epoch`
@@ -178,6 +177,269 @@ def _decode_state(data: Any, path: str) -> dict[str, Any]:
         raise _resume_state.unreadable(path, STATE_FORMAT, error) from None
 
 
+class _Keras3ExactResume(_resume_state.ExactResume):
+    """The methods of Keras 3's exact `BackupAndRestore`.
+
+    A mixin that comes before Keras's class (`exact_backup_and_restore_class`
+    makes the subclass), so it needs no Keras import.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._steps_done = 0  # Batches trained in the current epoch.
+        self._to_skip = 0  # Batches to pull without training (resume).
+        self._skipping = False
+        self._saved_metrics: list[Any] | None = None
+        # Python's and NumPy's global generators as the epoch began.
+        self._epoch_random: Any = None
+        # At a mid-epoch resume: the generators' state at the backup,
+        # set once the skipped batches are pulled.
+        self._random_after_skip: Any = None
+        # At a resume under `steps_per_epoch`: the finished epochs'
+        # batches, pulled from the fresh iterator before anything else.
+        self._stream_skip = 0
+
+    # -- saving ---------------------------------------------------------
+
+    def _state(self) -> dict[str, Any]:
+        model = self.model
+        glob = _global_seed_generator()
+        return {
+            "epoch": self._current_epoch,
+            "steps_done": self._steps_done,
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "seeds": [
+                (name, generator.state.numpy())
+                for name, generator in seed_generators(model)
+            ],
+            "global_seed": None if glob is None else glob.state.numpy(),
+            "metrics": [v.numpy() for v in model.metrics_variables],
+            **_resume_state.host_generators(),
+            "counters": (
+                self._batches_seen_since_last_saving,
+                self._last_batch_seen,
+            ),
+            "epoch_random": self._epoch_random,
+            "fit": self._fit_geometry(),
+        }
+
+    def _fit_geometry(self) -> dict[str, Any]:
+        model = self.model
+        return _resume_state.fit_geometry(
+            getattr(model, _FIT_INPUT, None),
+            getattr(model, _FIT_BATCH_SIZE, None),
+            (self.params or {}).get("steps"),
+        )
+
+    def _save_model(self) -> None:
+        self._warn_if_kernel_state_random()
+        os.makedirs(self.backup_dir, exist_ok=True)
+        current = _current(self.backup_dir)
+        generation = 0 if current is None else current + 1
+        path = os.path.join(self.backup_dir, _STATE.format(n=generation))
+        with open(path + ".tmp", "w", encoding="utf-8") as out:
+            json.dump(_encode_state(self._state()), out)
+        os.replace(path + ".tmp", path)
+        self.model.save_weights(
+            os.path.join(self.backup_dir, _WEIGHTS.format(n=generation)),
+            overwrite=True,
+        )
+        # The one commit point: a kill before it leaves `current` whole.
+        pointer = os.path.join(self.backup_dir, CURRENT)
+        with open(pointer + ".tmp", "w", encoding="utf-8") as out:
+            out.write(str(generation))
+        os.replace(pointer + ".tmp", pointer)
+        if current is not None:  # Kept until the new one was current.
+            for name in (_WEIGHTS, _STATE):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(self.backup_dir, name.format(n=current)))
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        import numpy as np
+
+        if not self._to_skip:
+            self._steps_done = 0
+        # Before the epoch's iterator starts (and draws its order).
+        self._epoch_random = (random.getstate(), np.random.get_state())
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self._skipping = self._to_skip > 0
+        if not self._skipping and self._random_after_skip is not None:
+            # The skipped batches are pulled (the epoch's order drawn
+            # again): on from where the interrupted run saved.
+            _resume_state.set_globals(self._random_after_skip)
+            self._random_after_skip = None
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if self._skipping:
+            return  # Pulled, not trained: nothing to count or save.
+        self._steps_done = batch + 1
+        super().on_train_batch_end(batch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self._steps_done = 0
+        super().on_epoch_end(epoch, logs)
+
+    # -- restoring ------------------------------------------------------
+
+    def _load_model(self) -> None:
+        generation = _current(self.backup_dir)
+        if generation is None:
+            super()._load_model()  # Keras's own files, or none.
+            return
+        _resume_state.check_owned(self.backup_dir)
+        model = self.model
+        if model.optimizer is not None and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        weights = os.path.join(self.backup_dir, _WEIGHTS.format(n=generation))
+        _check_weights_file(weights)
+        deferred = _restore_when_built(model, weights)
+        with warnings.catch_warnings():
+            # Keras's "Skipping variable loading for optimizer ...": the
+            # deferred optimizers get theirs when built.
+            if deferred:
+                warnings.filterwarnings("ignore", "Skipping variable loading")
+            try:
+                model.load_weights(weights)
+            except OSError as error:  # Keras's own on_train_begin would
+                # take it for its own files' damage, and re-raise it raw.
+                raise _resume_state.damaged(weights, f"unreadable ({error})") from None
+        path = os.path.join(self.backup_dir, _STATE.format(n=generation))
+        try:
+            with open(path, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except (OSError, ValueError) as error:
+            raise ResumeError(
+                f"Expected {path} to hold a tfdet resume state. Received: "
+                f"{type(error).__name__}: {error}. Delete the backup "
+                "directory to start over."
+            ) from None
+        self._restore(_decode_state(data, path))
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        model = self.model
+        where = f"epoch {state['epoch']}, {state['steps_done']} steps into it"
+        _resume_state.check_same_geometry(
+            self.backup_dir, where, state["fit"], self._fit_geometry()
+        )
+        _resume_state.check_position_in_epoch(
+            self.backup_dir, state["steps_done"], (self.params or {}).get("steps")
+        )
+        position = {
+            "epoch": state["epoch"],
+            "step in epoch": state["steps_done"],
+            "optimizer step": state["iterations"],
+        }
+        if not self._claim_restore(position):
+            # Another BackupAndRestore of this fit restored the model,
+            # the random state and the input's position; this one keeps
+            # its own counters, and skips along with it.
+            self._adopt_position(state)
+            return
+        iterations = int(model.optimizer.iterations.numpy())
+        if iterations != state["iterations"]:
+            raise ResumeError(
+                f"Expected the backup in {self.backup_dir} to hold one "
+                f"training state. Received: weights at optimizer step "
+                f"{iterations}, random state at step {state['iterations']}. "
+                "Delete the backup directory to start over."
+            )
+        names = [name for name, _ in seed_generators(model)]
+        if names != [name for name, _ in state["seeds"]]:
+            raise ResumeError(
+                "Expected the model's random layers to be those of the "
+                f"backup. Received: {names} now, "
+                f"{[name for name, _ in state['seeds']]} saved."
+            )
+        # Before the global generators are restored: a PyDataset's
+        # epoch hooks may draw from them, as they did in the first run.
+        stream_steps = getattr(model, _FIT_STEPS_PER_EPOCH, None)
+        if stream_steps is None:
+            _fast_forward(getattr(model, _FIT_INPUT, None), state["epoch"])
+        else:
+            # One iterator for all epochs: started afresh, it must give
+            # up what the finished epochs took (pulled with the skip).
+            self._stream_skip = state["epoch"] * stream_steps
+        for (_, generator), (_, value) in zip(
+            seed_generators(model), state["seeds"], strict=True
+        ):
+            generator.state.assign(value)
+        if state["global_seed"] is not None:
+            _global_seed_generator(create=True).state.assign(state["global_seed"])
+        backup_time = (state["python_random"], state["numpy_random"])
+        if state["steps_done"] and state["epoch_random"] is not None:
+            # The resumed epoch begins as the interrupted one began; the
+            # generators take their backup-time state after the skip.
+            _resume_state.set_globals(state["epoch_random"])
+            self._random_after_skip = backup_time
+        else:
+            _resume_state.set_globals(backup_time)
+        _resume_state.set_eager_seed(state["eager_seed"])
+        model._initial_epoch = state["epoch"]
+        self._adopt_position(state)
+
+    def _adopt_position(self, state: dict[str, Any]) -> None:
+        """This callback's counters at the restored position."""
+        self._batches_seen_since_last_saving, self._last_batch_seen = state["counters"]
+        # Keras restarts it at 0: a save during the first resumed epoch
+        # would say epoch 0.
+        self._current_epoch = state["epoch"]
+        self._steps_done = state["steps_done"]
+        if state["steps_done"]:
+            self._saved_metrics = state["metrics"]
+            self._to_skip = state["steps_done"]
+        if state["steps_done"] or self._stream_skip:
+            self._skip_trained_batches()
+
+    def _skip_trained_batches(self) -> None:
+        """Pulls the trained batches without training, once per fit.
+
+        Every restoring callback counts the skipped batches down (none
+        of them counts or saves them), but only the first replaces the
+        train function: two would skip twice.
+        """
+        model = self.model
+        skipping = getattr(model, _SKIPPING, None)
+        if skipping is not None:
+            skipping.append(self)
+            return
+        skipping = [self]
+        object.__setattr__(model, _SKIPPING, skipping)
+        original = model.train_function
+
+        def train_function(iterator: Any) -> Any:
+            for _ in range(self._stream_skip):
+                next(iterator)  # Taken by the finished epochs.
+            self._stream_skip = 0
+            if self._to_skip <= 0:
+                model.train_function = original
+                return original(iterator)
+            for _ in range(model.steps_per_execution):
+                data = next(iterator)  # Trained on before the interruption.
+            for callback in skipping:
+                callback._to_skip -= model.steps_per_execution
+            self._load_metrics(data)
+            return model.get_metrics_result()
+
+        model.train_function = train_function
+
+    def _load_metrics(self, data: Any) -> None:
+        # fit() builds the compiled metrics in its first traced step and
+        # reset them at the epoch's start: build them now (symbolically:
+        # no op runs, nothing is drawn) and load the saved accumulators.
+        if self._saved_metrics is None:
+            return
+        model = self.model
+        compiled = getattr(model, "_compile_metrics", None)
+        if compiled is not None and not compiled.built:
+            model._symbolic_build(data_batch=data)
+        for variable, value in zip(
+            model.metrics_variables, self._saved_metrics, strict=True
+        ):
+            variable.assign(value)
+        self._saved_metrics = None
+
+
 @functools.cache
 def exact_backup_and_restore_class() -> type:
     """The `BackupAndRestore` subclass that resumes exactly (Keras 3)."""
@@ -187,280 +449,13 @@ def exact_backup_and_restore_class() -> type:
     if getattr(base, "_tfdet_exact", False):  # Asked while installed.
         return base
 
-    class ExactBackupAndRestore(base):  # type: ignore[misc, valid-type]
+    class ExactBackupAndRestore(_Keras3ExactResume, base):  # type: ignore[misc, valid-type]
         """`keras.callbacks.BackupAndRestore` that resumes bit for bit.
 
         Same arguments as Keras's (`backup_dir`, `save_freq`,
         `double_checkpoint` is implied, `delete_checkpoint`); see the module
         docstring of `tfdet.patches.keras_backup_and_restore`.
         """
-
-        _tfdet_exact = True
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._steps_done = 0  # Batches trained in the current epoch.
-            self._to_skip = 0  # Batches to pull without training (resume).
-            self._skipping = False
-            self._saved_metrics: list[Any] | None = None
-            # Python's and NumPy's global generators as the epoch began.
-            self._epoch_random: Any = None
-            # At a mid-epoch resume: the generators' state at the backup,
-            # set once the skipped batches are pulled.
-            self._random_after_skip: Any = None
-            # At a resume under `steps_per_epoch`: the finished epochs'
-            # batches, pulled from the fresh iterator before anything else.
-            self._stream_skip = 0
-            self._random_checked = False  # `warn_if_kernel_state_random`.
-
-        # -- saving ---------------------------------------------------------
-
-        def _state(self) -> dict[str, Any]:
-            model = self.model
-            glob = _global_seed_generator()
-            return {
-                "epoch": self._current_epoch,
-                "steps_done": self._steps_done,
-                "iterations": int(model.optimizer.iterations.numpy()),
-                "seeds": [
-                    (name, generator.state.numpy())
-                    for name, generator in seed_generators(model)
-                ],
-                "global_seed": None if glob is None else glob.state.numpy(),
-                "metrics": [v.numpy() for v in model.metrics_variables],
-                **_resume_state.host_generators(),
-                "counters": (
-                    self._batches_seen_since_last_saving,
-                    self._last_batch_seen,
-                ),
-                "epoch_random": self._epoch_random,
-                "fit": self._fit_geometry(),
-            }
-
-        def _fit_geometry(self) -> dict[str, Any]:
-            model = self.model
-            return _resume_state.fit_geometry(
-                getattr(model, _FIT_INPUT, None),
-                getattr(model, _FIT_BATCH_SIZE, None),
-                (self.params or {}).get("steps"),
-            )
-
-        def _save_model(self) -> None:
-            if not self._random_checked:  # Traced by now.
-                _resume_state.warn_if_kernel_state_random(self.model.train_function)
-                self._random_checked = True
-            os.makedirs(self.backup_dir, exist_ok=True)
-            current = _current(self.backup_dir)
-            generation = 0 if current is None else current + 1
-            path = os.path.join(self.backup_dir, _STATE.format(n=generation))
-            with open(path + ".tmp", "w", encoding="utf-8") as out:
-                json.dump(_encode_state(self._state()), out)
-            os.replace(path + ".tmp", path)
-            self.model.save_weights(
-                os.path.join(self.backup_dir, _WEIGHTS.format(n=generation)),
-                overwrite=True,
-            )
-            # The one commit point: a kill before it leaves `current` whole.
-            pointer = os.path.join(self.backup_dir, CURRENT)
-            with open(pointer + ".tmp", "w", encoding="utf-8") as out:
-                out.write(str(generation))
-            os.replace(pointer + ".tmp", pointer)
-            if current is not None:  # Kept until the new one was current.
-                for name in (_WEIGHTS, _STATE):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.remove(os.path.join(self.backup_dir, name.format(n=current)))
-
-        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-            import numpy as np
-
-            if not self._to_skip:
-                self._steps_done = 0
-            # Before the epoch's iterator starts (and draws its order).
-            self._epoch_random = (random.getstate(), np.random.get_state())
-
-        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-            self._skipping = self._to_skip > 0
-            if not self._skipping and self._random_after_skip is not None:
-                # The skipped batches are pulled (the epoch's order drawn
-                # again): on from where the interrupted run saved.
-                _resume_state.set_globals(self._random_after_skip)
-                self._random_after_skip = None
-
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            if self._skipping:
-                return  # Pulled, not trained: nothing to count or save.
-            self._steps_done = batch + 1
-            super().on_train_batch_end(batch, logs)
-
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-            self._steps_done = 0
-            super().on_epoch_end(epoch, logs)
-
-        # -- restoring ------------------------------------------------------
-
-        def _load_model(self) -> None:
-            generation = _current(self.backup_dir)
-            if generation is None:
-                super()._load_model()  # Keras's own files, or none.
-                return
-            _resume_state.check_owned(self.backup_dir)
-            model = self.model
-            if model.optimizer is not None and not model.optimizer.built:
-                model.optimizer.build(model.trainable_variables)
-            weights = os.path.join(self.backup_dir, _WEIGHTS.format(n=generation))
-            _check_weights_file(weights)
-            deferred = _restore_when_built(model, weights)
-            with warnings.catch_warnings():
-                # Keras's "Skipping variable loading for optimizer ...": the
-                # deferred optimizers get theirs when built.
-                if deferred:
-                    warnings.filterwarnings("ignore", "Skipping variable loading")
-                try:
-                    model.load_weights(weights)
-                except OSError as error:  # Keras's own on_train_begin would
-                    # take it for its own files' damage, and re-raise it raw.
-                    raise _resume_state.damaged(
-                        weights, f"unreadable ({error})"
-                    ) from None
-            path = os.path.join(self.backup_dir, _STATE.format(n=generation))
-            try:
-                with open(path, encoding="utf-8") as handle:
-                    data = json.load(handle)
-            except (OSError, ValueError) as error:
-                raise ResumeError(
-                    f"Expected {path} to hold a tfdet resume state. Received: "
-                    f"{type(error).__name__}: {error}. Delete the backup "
-                    "directory to start over."
-                ) from None
-            self._restore(_decode_state(data, path))
-
-        def _restore(self, state: dict[str, Any]) -> None:
-            model = self.model
-            where = f"epoch {state['epoch']}, {state['steps_done']} steps into it"
-            _resume_state.check_same_geometry(
-                self.backup_dir, where, state["fit"], self._fit_geometry()
-            )
-            _resume_state.check_position_in_epoch(
-                self.backup_dir, state["steps_done"], (self.params or {}).get("steps")
-            )
-            position = {
-                "epoch": state["epoch"],
-                "step in epoch": state["steps_done"],
-                "optimizer step": state["iterations"],
-            }
-            first = getattr(model, _RESTORED_BY, None)
-            if first is not None:
-                # Another BackupAndRestore of this fit restored the model,
-                # the random state and the input's position; this one keeps
-                # its own counters, and skips along with it.
-                _resume_state.same_position(first, (self.backup_dir, position))
-                self._adopt_position(state)
-                return
-            object.__setattr__(model, _RESTORED_BY, (self.backup_dir, position))
-            iterations = int(model.optimizer.iterations.numpy())
-            if iterations != state["iterations"]:
-                raise ResumeError(
-                    f"Expected the backup in {self.backup_dir} to hold one "
-                    f"training state. Received: weights at optimizer step "
-                    f"{iterations}, random state at step {state['iterations']}. "
-                    "Delete the backup directory to start over."
-                )
-            names = [name for name, _ in seed_generators(model)]
-            if names != [name for name, _ in state["seeds"]]:
-                raise ResumeError(
-                    "Expected the model's random layers to be those of the "
-                    f"backup. Received: {names} now, "
-                    f"{[name for name, _ in state['seeds']]} saved."
-                )
-            # Before the global generators are restored: a PyDataset's
-            # epoch hooks may draw from them, as they did in the first run.
-            stream_steps = getattr(model, _FIT_STEPS_PER_EPOCH, None)
-            if stream_steps is None:
-                _fast_forward(getattr(model, _FIT_INPUT, None), state["epoch"])
-            else:
-                # One iterator for all epochs: started afresh, it must give
-                # up what the finished epochs took (pulled with the skip).
-                self._stream_skip = state["epoch"] * stream_steps
-            for (_, generator), (_, value) in zip(
-                seed_generators(model), state["seeds"], strict=True
-            ):
-                generator.state.assign(value)
-            if state["global_seed"] is not None:
-                _global_seed_generator(create=True).state.assign(state["global_seed"])
-            backup_time = (state["python_random"], state["numpy_random"])
-            if state["steps_done"] and state["epoch_random"] is not None:
-                # The resumed epoch begins as the interrupted one began; the
-                # generators take their backup-time state after the skip.
-                _resume_state.set_globals(state["epoch_random"])
-                self._random_after_skip = backup_time
-            else:
-                _resume_state.set_globals(backup_time)
-            _resume_state.set_eager_seed(state["eager_seed"])
-            model._initial_epoch = state["epoch"]
-            self._adopt_position(state)
-
-        def _adopt_position(self, state: dict[str, Any]) -> None:
-            """This callback's counters at the restored position."""
-            self._batches_seen_since_last_saving, self._last_batch_seen = state[
-                "counters"
-            ]
-            # Keras restarts it at 0: a save during the first resumed epoch
-            # would say epoch 0.
-            self._current_epoch = state["epoch"]
-            self._steps_done = state["steps_done"]
-            if state["steps_done"]:
-                self._saved_metrics = state["metrics"]
-                self._to_skip = state["steps_done"]
-            if state["steps_done"] or self._stream_skip:
-                self._skip_trained_batches()
-
-        def _skip_trained_batches(self) -> None:
-            """Pulls the trained batches without training, once per fit.
-
-            Every restoring callback counts the skipped batches down (none
-            of them counts or saves them), but only the first replaces the
-            train function: two would skip twice.
-            """
-            model = self.model
-            skipping = getattr(model, _SKIPPING, None)
-            if skipping is not None:
-                skipping.append(self)
-                return
-            skipping = [self]
-            object.__setattr__(model, _SKIPPING, skipping)
-            original = model.train_function
-
-            def train_function(iterator: Any) -> Any:
-                for _ in range(self._stream_skip):
-                    next(iterator)  # Taken by the finished epochs.
-                self._stream_skip = 0
-                if self._to_skip <= 0:
-                    model.train_function = original
-                    return original(iterator)
-                for _ in range(model.steps_per_execution):
-                    data = next(iterator)  # Trained on before the interruption.
-                for callback in skipping:
-                    callback._to_skip -= model.steps_per_execution
-                self._load_metrics(data)
-                return model.get_metrics_result()
-
-            model.train_function = train_function
-
-        def _load_metrics(self, data: Any) -> None:
-            # fit() builds the compiled metrics in its first traced step and
-            # reset them at the epoch's start: build them now (symbolically:
-            # no op runs, nothing is drawn) and load the saved accumulators.
-            if self._saved_metrics is None:
-                return
-            model = self.model
-            compiled = getattr(model, "_compile_metrics", None)
-            if compiled is not None and not compiled.built:
-                model._symbolic_build(data_batch=data)
-            for variable, value in zip(
-                model.metrics_variables, self._saved_metrics, strict=True
-            ):
-                variable.assign(value)
-            self._saved_metrics = None
 
     ExactBackupAndRestore.__module__ = base.__module__
     return ExactBackupAndRestore
@@ -621,7 +616,7 @@ def wrap_fit(original: Any) -> Any:
         )
         object.__setattr__(self, _FIT_STEPS_PER_EPOCH, kwargs.get("steps_per_epoch"))
         # Which BackupAndRestore restored this fit, which ones skip.
-        object.__setattr__(self, _RESTORED_BY, None)
+        object.__setattr__(self, _resume_state.RESTORED_BY, None)
         object.__setattr__(self, _SKIPPING, None)
         return original(self, x, *args, **kwargs)
 

@@ -2,10 +2,10 @@
 
 The exact `BackupAndRestore` of Keras 3 and of tf_keras share it: the host's
 random generators (Python's, NumPy's, TensorFlow's eager op seeds) as JSON
-values that keep every bit, the owner check of a backup directory, the
-agreement of several backups of one fit, and the one random state no backup
-can hold (ops that keep it in their kernel), which a resume must then
-announce as inexact.
+values that keep every bit, the owner check of a backup directory, and
+(`ExactResume`, the mixin both start from) the agreement of several backups
+of one fit and the one random state no backup can hold (ops that keep it in
+their kernel), which a resume must then announce as inexact.
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ KERNEL_STATE_RANDOM_OPS = frozenset(
         "TruncatedNormal",
     }
 )
+
+# Note on the model for one `fit`: `(backup directory, position)` of the
+# BackupAndRestore that restored it (`ExactResume._claim_restore`); the `fit`
+# wrappers set it to None.
+RESTORED_BY = "_tfdet_restored_by"
 
 
 def array(value: Any) -> dict[str, Any]:
@@ -185,19 +190,54 @@ def kernel_state_random_ops(train_function: Any) -> list[str]:
     return sorted(found)
 
 
-def warn_if_kernel_state_random(train_function: Any) -> None:
-    """Says a resume is not exact when the step draws from kernel-held state."""
-    found = kernel_state_random_ops(train_function)
-    if found:
-        warnings.warn(
-            f"tfdet: the training step runs random ops that keep their state "
-            f"in their kernel ({', '.join(found)}: tf.random.normal and the "
-            "like without a generator), which no backup can hold: a resumed "
-            "fit draws their first values again, so the resume is not exact. "
-            "Draw from a keras.random.SeedGenerator (Keras 3), a "
-            "tf.random.Generator the model tracks, or stateless ops.",
-            stacklevel=3,
-        )
+class ExactResume:
+    """What the exact `BackupAndRestore` of Keras 3 and of tf_keras share.
+
+    The mixin each one's own starts from (`_keras3._Keras3ExactResume`,
+    `_tf_keras._TfKerasExactResume`); the subclass puts them before Keras's
+    class, which their `super()` calls reach.
+    """
+
+    _tfdet_exact = True  # Asked by the factories, `warn_if_resumed_without_state`.
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._random_checked = False  # `_warn_if_kernel_state_random`.
+
+    def _warn_if_kernel_state_random(self) -> None:
+        """Says a resume is not exact when the step draws from kernel-held state.
+
+        Asked once, as the first backup is made (the step is traced by then).
+        """
+        if self._random_checked:
+            return
+        found = kernel_state_random_ops(self.model.train_function)
+        if found:
+            warnings.warn(
+                f"tfdet: the training step runs random ops that keep their state "
+                f"in their kernel ({', '.join(found)}: tf.random.normal and the "
+                "like without a generator), which no backup can hold: a resumed "
+                "fit draws their first values again, so the resume is not exact. "
+                "Draw from a keras.random.SeedGenerator (Keras 3), a "
+                "tf.random.Generator the model tracks, or stateless ops.",
+                stacklevel=3,
+            )
+        self._random_checked = True
+
+    def _claim_restore(self, position: dict[str, Any]) -> bool:
+        """Whether this callback is the first of its fit to restore the model.
+
+        The first notes `(backup_dir, position)` on the model (`RESTORED_BY`)
+        and restores the random state and the input's position; any other
+        must hold the same position (`same_position` raises if not).
+        """
+        model = self.model
+        first = getattr(model, RESTORED_BY, None)
+        if first is not None:
+            same_position(first, (self.backup_dir, position))
+            return False
+        object.__setattr__(model, RESTORED_BY, (self.backup_dir, position))
+        return True
 
 
 def check_owned(directory: str) -> None:

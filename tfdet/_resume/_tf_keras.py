@@ -53,9 +53,6 @@ HOST_STATE_FORMAT = 1
 # Note on the model: the last `DataHandler` tf_keras made for it (`fit`'s,
 # when `on_train_begin` reads it), whose input a resume fast-forwards.
 _DATA_HANDLER = "_tfdet_data_handler"
-# Note on the model: the BackupAndRestore that restored this fit (its
-# directory, and the position: epoch, batch, steps trained).
-_RESTORED_BY = "_tfdet_restored_by"
 # Note on the model: `fit`'s input and batch size (what a backup's position
 # is counted in).
 _FIT_ARGUMENTS = "_tfdet_fit_arguments"
@@ -195,6 +192,195 @@ def _say_metrics_start_over(model: Any, why: str) -> None:
     )
 
 
+class _TfKerasExactResume(_resume_state.ExactResume):
+    """The methods of tf_keras's exact `BackupAndRestore`.
+
+    A mixin that comes before tf_keras's class (`exact_backup_and_restore_class`
+    makes the subclass), so it needs no tf_keras import.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._manager: Any = None
+        self._host: Any = None  # The JSON string variable of the backup.
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        # Builds the optimizer and tf_keras's training state (epoch and
+        # batch variables, restored from tf_keras's own files if any).
+        super().on_train_begin(logs)
+        latest = self._restore_checkpoint()
+        if latest is None:
+            return
+        model = self.model
+        training = self._training_state
+        position = {
+            "epoch": int(training._ckpt_saved_epoch.numpy()),
+            "batch": int(training._ckpt_saved_batch.numpy()),
+            "steps trained": int(model._train_counter.numpy()),
+        }
+        if not self._claim_restore(position):
+            # Another BackupAndRestore of this fit restored the host's
+            # state and moved the input on; this one agrees with it.
+            return
+        host = _read_host_state(self._host.numpy().decode(), latest)
+        steps = self.params.get("steps")
+        # tf_keras resumes after the saved batch, or the saved epoch.
+        by_batch = isinstance(self.save_freq, int)
+        trained = position["batch"] + 1 if by_batch else 0
+        where = (
+            f"epoch {position['epoch']}, {trained} steps into it"
+            if by_batch
+            else f"the end of epoch {position['epoch']}"
+        )
+        _resume_state.check_same_geometry(
+            self.backup_dir, where, host["fit"], _fit_geometry(model, steps)
+        )
+        _resume_state.check_position_in_epoch(self.backup_dir, trained, steps)
+        _restore_host_generators(host)
+        self._fast_forward(host["metrics"])
+
+    def _restore_checkpoint(self) -> str | None:
+        """Restores the backup's checkpoint into the model and `self._host`.
+
+        Returns:
+            The checkpoint's path; None if the backup holds none.
+        """
+        import tensorflow as tf
+
+        model = self.model
+        training = self._training_state
+        self._host = tf.Variable("", dtype=tf.string, trainable=False)
+        checkpoint = tf.train.Checkpoint(
+            model=model,
+            ckpt_saved_epoch=training._ckpt_saved_epoch,
+            ckpt_saved_batch=training._ckpt_saved_batch,
+            train_counter=model._train_counter,
+            random_layers=[g.state for _, g in random_generators(model)],
+            host=self._host,
+        )
+        directory = os.path.join(self.backup_dir, BACKUP_SUBDIRECTORY)
+        # The manager's pointer to the current checkpoint: TensorFlow
+        # ignores one it cannot parse (a fit then trained from step 0 and
+        # deleted the backup at its end) or raises a bare ValueError.
+        pointer = os.path.join(directory, "checkpoint")
+        try:
+            self._manager = tf.train.CheckpointManager(
+                checkpoint, directory, max_to_keep=1
+            )
+        except ValueError as error:
+            raise _resume_state.damaged(pointer, str(error)) from None
+        latest = self._manager.latest_checkpoint
+        if latest is None:
+            if os.path.exists(pointer):
+                raise _resume_state.damaged(
+                    pointer, "it names no checkpoint TensorFlow can read"
+                )
+            return None
+        _resume_state.check_owned(self.backup_dir)
+        try:
+            status = checkpoint.restore(latest)
+        except (tf.errors.OpError, IndexError, ValueError) as error:
+            # A missing or truncated file of the checkpoint `latest`.
+            message = getattr(error, "message", None) or str(error)
+            raise _resume_state.damaged(
+                f"{latest} (its .index and .data files)", message
+            ) from None
+        try:
+            status.assert_existing_objects_matched()
+        except AssertionError as error:
+            raise ResumeError(
+                f"Expected the backup in {self.backup_dir} to be this "
+                f"model's. Received: {str(error).splitlines()[0]} Delete "
+                "the backup directory to start over."
+            ) from None
+        return latest
+
+    def _fast_forward(self, metrics: list[Any]) -> None:
+        """Brings the input to the batch the resumed run trains first.
+
+        tf_keras resumes at the epoch and step it computes from the
+        checkpoint (asked the same way here) and starts the step count
+        there, but draws from the input's start.
+        """
+        from tf_keras.src.utils.mode_keys import ModeKeys
+
+        model = self.model
+        steps = self.params.get("steps")
+        epoch, step = self._training_state.maybe_load_initial_counters_from_ckpt(
+            steps, 0, mode=ModeKeys.TRAIN
+        )
+        handler = getattr(model, _DATA_HANDLER, None)
+        adapter = None if handler is None else handler._adapter
+        unreplayable = _UNREPLAYABLE_ADAPTERS.get(type(adapter).__name__)
+        if adapter is None:
+            unreplayable = "fit input tfdet did not see made into batches"
+        elif not adapter.should_recreate_iterator() and steps is None and epoch:
+            unreplayable = "input of unknown length per epoch"
+        if unreplayable is not None:
+            warnings.warn(
+                f"tfdet: a {unreplayable} is not resumable exactly: "
+                "where its finished epochs left it is not in the backup. "
+                "Give fit a tf.data.Dataset, arrays, or a generator with "
+                "steps_per_epoch to resume bit for bit.",
+                stacklevel=2,
+            )
+            return
+        pulls = step
+        if adapter.should_recreate_iterator():
+            # A fresh iterator per epoch (a reshuffling tf.data advances
+            # its seed on each): the finished epochs' iterators.
+            for _ in range(epoch):
+                iter(handler._dataset)
+        else:  # One stream for every epoch.
+            pulls += epoch * steps
+        if pulls:
+            # Mid-epoch: the epoch's running means go on from the backup.
+            self._pull_before_training(pulls, metrics if step else None)
+
+    def _pull_before_training(self, pulls: int, metrics: Any) -> None:
+        """Pulls `pulls` batches from the iterator before the first step.
+
+        With `metrics`, the compiled metrics take those values then
+        (after `fit` reset them as the epoch began).
+        """
+        model = self.model
+        original = model.train_function
+
+        def train_function(iterator: Any) -> Any:
+            model.train_function = original
+            for _ in range(pulls):
+                data = next(iterator)  # Trained on before the interruption.
+            if metrics is not None:
+                _load_metrics(model, data, metrics)
+            return original(iterator)
+
+        model.train_function = train_function
+
+    def _backup(self, epoch: int, batch: int = 0) -> None:
+        # The epoch and batch variables were set by the batch hooks;
+        # `save` writes the checkpoint, then makes it current.
+        self._warn_if_kernel_state_random()
+        self._host.assign(json.dumps(_host_state(self.model, self.params.get("steps"))))
+        self._manager.save()
+
+    def on_train_end(self, logs: Any = None) -> None:
+        import tensorflow as tf
+
+        if self.delete_checkpoint:
+            directory = os.path.join(self.backup_dir, BACKUP_SUBDIRECTORY)
+            if tf.io.gfile.exists(directory):
+                tf.io.gfile.rmtree(directory)
+        if hasattr(self.model, "_training_state"):
+            super().on_train_end(logs)
+        else:
+            # Another BackupAndRestore of this fit ended first and
+            # deleted the model's note, which tf_keras's own method
+            # deletes again (an AttributeError with two callbacks).
+            if self.delete_checkpoint:
+                self._training_state.delete_backup()
+            del self._training_state
+
+
 @functools.cache
 def exact_backup_and_restore_class() -> type:
     """The tf_keras `BackupAndRestore` subclass that resumes exactly."""
@@ -204,190 +390,12 @@ def exact_backup_and_restore_class() -> type:
     if getattr(base, "_tfdet_exact", False):  # Asked while installed.
         return base
 
-    class ExactBackupAndRestore(base):  # type: ignore[misc, valid-type]
+    class ExactBackupAndRestore(_TfKerasExactResume, base):  # type: ignore[misc, valid-type]
         """`tf_keras.callbacks.BackupAndRestore` that resumes bit for bit.
 
         Same arguments as tf_keras's; see the module docstring of
         `tfdet._resume._tf_keras`.
         """
-
-        _tfdet_exact = True
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._manager: Any = None
-            self._host: Any = None  # The JSON string variable of the backup.
-            self._random_checked = False  # `warn_if_kernel_state_random`.
-
-        def on_train_begin(self, logs: Any = None) -> None:
-            import tensorflow as tf
-
-            # Builds the optimizer and tf_keras's training state (epoch and
-            # batch variables, restored from tf_keras's own files if any).
-            super().on_train_begin(logs)
-            model = self.model
-            training = self._training_state
-            self._host = tf.Variable("", dtype=tf.string, trainable=False)
-            checkpoint = tf.train.Checkpoint(
-                model=model,
-                ckpt_saved_epoch=training._ckpt_saved_epoch,
-                ckpt_saved_batch=training._ckpt_saved_batch,
-                train_counter=model._train_counter,
-                random_layers=[g.state for _, g in random_generators(model)],
-                host=self._host,
-            )
-            directory = os.path.join(self.backup_dir, BACKUP_SUBDIRECTORY)
-            # The manager's pointer to the current checkpoint: TensorFlow
-            # ignores one it cannot parse (a fit then trained from step 0 and
-            # deleted the backup at its end) or raises a bare ValueError.
-            pointer = os.path.join(directory, "checkpoint")
-            try:
-                self._manager = tf.train.CheckpointManager(
-                    checkpoint, directory, max_to_keep=1
-                )
-            except ValueError as error:
-                raise _resume_state.damaged(pointer, str(error)) from None
-            latest = self._manager.latest_checkpoint
-            if latest is None:
-                if os.path.exists(pointer):
-                    raise _resume_state.damaged(
-                        pointer, "it names no checkpoint TensorFlow can read"
-                    )
-                return
-            _resume_state.check_owned(self.backup_dir)
-            try:
-                status = checkpoint.restore(latest)
-            except (tf.errors.OpError, IndexError, ValueError) as error:
-                # A missing or truncated file of the checkpoint `latest`.
-                message = getattr(error, "message", None) or str(error)
-                raise _resume_state.damaged(
-                    f"{latest} (its .index and .data files)", message
-                ) from None
-            try:
-                status.assert_existing_objects_matched()
-            except AssertionError as error:
-                raise ResumeError(
-                    f"Expected the backup in {self.backup_dir} to be this "
-                    f"model's. Received: {str(error).splitlines()[0]} Delete "
-                    "the backup directory to start over."
-                ) from None
-            position = {
-                "epoch": int(training._ckpt_saved_epoch.numpy()),
-                "batch": int(training._ckpt_saved_batch.numpy()),
-                "steps trained": int(model._train_counter.numpy()),
-            }
-            first = getattr(model, _RESTORED_BY, None)
-            if first is not None:
-                # Another BackupAndRestore of this fit restored the host's
-                # state and moved the input on; this one must agree.
-                _resume_state.same_position(first, (self.backup_dir, position))
-                return
-            object.__setattr__(model, _RESTORED_BY, (self.backup_dir, position))
-            host = _read_host_state(self._host.numpy().decode(), latest)
-            steps = self.params.get("steps")
-            # tf_keras resumes after the saved batch, or the saved epoch.
-            by_batch = isinstance(self.save_freq, int)
-            trained = position["batch"] + 1 if by_batch else 0
-            where = (
-                f"epoch {position['epoch']}, {trained} steps into it"
-                if by_batch
-                else f"the end of epoch {position['epoch']}"
-            )
-            _resume_state.check_same_geometry(
-                self.backup_dir, where, host["fit"], _fit_geometry(model, steps)
-            )
-            _resume_state.check_position_in_epoch(self.backup_dir, trained, steps)
-            _restore_host_generators(host)
-            self._fast_forward(host["metrics"])
-
-        def _fast_forward(self, metrics: list[Any]) -> None:
-            """Brings the input to the batch the resumed run trains first.
-
-            tf_keras resumes at the epoch and step it computes from the
-            checkpoint (asked the same way here) and starts the step count
-            there, but draws from the input's start.
-            """
-            from tf_keras.src.utils.mode_keys import ModeKeys
-
-            model = self.model
-            steps = self.params.get("steps")
-            epoch, step = self._training_state.maybe_load_initial_counters_from_ckpt(
-                steps, 0, mode=ModeKeys.TRAIN
-            )
-            handler = getattr(model, _DATA_HANDLER, None)
-            adapter = None if handler is None else handler._adapter
-            unreplayable = _UNREPLAYABLE_ADAPTERS.get(type(adapter).__name__)
-            if adapter is None:
-                unreplayable = "fit input tfdet did not see made into batches"
-            elif not adapter.should_recreate_iterator() and steps is None and epoch:
-                unreplayable = "input of unknown length per epoch"
-            if unreplayable is not None:
-                warnings.warn(
-                    f"tfdet: a {unreplayable} is not resumable exactly: "
-                    "where its finished epochs left it is not in the backup. "
-                    "Give fit a tf.data.Dataset, arrays, or a generator with "
-                    "steps_per_epoch to resume bit for bit.",
-                    stacklevel=2,
-                )
-                return
-            pulls = step
-            if adapter.should_recreate_iterator():
-                # A fresh iterator per epoch (a reshuffling tf.data advances
-                # its seed on each): the finished epochs' iterators.
-                for _ in range(epoch):
-                    iter(handler._dataset)
-            else:  # One stream for every epoch.
-                pulls += epoch * steps
-            if pulls:
-                # Mid-epoch: the epoch's running means go on from the backup.
-                self._pull_before_training(pulls, metrics if step else None)
-
-        def _pull_before_training(self, pulls: int, metrics: Any) -> None:
-            """Pulls `pulls` batches from the iterator before the first step.
-
-            With `metrics`, the compiled metrics take those values then
-            (after `fit` reset them as the epoch began).
-            """
-            model = self.model
-            original = model.train_function
-
-            def train_function(iterator: Any) -> Any:
-                model.train_function = original
-                for _ in range(pulls):
-                    data = next(iterator)  # Trained on before the interruption.
-                if metrics is not None:
-                    _load_metrics(model, data, metrics)
-                return original(iterator)
-
-            model.train_function = train_function
-
-        def _backup(self, epoch: int, batch: int = 0) -> None:
-            # The epoch and batch variables were set by the batch hooks;
-            # `save` writes the checkpoint, then makes it current.
-            if not self._random_checked:  # Traced by now.
-                _resume_state.warn_if_kernel_state_random(self.model.train_function)
-                self._random_checked = True
-            self._host.assign(
-                json.dumps(_host_state(self.model, self.params.get("steps")))
-            )
-            self._manager.save()
-
-        def on_train_end(self, logs: Any = None) -> None:
-            import tensorflow as tf
-
-            if self.delete_checkpoint:
-                directory = os.path.join(self.backup_dir, BACKUP_SUBDIRECTORY)
-                if tf.io.gfile.exists(directory):
-                    tf.io.gfile.rmtree(directory)
-            if hasattr(self.model, "_training_state"):
-                super().on_train_end(logs)
-            else:
-                # Another BackupAndRestore of this fit ended first and
-                # deleted the model's note, which tf_keras's own method
-                # deletes again (an AttributeError with two callbacks).
-                if self.delete_checkpoint:
-                    self._training_state.delete_backup()
-                del self._training_state
 
     ExactBackupAndRestore.__module__ = base.__module__
     return ExactBackupAndRestore
@@ -439,7 +447,7 @@ def _wrap_fit(original: Any) -> Any:
         _resume_state.warn_if_resumed_without_state(
             kwargs, lambda: _fresh_random_layers(self)
         )
-        object.__setattr__(self, _RESTORED_BY, None)
+        object.__setattr__(self, _resume_state.RESTORED_BY, None)
         object.__setattr__(
             self, _FIT_ARGUMENTS, _resume_state.fit_arguments(args, kwargs)
         )
