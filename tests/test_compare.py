@@ -7,6 +7,7 @@ import numpy as np
 
 from tfdet._commands import _check, _report
 from tfdet._protocol import _perturb
+from tfdet._protocol._result import CheckResult
 from tfdet._record import _bits, _compare, _trace
 from tfdet._runner import _spawn
 
@@ -23,17 +24,16 @@ def _run(tmp_path, name, losses, checksums, final) -> _spawn.RunOutcome:
             writer.write_step(
                 _trace.step_record(step, {"loss": loss}, np.array(sums, np.uint32))
             )
-    result = {
-        "profile": {},
-        "variables": NAMES,
-        "trace": str(trace_path),
-        "final_weights": {
+    result = CheckResult(
+        variables=tuple(NAMES),
+        trace=str(trace_path),
+        final_weights={
             n: _bits.array_digest(w) for n, w in zip(NAMES, final, strict=True)
         },
-        "weights_file": str(weights_file),
-        "entry_points": ["train_on_batch"],
-        "xla": {"compiled": [], "trained": []},
-    }
+        weights_file=str(weights_file),
+        entry_points=("train_on_batch",),
+        xla={"on": False, "notice": None},
+    )
     setup = _perturb.RunSetup(0)
     return _spawn.RunOutcome(
         setup, 0, result, "", False, 1.0, trace=_trace.read(trace_path)

@@ -6,12 +6,16 @@ from __future__ import annotations
 import pytest
 
 from tfdet._errors import RunFailedError
+from tfdet._protocol import _result as _result_record
+from tfdet._protocol._spec import LOCATE
 from tfdet._record import _diff, _layer_walk, _trace
 
 
 def _result(steps: list[dict]) -> dict:
-    """A fake worker result: dense_a -> noise -> head, variables in a and head."""
+    """A fake worker result as its JSON: dense_a -> noise -> head, variables
+    in a and head."""
     return {
+        "profile": {},
         "layers": [
             {"name": "dense_a", "class": "Dense", "scope": "m/dense_a", "tensors": [0, 1],
              "ops": ["MatMul"], "gradient_ops": ["MatMul"],
@@ -27,6 +31,13 @@ def _result(steps: list[dict]) -> dict:
         "variable_layers": [0, 2],
         "steps": steps,
     }  # fmt: skip
+
+
+def _locate(a: dict, b: dict) -> _layer_walk.Location | None:
+    """Where two fake results first differ, read as the runner reads them."""
+    return _layer_walk.locate_results(
+        _result_record.read(LOCATE, a), _result_record.read(LOCATE, b)
+    )
 
 
 def _step(step=0, outputs="abc", loss="1", out_grads="xyz", grads="gh", weights="wv"):
@@ -57,10 +68,10 @@ def _step(step=0, outputs="abc", loss="1", out_grads="xyz", grads="gh", weights=
 def test_walk_follows_execution_order(changes, expected):
     a = _result([_step(0), _step(1)])
     b = _result([_step(0), _step(1, **changes)])
-    location = _layer_walk.locate_results(a, b)
+    location = _locate(a, b)
     assert location.step == 1
     assert (location.phase, location.layer, location.quantity) == expected
-    assert _layer_walk.locate_results(a, _result([_step(0), _step(1)])) is None
+    assert _locate(a, _result([_step(0), _step(1)])) is None
 
 
 def _residual(steps: list[dict]) -> dict:
@@ -96,7 +107,7 @@ def _residual(steps: list[dict]) -> dict:
 def test_walk_blames_the_consumers_of_a_branched_output(out_grads, layer, quantity):
     a = _residual([_step(0, outputs="abcd", out_grads="wxyz")])
     b = _residual([_step(0, outputs="abcd", out_grads=out_grads)])
-    location = _layer_walk.locate_results(a, b)
+    location = _locate(a, b)
     assert (location.phase, location.layer, location.quantity) == (
         "backward",
         layer,
@@ -110,7 +121,7 @@ def test_walk_does_not_guess_without_consumers():
         del layer["consumers"], layer["model_output"]
     b = _result([_step(0, out_grads="xYz")])
     b["layers"] = a["layers"]
-    location = _layer_walk.locate_results(a, b)
+    location = _locate(a, b)
     assert location.layer is None
     assert location.quantity == (
         "gradient flowing into the output of 'noise' (computed by the layers that "
@@ -123,7 +134,7 @@ def test_different_structures_are_a_failed_run():
     b = _result([_step(0)])
     b["layers"] = b["layers"][:2]
     with pytest.raises(RunFailedError, match="same layers"):
-        _layer_walk.locate_results(a, b)
+        _locate(a, b)
 
 
 def _write_record(path, result: dict) -> _trace.Trace:
@@ -145,7 +156,8 @@ def _write_record(path, result: dict) -> _trace.Trace:
 def test_a_record_read_back_from_its_trace_is_the_record(tmp_path):
     result = _result([_step(0), _step(1, outputs="abX")])
     trace = _write_record(tmp_path / "record.jsonl", result)
-    assert _layer_walk.from_trace(trace.header, trace.steps) == result
+    record = _layer_walk.from_trace(trace.header, trace.steps)
+    assert record == _result_record.read(LOCATE, result)
 
 
 def test_diff_of_two_records_names_the_layer_the_walk_names(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import check_options, clean_env, run_tfdet
 from tfdet._pin import _isa
 from tfdet._protocol import _perturb, _spec
+from tfdet._protocol._result import WorkerResult
 from tfdet._runner import _spawn
 
 AVX512_SERVER = frozenset(
@@ -158,24 +159,31 @@ def test_single_perturbation_setup_keeps_the_baseline_otherwise():
 
 
 def test_spawner_puts_the_threads_override_into_the_worker_spec(tmp_path: Path):
-    # A stand-in worker that writes back the spec it was given.
+    # A stand-in worker that writes back the spec it was given (beside its
+    # result, which a preflight child's is: nothing of its own).
     (tmp_path / "echo_worker.py").write_text(
         "import json, sys\n"
         "spec = json.loads(sys.argv[1])\n"
-        "json.dump(spec, open(spec['result'], 'w'))\n"
+        "json.dump(spec, open(spec['result'] + '.seen', 'w'))\n"
+        "json.dump({}, open(spec['result'], 'w'))\n"
     )
     env = clean_env(PYTHONPATH=str(tmp_path))
     setups = check_options(perturb=("threads",)).plan().setups
     outcomes = _spawn.run_all(
         setups,
-        _spec.WorkerSpec(_spec.CHECK, threads=1),
+        _spec.WorkerSpec(_spec.PREFLIGHT, threads=1),
         str(tmp_path),
         module="echo_worker",
         base_env=env,
         timeout=120.0,
     )
     assert [o.ok for o in outcomes] == [True, True], outcomes
-    assert [o.result["threads"] for o in outcomes] == [1, 3]
+    assert [_seen(tmp_path, o)["threads"] for o in outcomes] == [1, 3]
+
+
+def _seen(directory: Path, outcome: _spawn.RunOutcome) -> dict:
+    """What a stand-in worker of `outcome`'s run saw (it writes it down)."""
+    return json.loads((directory / f"run{outcome.setup.index}.json.seen").read_text())
 
 
 def test_check_perturb_threads_pins_another_pool_in_the_other_run(tmp_path: Path):
@@ -299,7 +307,8 @@ if os.environ.get("TFDET_INTERRUPT_AFTER"):  # The process to kill.
     os.kill(os.getpid(), signal.SIGKILL)
 resumed = os.environ.get("TFDET_RESUMED_AFTER")
 applied = {"migrate": "resumed"} if resumed else {}
-json.dump({**seen, "perturbations_applied": applied}, open(spec["result"], "w"))
+json.dump(seen, open(spec["result"] + ".seen", "w"))
+json.dump({"perturbations_applied": applied}, open(spec["result"], "w"))
 """
 
 
@@ -315,7 +324,7 @@ def test_migrate_kills_the_run_unperturbed_and_resumes_it_under_the_others(
     assert setups[0].killed_on is setups[0]
     outcomes = _spawn.run_all(
         setups,
-        _spec.WorkerSpec(_spec.CHECK, threads=1),
+        _spec.WorkerSpec(_spec.PREFLIGHT, threads=1),
         str(tmp_path),
         module="moving_worker",
         base_env=env,
@@ -327,10 +336,10 @@ def test_migrate_kills_the_run_unperturbed_and_resumes_it_under_the_others(
     # Before the move: this machine's (the profile's pool, the parent's seed).
     assert killed == {"threads": 1, "hashseed": "0"}
     # After it: the run's other perturbations.
-    resumed = outcomes[1].result
+    resumed = _seen(tmp_path, outcomes[1])
     assert resumed["threads"] == 3
     assert resumed["hashseed"] == setups[1].env["PYTHONHASHSEED"] != "0"
-    assert outcomes[0].result["threads"] == 1
+    assert _seen(tmp_path, outcomes[0])["threads"] == 1
 
 
 def test_migrate_alone_says_it_resumes_on_the_same_machine_and_replaces_interrupt():
@@ -345,7 +354,7 @@ def test_migrate_alone_says_it_resumes_on_the_same_machine_and_replaces_interrup
 def test_a_migrate_run_that_was_never_killed_never_moved():
     setup = check_options(perturb=("migrate", "hashseed")).plan().setups[1]
     outcome = _spawn.RunOutcome(
-        setup, 0, {"perturbations_not_applied": {}}, "", False, 1.0, interrupted=False
+        setup, 0, WorkerResult(), "", False, 1.0, interrupted=False
     )
     assert set(outcome.unapplied) == {"migrate", "hashseed"}
     assert "never moved" in outcome.not_applied["hashseed"]
@@ -353,7 +362,9 @@ def test_a_migrate_run_that_was_never_killed_never_moved():
     other = _spawn.RunOutcome(
         check_options(perturb=("interrupt",)).plan().setups[1],
         0,
-        {"perturbations_not_applied": {"interrupt": "no backup", "migrate": "x"}},
+        WorkerResult(
+            perturbations_not_applied={"interrupt": "no backup", "migrate": "x"}
+        ),
         "",
         False,
         1.0,

@@ -89,7 +89,8 @@ def test_control_runs_agree_without_a_perturbation(tmp_path, kind):
 
 
 def test_a_run_that_does_not_apply_its_in_child_perturbation_fails(tmp_path):
-    # A stand-in child that writes a result but applies nothing itself.
+    # A stand-in child that writes a result (a preflight child's: nothing of
+    # its own) but applies nothing itself.
     (tmp_path / "lazy_child.py").write_text(
         "import json, sys\n"
         "spec = json.loads(sys.argv[1])\n"
@@ -104,7 +105,7 @@ def test_a_run_that_does_not_apply_its_in_child_perturbation_fails(tmp_path):
     ]
     baseline, perturbed = _spawn.run_all(
         setups,
-        _spec.WorkerSpec(_spec.CHECK),
+        _spec.WorkerSpec(_spec.PREFLIGHT),
         str(tmp_path),
         module="lazy_child",
         base_env=clean_env(PYTHONPATH=str(tmp_path)),

@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import run_checks_side_by_side
 from tfdet._protocol import _predict
+from tfdet._protocol._result import CheckResult
 
 
 @pytest.mark.parametrize("samples", [1, 6, 37, 64])
@@ -35,17 +36,16 @@ def test_a_whole_run_predicts_in_one_batch_in_order():
 
 
 def test_the_first_sample_predicted_apart_is_named_with_its_batches():
-    whole = {"predictions": ["a", "b", "c"], "prediction_batches": [[3, 0]] * 3}
-    split = {
-        "predictions": ["a", "x", "c"],
-        "prediction_batches": [[1, 0], [5, 3], [5, 0]],
-    }
+    whole = CheckResult(predictions=("a", "b", "c"), prediction_batches=((3, 0),) * 3)
+    split = CheckResult(
+        predictions=("a", "x", "c"), prediction_batches=((1, 0), (5, 3), (5, 0))
+    )
     quantity, expected, received = _predict.first_difference(whole, split)
     assert quantity == "prediction of sample 1 (in a batch of 3; then of 5, at place 3)"
     assert (expected, received) == ("b", "x")
     assert _predict.first_difference(whole, whole) is None
     # A run that did not predict (no batch perturbation) compares nothing.
-    assert _predict.first_difference({}, split) is None
+    assert _predict.first_difference(CheckResult(), split) is None
 
 
 def test_check_batch_diverges_without_the_patch_and_not_with_it(tmp_path: Path):

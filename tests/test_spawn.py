@@ -26,9 +26,14 @@ CHILD = textwrap.dedent(
     spec = json.loads(sys.argv[1])
     os.write(spec["progress_fd"], b"1 1\\n")
     mode = spec["target"]
-    if mode == "result":
-        with open(spec["result"], "w") as out:
+    if mode == "result":  # A preflight child's result: nothing of its own.
+        with open(spec["result"] + ".seen", "w") as out:
             json.dump({"trace": spec["trace"]}, out)
+        with open(spec["result"], "w") as out:
+            json.dump({}, out)
+    elif mode == "partial":  # A check's result that lacks what it must say.
+        with open(spec["result"], "w") as out:
+            json.dump({"trace": spec["trace"], "profile": {}}, out)
     elif mode == "garbage":
         with open(spec["result"], "w") as out:
             out.write("{not json")
@@ -43,7 +48,7 @@ CHILD = textwrap.dedent(
             answer = {"echo": json.loads(line), "stdin": sys.stdin.read()}
             os.write(spec["progress_fd"], (json.dumps(answer) + "\\n").encode())
         with open(spec["result"], "w") as out:
-            json.dump({}, out)
+            json.dump({"steps": 2}, out)
     """
 )
 
@@ -54,10 +59,10 @@ def child(tmp_path):
     return clean_env(PYTHONPATH=str(tmp_path))
 
 
-def _one(child, tmp_path, mode, timeout=60.0, progress=None):
+def _one(child, tmp_path, mode, timeout=60.0, progress=None, kind=_spec.PREFLIGHT):
     (outcome,) = _spawn.run_all(
         [_perturb.RunSetup(0)],
-        _spec.WorkerSpec(_spec.CHECK, target=mode),
+        _spec.WorkerSpec(kind, target=mode),
         str(tmp_path),
         module="spawn_child",
         base_env=child,
@@ -70,7 +75,18 @@ def _one(child, tmp_path, mode, timeout=60.0, progress=None):
 def test_a_run_that_writes_its_result_is_ok_and_gets_a_trace_path(child, tmp_path):
     outcome = _one(child, tmp_path, "result")
     assert outcome.ok and outcome.reason is None
-    assert outcome.result["trace"] == os.path.join(tmp_path, "run0.jsonl")
+    seen = json.loads((tmp_path / "run0.json.seen").read_text())
+    assert seen["trace"] == os.path.join(tmp_path, "run0.jsonl")
+
+
+def test_a_result_without_what_its_kind_must_say_is_a_failed_run(child, tmp_path):
+    # Read once, into its kind's record: never a KeyError in a report later.
+    outcome = _one(child, tmp_path, "partial", kind=_spec.CHECK)
+    assert not outcome.ok and outcome.result is None
+    assert outcome.reason == (
+        "exited 0 but its result is unreadable (it lacks variables, "
+        "final_weights, weights_file)"
+    ), outcome.reason
 
 
 @pytest.mark.parametrize(
@@ -114,7 +130,7 @@ def test_a_conversation_asks_its_run_over_pipes_of_its_own(child, tmp_path):
             target=lambda: done.extend(
                 _spawn.run_all(
                     [_perturb.RunSetup(0)],
-                    _spec.WorkerSpec(_spec.CHECK, target=mode),
+                    _spec.WorkerSpec(_spec.COST, target=mode),
                     str(tmp_path),
                     module="spawn_child",
                     base_env=child,

@@ -23,6 +23,11 @@ from tfdet._commands._report import (
 from tfdet._errors import EXIT_OK
 
 
+def mode_label(enable: bool) -> str:
+    """How the CLI's reports name whether the runs called `tfdet.enable()`."""
+    return "with tfdet.enable()" if enable else "without tfdet (--no-enable)"
+
+
 def _labels(perturbations: dict[str, str]) -> str:
     return "; ".join(perturbations.values()) or "no perturbation"
 
@@ -47,7 +52,7 @@ def _distribution(workers: int, replicas: int) -> str:
 
 def format_header(options: _options.RunOptions) -> str:
     """What is about to run: printed before anything starts."""
-    mode = _options.mode_label(options.enable)
+    mode = mode_label(options.enable)
     if options.patches != (_options.DEFAULT_PATCHES,):
         mode += f" (patches: {', '.join(options.patches)})"
     return (
@@ -166,7 +171,7 @@ def _device_lines(result: DeviceReport, traces: bool) -> list[str]:
 
 def format_report(report: CheckReport) -> str:
     """The short human report: per device, runs, perturbations, verdict."""
-    mode = _options.mode_label(report.enable)
+    mode = mode_label(report.enable)
     lines = [
         f"tfdet check {report.target} {mode}: {report.runs_per_device} runs"
         f"{_distribution(report.workers, report.replicas)} x {report.steps} steps"
@@ -224,7 +229,7 @@ def _script_run_lines(run: ScriptRunReport) -> list[str]:
 
 def format_script_report(report: ScriptCheckReport) -> str:
     """The human report of `tfdet check --script` (`check_script`'s report)."""
-    mode = _options.mode_label(report.enable)
+    mode = mode_label(report.enable)
     args = " ".join(report.args)
     lines = [
         f"tfdet check --script {report.script}{' ' + args if args else ''} "

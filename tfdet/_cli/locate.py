@@ -21,13 +21,14 @@ import argparse
 from typing import Any
 
 from tfdet._cli import (
+    _check_text,
     _output,
     _training_flags,
     as_flags,
     check_output_file,
     write_json,
 )
-from tfdet._commands import _locate, _options
+from tfdet._commands import _locate
 from tfdet._commands._report import LocateReport, RecordReport
 
 
@@ -44,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def format_report(report: LocateReport) -> str:
     """The human report: runs, then the layer where the bits part."""
-    mode = _options.mode_label(report.enable)
+    mode = _check_text.mode_label(report.enable)
     lines = [f"tfdet locate {report.target} {mode}: 2 runs x {report.steps} steps"]
     for run in report.runs:
         labels = "; ".join(run.perturbations.values()) or "no perturbation"
@@ -84,7 +85,7 @@ def location_lines(location: dict[str, Any]) -> list[str]:
 
 def format_record_report(report: RecordReport) -> str:
     """The human report of `--record`: what was written, and what to do next."""
-    mode = _options.mode_label(report.enable)
+    mode = _check_text.mode_label(report.enable)
     return (
         f"tfdet locate {report.target} {mode}: recorded {report.steps} steps "
         f"of {len(report.layers)} layers ({report.seconds:.1f}s) to "

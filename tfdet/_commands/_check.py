@@ -70,14 +70,14 @@ def _run_report(run: _spawn.RunOutcome, kept_trace: str | None = None) -> RunRep
     if run.ok and run.trace is not None:
         steps = run.trace.steps
         training = Training(
-            profile=run.result["profile"],
+            profile=run.result.profile,
             steps_recorded=len(steps),
             final_loss=((steps[-1].get("loss") if steps else None) or {}).get("value"),
             nonfinite=tuple(_nonfinite(run.trace)),
-            trace=kept_trace or run.result["trace"],
-            # What ran: every check worker writes both (`_worker.run`).
-            entry_points=run.result["entry_points"],
-            xla=run.result["xla"],
+            trace=kept_trace or run.result.trace,
+            # What ran: the entry point tfdet drove, and whether XLA compiled it.
+            entry_points=list(run.result.entry_points),
+            xla=run.result.xla,
         )
     return RunReport(
         facts=ProcessFacts.of(run),
@@ -165,7 +165,7 @@ def _attribute(
 
 
 def _pool_size_ops(run: _spawn.RunOutcome) -> list[str]:
-    return run.result.get("pool_size_ops", []) if run.ok else []
+    return list(run.result.pool_size_ops) if run.ok else []
 
 
 def _pool_size_note(ops: tuple[str, ...]) -> str:
@@ -195,7 +195,7 @@ def _keep_trace(run: _spawn.RunOutcome, directory: str | None) -> str | None:
     if directory is None or not run.ok:
         return None
     kept = os.path.join(directory, f"{run.setup.file_stem}.jsonl")
-    shutil.copyfile(run.result["trace"], kept)
+    shutil.copyfile(run.result.trace, kept)
     return kept
 
 

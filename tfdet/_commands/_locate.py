@@ -112,8 +112,8 @@ def record(
         record=path,
         # The CPU the recording run saw, when it was an emulated one.
         emulated=setup.labels.get(_perturb.EMULATED_CPU),
-        profile=outcome.result["profile"],
-        layers=tuple(layer["name"] for layer in outcome.result["layers"]),
+        profile=outcome.result.profile,
+        layers=tuple(layer["name"] for layer in outcome.result.layers),
         seconds=round(outcome.seconds, 3),
     )
 
@@ -141,8 +141,7 @@ def locate(
     names = list(options.perturb)
     plan = options.plan(_spec.LOCATE, "cpu", runs=2)
     outcomes = _run(options, plan, progress, on_step)
-    a, b = outcomes[0].result, outcomes[1].result
-    location = _layer_walk.locate_results(a, b)
+    location = _layer_walk.locate_results(outcomes[0].result, outcomes[1].result)
     return LocateReport(
         target=options.target_spec.text,
         enable=options.enable,
@@ -153,13 +152,14 @@ def locate(
             LocateRun(
                 index=outcome.setup.index,
                 perturbations=dict(outcome.setup.labels),
-                profile=outcome.result["profile"],
+                profile=outcome.result.profile,
                 seconds=round(outcome.seconds, 3),
             )
             for outcome in outcomes
         ),
         layers=tuple(
-            {key: layer[key] for key in LAYER_FIELDS} for layer in a["layers"]
+            {key: layer[key] for key in LAYER_FIELDS}
+            for layer in outcomes[0].result.layers
         ),
         location=location,
         exit_code=EXIT_OK if location is None else EXIT_DIVERGED,

@@ -367,11 +367,6 @@ def _check_patches(patches: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def mode_label(enable: bool) -> str:
-    """How reports name whether the runs called `tfdet.enable()`."""
-    return "with tfdet.enable()" if enable else "without tfdet (--no-enable)"
-
-
 def check_timeout(timeout: Any) -> float:
     """A run timeout in seconds: a finite number > 0 that a timer can wait.
 

@@ -111,7 +111,7 @@ def _read(outcome: _spawn.RunOutcome) -> _ScriptRun:
     traces: list[_trace.Trace | None] = []
     if outcome.ok:
         try:
-            for entry in outcome.result["traces"]:
+            for entry in outcome.result.traces:
                 traces.append(_trace.read(entry["trace"]) if entry["trace"] else None)
         except TraceFormatError as error:
             outcome = dataclasses.replace(
@@ -123,7 +123,7 @@ def _read(outcome: _spawn.RunOutcome) -> _ScriptRun:
 def first_script_divergence(a: _ScriptRun, b: _ScriptRun) -> ScriptDivergence | None:
     """The first difference between two finished runs, or None."""
     runs = (a.outcome.setup.index, b.outcome.setup.index)
-    entries_a, entries_b = a.outcome.result["traces"], b.outcome.result["traces"]
+    entries_a, entries_b = a.outcome.result.traces, b.outcome.result.traces
     names_a = [e["name"] for e in entries_a]
     names_b = [e["name"] for e in entries_b]
     for k, (ta, tb) in enumerate(zip(a.traces, b.traces, strict=False)):
@@ -153,8 +153,8 @@ def first_script_divergence(a: _ScriptRun, b: _ScriptRun) -> ScriptDivergence | 
             description=f"the runs trained differently: {names_a} vs {names_b}",
             runs=runs,
         )
-    finals_a = a.outcome.result["final_weights"]
-    finals_b = b.outcome.result["final_weights"]
+    finals_a = a.outcome.result.final_weights
+    finals_b = b.outcome.result.final_weights
     for entry in entries_a:
         name = entry["name"]
         for variable, digest in finals_a.get(name, {}).items():
@@ -224,13 +224,13 @@ def _run_report(run: _ScriptRun) -> ScriptRunReport:
     return ScriptRunReport(
         ProcessFacts.of(outcome),
         trained=ScriptTraining(
-            end=result["end"],
-            entry_points=tuple(result["entry_points"]),
-            keras=tuple(result["keras"]),
-            steps_recorded=result["steps_recorded"],
-            trainings=tuple(result["traces"]),
-            xla=result["xla"],
-            own_copies=result.get("own_copies", {}),
+            end=result.end,
+            entry_points=result.entry_points,
+            keras=result.keras,
+            steps_recorded=result.steps_recorded,
+            trainings=result.traces,
+            xla=result.xla,
+            own_copies=result.own_copies,
         ),
     )
 
@@ -238,7 +238,7 @@ def _run_report(run: _ScriptRun) -> ScriptRunReport:
 def _trained(run: _ScriptRun) -> bool:
     """Whether a finished run recorded a step or an optimizer update."""
     return any(
-        entry["steps"] or entry.get("updates") for entry in run.outcome.result["traces"]
+        entry["steps"] or entry.get("updates") for entry in run.outcome.result.traces
     )
 
 

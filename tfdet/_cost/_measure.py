@@ -491,7 +491,7 @@ def measure(
             own_copies.update(
                 path
                 for outcome in outcomes
-                for path in ((outcome.result or {}).get("own_copies") or {})
+                for path in getattr(outcome.result, "own_copies", {})
             )
     for path in sorted(own_copies):
         say(

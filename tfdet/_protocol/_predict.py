@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfdet import _variables
+
+if TYPE_CHECKING:
+    from tfdet._protocol._result import CheckResult
 
 # `_variables.PREDICT` values: how a run predicts.
 WHOLE = "whole"
@@ -102,20 +105,20 @@ def inputs_of(built: Any, steps: int) -> Any:
 
 
 def first_difference(
-    result_a: dict[str, Any], result_b: dict[str, Any]
+    result_a: CheckResult, result_b: CheckResult
 ) -> tuple[str, str, str] | None:
     """`(quantity, expected, received)` of the first sample predicted apart.
 
     None when either run did not predict, or when every sample has the same
     bits. The quantity names the sample and the batch each run put it in.
     """
-    digests_a, digests_b = result_a.get("predictions"), result_b.get("predictions")
+    digests_a, digests_b = result_a.predictions, result_b.predictions
     if not digests_a or not digests_b:
         return None
     for index, (a, b) in enumerate(zip(digests_a, digests_b, strict=False)):
         if a != b:
-            size_a, _ = result_a["prediction_batches"][index]
-            size_b, place_b = result_b["prediction_batches"][index]
+            size_a, _ = result_a.prediction_batches[index]
+            size_b, place_b = result_b.prediction_batches[index]
             return (
                 f"prediction of sample {index} (in a batch of {size_a}; then of "
                 f"{size_b}, at place {place_b})",

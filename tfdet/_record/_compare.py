@@ -11,10 +11,10 @@ worker is the run's.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any, Protocol
 
 from tfdet._protocol import _predict
+from tfdet._protocol._result import CheckResult
 from tfdet._record import _diff
 from tfdet._record._trace import Trace
 
@@ -27,7 +27,7 @@ class FinishedRun(Protocol):
     def trace(self) -> Trace | None: ...
 
     @property
-    def result(self) -> Mapping[str, Any] | None: ...
+    def result(self) -> Any: ...  # A `CheckResult`: variables, final weights.
 
 
 # One run: its processes (one, or each worker of a multi-worker run).
@@ -48,8 +48,8 @@ def compare_runs(a: FinishedRun, b: FinishedRun) -> _diff.Divergence | None:
     `batch` perturbation's predictions, if any, are compared.
     """
     result_a, result_b = a.result, b.result
-    names = list(result_a["variables"])
-    finals_a, finals_b = result_a["final_weights"], result_b["final_weights"]
+    names = list(result_a.variables)
+    finals_a, finals_b = result_a.final_weights, result_b.final_weights
     differing = [
         name
         for name in [*names, *(n for n in finals_b if n not in finals_a)]
@@ -76,23 +76,21 @@ def compare_runs(a: FinishedRun, b: FinishedRun) -> _diff.Divergence | None:
 
 def _with_weights_detail(
     divergence: _diff.Divergence,
-    result_a: Mapping[str, Any],
-    result_b: Mapping[str, Any],
+    result_a: CheckResult,
+    result_b: CheckResult,
     differing: list[str],
 ) -> _diff.Divergence:
     """A divergence in the weights, with the first differing element of the
     variable's final value from both runs' saved weights."""
     if "weights" not in divergence.quantity:
         return divergence
-    names = list(result_a["variables"])
+    names = list(result_a.variables)
     index = _diff.variable_index(divergence.quantity, names)
     if index is None:  # "weights": the first variable whose final value differs
         index = next((k for k, n in enumerate(names) if n in differing), None)
     if index is None:
         return divergence
-    detail = _diff.weights_detail(
-        result_a["weights_file"], result_b["weights_file"], index
-    )
+    detail = _diff.weights_detail(result_a.weights_file, result_b.weights_file, index)
     if detail is None:
         return divergence
     return dataclasses.replace(divergence, detail={"variable": names[index], **detail})

@@ -10,11 +10,11 @@ call order, each with its variables' gradients and the gradient it passes to
 its input, then the optimizer's update. The first difference on that walk
 names the layer where the bits part; the layers before it agree bit for bit.
 
-A record is a dict: `layers` (name, class, scope, `tensors` span, `ops`,
-`gradient_ops`, `consumers`, `model_output`), `variables` (names),
-`variable_layers` (the layer owning each variable) and `steps`, each with
-`step`, `outputs`, `loss`, `output_gradients`, `gradients` and `weights`
-(one fingerprint per variable).
+A record is a run's `LocateResult`: `layers` (name, class, scope, `tensors`
+span, `ops`, `gradient_ops`, `consumers`, `model_output`), `variables`
+(names), `variable_layers` (the layer owning each variable) and `steps`,
+each with `step`, `outputs`, `loss`, `output_gradients`, `gradients` and
+`weights` (one fingerprint per variable).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdet._errors import RunFailedError
+from tfdet._protocol import _result, _spec
+from tfdet._protocol._result import LocateResult
 
 # Phases of a training step, in the order they run.
 FORWARD = "forward"
@@ -82,12 +84,12 @@ def _slice(values: list[str], span: list[int]) -> list[str]:
 
 
 def _walk(
-    result: dict[str, Any], step_a: dict[str, Any], step_b: dict[str, Any]
+    result: LocateResult, step_a: dict[str, Any], step_b: dict[str, Any]
 ) -> Location | None:
     """The first differing quantity of one step, in execution order."""
-    layers = result["layers"]
-    names = result["variables"]
-    owners = result["variable_layers"]
+    layers = result.layers
+    names = result.variables
+    owners = result.variable_layers
     step = int(step_a["step"])
     agreeing: list[str] = []
 
@@ -174,21 +176,21 @@ def _output_gradient(
     )
 
 
-def locate_results(a: dict[str, Any], b: dict[str, Any]) -> Location | None:
-    """Where the results of two `_locate_worker` runs first differ, or None.
+def locate_results(a: LocateResult, b: LocateResult) -> Location | None:
+    """Where the layer records of two runs first differ, or None.
 
     Raises:
         RunFailedError: the runs traced different layer structures.
     """
-    structure_a = [(layer["name"], layer["tensors"]) for layer in a["layers"]]
-    structure_b = [(layer["name"], layer["tensors"]) for layer in b["layers"]]
-    if structure_a != structure_b or a["variables"] != b["variables"]:
+    structure_a = [(layer["name"], layer["tensors"]) for layer in a.layers]
+    structure_b = [(layer["name"], layer["tensors"]) for layer in b.layers]
+    if structure_a != structure_b or a.variables != b.variables:
         raise RunFailedError(
             "Expected both runs to trace the same layers and variables. Received "
             f"different structures: {structure_a} vs {structure_b}. Does TARGET "
             "build a different model in each process?"
         )
-    for step_a, step_b in zip(a["steps"], b["steps"], strict=False):
+    for step_a, step_b in zip(a.steps, b.steps, strict=False):
         found = _walk(a, step_a, step_b)
         if found is not None:
             return found
@@ -221,24 +223,30 @@ def trace_step(step: dict[str, Any], weights_fingerprint: str) -> dict[str, Any]
 
 def from_trace(
     header: dict[str, Any], steps: list[dict[str, Any]]
-) -> dict[str, Any] | None:
+) -> LocateResult | None:
     """The layer record a `tfdet locate --record` trace holds, or None.
 
-    None for traces without per-layer records (the callback's, `check`'s).
+    The same record as a `tfdet locate` run's result, so that two recorded
+    traces are walked as two runs are. None for traces without per-layer
+    records (the callback's, `check`'s).
     """
     if not isinstance(header.get("layers"), list):
         return None
-    return {
-        "layers": header["layers"],
-        "variables": header.get("variables", []),
-        "variable_layers": header.get("variable_layers", []),
-        "steps": [
-            {
-                "step": step["step"],
-                "loss": step.get("loss"),
-                "weights": step.get("variables", []),
-                **{key: step.get(key, []) for key in LAYER_QUANTITIES},
-            }
-            for step in steps
-        ],
-    }
+    return _result.read(
+        _spec.LOCATE,
+        {
+            "profile": header.get("profile") or {},
+            "layers": header["layers"],
+            "variables": header.get("variables", []),
+            "variable_layers": header.get("variable_layers", []),
+            "steps": [
+                {
+                    "step": step["step"],
+                    "loss": step.get("loss"),
+                    "weights": step.get("variables", []),
+                    **{key: step.get(key, []) for key in LAYER_QUANTITIES},
+                }
+                for step in steps
+            ],
+        },
+    )

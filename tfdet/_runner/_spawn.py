@@ -33,8 +33,9 @@ from typing import Any
 
 from tfdet import _notices
 from tfdet._errors import RunFailedError, TargetError, TraceFormatError
-from tfdet._protocol import _spec
+from tfdet._protocol import _result, _spec
 from tfdet._protocol._perturb import RunSetup
+from tfdet._protocol._result import CheckResult, WorkerResult
 from tfdet._record import _trace
 from tfdet._runner._conversation import Conversation
 from tfdet._target import _load
@@ -162,7 +163,9 @@ class RunOutcome:
     Attributes:
         setup: The perturbations it ran under.
         returncode: Exit status (None when it timed out).
-        result: The worker's JSON result, or None when it failed.
+        result: What the child answered when it finished (the record of
+            its kind: `CheckResult`, `ScriptResult`, ...), or None when it
+            failed.
         stderr_tail: The last lines of its stderr, without TensorFlow's
             start-up notices.
         timed_out: Whether it was killed for exceeding the timeout.
@@ -184,7 +187,7 @@ class RunOutcome:
 
     setup: RunSetup
     returncode: int | None
-    result: dict[str, Any] | None
+    result: WorkerResult | None
     stderr_tail: str
     timed_out: bool
     seconds: float
@@ -202,7 +205,7 @@ class RunOutcome:
     @property
     def unapplied(self) -> dict[str, str]:
         """`{perturbation: why}` for those of its own the run could not apply."""
-        given = (self.result or {}).get("perturbations_not_applied") or {}
+        given = {} if self.result is None else self.result.perturbations_not_applied
         reasons = {
             name: why for name, why in given.items() if name in self.setup.changes
         }
@@ -411,27 +414,30 @@ def _follow_progress(
 
 
 def _read_result(
-    setup: RunSetup, path: str
-) -> tuple[dict[str, Any] | None, str | None, str | None]:
-    """`(result, failure, target_error)` from a run's result file.
+    setup: RunSetup, kind: str, path: str
+) -> tuple[WorkerResult | None, str | None, str | None]:
+    """`(result, failure, target_error)` from a `kind` run's result file.
 
     The caller trusts the result only from a process that exited 0.
     """
     try:
         with open(path, encoding="utf-8") as handle:
-            result = json.load(handle)
+            data = json.load(handle)
     except FileNotFoundError:
         return None, None, None
     except (OSError, ValueError) as error:
         return None, f"exited 0 but its result is unreadable ({error})", None
-    error = result.get("error") if isinstance(result, dict) else None
+    error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, dict) and error.get("kind") == _spec.TARGET_ERROR:
         return None, None, str(error.get("message"))
-    applied = result.get("perturbations_applied") or {}
+    try:
+        result = _result.read(kind, data)
+    except ValueError as error:
+        return None, f"exited 0 but its result is unreadable ({error})", None
     # A run may say why it could not apply one (a script that wrote no
     # backup to resume from is never interrupted): the report says so.
-    applied = {**applied, **(result.get("perturbations_not_applied") or {})}
-    missing = [name for name in setup.confirmed_by_child if name not in applied]
+    said = {**result.perturbations_applied, **result.perturbations_not_applied}
+    missing = [name for name in setup.confirmed_by_child if name not in said]
     if missing:
         return (
             None,
@@ -611,7 +617,7 @@ def _run_one(
     seconds = time.perf_counter() - started
     # What the process that wrote the result was given to apply.
     result, failure, target_error = _read_result(
-        setup if resumed else setup.killed_on, spec.result
+        setup if resumed else setup.killed_on, spec.kind, spec.result
     )
     if process.returncode != 0 or timed_out:
         # Its exit status says why; a result it left is not trusted.
@@ -816,10 +822,11 @@ def read_traces(jobs: list[list[RunOutcome]]) -> list[list[RunOutcome]]:
 
 
 def _with_trace(outcome: RunOutcome) -> RunOutcome:
-    if not outcome.ok or not outcome.result.get("trace"):
+    result = outcome.result
+    if not outcome.ok or not isinstance(result, CheckResult) or not result.trace:
         return outcome
     try:
-        trace = _trace.read(outcome.result["trace"])
+        trace = _trace.read(result.trace)
     except TraceFormatError as error:
         return dataclasses.replace(
             outcome, result=None, failure=f"its trace is unreadable ({error})"
