@@ -196,15 +196,21 @@ def run(name: str, venvs: Path, jobs: int, part: str | None = None) -> dict:
 
 
 def machine() -> str:
-    """The CPU model and core count, as the records name the machine."""
-    model = platform.processor() or platform.machine()
+    """The CPU (model name, family and model: the microarchitecture, and its
+    best vector width), the core count and Python, as the records name the
+    machine: a virtual machine often names its CPU "AMD EPYC" alone, and
+    which kernels oneDNN picks follows the microarchitecture."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+            name, _, value = line.partition(":")
+            fields.setdefault(name.strip(), value.strip())
     except OSError:
         pass
+    model = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        vector = "AVX-512" if "avx512f" in fields.get("flags", "").split() else "AVX2"
+        model += f" (family {fields['cpu family']} model {fields['model']}, {vector})"
     return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
