@@ -192,6 +192,15 @@ def test_the_settings_a_user_would_try_are_timed():
         {"patches": ["auto", POOL_SIZE_FREE]},
     ]
     assert settings_for(1)[2].name == "enable(cpu_isa=None)"
+    # Where a compiler builds tfdet's kernels: the pool-size-free products
+    # with them too, beside the composition (the same tiers, other speed).
+    kernels = settings_for(4, kernels=True)
+    assert [setting.name for setting in kernels[:5]] == names[:5]
+    assert kernels[5].enable == {
+        "threads": 4,
+        "patches": ["auto", POOL_SIZE_FREE, "fixed_order_products", "portable_kernels"],
+    }
+    assert kernels[6:] == settings_for(4)[5:]
 
 
 def test_the_settings_a_gpu_user_would_try_are_timed():

@@ -1,5 +1,6 @@
 """`fixed_order_products`: a Dense + MultiHeadAttention model's training bits
-do not follow the pool size, its products computed by tfdet's kernel.
+do not follow the pool size, its products computed by tfdet's kernel, alone
+and beside `pool_size_free_products`.
 
 A fresh process per pool size (1, 2) trains the model twice: under the
 default profile (the control: its 32x4096 @ 4096x64 product is oneDNN's
@@ -51,7 +52,14 @@ model, patched = model_and_digest()
 graph = tf.function(model).get_concrete_function(
     tf.TensorSpec([None, 8, 512], tf.float32)).graph
 ops = sorted({op.type for op in graph.get_operations()})
-print(json.dumps({"plain": plain, "patched": patched, "ops": ops}))
+# With pool_size_free_products too: the products stay the kernel's.
+_registry.install(["pool_size_free_products"])
+model, both = model_and_digest()
+graph = tf.function(model).get_concrete_function(
+    tf.TensorSpec([None, 8, 512], tf.float32)).graph
+both_ops = sorted({op.type for op in graph.get_operations()})
+print(json.dumps({"plain": plain, "patched": patched, "ops": ops, "both": both,
+                  "both_ops": both_ops}))
 """
 
 
@@ -80,3 +88,9 @@ def test_training_bits_do_not_follow_the_pool_size_only_with_the_patch():
     ops = set(results[1]["ops"])
     assert {"TfdetFixedOrderMatMul", "TfdetFixedOrderBatchMatMul"} <= ops, ops
     assert not ops & {"MatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"}, ops
+    # Together with pool_size_free_products: its convolutions do not take
+    # the products back, and the bits still do not follow the pool size.
+    both = set(results[1]["both_ops"])
+    assert {"TfdetFixedOrderMatMul", "TfdetFixedOrderBatchMatMul"} <= both, both
+    assert "Conv2D" not in both, both
+    assert results[1]["both"] == results[2]["both"], results

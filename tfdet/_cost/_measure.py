@@ -38,6 +38,7 @@ from tfdet._protocol import _spec
 from tfdet._protocol._perturb import RunSetup
 from tfdet._runner import _spawn, _workdir
 from tfdet._runner._conversation import Conversation
+from tfdet.patches import _kernel_library
 
 # The schedule's defaults (the CLI's too): about a minute on the built-in CNN
 # on 2 cores.
@@ -366,7 +367,7 @@ def measure(
         workload: What to train: a `Workload`, or a TARGET string.
         settings: Plain TensorFlow first (the ratios' baseline), then the
             settings to compare; None: `_timed_settings.settings_for(cores())`
-            on the CPU, `gpu_settings_for` on the GPU (without XLA for a
+            on the CPU (with tfdet's kernels where a C++ compiler is found), `gpu_settings_for` on the GPU (without XLA for a
             script, which compiles its own models).
         rounds: Rounds of fresh processes.
         blocks: Interleaved blocks per round.
@@ -388,12 +389,15 @@ def measure(
         workload = Workload(target=workload)
     available = cores()
     if settings is None:
-        chosen = (
-            _timed_settings.settings_for
+        xla = workload.script is None
+        settings = (
+            # tfdet's kernels where a compiler can build them here.
+            _timed_settings.settings_for(
+                available, xla, kernels=_kernel_library.compiler() is not None
+            )
             if device == "cpu"
-            else _timed_settings.gpu_settings_for
+            else _timed_settings.gpu_settings_for(available, xla)
         )
-        settings = chosen(available, xla=workload.script is None)
     say = progress or (lambda text: None)
     env = _environment_for_runs(workload, device)
     specs = [_spec_for(setting, workload, warmup) for setting in settings]

@@ -60,7 +60,13 @@ def _enable_call(threads: dict[str, int], **arguments: str) -> str:
 XLA = Setting("enable() + jit_compile=True", {}, jit_compile=True)
 
 
-def settings_for(cores: int, xla: bool = True) -> list[Setting]:
+# The opt-in patches whose ops are tfdet's own kernels, compiled at first
+# use: beside the pool-size-free products, a model's products and its exact
+# GELU are one op each.
+KERNEL_PATCHES = ("fixed_order_products", "portable_kernels")
+
+
+def settings_for(cores: int, xla: bool = True, kernels: bool = False) -> list[Setting]:
     """Plain TensorFlow (the baseline, first) and each tfdet setting a user
     would try on a machine whose process may use `cores` CPUs, one per tier
     of guarantee (`tfdet._pin._tiers`), cheapest way to each first:
@@ -70,6 +76,8 @@ def settings_for(cores: int, xla: bool = True) -> list[Setting]:
     - `enable(threads=N, cpu_isa=None)`: the cores and the CPU's best
       instructions, op determinism and seeds (this machine only);
     - the pool-size-free products at N threads (any x86 CPU, any batch);
+    - with `kernels` (a C++ compiler builds tfdet's kernels here): the same
+      with tfdet's own product and GELU kernels (`KERNEL_PATCHES`);
     - XLA (`xla=False` leaves it out: a script compiles its own models).
 
     With one core, `threads=N` is `enable()` itself and is left out.
@@ -81,12 +89,17 @@ def settings_for(cores: int, xla: bool = True) -> list[Setting]:
     found.append(
         Setting(_enable_call(threads, cpu_isa="None"), {**threads, "cpu_isa": None})
     )
-    found.append(
-        Setting(
-            _enable_call(threads, patches=f'["auto", "{POOL_SIZE_FREE}"]'),
-            {**threads, "patches": ["auto", POOL_SIZE_FREE]},
+    patch_sets = [["auto", POOL_SIZE_FREE]]
+    if kernels:
+        patch_sets.append(["auto", POOL_SIZE_FREE, *KERNEL_PATCHES])
+    for patches in patch_sets:
+        listed = ", ".join(f'"{name}"' for name in patches)
+        found.append(
+            Setting(
+                _enable_call(threads, patches=f"[{listed}]"),
+                {**threads, "patches": patches},
+            )
         )
-    )
     if xla:
         found.append(XLA)
     return found

@@ -17,8 +17,10 @@ It covers the products only: the other ops that `pool_size_free_products`
 replaces (convolutions and their gradients, `BiasAddGrad`, the element-wise
 functions on whole packets, tf_keras's fused BatchNormalization) are
 TensorFlow's, so a convolutional model still follows the pool size.
-Installed together with `pool_size_free_products`, that patch (installed
-after this one, in name order) computes the products as its composition.
+Installed together with `pool_size_free_products`
+(`patches=["auto", "pool_size_free_products", "fixed_order_products"]`),
+the products are this kernel's and that patch computes the rest: a whole
+model apart from the pool size and the batch, its products one op each.
 
 The kernel is compiled at first use against the installed TensorFlow and
 cached (about a minute once; `TFDET_KERNEL_CACHE` chooses the cache). Where

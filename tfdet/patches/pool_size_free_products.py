@@ -52,6 +52,10 @@ each product as one:
 Together: with the patch, each sample's output bits do not depend on what
 else is in its batch (`model.predict` at any batch size, in any order, or
 `model(x[i:j])`), and a model's weights do not depend on the pool size.
+Except under TensorFlow 2.19's oneDNN (v3.5), which on some CPUs (an AMD
+Zen 3) computes a 1x1 convolution of 1024 input channels and more with
+one kernel from 8 images on and another below: there a product's bits
+follow the batch (`fixed_order_products` keeps them).
 
 Values agree with the originals to float32 rounding (the sums run in
 another order). float32 only (NHWC for convolutions); anything else, and
@@ -666,11 +670,20 @@ COVERED = (
 BATCH_SIZE_FREE = (*COVERED, "Conv2D", "Pow", *_whole_packets.UNARY)
 
 
+# tfdet's own product kernel: with it installed (before this patch, in name
+# order), the products are its, one op each instead of a padded convolution
+# and its plumbing, as free of the pool size and the batch.
+_KERNEL_PRODUCTS = "fixed_order_products"
+
+
 def _apply(swap: Any) -> None:
-    _MAT_MUL.replace(swap, mat_mul)
-    for version, op in _BATCH_MAT_MUL.items():
-        op.replace(swap, _batch_mat_mul(version))
-    _EINSUM.replace(swap, einsum)
+    from tfdet.patches import _registry
+
+    if _KERNEL_PRODUCTS not in _registry.installed():
+        _MAT_MUL.replace(swap, mat_mul)
+        for version, op in _BATCH_MAT_MUL.items():
+            op.replace(swap, _batch_mat_mul(version))
+        _EINSUM.replace(swap, einsum)
     _GELU.replace(swap, gelu)
     _CONV.replace(swap, conv2d)
     _FILTER_GRAD.replace(swap, conv2d_backprop_filter)
