@@ -216,12 +216,12 @@ def train(
             f"Expected {label(name)} to train. Received: {outcome.reason}.\n"
             f"{outcome.stderr_tail}"
         )
-    facts = outcome.result
+    result = outcome.result  # The run's CheckResult.
     return {
-        "digest": digest_of(facts["weights_file"]),
+        "digest": digest_of(result.weights_file),
         "seconds": round(outcome.seconds, 1),
-        "cpu_isa": facts["profile"]["cpu_isa"],
-        "threads": facts["profile"]["intra_op_threads"],
+        "cpu_isa": result.profile["cpu_isa"],
+        "threads": result.profile["intra_op_threads"],
     }
 
 
