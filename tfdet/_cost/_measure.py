@@ -36,6 +36,7 @@ from tfdet._errors import RunFailedError, TargetError
 from tfdet._pin import _devices, _environment, _isa
 from tfdet._protocol import _spec
 from tfdet._protocol._perturb import RunSetup
+from tfdet._protocol._result import CostResult
 from tfdet._runner import _spawn, _workdir
 from tfdet._runner._conversation import Conversation
 from tfdet.patches import _kernel_library
@@ -367,8 +368,9 @@ def measure(
         workload: What to train: a `Workload`, or a TARGET string.
         settings: Plain TensorFlow first (the ratios' baseline), then the
             settings to compare; None: `_timed_settings.settings_for(cores())`
-            on the CPU (with tfdet's kernels where a C++ compiler is found), `gpu_settings_for` on the GPU (without XLA for a
-            script, which compiles its own models).
+            on the CPU (with tfdet's kernels where a C++ compiler is found),
+            `gpu_settings_for` on the GPU (without XLA for a script, which
+            compiles its own models).
         rounds: Rounds of fresh processes.
         blocks: Interleaved blocks per round.
         steps: Timed steps per process per block.
@@ -495,7 +497,8 @@ def measure(
             own_copies.update(
                 path
                 for outcome in outcomes
-                for path in getattr(outcome.result, "own_copies", {})
+                if isinstance(outcome.result, CostResult)
+                for path in outcome.result.own_copies
             )
     for path in sorted(own_copies):
         say(

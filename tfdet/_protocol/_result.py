@@ -15,9 +15,10 @@ environment, its arguments), for a person reading the file.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from tfdet._protocol import _spec
 
@@ -39,6 +40,9 @@ class WorkerResult:
     perturbations_applied: dict[str, str] = dataclasses.field(default_factory=dict)
     perturbations_not_applied: dict[str, str] = dataclasses.field(default_factory=dict)
     pool_size_ops: tuple[str, ...] = ()
+
+    # The fields its readers need: a result without one is unreadable.
+    REQUIRED: ClassVar[tuple[str, ...]] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +75,13 @@ class CheckResult(WorkerResult):
     prediction_batches: tuple[tuple[int, int], ...] | None = None
 
     # Written by every check process; the others may be absent.
-    REQUIRED = ("profile", "trace", "variables", "final_weights", "weights_file")
+    REQUIRED: ClassVar[tuple[str, ...]] = (
+        "profile",
+        "trace",
+        "variables",
+        "final_weights",
+        "weights_file",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +112,14 @@ class ScriptResult(WorkerResult):
     xla: dict[str, Any] = dataclasses.field(default_factory=dict)
     own_copies: dict[str, str] = dataclasses.field(default_factory=dict)
 
-    REQUIRED = ("end", "traces", "entry_points", "keras", "final_weights", "xla")
+    REQUIRED: ClassVar[tuple[str, ...]] = (
+        "end",
+        "traces",
+        "entry_points",
+        "keras",
+        "final_weights",
+        "xla",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +143,13 @@ class LocateResult(WorkerResult):
     variable_layers: tuple[int | None, ...] = ()
     steps: tuple[dict[str, Any], ...] = ()
 
-    REQUIRED = ("profile", "layers", "variables", "variable_layers", "steps")
+    REQUIRED: ClassVar[tuple[str, ...]] = (
+        "profile",
+        "layers",
+        "variables",
+        "variable_layers",
+        "steps",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +165,7 @@ class CostResult(WorkerResult):
     steps: int = 0
     own_copies: dict[str, str] = dataclasses.field(default_factory=dict)
 
-    REQUIRED = ("steps",)
+    REQUIRED: ClassVar[tuple[str, ...]] = ("steps",)
 
 
 # The record each kind of child answers with.
@@ -165,16 +188,22 @@ def read(kind: str, data: Any) -> WorkerResult:
     if not isinstance(data, Mapping):
         raise ValueError(f"a JSON object was expected, not {type(data).__name__}")
     record = _RECORDS[kind]
-    missing = [name for name in getattr(record, "REQUIRED", ()) if name not in data]
+    missing = [name for name in record.REQUIRED if name not in data]
     if missing:
         raise ValueError(f"it lacks {', '.join(missing)}")
-    hints = typing.get_type_hints(record)
     values = {
-        field.name: _typed(data[field.name], hints[field.name])
-        for field in dataclasses.fields(record)
-        if data.get(field.name) is not None
+        name: _typed(data[name], hint)
+        for name, hint in _field_hints(record).items()
+        if data.get(name) is not None
     }
     return record(**values)
+
+
+@functools.cache
+def _field_hints(record: type[WorkerResult]) -> dict[str, Any]:
+    """`{field: its type}` of a record, resolved once per record type."""
+    hints = typing.get_type_hints(record)
+    return {field.name: hints[field.name] for field in dataclasses.fields(record)}
 
 
 def _typed(value: Any, hint: Any) -> Any:

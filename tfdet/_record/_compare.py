@@ -11,7 +11,7 @@ worker is the run's.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from typing import Protocol
 
 from tfdet._protocol import _predict
 from tfdet._protocol._result import CheckResult
@@ -27,7 +27,7 @@ class FinishedRun(Protocol):
     def trace(self) -> Trace | None: ...
 
     @property
-    def result(self) -> Any: ...  # A `CheckResult`: variables, final weights.
+    def result(self) -> CheckResult | None: ...
 
 
 # One run: its processes (one, or each worker of a multi-worker run).
