@@ -218,3 +218,51 @@ def test_step_lines_say_run_step_and_total(label, total, line):
     _spawn.step_lines(lines.append, label)(1, 2, total)
     assert lines == [line]
     assert _spawn.step_lines(None, label) is None
+
+
+EXITING_CHILD = textwrap.dedent(
+    """
+    import atexit, os, sys, threading, time
+    from tfdet._child import _start
+
+    out = sys.argv[1]
+    class Freed:  # Freed at the interpreter's teardown, if it runs.
+        def __del__(self, path=out + ".teardown", open_=os.open, close=os.close,
+                    flags=os.O_CREAT | os.O_WRONLY):
+            close(open_(path, flags))
+    freed = Freed()
+    atexit.register(lambda: open(out + ".atexit", "w").close())
+    if sys.argv[2] == "thread":
+        def late():
+            time.sleep(0.5)
+            open(out + ".thread", "w").close()
+        threading.Thread(target=late).start()
+    sys.stdout.write("unflushed")
+    _start.exit_without_teardown(3)
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["alone", "thread"])
+def test_a_child_ends_without_teardown_but_with_its_exit_handlers(tmp_path, mode):
+    # The teardown is what costs (1.3-2 s a TensorFlow process); the exit
+    # handlers, the buffered output, the status and a thread the run left
+    # running are what a user sees, and stay.
+    import subprocess
+    import sys
+
+    script = tmp_path / "exiting.py"
+    script.write_text(EXITING_CHILD)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, str(script), str(out), mode],
+        capture_output=True, text=True, env=clean_env(), timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "unflushed"
+    assert (tmp_path / "out.atexit").exists()
+    if mode == "thread":
+        # Waited for, as a normal exit waits: then the teardown runs too.
+        assert (tmp_path / "out.thread").exists()
+    else:
+        assert not (tmp_path / "out.teardown").exists()

@@ -4,4 +4,4 @@ import sys
 
 from tfdet._child import _start
 
-sys.exit(_start.main(sys.argv))
+_start.exit_without_teardown(_start.main(sys.argv))
