@@ -15,7 +15,13 @@ its requirements are unchanged):
   resolves for it, and tf_keras of the same minor (installed without its
   dependencies, as the docs tell users of tensorflow-cpu);
 - `<minor>-oldest`: the same TensorFlow with the oldest Keras 3 that both
-  its wheel (`Requires-Dist`) and tfdet (`MIN_KERAS`) accept.
+  its wheel (`Requires-Dist`) and tfdet (`MIN_KERAS`) accept;
+
+and one more, `<newest minor>-aarch64-emulated` (`--aarch64`): TensorFlow's
+aarch64 wheel of CI's version in an aarch64 Python that QEMU's user-mode
+emulator runs on this x86-64 machine (`ci/aarch64.py`). An emulation of an
+ARM CPU, not one; about 20-50 times slower than native, so CI runs only its
+part of the smoke set (the lines marked `aarch64`).
 
 In each, tfdet is installed from this checkout (`pip install -e ".[test]"`)
 and pytest runs the tests listed in `ci/smoke.txt`. The outcome of every
@@ -39,21 +45,29 @@ import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
+# ci/aarch64.py, beside this file (also when tests load this one by path).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import aarch64  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "ci" / "smoke.txt"
 RESULTS = REPO / "docs" / "reference" / "compatibility.json"
 # The TensorFlow minor releases tfdet supports, oldest first.
 MINORS = ("2.16", "2.17", "2.18", "2.19", "2.20", "2.21")
 KINDS = ("newest", "oldest")
+# The emulated aarch64 combination (ci/aarch64.py): CI's TensorFlow version.
+AARCH64 = f"{MINORS[-1]}-aarch64-emulated"
 
 
 def combinations() -> list[str]:
-    """Every combination's name, oldest TensorFlow first."""
-    return [f"{minor}-{kind}" for minor in MINORS for kind in KINDS]
+    """Every combination's name, oldest TensorFlow first, aarch64 last."""
+    return [f"{minor}-{kind}" for minor in MINORS for kind in KINDS] + [AARCH64]
 
 
-# The mark of the smoke lines CI runs (`--part ci`), in the list's third column.
+# The marks of the smoke lines CI runs, in the list's third column and after:
+# `ci` on the oldest x86-64 combination, `aarch64` on the emulated aarch64 one.
 CI_PART = "ci"
+AARCH64_PART = "aarch64"
 
 
 def smoke_tests(path: Path = SMOKE, part: str | None = None) -> list[tuple[str, str]]:
@@ -95,13 +109,39 @@ def _oldest_keras(python: Path) -> str:
     raise RuntimeError(f"no 'keras>=' requirement in tensorflow-cpu: {requires}")
 
 
+def _recipe(name: str) -> str:
+    """What makes a combination's environment: reused while it is the same
+    (its name and the text of the files that build it)."""
+    makers = [Path(__file__)]
+    if name == AARCH64:
+        makers += [Path(aarch64.__file__), aarch64.CONSTRAINTS]
+    return "\n".join([name, *(path.read_text(encoding="utf-8") for path in makers)])
+
+
+def build_aarch64(venvs: Path) -> Path:
+    """The emulated aarch64 combination's Python, made or reused, with this
+    checkout installed (a copy: its pip is this machine's, for aarch64)."""
+    directory = venvs / AARCH64
+    python = directory / "venv" / "bin" / "python"
+    marker = directory / "tfdet-matrix-recipe"
+    if not (
+        python.exists() and marker.exists() and marker.read_text() == _recipe(AARCH64)
+    ):
+        python = aarch64.build(directory)
+        marker.write_text(_recipe(AARCH64))
+    aarch64.install_checkout(python)
+    return python
+
+
 def build(name: str, venvs: Path) -> Path:
     """The combination's virtual environment, made or reused; its python."""
+    if name == AARCH64:
+        return build_aarch64(venvs)
     minor, kind = name.split("-")
     venv = venvs / name
     python = venv / "bin" / "python"
     # Reused when made by the same recipe (this file's text and the name).
-    recipe = f"{name}\n{Path(__file__).read_text(encoding='utf-8')}"
+    recipe = _recipe(name)
     marker = venv / "tfdet-matrix-recipe"
     if python.exists() and marker.exists() and marker.read_text() == recipe:
         _pip(python, "--no-deps", "-e", str(REPO))  # This checkout, again.
@@ -125,7 +165,8 @@ def v(name):
         return m.version(name)
     except m.PackageNotFoundError:
         return None
-print(json.dumps({n: v(n) for n in ("tensorflow-cpu", "keras", "tf_keras", "numpy")}))
+names = ("tensorflow-cpu", "tensorflow", "keras", "tf_keras", "numpy")
+print(json.dumps({n: v(n) for n in names}))
 """
     out = subprocess.run(
         [str(python), "-c", code], capture_output=True, text=True, check=True
@@ -160,6 +201,8 @@ def run(name: str, venvs: Path, jobs: int, part: str | None = None) -> dict:
     started = time.monotonic()
     python = build(name, venvs)
     installed = time.monotonic()
+    if name == AARCH64:
+        part = AARCH64_PART  # The whole set would take hours there.
     tests = smoke_tests(part=part)
     nodes = list(dict.fromkeys(node for _, node in tests))
     junit = venvs / f"{name}.xml"
@@ -224,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
         help="Run the oldest combination (what CI runs beside the suite).",
     )
     parser.add_argument(
+        "--aarch64",
+        action="store_true",
+        help=f"Run the emulated aarch64 combination ({AARCH64}).",
+    )
+    parser.add_argument(
         "--venvs",
         type=Path,
         default=Path(os.environ.get("TFDET_MATRIX_VENVS", REPO / ".venv-matrix")),
@@ -232,8 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="pytest-xdist workers.")
     parser.add_argument(
         "--part",
-        choices=[CI_PART],
-        help="Run only the smoke lines marked so (ci: CI's part of the smoke set).",
+        choices=[CI_PART, AARCH64_PART],
+        help="Run only the smoke lines marked so (ci: CI's part of the smoke "
+        "set on x86-64; aarch64: its part on the emulated aarch64).",
     )
     parser.add_argument(
         "--no-record",
@@ -253,13 +302,20 @@ def main(argv: list[str] | None = None) -> int:
     names = args.names or combinations()
     if args.oldest:
         names = [f"{MINORS[0]}-oldest"]
+    if args.aarch64:
+        names = [AARCH64]
     args.venvs.mkdir(parents=True, exist_ok=True)
     records = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     records.setdefault("combinations", {})
     failed = False
     for name in names:
         print(f"== {name}", flush=True)
-        record = run(name, args.venvs, args.jobs, args.part)
+        try:
+            record = run(name, args.venvs, args.jobs, args.part)
+        except aarch64.Unavailable as reason:
+            # No emulator or no apt here: said, and not a failure of tfdet.
+            print(f"== {name}: skipped, {reason}", flush=True)
+            continue
         record["machine"] = machine()
         failed |= record["pytest_exit"] != 0
         print(json.dumps(record, indent=1), flush=True)

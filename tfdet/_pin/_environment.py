@@ -7,7 +7,7 @@ import platform
 from typing import Any
 
 from tfdet import _variables
-from tfdet._pin import _cpuid, _isa, _versions
+from tfdet._pin import _arm, _cpuid, _isa, _versions
 from tfdet._pin._profile import Profile
 from tfdet._version import __version__
 
@@ -15,6 +15,9 @@ DETERMINISM_VARIABLES = (
     "PYTHONHASHSEED",
     "TF_ENABLE_ONEDNN_OPTS",
     "ONEDNN_MAX_CPU_ISA",
+    # oneDNN's "fast math" (BF16 products in float32 models), which Graviton
+    # guides recommend exporting: other bits wherever oneDNN honours it.
+    "ONEDNN_DEFAULT_FPMATH_MODE",
     "TF_NUM_INTRAOP_THREADS",
     "TF_NUM_INTEROP_THREADS",
     "OMP_NUM_THREADS",
@@ -134,9 +137,11 @@ def cpu_facts() -> dict[str, Any]:
     it has. Missing facts (no /proc/cpuinfo, no sysfs) are None or empty.
     """
     fields = _cpuinfo_fields(
-        ("vendor_id", "cpu family", "model", "stepping", "CPU implementer")
+        ("vendor_id", "cpu family", "model", "stepping", "CPU implementer", "CPU part")
     )
     sizes, sharing = cpu_caches()
+    if _arm.applies():
+        return _arm_cpu_facts(fields, sizes, sharing)
     applies = _isa.applies()
     return {
         "cpu_vendor": fields.get("vendor_id")
@@ -157,6 +162,42 @@ def cpu_facts() -> dict[str, Any]:
         # under an emulator, the emulated model, not /proc/cpuinfo's.
         "cpu_cpuid": _cpuid.describe(),
         "cpu_emulated": os.environ.get(_variables.EMULATED_CPU),
+    }
+
+
+def _arm_cpu_facts(
+    fields: dict[str, str], sizes: list[str], sharing: list[str]
+) -> dict[str, Any]:
+    """`cpu_facts` on aarch64: the same keys, from what aarch64 tells.
+
+    The vector unit oneDNN would use (`sve_512`, `sve_256`, `sve_128` or
+    `asimd`) is the ISA in force: there is no cap to lower it. Under a
+    user-mode emulator /proc/cpuinfo is the host's, so the vendor and model
+    are the emulator's CPU (QEMU's `QEMU_CPU`, `max` unless set) and
+    `cpu_emulated` names the host.
+    """
+    host = _arm.emulated_on()
+    named = _arm.describe({} if host else fields)
+    isa = _arm.environment_isa()
+    emulated_model = os.environ.get("QEMU_CPU", "max")
+    return {
+        "cpu_vendor": "QEMU (emulated)" if host else named["vendor"],
+        "cpu_model": f"QEMU {emulated_model}" if host else named["model"],
+        "cpu_family": None,
+        "cpu_model_number": None,
+        "cpu_stepping": None,
+        "cpu_caches": sizes,
+        "cpu_cache_sharing": sharing,
+        "cpu_count": os.cpu_count(),
+        "cpu_isa_flags": _arm.features(),
+        "cpu_isa_in_force": isa,
+        "cpu_isa_best": isa,
+        "cpu_cpuid": None,
+        "cpu_emulated": (
+            f"aarch64 {emulated_model} under a user-mode emulator on {host}"
+            if host
+            else None
+        ),
     }
 
 

@@ -1,0 +1,62 @@
+"""tfdet on aarch64: the same bits in fresh processes on one or two cores.
+
+Runs only in an aarch64 process: on ARM hardware, or in CI's emulated one
+(`ci/matrix.py --aarch64`: TensorFlow's aarch64 wheel under QEMU's user-mode
+emulator, an emulation of an ARM CPU, not one). Each check carries its
+control: the same perturbations without tfdet, which must separate the runs,
+or the identical verdict would prove nothing there.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_tfdet
+from tfdet._pin import _arm
+
+pytestmark = pytest.mark.skipif(
+    not _arm.applies(),
+    reason="needs an aarch64 process (ci/matrix.py --aarch64 runs one under QEMU)",
+)
+# Seconds a run may take: an emulated process starts TensorFlow in about a
+# minute on a 2-core EPYC Zen 3, and trains 20-50 times slower than native.
+RUN_TIMEOUT = 1800
+
+
+def test_enable_keeps_the_bits_on_one_or_two_cores_and_plain_tensorflow_does_not(
+    tmp_path, two_cpus
+):
+    report_path = tmp_path / "report.json"
+    proc = run_tfdet(
+        "check", "--device", "cpu", "--steps", "2", "--no-attribute", "--control",
+        "--perturb", "affinity,hashseed", "--timeout", str(RUN_TIMEOUT),
+        "--json", str(report_path),
+        timeout=4 * RUN_TIMEOUT,
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    report = json.loads(report_path.read_text())
+    cpu = report["devices"]["cpu"]
+    assert cpu["verdict"] == "identical"
+    assert all(run["ok"] and run["steps_recorded"] == 2 for run in cpu["runs"])
+    assert "affinity" not in cpu["perturbations_skipped"]
+    # Without tfdet, TensorFlow sizes its pools from the CPUs a run may use,
+    # and Eigen's products on aarch64 (NEON) add in another order with them.
+    assert report["control"]["verdict"] == "diverged", output
+
+
+def test_env_names_the_vector_unit_and_an_emulator(tmp_path):
+    report_path = tmp_path / "env.json"
+    proc = run_tfdet("env", "--json", str(report_path), timeout=RUN_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    facts = json.loads(report_path.read_text())
+    assert facts["machine"] == "aarch64"
+    assert "asimd" in facts["cpu_isa_flags"]
+    assert facts["cpu_isa_in_force"] == _arm.environment_isa()
+    if _arm.emulated_on():
+        assert facts["cpu_emulated"].startswith("aarch64 ")
+        assert facts["cpu_vendor"] == "QEMU (emulated)"
+    else:
+        assert facts["cpu_emulated"] is None
