@@ -31,6 +31,7 @@ What it builds, with no root and nothing installed system-wide:
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -178,6 +179,16 @@ def install_checkout(python: Path) -> None:
         )  # fmt: skip
         (wheel,) = Path(wheels).glob("tfdet-*.whl")
         _pip_aarch64(site, version, "--no-deps", str(wheel))
+
+
+def describe() -> str:
+    """The emulated machine in words, for a record: emulator, version, CPU."""
+    emulator = shutil.which(EMULATOR) or EMULATOR
+    version = subprocess.run(
+        [emulator, "--version"], capture_output=True, text=True, check=False
+    ).stdout.split("\n", 1)[0]
+    cpu = os.environ.get("QEMU_CPU", "max")
+    return f"emulated aarch64 ({version.strip()}, CPU {cpu})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -317,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {name}: skipped, {reason}", flush=True)
             continue
         record["machine"] = machine()
+        if name == AARCH64:
+            record["machine"] = f"{aarch64.describe()} on {record['machine']}"
         failed |= record["pytest_exit"] != 0
         print(json.dumps(record, indent=1), flush=True)
         if not args.no_record:
