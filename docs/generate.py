@@ -384,11 +384,17 @@ def compatibility_page() -> str:
         "",
         "## Platforms",
         "",
-        "Every figure of tfdet was measured on Linux x86-64 (AMD EPYC and Intel",
-        "Xeon CPUs; the GPU machine's Xeon). Linux aarch64, macOS and Windows have",
-        "not been run: there `tfdet.enable()` says so once, and the x86 pins",
-        "(oneDNN's ISA cap, Eigen's cache sizes, TensorFlow's CPU features) do not",
-        "apply. `tfdet check` on such a machine still compares real runs.",
+        "- **Linux x86-64**: every figure above and in the measurements, on real",
+        "  AMD EPYC (Zen 3, 4, 5) and Intel Xeon CPUs and the GPU machine's Xeon.",
+        "- **Linux aarch64, emulated**: CI runs the lines marked `aarch64` of the",
+        "  smoke set (`ci/matrix.py --aarch64`) in an aarch64 Python under QEMU's",
+        "  user-mode emulator, with TensorFlow's aarch64 wheel (`tensorflow`: there",
+        "  is no `tensorflow-cpu` for aarch64). An emulation of an ARM CPU, not one:",
+        "  no ARM machine has been measured. The x86 pins (oneDNN's ISA cap, Eigen's",
+        "  cache sizes, CPUID) do not apply there; what does is in",
+        "  [what decides the bits](../explanation/what-decides-the-bits.md#on-aarch64).",
+        "- **macOS and Windows**: not run; `tfdet.enable()` says so once. `tfdet check`",
+        "  on such a machine still compares real runs.",
     ]
     failed = [(name, test) for name in names for test in records[name]["failed_tests"]]
     if failed:

@@ -49,13 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="onednn",
         action="store_true",
         default=_settings.DEFAULT_ONEDNN,
-        help="Require TensorFlow's oneDNN custom ops on (the default).",
+        help="Require TensorFlow's oneDNN custom ops on (the default on x86-64).",
     )
     onednn.add_argument(
         "--no-onednn",
         dest="onednn",
         action="store_false",
-        help="Require oneDNN custom ops off (slower, different bits).",
+        help="Require oneDNN custom ops off (the default on aarch64, where "
+        "oneDNN's kernels follow the SVE vector length; other bits).",
     )
     # Like `python -m`: everything after the module name is the module's own
     # (`tfdet run -m pkg --help` must reach pkg, not print tfdet's help).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from tfdet._pin import _isa
+from tfdet._pin import _arm, _isa
 
 DEFAULT_SEED = 0
 MAX_SEED = 2**32 - 1
@@ -22,13 +22,21 @@ DEFAULT_THREADS = 1
 MAX_THREADS = 1024
 # AVX2: the bits of every x86-64 CPU generation from Haswell on.
 DEFAULT_CPU_ISA = "AVX2"
-# oneDNN custom ops on. Left to TensorFlow, the choice follows the CPU (2.21
-# turns them on only where it finds AVX-512 VNNI/BF16 or AMX) and decides the
-# bits (one CPU model exposing AVX-512 BF16 and the same model exposing AVX2
-# only train to other weights under the AVX2 cap, to the same ones once both
-# run with oneDNN on). On is also TensorFlow's choice on current server CPUs,
-# and the faster one.
-DEFAULT_ONEDNN = True
+# oneDNN custom ops: pinned, on on x86-64 and off on aarch64. Left to
+# TensorFlow, the choice follows the CPU and decides the bits.
+# - x86-64: 2.21 turns them on only where it finds AVX-512 VNNI/BF16 or AMX;
+#   one CPU model exposing AVX-512 BF16 and the same model exposing AVX2 only
+#   train to other weights under the AVX2 cap, to the same ones once both run
+#   with oneDNN on. On is also TensorFlow's choice on current server CPUs, and
+#   the faster one.
+# - aarch64: the wheel's oneDNN picks JIT kernels by the SVE vector length
+#   (`brg:sve_512`, `sve_256`, NEON below), and TensorFlow turns it on only on
+#   a Neoverse V1 (Graviton3). Measured in emulated aarch64 processes (QEMU
+#   7.2, TensorFlow 2.21): a Conv2D + BatchNormalization + GELU model trained
+#   to other weights on an SVE-512 CPU model than on a Neoverse N1 with oneDNN
+#   on, to the same ones with it off (Eigen's NEON kernels: 4-float vectors
+#   on every aarch64 CPU).
+DEFAULT_ONEDNN = not _arm.applies()
 
 
 def check_int(name: str, value: Any, low: int, high: int | None) -> int:

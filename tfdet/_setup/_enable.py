@@ -311,10 +311,11 @@ def enable(
             "AVX512_CORE"; None leaves it uncapped). Ignored elsewhere. The
             AVX2 default costs speed on CPUs with AVX-512 (`tfdet cost` says
             how much): pass a higher level when every machine has it.
-        onednn: Require oneDNN custom ops on (True, the default) or off
-            (False); None keeps TensorFlow's default, which follows the CPU
-            (on only with AVX-512 VNNI/BF16 or AMX), so the bits then differ
-            between machines. Set before `import tensorflow`: call enable()
+        onednn: Require oneDNN custom ops on (True, the default on x86-64)
+            or off (False, the default on aarch64, where oneDNN's kernels
+            follow the SVE vector length); None keeps TensorFlow's default,
+            which follows the CPU (on only with AVX-512 VNNI/BF16 or AMX, or
+            on a Neoverse V1), so the bits then differ between machines. Set before `import tensorflow`: call enable()
             first, or start the script with `tfdet run`.
         patches: "auto" (the patches these versions need), None (none), or a
             list of names from `tfdet.patches`, which may include "auto":
