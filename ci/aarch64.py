@@ -79,6 +79,19 @@ def _apt_options(state: Path) -> list[str]:
     ]
 
 
+def _apt(command: list[str], cwd: Path | None = None) -> None:
+    """Runs apt; a failure is `Unavailable`: the machine's sources may not
+    serve arm64 (Ubuntu keeps it on ports.ubuntu.com) or be unreachable."""
+    try:
+        subprocess.run(command, cwd=cwd, check=True)
+    except subprocess.CalledProcessError as error:
+        raise Unavailable(
+            f"`apt-get {command[-1] if command[-1] == 'update' else 'download'}` "
+            f"for arm64 failed (exit {error.returncode}): do this machine's apt "
+            "sources serve arm64?"
+        ) from error
+
+
 def _sysroot(root: Path, work: Path) -> str:
     """Unpacks the arm64 Python and its libraries into `root`; the name of
     its interpreter (e.g. `python3.11`)."""
@@ -90,7 +103,7 @@ def _sysroot(root: Path, work: Path) -> str:
         (state / sub).mkdir(parents=True, exist_ok=True)
     (state / "status").touch()
     options = _apt_options(state)
-    subprocess.run(["apt-get", *options, "update"], check=True)
+    _apt(["apt-get", *options, "update"])
     depends = subprocess.run(
         ["apt-cache", *options, "depends", "--recurse", "--no-recommends",
          "--no-suggests", "--no-conflicts", "--no-breaks", "--no-replaces",
@@ -101,7 +114,7 @@ def _sysroot(root: Path, work: Path) -> str:
     names = sorted({line for line in depends.splitlines() if line[:1].isalnum()})
     debs = work / "debs"
     debs.mkdir(exist_ok=True)
-    subprocess.run(["apt-get", *options, "download", *names], cwd=debs, check=True)
+    _apt(["apt-get", *options, "download", *names], cwd=debs)
     for deb in sorted(debs.glob("*.deb")):
         subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True)
     python = (root / "usr" / "bin" / "python3").resolve()
