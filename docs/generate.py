@@ -330,14 +330,17 @@ def compatibility_page() -> str:
         "set (`ci/smoke.txt`: each public feature once) in a fresh virtual",
         "environment: `python3 ci/matrix.py`. CI runs the smoke lines marked `ci`",
         "(enable(), the patches, check, the resume callback) in the oldest",
-        "combination on every change, beside the whole suite on the newest.",
+        "combination on every change, beside the whole suite on the newest, and",
+        "the lines marked `aarch64` in the emulated aarch64 one (which runs only",
+        "those). The TensorFlow column is `tensorflow-cpu`'s version, or",
+        "`tensorflow`'s where that is the build (aarch64).",
         "",
         "## Versions and where they ran",
         "",
         *_table(
             (
                 "combination",
-                "tensorflow-cpu",
+                "tensorflow",
                 "keras",
                 "tf_keras",
                 "numpy",
@@ -348,7 +351,8 @@ def compatibility_page() -> str:
             (
                 (
                     name,
-                    version(records[name], "tensorflow-cpu"),
+                    records[name]["versions"].get("tensorflow-cpu")
+                    or version(records[name], "tensorflow"),
                     version(records[name], "keras"),
                     version(records[name], "tf_keras"),
                     version(records[name], "numpy"),
