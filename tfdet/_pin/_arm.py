@@ -90,21 +90,13 @@ def sve_vector_bits() -> int | None:
     return (value & _PR_SVE_VL_LEN_MASK) * 8 if value > 0 else None
 
 
-def emulated_on(cpuinfo: str | None = None) -> str | None:
-    """The host's architecture when /proc/cpuinfo describes another one than
-    this process runs (a user-mode emulator passes the host's through), e.g.
+def emulated_on(cpuinfo_fields: dict[str, str]) -> str | None:
+    """The host's architecture when /proc/cpuinfo (its first processor's
+    fields, as `_environment` reads them) describes another one than this
+    process runs: a user-mode emulator passes the host's through. E.g.
     "x86-64 (AuthenticAMD)"; None on real aarch64 hardware."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as handle:
-                cpuinfo = handle.read()
-        except OSError:
-            return None
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "vendor_id":  # An x86 field: an x86 host.
-            return f"x86-64 ({value.strip()})"
-    return None
+    vendor = cpuinfo_fields.get("vendor_id")  # An x86 field: an x86 host.
+    return None if vendor is None else f"x86-64 ({vendor})"
 
 
 def describe(cpuinfo_fields: dict[str, str]) -> dict[str, str | None]:

@@ -176,7 +176,7 @@ def _arm_cpu_facts(
     are the emulator's CPU (QEMU's `QEMU_CPU`, `max` unless set) and
     `cpu_emulated` names the host.
     """
-    host = _arm.emulated_on()
+    host = _arm.emulated_on(fields)
     named = _arm.describe({} if host else fields)
     isa = _arm.environment_isa()
     emulated_model = os.environ.get("QEMU_CPU", "max")
