@@ -164,9 +164,11 @@ def test_bad_onednn_is_a_value_error(untouched_environment) -> None:
 def test_enable_pins_everything_and_repeat_calls_are_no_ops() -> None:
     out = _child(
         """
+import gc
 import random
 import numpy as np
 profile = tfdet.enable()
+out["collector"] = [gc.isenabled(), gc.get_freeze_count()]
 out["profile"] = profile.to_dict()
 out["same_profile"] = tfdet.profile() is profile
 out["env"] = {name: os.environ.get(name) for name in (
@@ -203,6 +205,9 @@ out["jit_result"] = float(jitted(tf.ones([4])))
     )
     profile = out["profile"]
     assert out["enabled"] and out["same_profile"]
+    # TensorFlow's import (over 100,000 objects) frozen, the collector on.
+    collecting, frozen = out["collector"]
+    assert collecting and frozen > 100_000
     assert profile["seed"] == 0
     assert profile["intra_op_threads"] == profile["inter_op_threads"] == 1
     assert out["tf_threads"] == [1, 1]
@@ -292,8 +297,11 @@ def test_matching_pythonhashseed_numpy_seed_and_onednn_off() -> None:
     # matching hash seed; oneDNN custom ops requested off before TF import.
     out = _child(
         """
+import gc
 import numpy as np
+gc.disable()
 profile = tfdet.enable(seed=np.uint32(2**32 - 1), onednn=False)
+out["collector"] = [gc.isenabled(), gc.get_freeze_count()]
 out["profile"] = profile.to_dict()
 out["seed_type"] = type(profile.seed).__name__
 out["onednn_env"] = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
@@ -304,6 +312,9 @@ out["onednn_env"] = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
     assert out["profile"]["python_hash_seed"] == str(2**32 - 1)
     assert not _matching(out["warnings"], "PYTHONHASHSEED")
     assert out["profile"]["onednn_opts"] is False and out["onednn_env"] == "0"
+    # A collector the script turned off stays off.
+    collecting, frozen = out["collector"]
+    assert not collecting and frozen > 100_000
 
 
 @pytest.mark.skipif(not _isa.applies(), reason="oneDNN ISA caps are x86-64 only")

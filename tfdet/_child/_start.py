@@ -59,6 +59,7 @@ from tfdet._protocol._spec import (
     TARGET_ERROR,
     WorkerSpec,
 )
+from tfdet._setup import _collector
 
 # The child's own state: its spec and the process that owns the channels.
 _own_spec: WorkerSpec | None = None
@@ -288,7 +289,10 @@ def child_start(spec: WorkerSpec) -> None:
     if spec.enable:
         _enable(spec)
     elif spec.script is None:
-        seed_without_tfdet(spec.seed, spec.workers)
+        # As enable() imports TensorFlow, so that a run without tfdet pays
+        # for its imports what a run with it pays (`tfdet cost` compares them).
+        with _collector.paused_then_frozen():
+            seed_without_tfdet(spec.seed, spec.workers)
     if spec.op_determinism and not spec.enable:
         # Once TensorFlow is imported (a script imports it itself, after its
         # own settings), before the TARGET or the script's first op.

@@ -39,6 +39,7 @@ from tfdet._pin._settings import (  # noqa: F401  (re-exported)
     check_seed,
     check_threads,
 )
+from tfdet._setup import _collector
 from tfdet.patches import _registry
 
 _LOG = logging.getLogger("tfdet")
@@ -369,18 +370,19 @@ def enable(
         )
     _pin_onednn(onednn)
     seed, threads = request["seed"], request["threads"]
-    started = _runtime_started()
-    # Threads first: once the runtime started they always change the bits, so
-    # they are the setting a TooLateError should name.
-    threads_in_force = _pin_threads(threads, started)
-    isa_cap = _resolve_isa(request["cpu_isa"], strict, started)
+    with _collector.paused_then_frozen():  # TensorFlow's import, and Keras's.
+        started = _runtime_started()
+        # Threads first: once the runtime started they always change the
+        # bits, so they are the setting a TooLateError should name.
+        threads_in_force = _pin_threads(threads, started)
+        isa_cap = _resolve_isa(request["cpu_isa"], strict, started)
 
-    import tensorflow as tf
+        import tensorflow as tf
 
-    tf.config.experimental.enable_op_determinism()
-    _pin_variables(seed, threads, isa_cap)
-    _seed_everything(seed)
-    installed = _registry.install(_registry.resolve(request["patches"]))
+        tf.config.experimental.enable_op_determinism()
+        _pin_variables(seed, threads, isa_cap)
+        _seed_everything(seed)
+        installed = _registry.install(_registry.resolve(request["patches"]))
 
     profile = Profile(
         seed=seed,
