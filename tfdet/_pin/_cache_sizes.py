@@ -186,8 +186,17 @@ def _elf_symbols(path: str, names: tuple[str, ...]) -> dict[str, tuple[int, int]
                     cursor = at
             if not wanted:
                 continue
-            table = np.frombuffer(data[offset : offset + size], dtype=symbol_type)
-            for entry in table[np.isin(table["name"], list(wanted))]:
+            # A view of the mapped file, not a copy (the table of
+            # libtensorflow_cc is 28 MB); only the matches outlive the map.
+            table = np.frombuffer(
+                data,
+                dtype=symbol_type,
+                count=size // symbol_type.itemsize,
+                offset=offset,
+            )
+            matches = table[np.isin(table["name"], list(wanted))].copy()
+            del table
+            for entry in matches:
                 if entry["value"]:
                     found[wanted[int(entry["name"])]] = (
                         int(entry["value"]),
