@@ -33,6 +33,7 @@ import functools
 import hashlib
 import json
 import os
+import platform
 import re
 import sys
 import tempfile
@@ -117,10 +118,20 @@ def cpu(emulated: str | None = None) -> dict[str, Any]:
     """The CPU facts that key the table: this machine's, or an emulated CPU's.
 
     An emulated entry is named as an emulation (emulator, version, model)
-    with the host it ran on, never as the hardware it stands for.
+    with the host it ran on, never as the hardware it stands for: also this
+    process's own CPU when it runs whole under a user-mode emulator (an
+    aarch64 Python under `qemu-aarch64`, `ci/aarch64.py`), whose host is
+    then known only by the emulator's description.
     """
     facts = _environment.cpu_facts()
     host = {key: facts[key] for key in CPU_KEYS}
+    if emulated is None and facts.get("cpu_emulated"):
+        return {
+            "emulated": facts["cpu_emulated"],
+            "emulated_model": facts["cpu_model"],
+            "emulator_version": _emulation.version(f"qemu-{platform.machine()}"),
+            "host": host,
+        }
     if emulated is None:
         return host
     return {
@@ -349,7 +360,7 @@ def record(
             "profile": {
                 "seed": SEED,
                 "threads": 1,
-                "cpu_isa": "AVX2",
+                "cpu_isa": "AVX2" if _isa.applies() else None,
                 "onednn": _enable.DEFAULT_ONEDNN,
                 "steps": STEPS,
             },

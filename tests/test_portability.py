@@ -100,6 +100,26 @@ def test_an_emulated_cpu_does_not_make_a_model_portable() -> None:
     assert portability.portable_models(table, SOFT) == {"embedding": "eeee"}
 
 
+def test_a_process_run_whole_under_an_emulator_is_recorded_as_an_emulation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An aarch64 Python under qemu-aarch64 (ci/aarch64.py): its CPU facts say
+    # so, and its entry must never count as a real machine.
+    facts = dict.fromkeys(portability.CPU_KEYS, None)
+    facts.update(
+        cpu_vendor="QEMU (emulated)",
+        cpu_model="QEMU max",
+        cpu_emulated="aarch64 max under a user-mode emulator on x86-64 (AuthenticAMD)",
+    )
+    monkeypatch.setattr(portability._environment, "cpu_facts", lambda: facts)
+    entry = portability.cpu()
+    assert set(entry) == set(portability.EMULATED_KEYS)
+    assert entry["emulated"].startswith("aarch64 max under a user-mode emulator")
+    assert entry["emulated_model"] == "QEMU max"
+    table = _table((AMD, SOFT, {"cnn": "aaaa"}), (entry, SOFT, {"cnn": "aaaa"}))
+    assert portability.portable_models(table, SOFT) == {}
+
+
 def test_record_updates_this_machines_entry() -> None:
     table = _table(
         (AMD, SOFT, {"bn_gelu": "aaaa", "survey:adam": "cccc"}),

@@ -68,9 +68,9 @@ def executable() -> str | None:
 
 
 @functools.cache
-def version() -> str:
-    """The emulator's version, e.g. "7.2.22"."""
-    found = executable()
+def version(emulator: str = EXECUTABLE) -> str:
+    """The version of QEMU's `emulator` (default: the x86-64 one), e.g. "7.2.22"."""
+    found = shutil.which(emulator)
     if found is None:
         return "not installed"
     text = subprocess.run(
