@@ -2,6 +2,7 @@
 
 Usage:
     python benchmarks/portability.py [--models NAME,...] [--jobs N] [--json FILE] [--record]
+    python benchmarks/portability.py --across-architectures
 
 Trains a fixed reference set under the default profile (`tfdet.enable(seed=7)`:
 one thread per pool, oneDNN custom ops on and capped at AVX2 on x86-64), each model for 4
@@ -22,7 +23,10 @@ versions (the models trained now replace their digests in an existing entry;
 the others are kept). Only two real machines can say whether a model's bits are portable:
 a model counts as portable once two entries with different CPUs (same
 software) record the same digest for it. `tests/test_portability.py` checks
-this machine against the table (see `compare`).
+this machine against the table (see `compare`). Each entry names the
+architecture it was recorded on (`x86_64`, `aarch64`); `--across-architectures`
+prints, for the installed TensorFlow and Keras, each model's digests by
+architecture and whether they agree.
 """
 
 from __future__ import annotations
@@ -356,6 +360,7 @@ def record(
         {
             "cpu": facts,
             "software": soft,
+            "architecture": platform.machine(),
             "date": datetime.date.today().isoformat(),
             "profile": {
                 "seed": SEED,
@@ -368,6 +373,54 @@ def record(
         }
     )
     return {**table, "machines": machines}
+
+
+def across_architectures(
+    table: dict[str, Any], tensorflow: str, keras: str
+) -> list[tuple[str, dict[str, list[str]], str]]:
+    """Each model's digests by architecture, for one TensorFlow and Keras.
+
+    Every entry with those versions counts, whatever its patch set (the
+    patches `enable()` installs follow the architecture: Eigen's cache sizes
+    are pinned on x86-64 only). Entries recorded before the architecture was
+    part of an entry were all recorded on x86-64.
+
+    Returns:
+        `(model, {architecture: sorted digests}, verdict)` per model recorded
+        on two architectures or more, where the verdict is "equal" (one
+        digest on every architecture) or "differs".
+    """
+    seen: dict[str, dict[str, set[str]]] = {}
+    for machine in table["machines"]:
+        soft = machine["software"]
+        if (soft.get("tensorflow"), soft.get("keras_version")) != (tensorflow, keras):
+            continue
+        architecture = machine.get("architecture", "x86_64")
+        for name, digest in machine["digests"].items():
+            seen.setdefault(name, {}).setdefault(architecture, set()).add(digest)
+    rows = []
+    for name, by_architecture in sorted(seen.items()):
+        if len(by_architecture) < 2:
+            continue
+        digests = {
+            arch: sorted(found) for arch, found in sorted(by_architecture.items())
+        }
+        same = len(set().union(*by_architecture.values())) == 1
+        rows.append((name, digests, "equal" if same else "differs"))
+    return rows
+
+
+def _print_across_architectures() -> None:
+    soft = software()
+    rows = across_architectures(load_table(), soft["tensorflow"], soft["keras_version"])
+    architectures = sorted({arch for _, digests, _ in rows for arch in digests})
+    print(f"| model | {' | '.join(architectures)} | |")
+    print("|---" * (len(architectures) + 2) + "|")
+    for name, digests, verdict in rows:
+        cells = [", ".join(digests.get(arch, ["-"])) for arch in architectures]
+        print(f"| `{label(name)}` | {' | '.join(cells)} | {verdict} |")
+    equal = sum(verdict == "equal" for *_, verdict in rows)
+    print(f"\n{equal} of {len(rows)} models keep their bits across architectures.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -408,7 +461,16 @@ def main(argv: list[str] | None = None) -> int:
         help="Add the opt-in pool_size_free_products patch, under which the bits "
         "do not follow the pool size. Not with --record.",
     )
+    parser.add_argument(
+        "--across-architectures",
+        action="store_true",
+        help="Train nothing: print each model's recorded digests by architecture "
+        "(x86_64, aarch64) for this TensorFlow and Keras, and whether they agree.",
+    )
     args = parser.parse_args(argv)
+    if args.across_architectures:
+        _print_across_architectures()
+        return 0
     if args.jobs < 1:
         parser.error(f"Expected --jobs of at least 1. Received: {args.jobs}")
     profile: dict[str, Any] = {}

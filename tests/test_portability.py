@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -120,6 +121,27 @@ def test_a_process_run_whole_under_an_emulator_is_recorded_as_an_emulation(
     assert portability.portable_models(table, SOFT) == {}
 
 
+def test_across_architectures_compares_each_models_digests_by_architecture() -> None:
+    arm = {"emulated": "aarch64 max under a user-mode emulator on x86-64"}
+    table = _table(
+        (AMD, SOFT, {"cnn": "aaaa", "bn_gelu": "bbbb", "lstm": "cccc"}),
+        (INTEL, SOFT, {"cnn": "aaaa", "bn_gelu": "bbbb"}),
+        (arm, dict(SOFT, tfdet_patches=["fewer"]), {"cnn": "aaaa", "bn_gelu": "dddd"}),
+        (arm, dict(SOFT, tensorflow="2.20.0"), {"lstm": "cccc"}),
+    )
+    for machine in table["machines"][2:]:
+        machine["architecture"] = "aarch64"
+    rows = portability.across_architectures(
+        table, SOFT["tensorflow"], SOFT["keras_version"]
+    )
+    # Entries without an architecture are x86-64's; another TensorFlow's
+    # entry is left out, another patch set's is not.
+    assert rows == [
+        ("bn_gelu", {"aarch64": ["dddd"], "x86_64": ["bbbb"]}, "differs"),
+        ("cnn", {"aarch64": ["aaaa"], "x86_64": ["aaaa"]}, "equal"),
+    ]
+
+
 def test_record_updates_this_machines_entry() -> None:
     table = _table(
         (AMD, SOFT, {"bn_gelu": "aaaa", "survey:adam": "cccc"}),
@@ -133,6 +155,7 @@ def test_record_updates_this_machines_entry() -> None:
         "survey:adam": "cccc",
     }
     assert updated["machines"][-1]["date"]
+    assert updated["machines"][-1]["architecture"] == platform.machine()
     assert updated["machines"][0]["digests"] == {"bn_gelu": "1111"}
 
 
