@@ -380,32 +380,38 @@ def across_architectures(
 ) -> list[tuple[str, dict[str, list[str]], str]]:
     """Each model's digests by architecture, for one TensorFlow and Keras.
 
-    Every entry with those versions counts, whatever its patch set (the
-    patches `enable()` installs follow the architecture: Eigen's cache sizes
-    are pinned on x86-64 only). Entries recorded before the architecture was
-    part of an entry were all recorded on x86-64.
+    On each architecture, the entries with those versions and the patch set
+    of the newest of them count: the patches `enable()` installs follow the
+    architecture (Eigen's cache sizes are pinned on x86-64 only), and older
+    entries under another patch set are history. Entries recorded before the
+    architecture was part of an entry were all recorded on x86-64.
 
     Returns:
         `(model, {architecture: sorted digests}, verdict)` per model recorded
         on two architectures or more, where the verdict is "equal" (one
         digest on every architecture) or "differs".
     """
-    seen: dict[str, dict[str, set[str]]] = {}
+    by_architecture: dict[str, list[dict[str, Any]]] = {}
     for machine in table["machines"]:
         soft = machine["software"]
-        if (soft.get("tensorflow"), soft.get("keras_version")) != (tensorflow, keras):
-            continue
-        architecture = machine.get("architecture", "x86_64")
-        for name, digest in machine["digests"].items():
-            seen.setdefault(name, {}).setdefault(architecture, set()).add(digest)
+        if (soft.get("tensorflow"), soft.get("keras_version")) == (tensorflow, keras):
+            architecture = machine.get("architecture", "x86_64")
+            by_architecture.setdefault(architecture, []).append(machine)
+    seen: dict[str, dict[str, set[str]]] = {}
+    for architecture, machines in by_architecture.items():
+        newest = max(machines, key=lambda machine: machine.get("date", ""))
+        patches = newest["software"].get("tfdet_patches")
+        for machine in machines:
+            if machine["software"].get("tfdet_patches") != patches:
+                continue
+            for name, digest in machine["digests"].items():
+                seen.setdefault(name, {}).setdefault(architecture, set()).add(digest)
     rows = []
-    for name, by_architecture in sorted(seen.items()):
-        if len(by_architecture) < 2:
+    for name, found in sorted(seen.items()):
+        if len(found) < 2:
             continue
-        digests = {
-            arch: sorted(found) for arch, found in sorted(by_architecture.items())
-        }
-        same = len(set().union(*by_architecture.values())) == 1
+        digests = {arch: sorted(found[arch]) for arch in sorted(found)}
+        same = len(set().union(*found.values())) == 1
         rows.append((name, digests, "equal" if same else "differs"))
     return rows
 

@@ -123,19 +123,24 @@ def test_a_process_run_whole_under_an_emulator_is_recorded_as_an_emulation(
 
 def test_across_architectures_compares_each_models_digests_by_architecture() -> None:
     arm = {"emulated": "aarch64 max under a user-mode emulator on x86-64"}
+    older = dict(SOFT, tfdet_patches=["older"])
     table = _table(
         (AMD, SOFT, {"cnn": "aaaa", "bn_gelu": "bbbb", "lstm": "cccc"}),
         (INTEL, SOFT, {"cnn": "aaaa", "bn_gelu": "bbbb"}),
+        (INTEL, older, {"cnn": "0000"}),
         (arm, dict(SOFT, tfdet_patches=["fewer"]), {"cnn": "aaaa", "bn_gelu": "dddd"}),
         (arm, dict(SOFT, tensorflow="2.20.0"), {"lstm": "cccc"}),
     )
-    for machine in table["machines"][2:]:
+    for machine, date in zip(table["machines"], ["2", "2", "1", "3", "3"], strict=True):
+        machine["date"] = date
+    for machine in table["machines"][3:]:
         machine["architecture"] = "aarch64"
     rows = portability.across_architectures(
         table, SOFT["tensorflow"], SOFT["keras_version"]
     )
-    # Entries without an architecture are x86-64's; another TensorFlow's
-    # entry is left out, another patch set's is not.
+    # Entries without an architecture are x86-64's. Another TensorFlow's entry
+    # is left out, and so is an older patch set than an architecture's newest
+    # entry's; each architecture's own patch set counts.
     assert rows == [
         ("bn_gelu", {"aarch64": ["dddd"], "x86_64": ["bbbb"]}, "differs"),
         ("cnn", {"aarch64": ["aaaa"], "x86_64": ["aaaa"]}, "equal"),
