@@ -292,7 +292,11 @@ def enable(
     (RING), the dataset auto-shard policy (DATA) and per-replica random
     seeds, and make `ParameterServerStrategy` and the tf.data service's
     DYNAMIC sharding raise `tfdet.NondeterministicError`; the profile's
-    `distribution` section records which.
+    `distribution` section records which. It imports TensorFlow with the
+    garbage collector paused and then freezes what the import made
+    (`gc.freeze()`): those objects live as long as the process, and the
+    collector's walks over them cost a small Keras fit's process 1.5-2.5 s
+    of its 7.5-9 s on a 2-core EPYC.
 
     Example:
 
