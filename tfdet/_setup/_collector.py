@@ -7,9 +7,13 @@ walks every object then alive (0.25 s a pass once TensorFlow is in, on a
 2-core EPYC Zen 3); later full passes during training walk them again. Those
 objects are never garbage, so `enable()` imports with the collector paused
 and then moves what exists into the permanent generation (`gc.freeze()`, the
-pattern CPython documents for long-lived start-up state): measured on that
-machine, a small Keras fit's process took 5.4-6.4 s instead of 7.5-9.0 s,
-for 1.5 MB more memory (what import left as cyclic garbage, kept).
+pattern CPython documents for long-lived start-up state). Measured on that
+machine (`benchmarks/startup.py`: enable() and a small Keras fit, ending
+without the interpreter's teardown as tfdet's children do): the collector's
+passes took 1.0-1.2 s of such a process, 0.03 s after; the process 6.4-7.3 s
+instead of 6.6-8.1 s. A process that exits the normal way saves more, as its
+final collection walks those objects too (5.4-6.4 s instead of 7.5-9.0 s).
+The cost: about 1.5 MB more memory (what import left as cyclic garbage, kept).
 
 Garbage collection decides no bits: it frees memory, and TensorFlow's
 results do not follow where an object lives.

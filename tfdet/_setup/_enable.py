@@ -295,8 +295,8 @@ def enable(
     `distribution` section records which. It imports TensorFlow with the
     garbage collector paused and then freezes what the import made
     (`gc.freeze()`): those objects live as long as the process, and the
-    collector's walks over them cost a small Keras fit's process 1.5-2.5 s
-    of its 7.5-9 s on a 2-core EPYC.
+    collector's walks over them cost a small Keras fit's process about 1 s
+    of its 7-8 s on a 2-core EPYC (more at a normal exit).
 
     Example:
 
