@@ -539,3 +539,25 @@ def test_the_table_says_every_covered_op_follows_the_pool_size():
     # separates two runs; the table must know each of them.
     covered = pool_size_free_products.COVERED
     assert _hazards.pool_size_dependent(covered, "2.21.0") == tuple(sorted(covered))
+
+
+@pytest.mark.parametrize("onednn", [True, False, None])
+def test_says_once_that_without_onednn_the_bits_may_follow_the_pool_size(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, onednn
+) -> None:
+    # Measured on emulated aarch64, where enable() leaves oneDNN off: the
+    # built-in CNN's weights differed between pools of 1 and 3 under the patch.
+    from tfdet._pin import _environment
+    from tfdet.patches import _exact_math
+
+    monkeypatch.setattr(_environment, "onednn_custom_ops", lambda: onednn)
+    monkeypatch.setattr(_exact_math, "_WARNED", set())
+    with caplog.at_level("WARNING", logger="tfdet"):
+        pool_size_free_products.warn_without_onednn()
+        pool_size_free_products.warn_without_onednn()
+    said = [
+        r.getMessage()
+        for r in caplog.records
+        if "oneDNN custom ops are off" in r.getMessage()
+    ]
+    assert len(said) == (1 if onednn is False else 0)

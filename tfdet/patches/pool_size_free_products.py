@@ -676,9 +676,31 @@ BATCH_SIZE_FREE = (*COVERED, "Conv2D", "Pow", *_whole_packets.UNARY)
 _KERNEL_PRODUCTS = "fixed_order_products"
 
 
+def warn_without_onednn() -> None:
+    """Says once that the bits follow the pool size where oneDNN is off.
+
+    The compositions above rely on oneDNN's forward convolution, which
+    splits work over outputs only. Without oneDNN (enable()'s default on
+    aarch64, or `onednn=None` where TensorFlow leaves it off) Eigen's
+    convolution computes them, and measured on emulated aarch64 (QEMU `max`,
+    TF 2.21) the built-in CNN and BatchNorm + GELU model trained to other
+    weights with pools of 1 and 3 under this patch.
+    """
+    from tfdet._pin import _environment
+
+    if _environment.onednn_custom_ops() is False:
+        _exact_math.warn_once(
+            "tfdet: pool_size_free_products computes its products through "
+            "oneDNN's convolution, and TensorFlow's oneDNN custom ops are off "
+            "here: the bits may still follow the thread-pool size (measured on "
+            "aarch64). Use threads=1 for bits that do not."
+        )
+
+
 def _apply(swap: Any) -> None:
     from tfdet.patches import _registry
 
+    warn_without_onednn()
     if _KERNEL_PRODUCTS not in _registry.installed():
         _MAT_MUL.replace(swap, mat_mul)
         for version, op in _BATCH_MAT_MUL.items():
