@@ -72,23 +72,26 @@ def swap_everywhere(
         which the replacement calls for the dtypes and inputs it leaves alone.
     """
     original = getattr(sys.modules[module], function)
-    # The bindings are found first and replaced after, so that the walk
-    # allocates nothing per attribute: in a process holding TensorFlow, a
-    # walk that does triggers the garbage collector's full passes (about
-    # 0.3 s each).
-    bound = [
-        (loaded, attribute)
-        for name, loaded in sorted(sys.modules.items())
-        if loaded is not None
-        and (name == "tensorflow" or name.startswith("tensorflow."))
-        for attribute, value in vars(loaded).items()
-        if value is original
-        or (
-            callable(value)
-            and getattr(value, "__module__", None) == module
-            and getattr(value, "__name__", None) == function
-        )
-    ]
+    # The bindings are found first and replaced after, and the walk takes one
+    # tuple of names per module (a value's attribute look-up could change
+    # its module) but allocates nothing per attribute: in a process holding
+    # TensorFlow, a walk that does sets off the garbage collector's full
+    # passes (about 0.3 s each).
+    bound = []
+    for name, loaded in sorted(sys.modules.items()):
+        if loaded is None or not (
+            name == "tensorflow" or name.startswith("tensorflow.")
+        ):
+            continue
+        namespace = vars(loaded)
+        for attribute in tuple(namespace):
+            value = namespace.get(attribute)
+            if value is original or (
+                callable(value)
+                and getattr(value, "__module__", None) == module
+                and getattr(value, "__name__", None) == function
+            ):
+                bound.append((loaded, attribute))
     for loaded, attribute in bound:
         swap.attribute(loaded, attribute, replacement)
     return original
