@@ -129,19 +129,18 @@ def cpu(emulated: str | None = None) -> dict[str, Any]:
     """
     facts = _environment.cpu_facts()
     host = {key: facts[key] for key in CPU_KEYS}
-    if emulated is None and facts.get("cpu_emulated"):
-        return {
-            "emulated": facts["cpu_emulated"],
-            "emulated_model": facts["cpu_model"],
-            "emulator_version": _emulation.version(f"qemu-{platform.machine()}"),
-            "host": host,
-        }
-    if emulated is None:
+    if emulated is not None:  # One run on QEMU's x86 CPU model `emulated`.
+        described, model = _emulation.describe(emulated), emulated
+        emulator = _emulation.EXECUTABLE
+    elif facts.get("cpu_emulated"):  # This whole process is emulated.
+        described, model = facts["cpu_emulated"], facts["cpu_model"]
+        emulator = f"qemu-{platform.machine()}"
+    else:
         return host
     return {
-        "emulated": _emulation.describe(emulated),
-        "emulated_model": emulated,
-        "emulator_version": _emulation.version(),
+        "emulated": described,
+        "emulated_model": model,
+        "emulator_version": _emulation.version(emulator),
         "host": host,
     }
 
