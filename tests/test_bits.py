@@ -124,8 +124,25 @@ def test_device_checksum_is_the_same_with_and_without_xla():
         tf.constant(rng.integers(0, 9, 4, dtype=np.int8)),
     ]
     np.testing.assert_array_equal(
-        _bits.device_checksums(values), _bits.device_checksums(values, xla=False)
+        _bits.device_checksums(values, xla=True),
+        _bits.device_checksums(values, xla=False),
     )
+
+
+def test_device_checksum_compiles_only_once_the_plain_calls_have_cost_as_much(
+    monkeypatch,
+):
+    jit, plain = _bits._checksum_functions()
+    monkeypatch.setattr(_bits, "_plain_seconds", 0.0)
+    # A shape neither function has seen, so that each call traces.
+    values = [tf.constant(np.arange(11 * 13, dtype=np.float32).reshape(11, 13))]
+    compiled_traces = jit.experimental_get_tracing_count()
+    first = _bits.device_checksums(values)
+    assert jit.experimental_get_tracing_count() == compiled_traces
+    assert 0 < _bits._plain_seconds < _bits.XLA_AFTER_PLAIN_SECONDS
+    monkeypatch.setattr(_bits, "_plain_seconds", _bits.XLA_AFTER_PLAIN_SECONDS)
+    np.testing.assert_array_equal(_bits.device_checksums(values), first)
+    assert jit.experimental_get_tracing_count() == compiled_traces + 1
 
 
 def test_weight_checksums_are_the_device_checksums_when_eager():
