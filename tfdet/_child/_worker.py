@@ -59,6 +59,28 @@ def _train_step(model: Any, x: Any, y: Any, weights: Any = None) -> dict[str, An
     return dict(logs)
 
 
+def _build_before_the_first_step(model: Any, batch: tuple[Any, Any, Any]) -> None:
+    """Creates a Keras 3 model's optimizer and metric variables before step 0.
+
+    Keras 3 creates them inside the first trace of its train function, and a
+    `tf.function` that creates variables on its first call is traced twice.
+    Building them first, with Keras's own `_symbolic_build` (what Keras does
+    itself under a distribution strategy), saves that second trace: the
+    built-in CNN's first step took 2.4-2.6 s of CPU, now 1.3-1.4 s with the
+    build (a 2-core EPYC Zen 3). The variables start at their initial values
+    either way (zeros), and the reference models' digests are unchanged.
+    tf_keras models have no `_symbolic_build` and are left as they are, and
+    so is a model Keras cannot build symbolically: its first step builds it.
+    """
+    symbolic_build = getattr(model, "_symbolic_build", None)
+    if symbolic_build is None:
+        return
+    try:
+        symbolic_build(data_batch=batch)
+    except Exception:  # noqa: BLE001 - only a saving: the first step builds it.
+        return
+
+
 def start(spec: WorkerSpec) -> Any:
     """`_start.child_start`, then builds the TARGET (under its strategy).
 
@@ -149,6 +171,8 @@ def _train_on_batches(built: Any, spec: WorkerSpec) -> None:
         for step in range(first, spec.steps):
             x, y = built.batch(step)
             sample_weight = built.sample_weight(step)
+            if step == first:
+                _build_before_the_first_step(model, (x, y, sample_weight))
             logs = _train_step(model, x, y, sample_weight)
             if writer is None:
                 # After the first step: a model may create its weights then.
