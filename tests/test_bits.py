@@ -132,17 +132,36 @@ def test_device_checksum_is_the_same_with_and_without_xla():
 def test_device_checksum_compiles_only_once_the_plain_calls_have_cost_as_much(
     monkeypatch,
 ):
-    jit, plain = _bits._checksum_functions()
+    compiled_calls = []
+    compiled = _bits._compiled_function()
+
+    def counted(values):
+        compiled_calls.append(len(values))
+        return compiled(values)
+
+    monkeypatch.setattr(_bits, "_compiled_function", lambda: counted)
     monkeypatch.setattr(_bits, "_plain_seconds", 0.0)
-    # A shape neither function has seen, so that each call traces.
+    # Whatever the first call takes, on however loaded a machine, is too
+    # little to compile one tensor's checksums.
+    monkeypatch.setattr(_bits, "XLA_SECONDS_PER_TENSOR", 1e6)
     values = [tf.constant(np.arange(11 * 13, dtype=np.float32).reshape(11, 13))]
-    compiled_traces = jit.experimental_get_tracing_count()
     first = _bits.device_checksums(values)
-    assert jit.experimental_get_tracing_count() == compiled_traces
-    assert 0 < _bits._plain_seconds < _bits.XLA_AFTER_PLAIN_SECONDS
-    monkeypatch.setattr(_bits, "_plain_seconds", _bits.XLA_AFTER_PLAIN_SECONDS)
+    assert not compiled_calls
+    assert _bits._plain_seconds > 0  # Counted: the plain calls add up.
+    monkeypatch.setattr(_bits, "_plain_seconds", 1e6)
     np.testing.assert_array_equal(_bits.device_checksums(values), first)
-    assert jit.experimental_get_tracing_count() == compiled_traces + 1
+    assert compiled_calls == [1]
+
+
+def test_the_plain_checksum_is_traced_once_for_every_shape():
+    rng = np.random.default_rng(2)
+    shapes = [(3,), (4, 5), (2, 3, 4), (7, 1), ()]
+    values = [tf.constant(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+    pair = _bits._pair_function(tf.float32)
+    traces = pair.experimental_get_tracing_count()
+    plain = _bits.device_checksums(values, xla=False)
+    assert pair.experimental_get_tracing_count() <= traces + 1
+    np.testing.assert_array_equal(plain, _bits.device_checksums(values, xla=True))
 
 
 def test_weight_checksums_are_the_device_checksums_when_eager():
