@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, clean_env
+from tfdet._child import _worker
 from tfdet._protocol import _perturb, _spec
 from tfdet._record import _bits, _trace
 from tfdet._runner import _spawn
 
 MODELS = f"{REPO / 'tests' / 'targets' / 'check_models.py'}"
+keras = pytest.importorskip("keras")
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +84,52 @@ def test_the_result_names_the_run_facts(worker_run):
     assert written["steps_recorded"] == 2
     assert written["synthesized_data"] is False
     assert "affinity" in written["environment"]
+
+
+def _compiled_dense(**compile_args):
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss="mse", metrics=["mae"], **compile_args)
+    return model
+
+
+def _batch(step: int):
+    rng = np.random.default_rng(step)
+    return rng.standard_normal((8, 4), np.float32), rng.standard_normal((8, 2))
+
+
+def test_the_optimizer_and_metrics_are_built_before_the_first_step_same_weights():
+    prepared, unprepared = _compiled_dense(), _compiled_dense()
+    x, y = _batch(0)
+    _worker._build_before_the_first_step(prepared, (x, y, None))
+    # Built now, so Keras's first trace creates no variables (and runs once).
+    assert prepared.optimizer.built and not unprepared.optimizer.built
+    assert prepared._compile_metrics.built
+    for step in range(3):
+        x, y = _batch(step)
+        prepared.train_on_batch(x, y)
+        unprepared.train_on_batch(x, y)
+    for a, b in zip(prepared.weights, unprepared.weights, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+class _EagerOnly(keras.Model):
+    """A model whose call needs concrete values: no symbolic build is possible."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(2)
+
+    def call(self, inputs):
+        return self.dense(inputs * float(np.asarray(inputs).std() > 0))
+
+
+def test_a_model_keras_cannot_build_symbolically_builds_in_its_first_step():
+    model = _EagerOnly()
+    model.compile(optimizer="sgd", loss="mse", run_eagerly=True)
+    x, y = _batch(0)
+    _worker._build_before_the_first_step(model, (x, y, None))
+    assert not model.optimizer.built
+    logs = model.train_on_batch(x, y, return_dict=True)
+    assert np.isfinite(logs["loss"])
+    assert model.optimizer.built
