@@ -273,17 +273,30 @@ def same_software(recorded: dict[str, Any], soft: dict[str, Any]) -> bool:
     return all(recorded.get(key) == soft.get(key) for key in BITS_SOFTWARE_KEYS)
 
 
-def portable_models(table: dict[str, Any], soft: dict[str, Any]) -> dict[str, str]:
+def threads_of(machine: dict[str, Any]) -> int:
+    """The thread-pool size an entry was recorded at (the profile's 1 when
+    it does not say: every entry before entries at other sizes)."""
+    return machine.get("profile", {}).get("threads", 1)
+
+
+def portable_models(
+    table: dict[str, Any], soft: dict[str, Any], threads: int = 1
+) -> dict[str, str]:
     """`{model: digest}` for models recorded identical on >= 2 different CPUs.
 
-    Only entries of real CPUs with the same software (`same_software`) count
-    (other versions may change the bits on any machine; an emulated CPU is an
-    imitation, evidence but not a machine). A model recorded with two digests
-    under these versions is not portable.
+    Only entries of real CPUs with the same software (`same_software`) and
+    pool size `threads` count (other versions may change the bits on any
+    machine, and so may another pool size; an emulated CPU is an imitation,
+    evidence but not a machine). A model recorded with two digests under
+    these versions is not portable.
     """
     seen: dict[str, dict[str, set[str]]] = {}
     for machine in table["machines"]:
-        if not same_software(machine["software"], soft) or "emulated" in machine["cpu"]:
+        if (
+            not same_software(machine["software"], soft)
+            or "emulated" in machine["cpu"]
+            or threads_of(machine) != threads
+        ):
             continue
         cpu_key = json.dumps(machine["cpu"], sort_keys=True)
         for name, digest in machine["digests"].items():
@@ -300,21 +313,25 @@ def compare(
     facts: dict[str, Any],
     soft: dict[str, Any],
     digests: dict[str, str],
+    threads: int = 1,
 ) -> tuple[list[str], list[str]]:
-    """This machine's digests against the table: `(failures, notes)`.
+    """This machine's digests at pool size `threads` against the table.
 
-    A failure: a digest that differs from the one recorded for this CPU (same
-    CPU facts and software: the bits must repeat), or from a model recorded
-    identical on two different CPUs (shown portable). Anything else is a
-    note (a CPU or software not in the table, a model not yet shown
-    portable): never a failure, since nothing says the bits should match.
+    Returns `(failures, notes)`. A failure: a digest that differs from the
+    one recorded for this CPU (same CPU facts, software and pool size: the
+    bits must repeat), or from a model recorded identical on two different
+    CPUs at that pool size (shown portable). Anything else is a note (a CPU
+    or software not in the table, a model not yet shown portable): never a
+    failure, since nothing says the bits should match.
     """
     failures: list[str] = []
     notes: list[str] = []
     same = [
         m
         for m in table["machines"]
-        if m["cpu"] == facts and same_software(m["software"], soft)
+        if m["cpu"] == facts
+        and same_software(m["software"], soft)
+        and threads_of(m) == threads
     ]
     for name, digest in digests.items():
         recorded = {m["digests"][name] for m in same if name in m["digests"]}
@@ -323,7 +340,7 @@ def compare(
                 f"{label(name)}: digest {digest} on this CPU; recorded "
                 f"{', '.join(sorted(recorded))} for the same CPU and software"
             )
-    for name, digest in portable_models(table, soft).items():
+    for name, digest in portable_models(table, soft, threads).items():
         if name in digests and digests[name] != digest:
             failures.append(
                 f"{label(name)}: digest {digests[name]}; recorded {digest} on two "
@@ -342,15 +359,22 @@ def record(
     facts: dict[str, Any],
     soft: dict[str, Any],
     digests: dict[str, str],
+    threads: int = 1,
 ) -> dict[str, Any]:
-    """The table with this machine's entry added or updated (same CPU, software).
+    """The table with this machine's entry added or updated (same CPU,
+    software and pool size `threads`: the profile's 1, or another size
+    measured beside it).
 
     An existing entry keeps the digests of models not trained now.
     """
     kept: dict[str, str] = {}
     machines = []
     for machine in table["machines"]:
-        if machine["cpu"] == facts and machine["software"] == soft:
+        if (
+            machine["cpu"] == facts
+            and machine["software"] == soft
+            and threads_of(machine) == threads
+        ):
             kept.update(machine["digests"])
         else:
             machines.append(machine)
@@ -363,7 +387,7 @@ def record(
             "date": datetime.date.today().isoformat(),
             "profile": {
                 "seed": SEED,
-                "threads": 1,
+                "threads": threads,
                 "cpu_isa": "AVX2" if _isa.applies() else None,
                 "onednn": _enable.DEFAULT_ONEDNN,
                 "steps": STEPS,
@@ -375,9 +399,10 @@ def record(
 
 
 def across_architectures(
-    table: dict[str, Any], tensorflow: str, keras: str
+    table: dict[str, Any], tensorflow: str, keras: str, threads: int = 1
 ) -> list[tuple[str, dict[str, list[str]], str]]:
-    """Each model's digests by architecture, for one TensorFlow and Keras.
+    """Each model's digests by architecture, for one TensorFlow and Keras,
+    at pool size `threads`.
 
     On each architecture, the entries with those versions and the patch set
     of the newest of them count: the patches `enable()` installs follow the
@@ -393,7 +418,10 @@ def across_architectures(
     by_architecture: dict[str, list[dict[str, Any]]] = {}
     for machine in table["machines"]:
         soft = machine["software"]
-        if (soft.get("tensorflow"), soft.get("keras_version")) == (tensorflow, keras):
+        if (soft.get("tensorflow"), soft.get("keras_version")) == (
+            tensorflow,
+            keras,
+        ) and threads_of(machine) == threads:
             architecture = machine.get("architecture", "x86_64")
             by_architecture.setdefault(architecture, []).append(machine)
     seen: dict[str, dict[str, set[str]]] = {}
@@ -415,9 +443,11 @@ def across_architectures(
     return rows
 
 
-def _print_across_architectures() -> None:
+def _print_across_architectures(threads: int) -> None:
     soft = software()
-    rows = across_architectures(load_table(), soft["tensorflow"], soft["keras_version"])
+    rows = across_architectures(
+        load_table(), soft["tensorflow"], soft["keras_version"], threads
+    )
     architectures = sorted({arch for _, digests, _ in rows for arch in digests})
     print(f"| model | {' | '.join(architectures)} | |")
     print("|---" * (len(architectures) + 2) + "|")
@@ -458,7 +488,8 @@ def main(argv: list[str] | None = None) -> int:
         "--threads",
         type=int,
         help="Thread-pool size of every run (default: the profile's, 1; 0: every "
-        "core). A measurement beside the record: not with --record.",
+        "core). Recorded and compared beside the profile's entries, never with "
+        "them: the pool size decides the bits.",
     )
     parser.add_argument(
         "--pool-size-free",
@@ -473,23 +504,24 @@ def main(argv: list[str] | None = None) -> int:
         "(x86_64, aarch64) for this TensorFlow and Keras, and whether they agree.",
     )
     args = parser.parse_args(argv)
-    if args.across_architectures:
-        _print_across_architectures()
-        return 0
-    if args.jobs < 1:
-        parser.error(f"Expected --jobs of at least 1. Received: {args.jobs}")
-    profile: dict[str, Any] = {}
+    threads = 1
     if args.threads is not None:
         if args.threads < 0:
             parser.error(f"Expected --threads of 0 or more. Received: {args.threads}")
-        profile["threads"] = args.threads or os.cpu_count()
+        threads = args.threads or os.cpu_count() or 1
+    if args.across_architectures:
+        _print_across_architectures(threads)
+        return 0
+    if args.jobs < 1:
+        parser.error(f"Expected --jobs of at least 1. Received: {args.jobs}")
+    profile: dict[str, Any] = {"threads": threads}
     if args.pool_size_free:
         profile["patches"] = (_registry.AUTO, "pool_size_free_products")
-    if profile and args.record:
-        parser.error(
-            "Expected --record alone, without --threads or --pool-size-free: the "
-            "record keeps the default profile's digests."
-        )
+        if args.record:
+            parser.error(
+                "Expected --record without --pool-size-free: the record keeps the "
+                "default patches' digests."
+            )
     names = expand(args.models.split(",")) if args.models else models()
     known = models()
     unknown = [name for name in names if name not in known]
@@ -519,10 +551,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     digests = {name: result["digest"] for name, result in results.items()}
     table = load_table()
-    if profile:  # The record holds the default profile's digests only.
+    if args.pool_size_free:  # The record holds the default patches' digests only.
         failures, notes = [], ["another profile than the record's: not compared"]
     else:
-        failures, notes = compare(table, facts, soft, digests)
+        failures, notes = compare(table, facts, soft, digests, threads)
     for line in notes + failures:
         print(line)
     if args.json:
@@ -531,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.record:
         TABLE.write_text(
-            json.dumps(record(table, facts, soft, digests), indent=2) + "\n"
+            json.dumps(record(table, facts, soft, digests, threads), indent=2) + "\n"
         )
         print(f"recorded in {TABLE}")
     return 1 if failures else 0

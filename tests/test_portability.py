@@ -221,11 +221,43 @@ def test_model_groups_expand_to_their_models() -> None:
     assert "cnn" in portability.expand(["builtin"])
 
 
-def test_another_profile_is_measured_beside_the_record_never_recorded() -> None:
-    for flags in (["--threads", "2"], ["--pool-size-free"]):
-        with pytest.raises(SystemExit) as exited:
-            portability.main(["--record", *flags])
-        assert exited.value.code == 2
+def test_the_pool_size_free_patch_is_measured_beside_the_record_never_recorded() -> (
+    None
+):
+    with pytest.raises(SystemExit) as exited:
+        portability.main(["--record", "--pool-size-free"])
+    assert exited.value.code == 2
+
+
+def test_entries_at_another_pool_size_are_kept_and_compared_apart() -> None:
+    table = _table((AMD, SOFT, {"cnn": "aaaa"}), (INTEL, SOFT, {"cnn": "aaaa"}))
+    at_two = portability.record(table, AMD, SOFT, {"cnn": "2222"}, threads=2)
+    # A second entry for the same CPU and software: the profile's stays.
+    assert [portability.threads_of(m) for m in at_two["machines"]] == [1, 1, 2]
+    assert at_two["machines"][0]["digests"] == {"cnn": "aaaa"}
+    assert at_two["machines"][-1]["profile"]["threads"] == 2
+    # At 2 threads, the same CPU must repeat its 2-thread digest, and the
+    # 1-thread digest shown portable on two CPUs is not the 2-thread promise.
+    assert portability.compare(at_two, AMD, SOFT, {"cnn": "2222"}, threads=2)[0] == []
+    failures, _ = portability.compare(at_two, AMD, SOFT, {"cnn": "3333"}, threads=2)
+    assert len(failures) == 1 and "same CPU" in failures[0]
+    assert portability.portable_models(at_two, SOFT) == {"cnn": "aaaa"}
+    assert portability.portable_models(at_two, SOFT, threads=2) == {}
+    # At 1 thread nothing changed: the 2-thread entry is not this CPU's.
+    assert portability.compare(at_two, AMD, SOFT, {"cnn": "aaaa"})[0] == []
+    again = portability.record(at_two, AMD, SOFT, {"lstm": "4444"}, threads=2)
+    assert len(again["machines"]) == 3
+    assert again["machines"][-1]["digests"] == {"cnn": "2222", "lstm": "4444"}
+
+
+def test_across_architectures_compares_one_pool_size() -> None:
+    table = _table((AMD, SOFT, {"cnn": "aaaa"}), (INTEL, SOFT, {"cnn": "bbbb"}))
+    table["machines"][1]["architecture"] = "aarch64"
+    table["machines"][1]["profile"] = {"threads": 2}
+    assert portability.across_architectures(table, "2.21.0", "3.15.1") == []
+    table["machines"][0]["profile"] = {"threads": 2}
+    rows = portability.across_architectures(table, "2.21.0", "3.15.1", threads=2)
+    assert rows == [("cnn", {"aarch64": ["bbbb"], "x86_64": ["aaaa"]}, "differs")]
 
 
 def _machine_output(folder: Path, cpu: str, digests: dict[str, str]) -> None:
