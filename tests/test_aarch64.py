@@ -1,4 +1,5 @@
-"""tfdet on aarch64: the same bits in fresh processes on one or two cores.
+"""tfdet on aarch64: the same bits in fresh processes on one or two cores,
+and on another ARM core's vector unit.
 
 Runs only in an aarch64 process: on ARM hardware, or in CI's emulated one
 (`ci/matrix.py --aarch64`: TensorFlow's aarch64 wheel under QEMU's user-mode
@@ -28,10 +29,13 @@ RUN_TIMEOUT = 1800
 def test_enable_keeps_the_bits_on_one_or_two_cores_and_plain_tensorflow_does_not(
     tmp_path, two_cpus
 ):
+    # The second run also runs on another emulated core (QEMU's default one
+    # with another vector unit: NEON under CI's SVE `max`), in the same two
+    # runs: no process more.
     report_path = tmp_path / "report.json"
     proc = run_tfdet(
         "check", "--device", "cpu", "--steps", "2", "--no-attribute", "--control",
-        "--perturb", "affinity,hashseed", "--timeout", str(RUN_TIMEOUT),
+        "--perturb", "affinity,hashseed,emulated_cpu", "--timeout", str(RUN_TIMEOUT),
         "--json", str(report_path),
         timeout=4 * RUN_TIMEOUT,
     )  # fmt: skip
@@ -42,6 +46,8 @@ def test_enable_keeps_the_bits_on_one_or_two_cores_and_plain_tensorflow_does_not
     assert cpu["verdict"] == "identical"
     assert all(run["ok"] and run["steps_recorded"] == 2 for run in cpu["runs"])
     assert "affinity" not in cpu["perturbations_skipped"]
+    assert "emulated_cpu" not in cpu["perturbations_skipped"]
+    assert "neoverse-n1" in cpu["runs"][1]["perturbations"]["emulated_cpu"]
     # Without tfdet, TensorFlow sizes its pools from the CPUs a run may use,
     # and Eigen's products on aarch64 (NEON) add in another order with them.
     assert report["control"]["verdict"] == "diverged", output

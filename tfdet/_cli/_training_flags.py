@@ -76,8 +76,10 @@ def add(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="QEMU CPU model of the emulated_cpu perturbation, which this flag "
         "selects (default: one of the other vendor than this CPU's, Haswell-v4 "
-        "or EPYC-Rome); with locate --record, the recording run is emulated. "
-        f"Needs {_emulation.EXECUTABLE} ({_emulation.INSTALL}).",
+        "or EPYC-Rome; on aarch64 one with another vector unit, neoverse-n1 or "
+        "max); with locate --record, the recording run is emulated. Needs "
+        f"{_emulation.EXECUTABLE} ({_emulation.ARM_EXECUTABLE} on aarch64; "
+        f"{_emulation.INSTALL}).",
     )
     parser.add_argument("--json", metavar="FILE", help="Write the full report as JSON.")
     parser.add_argument(
