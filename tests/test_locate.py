@@ -88,6 +88,21 @@ def test_the_same_model_without_noise_is_identical(tmp_path):
     assert "no difference" in output
 
 
+def test_a_recurrent_model_is_recorded_at_the_layer_that_runs_its_loop(tmp_path):
+    # An LSTM runs its cell once per time step inside a while loop, whose
+    # tensors cannot leave it: recording the cell's outputs failed every run
+    # of a model with an LSTM or GRU (exit 3, TensorFlow's traceback).
+    survey = REPO / "benchmarks" / "survey_models.py"
+    code, facts, output = _locate_cli(
+        tmp_path, f"{survey}:lstm", "--perturb", "none", "--steps", "1"
+    )
+    assert code == 0, output
+    # The cell's call outside the loop (Keras runs the first time step there)
+    # and the LSTM itself are recorded; the cell's calls inside it are not.
+    classes = [layer["class"] for layer in facts["layers"]]
+    assert classes == ["LSTMCell", "LSTM", "Dense"]
+
+
 @pytest.mark.parametrize(
     ("target", "layer", "agreeing"),
     [

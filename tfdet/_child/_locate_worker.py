@@ -37,6 +37,7 @@ class _LayerOutputs:
         self.calls: list[dict[str, Any]] = []
         self.tensors: list[Any] = []
         self.model_outputs: list[Any] = []
+        self._step_graph: Any = None  # The traced step's graph (`reset`).
         for layer in _layers.descendants(model):
             self._wrap(layer)
 
@@ -47,6 +48,11 @@ class _LayerOutputs:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             outputs = original(*args, **kwargs)
+            if tf.compat.v1.get_default_graph() is not self._step_graph:
+                # Called inside a loop's body (an LSTM's or GRU's cell, once
+                # per time step): its outputs cannot leave that graph. The
+                # layer that runs the loop is recorded instead.
+                return outputs
             flat = [t for t in tf.nest.flatten(outputs) if tf.is_tensor(t)]
             inputs = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
             self.calls.append(
@@ -70,9 +76,13 @@ class _LayerOutputs:
         layer.call = call
 
     def reset(self) -> None:
+        """Starts a trace of the step: called first inside the traced step."""
+        import tensorflow as tf
+
         self.calls.clear()
         self.tensors.clear()
         self.model_outputs = []
+        self._step_graph = tf.compat.v1.get_default_graph()
 
     def consumers(self) -> list[list[int]]:
         """Per call, the calls that take one of its outputs as an input.
