@@ -6,6 +6,7 @@ NaN != NaN) and never with a tolerance.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections.abc import Mapping, Sequence
@@ -185,8 +186,6 @@ def weight_checksums(variables: Sequence[Any]) -> np.ndarray:
 _FMIX_MULTIPLIERS = (0x85EBCA6B, 0xC2B2AE35)
 _POSITION_KEYS = (0x9E3779B9, 0x7FEB352D)
 
-_compiled_checksums: list[Any] = []  # The XLA function of a list, once made.
-_pair_functions: dict[Any, Any] = {}  # dtype: the plain function of one tensor.
 _xla_usable = True
 # XLA compiles the checksums of a whole list of tensors into one pass, which
 # pays once a process has spent as long in the plain functions as compiling
@@ -248,6 +247,7 @@ def _checksum_pair(value: Any) -> Any:
     return tf.stack(sums)
 
 
+@functools.cache
 def _pair_function(dtype: Any) -> Any:
     """The plain `_checksum_pair` of one tensor of `dtype`, as a `tf.function`.
 
@@ -260,30 +260,22 @@ def _pair_function(dtype: Any) -> Any:
     """
     import tensorflow as tf
 
-    function = _pair_functions.get(dtype)
-    if function is None:
-        function = tf.function(
-            tf.autograph.experimental.do_not_convert(_checksum_pair),
-            input_signature=[tf.TensorSpec(None, dtype)],
-        )
-        _pair_functions[dtype] = function
-    return function
+    return tf.function(
+        tf.autograph.experimental.do_not_convert(_checksum_pair),
+        input_signature=[tf.TensorSpec(None, dtype)],
+    )
 
 
+@functools.cache
 def _compiled_function() -> Any:
     """The XLA-compiled checksums of a list of tensors, fused into one pass."""
     import tensorflow as tf
 
-    if not _compiled_checksums:
+    @tf.autograph.experimental.do_not_convert
+    def checksums(values: list[Any]) -> Any:
+        return tf.stack([_checksum_pair(value) for value in values])
 
-        @tf.autograph.experimental.do_not_convert
-        def checksums(values: list[Any]) -> Any:
-            return tf.stack([_checksum_pair(value) for value in values])
-
-        _compiled_checksums.append(
-            tf.function(checksums, reduce_retracing=True, jit_compile=True)
-        )
-    return _compiled_checksums[0]
+    return tf.function(checksums, reduce_retracing=True, jit_compile=True)
 
 
 def _plain_checksums(values: list[Any]) -> np.ndarray:
