@@ -1,11 +1,13 @@
 """tfdet's fixed-order product kernel: bits fixed by the shapes alone.
 
-Its values agree with `tf.matmul` to float32 rounding (forward and both
-gradients, every transpose, broadcast batches); its bits do not follow the
-row count (a row computed in a batch of 96 equals the row computed alone),
+Its values agree with `tf.matmul` and `tf.raw_ops.Conv2D` to float32
+rounding (forward and both gradients, every transpose, broadcast batches,
+strides, paddings, dilations); its bits do not follow the row count (a row
+computed in a batch of 96 equals the row computed alone, an image's
+convolution and input gradient in a batch of 12 equal them computed alone),
 the micro-kernel's vector width (AVX2 and scalar paths), nor the pool size
 (fresh processes with pools 1, 2, 3, 4). Each invariance has its control:
-TensorFlow's own product under the same perturbation gives other bits.
+TensorFlow's own op under the same perturbation gives other bits.
 The kernel is built once for the suite (`TFDET_KERNEL_CACHE`, set by
 tests/conftest.py, shared by pytest-xdist's workers and the processes they
 start).
@@ -106,6 +108,106 @@ def test_rows_do_not_follow_the_batch(kernels):
         assert _bits(part) == _bits(whole[:rows]), rows
 
 
+# (image shape NHWC, (filter rows, columns, filters), strides, padding,
+# dilation): edges of every micro-tile, strides 2 and (2, 3), SAME, VALID
+# and explicit paddings, dilated filters, a strided 1x1, a 7x7 stem, and a
+# tap's run of channels longer than a K block (300).
+CONVOLUTIONS = (
+    ((2, 9, 9, 3), (3, 3, 8), (1, 1), "SAME", 1),
+    ((2, 9, 9, 3), (3, 3, 8), (2, 2), "SAME", 1),
+    ((3, 10, 7, 5), (3, 2, 17), (2, 3), "VALID", 1),
+    ((2, 12, 12, 4), (3, 3, 6), (1, 1), "SAME", 2),
+    ((2, 8, 8, 7), (1, 1, 9), (2, 2), "VALID", 1),
+    ((1, 16, 16, 3), (7, 7, 20), (2, 2), "SAME", 1),
+    ((2, 8, 8, 4), (3, 3, 5), (1, 1), [0, 0, 1, 2, 0, 1, 0, 0], 1),
+    # From 16 channels (filters) on, rows are read in place, not packed.
+    ((2, 9, 9, 20), (3, 3, 24), (2, 2), "SAME", 1),
+    ((2, 8, 8, 32), (3, 3, 16), (1, 1), "VALID", 2),
+    ((3, 7, 9, 17), (2, 3, 33), (2, 1), [0, 0, 2, 1, 1, 0, 0, 0], 1),
+    ((2, 6, 6, 300), (1, 1, 40), (1, 1), "VALID", 1),
+)
+
+
+def _convolution(kernels, x, w, strides, padding, dilation):
+    """The kernel's Conv2D and TensorFlow's on the same inputs.
+
+    TensorFlow's CPU gradients refuse dilations, so its filter is the
+    dilated one written out, zeros between the taps.
+    """
+    import tensorflow as tf
+
+    explicit = padding if isinstance(padding, list) else []
+    padding = "EXPLICIT" if explicit else padding
+    attributes = {"strides": [1, *strides, 1], "padding": padding}
+    rows, columns, channels, filters = w.shape
+    spread = tf.scatter_nd(
+        [[i * dilation, j * dilation] for i in range(rows) for j in range(columns)],
+        tf.reshape(w, [rows * columns, channels, filters]),
+        [(rows - 1) * dilation + 1, (columns - 1) * dilation + 1, channels, filters],
+    )
+    ours = kernels.conv2d(
+        x, w, explicit_paddings=explicit, dilations=[1, dilation, dilation, 1],
+        **attributes,
+    )  # fmt: skip
+    theirs = tf.raw_ops.Conv2D(
+        input=x, filter=spread, explicit_paddings=explicit, **attributes
+    )
+    return ours, theirs
+
+
+@pytest.mark.parametrize("case", CONVOLUTIONS, ids=lambda case: str(case[:4]))
+def test_convolutions_and_their_gradients_match_tensorflow(kernels, case):
+    import tensorflow as tf
+
+    image, (rows, columns, filters), strides, padding, dilation = case
+    rng = np.random.default_rng(4)
+    x = tf.constant(rng.normal(size=image), tf.float32)
+    w = tf.constant(rng.normal(size=(rows, columns, image[3], filters)), tf.float32)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([x, w])
+        ours, theirs = _convolution(kernels, x, w, strides, padding, dilation)
+    upstream = tf.constant(rng.normal(size=theirs.shape), tf.float32)
+    found = [
+        [y, *tape.gradient(y, [x, w], output_gradients=upstream)]
+        for y in (ours, theirs)
+    ]
+    graph = tf.function(kernels.conv2d).get_concrete_function(
+        tf.TensorSpec([None, None, None, image[3]]), w, strides=[1, *strides, 1],
+        padding="SAME",
+    ).graph  # fmt: skip
+    assert {"TfdetFixedOrderConv2D"} <= {op.type for op in graph.get_operations()}
+    for name, mine, reference in zip(("y", "dx", "dw"), *found, strict=True):
+        assert mine.shape == reference.shape, name
+        scale = max(float(np.abs(reference).max()), 1e-30)
+        assert np.abs(mine - reference).max() / scale < 1e-5, name
+
+
+def test_an_images_convolution_does_not_follow_the_batch(kernels):
+    """An image's output and input gradient in a batch of 12 equal it alone."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(5)
+    x = tf.constant(rng.normal(size=(12, 10, 10, 16)), tf.float32)
+    w = tf.constant(rng.normal(size=(3, 3, 16, 24)), tf.float32)
+    upstream = tf.constant(rng.normal(size=(12, 5, 5, 24)), tf.float32)
+
+    def forward_and_input_gradient(images):
+        kept = upstream[: images.shape[0]]
+        attributes = {"strides": [1, 2, 2, 1], "padding": "SAME"}
+        return (
+            kernels.conv2d(images, w, **attributes).numpy(),
+            kernels.conv2d_backprop_input(
+                tf.shape(images), w, kept, **attributes
+            ).numpy(),
+        )
+
+    whole = forward_and_input_gradient(x)
+    for images in (1, 5):
+        part = forward_and_input_gradient(x[:images])
+        for mine, reference in zip(part, whole, strict=True):
+            assert _bits(mine) == _bits(reference[:images]), images
+
+
 def test_scalar_path_gives_the_avx2_paths_bits(kernels, monkeypatch):
     import tensorflow as tf
 
@@ -115,11 +217,19 @@ def test_scalar_path_gives_the_avx2_paths_bits(kernels, monkeypatch):
     x = tf.constant(rng.normal(size=(3, 9, 20)), tf.float32)
     y = tf.constant(rng.normal(size=(3, 20, 18)), tf.float32)
 
+    images = tf.constant(rng.normal(size=(3, 9, 9, 5)), tf.float32)
+    w = tf.constant(rng.normal(size=(3, 3, 5, 19)), tf.float32)
+    upstream = tf.constant(rng.normal(size=(3, 5, 5, 19)), tf.float32)
+    attributes = {"strides": [1, 2, 2, 1], "padding": "SAME"}
+
     def results():
         return [
             kernels.matmul(a, b),
             kernels.matmul(b, a, transpose_a=True, transpose_b=True),
             kernels.batch_matmul(x, y),
+            kernels.conv2d(images, w, **attributes),
+            kernels.conv2d_backprop_input(tf.shape(images), w, upstream, **attributes),
+            kernels.conv2d_backprop_filter(images, tf.shape(w), upstream, **attributes),
         ]
 
     default = results()
@@ -134,7 +244,9 @@ def test_a_missing_compiler_is_said_once_and_load_gives_none(monkeypatch, caplog
     with caplog.at_level("WARNING", logger="tfdet"):
         assert _fixed_order_kernels.load() is None
         assert _fixed_order_kernels.load() is None
-    warnings = [r for r in caplog.records if "_fixed_order_matmul.cc" in r.getMessage()]
+    warnings = [
+        r for r in caplog.records if "_fixed_order_products.cc" in r.getMessage()
+    ]
     assert len(warnings) == 1
     assert "no C++ compiler" in warnings[0].getMessage()
     assert "products use the slower pool-size-free composition instead" in (
@@ -143,8 +255,9 @@ def test_a_missing_compiler_is_said_once_and_load_gives_none(monkeypatch, caplog
 
 
 # One process per setting (pool size, oneDNN ISA cap): the kernel's and
-# tf.matmul's bits on the same inputs, forward and both gradients, and the
-# rows of a 96-row product computed in batches of 1, 5 and 32.
+# TensorFlow's bits on the same inputs, forward and both gradients, of a
+# product and of a convolution, and the rows of a 96-row product (the images
+# of a 16-image convolution) computed in smaller batches.
 PRODUCTS = """
 import hashlib, json, sys
 import numpy as np
@@ -177,6 +290,38 @@ for name, product in (("kernel", kernels.matmul), ("tf", tf.matmul)):
         for batch in (1, 5, 32)
     }
     found[name] = {"pool": pool, "rows": rows}
+
+# Two convolutions, forward and both gradients: 8 channels (whose filter
+# gradient oneDNN splits by the pool), and a strided one of 32 channels
+# (which the kernel reads in place); and each image of the first computed
+# in batches of 1 and 5.
+images = tf.constant(rng.normal(size=(64, 32, 32, 8)), tf.float32)
+w = tf.constant(rng.normal(size=(3, 3, 8, 8)), tf.float32)
+upstream = tf.constant(rng.normal(size=(64, 32, 32, 8)), tf.float32)
+wide = tf.constant(rng.normal(size=(16, 16, 16, 32)), tf.float32)
+wide_w = tf.constant(rng.normal(size=(3, 3, 32, 64)), tf.float32)
+wide_upstream = tf.constant(rng.normal(size=(16, 8, 8, 64)), tf.float32)
+convolutions = (
+    ("kernel", kernels.conv2d),
+    ("tf", lambda x, w, **a: tf.raw_ops.Conv2D(input=x, filter=w, **a)),
+)
+for name, convolve in convolutions:
+    tensors = []
+    for x, kernel, dy, stride in ((images, w, upstream, 1),
+                                  (wide, wide_w, wide_upstream, 2)):
+        attributes = {"strides": [1, stride, stride, 1], "padding": "SAME"}
+        with tf.GradientTape() as tape:
+            tape.watch([x, kernel])
+            y = convolve(x, kernel, **attributes)
+        tensors += [y, *tape.gradient(y, [x, kernel], output_gradients=dy)]
+    whole = tensors[0].numpy()
+    differ = {
+        batch: int(np.sum(np.any(
+            convolve(images[:batch], w, strides=[1, 1, 1, 1], padding="SAME").numpy()
+            != whole[:batch], (1, 2, 3))))
+        for batch in (1, 5)
+    }
+    found[name].update(conv_pool=digest(tensors), conv_images=differ)
 print(json.dumps(found))
 """
 
@@ -186,7 +331,7 @@ SETTINGS = ((1, "AVX2"), (2, "AVX2"), (3, "AVX2"), (4, "AVX2"), (1, "SSE41"))
 
 
 @pytest.mark.slow
-def test_bits_follow_neither_pool_nor_batch_where_tf_matmuls_do(kernels):
+def test_bits_follow_neither_pool_nor_batch_where_tensorflows_ops_do(kernels):
     processes = {
         setting: subprocess.Popen(
             [sys.executable, "-c", PRODUCTS, str(setting[0]), setting[1]],
@@ -212,7 +357,16 @@ def test_bits_follow_neither_pool_nor_batch_where_tf_matmuls_do(kernels):
     assert tf_matmul[(1, "SSE41")] != tf_matmul[(1, "AVX2")], tf_matmul
     for setting, result in results.items():
         assert set(result["kernel"]["rows"].values()) == {0}, (setting, result)
+        assert set(result["kernel"]["conv_images"].values()) == {0}, (setting, result)
     # Control: some row of TensorFlow's product follows its batch.
     assert any(sum(result["tf"]["rows"].values()) for result in results.values()), (
         results
     )
+    # The convolution: one digest everywhere; TensorFlow's follows the pool
+    # (its filter gradient) and the cap, and an image follows its batch.
+    kernel = {s: r["kernel"]["conv_pool"] for s, r in results.items()}
+    tf_conv = {s: r["tf"]["conv_pool"] for s, r in results.items()}
+    assert len(set(kernel.values())) == 1, kernel
+    assert len({tf_conv[(threads, "AVX2")] for threads in (1, 2, 3, 4)}) > 1, tf_conv
+    assert tf_conv[(1, "SSE41")] != tf_conv[(1, "AVX2")], tf_conv
+    assert any(sum(r["tf"]["conv_images"].values()) for r in results.values()), results

@@ -1,10 +1,12 @@
-"""tfdet's own matrix products, whose bits are fixed by the shapes alone.
+"""tfdet's own matrix products and convolutions, bits fixed by the shapes alone.
 
-The kernel (`_fixed_order_matmul.cc`, beside this module) sums every output
+The kernel (`_fixed_order_products.cc`, beside this module) sums every output
 element's K terms in one chain of fused multiply-adds, k = 0 .. K-1, and
 splits the work over output tiles only, so its bits do not follow the
 thread count, the row count (a sample's batch) or the vector width (its
-AVX2 path and its scalar path give the same bits). See the source's header.
+AVX2 path and its scalar path give the same bits). A 2-D convolution (NHWC,
+float32) and its two gradients are the same product over the image's
+patches, packed from the image itself. See the source's header.
 
 It is a TensorFlow custom op built at first use and cached
 (`tfdet.patches._kernel_library`); where it cannot be built, `load()`
@@ -32,10 +34,15 @@ def _register_gradients(tf: Any) -> None:
     """Registers the ops' gradients (once a process: TensorFlow refuses two)."""
     tf.RegisterGradient("TfdetFixedOrderMatMul")(_mat_mul_gradient)
     tf.RegisterGradient("TfdetFixedOrderBatchMatMul")(_batch_mat_mul_gradient)
+    tf.RegisterGradient("TfdetFixedOrderConv2D")(_conv2d_gradient)
+    tf.RegisterGradient("TfdetFixedOrderConv2DBackpropInput")(_input_gradient_gradient)
+    tf.RegisterGradient("TfdetFixedOrderConv2DBackpropFilter")(
+        _filter_gradient_gradient
+    )
 
 
 LIBRARY = _kernel_library.KernelLibrary(
-    Path(__file__).with_name("_fixed_order_matmul.cc"),
+    Path(__file__).with_name("_fixed_order_products.cc"),
     flags=(),
     fallback="products use the slower pool-size-free composition",
     register=_register_gradients,
@@ -100,3 +107,114 @@ def _batch_mat_mul_gradient(op: Any, grad: Any) -> tuple[Any, Any]:
     gx = tf.reshape(tf.reduce_sum(gx, axes_x), shape_x)
     gy = tf.reshape(tf.reduce_sum(gy, axes_y), shape_y)
     return gx, gy
+
+
+def conv2d(
+    x: Any,
+    kernel: Any,
+    strides: Any,
+    padding: str,
+    explicit_paddings: Any = (),
+    dilations: Any = (1, 1, 1, 1),
+) -> Any:
+    """`tf.raw_ops.Conv2D` of an NHWC float32 `x` and an HWIO `kernel`.
+
+    The kernel's channels must be x's (no groups). `strides`, `padding`,
+    `explicit_paddings` and `dilations` are Conv2D's attributes.
+    """
+    return load().tfdet_fixed_order_conv2d(
+        x,
+        kernel,
+        strides=list(strides),
+        padding=padding,
+        explicit_paddings=list(explicit_paddings),
+        dilations=list(dilations),
+    )
+
+
+def conv2d_backprop_input(
+    input_sizes: Any,
+    kernel: Any,
+    out_backprop: Any,
+    strides: Any,
+    padding: str,
+    explicit_paddings: Any = (),
+    dilations: Any = (1, 1, 1, 1),
+) -> Any:
+    """`tf.raw_ops.Conv2DBackpropInput` (NHWC, float32), by the kernel."""
+    return load().tfdet_fixed_order_conv2d_backprop_input(
+        input_sizes,
+        kernel,
+        out_backprop,
+        strides=list(strides),
+        padding=padding,
+        explicit_paddings=list(explicit_paddings),
+        dilations=list(dilations),
+    )
+
+
+def conv2d_backprop_filter(
+    x: Any,
+    filter_sizes: Any,
+    out_backprop: Any,
+    strides: Any,
+    padding: str,
+    explicit_paddings: Any = (),
+    dilations: Any = (1, 1, 1, 1),
+) -> Any:
+    """`tf.raw_ops.Conv2DBackpropFilter` (NHWC, float32), by the kernel."""
+    return load().tfdet_fixed_order_conv2d_backprop_filter(
+        x,
+        filter_sizes,
+        out_backprop,
+        strides=list(strides),
+        padding=padding,
+        explicit_paddings=list(explicit_paddings),
+        dilations=list(dilations),
+    )
+
+
+def _attributes(op: Any) -> dict[str, Any]:
+    """A convolution op's attributes, to give the ops of its gradient."""
+    return {
+        name: op.get_attr(name)
+        for name in ("strides", "padding", "explicit_paddings", "dilations")
+    }
+
+
+def _conv2d_gradient(op: Any, grad: Any) -> tuple[Any, Any]:
+    """Conv2D's gradients (`nn_grad._Conv2DGrad`'s), each by the kernel."""
+    import tensorflow as tf
+
+    x, kernel = op.inputs
+    attributes = _attributes(op)
+    return (
+        conv2d_backprop_input(tf.shape(x), kernel, grad, **attributes),
+        conv2d_backprop_filter(x, tf.shape(kernel), grad, **attributes),
+    )
+
+
+def _input_gradient_gradient(op: Any, grad: Any) -> tuple[None, Any, Any]:
+    """`nn_grad._Conv2DBackpropInputGrad`'s formulas, by the kernel."""
+    import tensorflow as tf
+
+    _, kernel, out_backprop = op.inputs
+    attributes = _attributes(op)
+    return (
+        None,
+        conv2d_backprop_filter(grad, tf.shape(kernel), out_backprop, **attributes),
+        conv2d(grad, kernel, **attributes),
+    )
+
+
+def _filter_gradient_gradient(op: Any, grad: Any) -> tuple[Any, None, Any]:
+    """`nn_grad._Conv2DBackpropFilterGrad`'s formulas, by the kernel."""
+    import tensorflow as tf
+
+    x, _, out_backprop = op.inputs
+    attributes = _attributes(op)
+    return (
+        conv2d_backprop_input(tf.shape(x), grad, out_backprop, **attributes),
+        None,
+        conv2d(x, grad, **attributes),
+    )

@@ -1,0 +1,986 @@
+// tfdet's matrix products and convolutions whose bits are fixed by the
+// shapes alone.
+//
+// Every output element C[i][j] is one chain of fused multiply-adds,
+//     acc = 0; for k = 0 .. K-1: acc = fma(A[i][k], B[k][j], acc)
+// in that order, whatever the thread count, the row count M (a sample's
+// batch), the tile the element lands in and the vector width:
+//
+// - the AVX2 micro-kernel (6x16, BLIS's outer product) keeps one output
+//   element per accumulator lane, so a lane does exactly the chain above;
+//   the scalar micro-kernel does the same chain with std::fma;
+// - K is cut into blocks of KC, and each block continues the chain from the
+//   value stored in C: a float32 store and reload is exact, and each FMA
+//   rounds anyway, so the blocks give the chain's bits;
+// - the work is split over output tiles only (never over K), each tile
+//   computed by one thread, so the pool size decides who computes a tile,
+//   never how;
+// - padded rows and columns of the edge tiles are zeros computed beside the
+//   real ones and thrown away: they never enter a real element's chain.
+//
+// A convolution is the same product over its image patches, packed from
+// the image directly (no im2col copy in memory beside the packed panels):
+// forward, (batch x out_h x out_w) x (filter_h x filter_w x channels) times
+// the filter; the input gradient, (batch x height x width) x (filter_h x
+// filter_w x filters) of the output gradient, zero where no output reads
+// that pixel at that filter tap, times the filter's transpose; the filter
+// gradient, (filter_h x filter_w x channels) x (batch x out_h x out_w) of
+// the image times the output gradient. So each element's chain runs over
+// its terms in an order that the shapes alone fix, and a sample's outputs
+// and input gradient do not follow the batch.
+//
+// The AVX2 path is compiled with target attributes and chosen by CPUID at
+// run time; the scalar path runs elsewhere (any other CPU, aarch64 too) or
+// when TFDET_FIXED_ORDER_ISA is "scalar" (the tests compare both).
+
+#if defined(__x86_64__) || defined(__i386__)
+#define TFDET_X86 1
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/util/matmul_bcast.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+namespace tfdet {
+namespace {
+
+using int64 = std::int64_t;
+
+constexpr int64 kMR = 6;    // rows of the micro-tile
+constexpr int64 kNR = 16;   // columns of the micro-tile (two AVX2 vectors)
+constexpr int64 kKC = 256;  // K per packed block (cache, never the bits)
+
+// A matrix read through strides: element (r, c) is data[r * rows + c * cols].
+struct View {
+  const float* data;
+  int64 rows;
+  int64 cols;
+  float at(int64 r, int64 c) const { return data[r * rows + c * cols]; }
+};
+
+// Rows [i0, i0 + kMR) of a, columns [k0, k0 + kc), as one panel: for each
+// k, the panel's kMR rows side by side (zeros past m).
+void PackRows(const View& a, int64 m, int64 i0, int64 k0, int64 kc,
+              float* dst) {
+  const int64 rows = std::min(kMR, m - i0);
+  if (rows < kMR) std::memset(dst, 0, sizeof(float) * kMR * kc);
+  if (a.cols == 1) {
+    for (int64 r = 0; r < rows; ++r) {
+      const float* src = a.data + (i0 + r) * a.rows + k0;
+      for (int64 x = 0; x < kc; ++x) dst[x * kMR + r] = src[x];
+    }
+  } else {
+    for (int64 x = 0; x < kc; ++x) {
+      const float* src = a.data + i0 * a.rows + (k0 + x) * a.cols;
+      for (int64 r = 0; r < rows; ++r) dst[x * kMR + r] = src[r * a.rows];
+    }
+  }
+}
+
+// Columns [j0, j0 + kNR) of b, rows [k0, k0 + kc), as one panel: for each
+// k, the panel's kNR columns side by side (zeros past n).
+void PackColumns(const View& b, int64 n, int64 j0, int64 k0, int64 kc,
+                 float* dst) {
+  const int64 cols = std::min(kNR, n - j0);
+  if (cols < kNR) std::memset(dst, 0, sizeof(float) * kNR * kc);
+  if (b.cols == 1) {
+    for (int64 x = 0; x < kc; ++x)
+      std::memcpy(dst + x * kNR, b.data + (k0 + x) * b.rows + j0,
+                  sizeof(float) * cols);
+  } else {
+    for (int64 c = 0; c < cols; ++c) {
+      const float* src = b.data + (j0 + c) * b.cols + k0 * b.rows;
+      for (int64 x = 0; x < kc; ++x) dst[x * kNR + c] = src[x * b.rows];
+    }
+  }
+}
+
+// Where a micro-kernel reads A: a packed panel (for each k, the kMR rows
+// side by side), or kMR row pointers, each row's terms contiguous.
+struct PackedPanel {
+  const float* a;
+  const float* at(int64 r, int64 k) const { return a + k * kMR + r; }
+};
+struct RowPointers {
+  const float* const* rows;
+  const float* at(int64 r, int64 k) const { return rows[r] + k; }
+};
+
+// c (kMR x kNR, row stride ldc) = (accumulate ? c : 0) + A x b-panel, each
+// element one FMA chain over k in order.
+template <typename A>
+using MicroKernel = void (*)(int64 kc, const A& a, const float* b, float* c,
+                             int64 ldc, bool accumulate);
+
+template <typename A>
+void ScalarKernel(int64 kc, const A& a, const float* b, float* c, int64 ldc,
+                  bool accumulate) {
+  for (int64 r = 0; r < kMR; ++r) {
+    for (int64 j = 0; j < kNR; ++j) {
+      float acc = accumulate ? c[r * ldc + j] : 0.0f;
+      for (int64 k = 0; k < kc; ++k)
+        acc = std::fma(*a.at(r, k), b[k * kNR + j], acc);
+      c[r * ldc + j] = acc;
+    }
+  }
+}
+
+#ifdef TFDET_X86
+template <typename A>
+__attribute__((target("avx2,fma"))) void Avx2Kernel(int64 kc, const A& a,
+                                                     const float* b, float* c,
+                                                     int64 ldc,
+                                                     bool accumulate) {
+  __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
+  if (accumulate) {
+    c00 = _mm256_loadu_ps(c + 0 * ldc), c01 = _mm256_loadu_ps(c + 0 * ldc + 8);
+    c10 = _mm256_loadu_ps(c + 1 * ldc), c11 = _mm256_loadu_ps(c + 1 * ldc + 8);
+    c20 = _mm256_loadu_ps(c + 2 * ldc), c21 = _mm256_loadu_ps(c + 2 * ldc + 8);
+    c30 = _mm256_loadu_ps(c + 3 * ldc), c31 = _mm256_loadu_ps(c + 3 * ldc + 8);
+    c40 = _mm256_loadu_ps(c + 4 * ldc), c41 = _mm256_loadu_ps(c + 4 * ldc + 8);
+    c50 = _mm256_loadu_ps(c + 5 * ldc), c51 = _mm256_loadu_ps(c + 5 * ldc + 8);
+  } else {
+    c00 = c01 = c10 = c11 = c20 = c21 = _mm256_setzero_ps();
+    c30 = c31 = c40 = c41 = c50 = c51 = _mm256_setzero_ps();
+  }
+  for (int64 k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_load_ps(b);
+    const __m256 b1 = _mm256_load_ps(b + 8);
+    __m256 x;
+    x = _mm256_broadcast_ss(a.at(0, k));
+    c00 = _mm256_fmadd_ps(x, b0, c00), c01 = _mm256_fmadd_ps(x, b1, c01);
+    x = _mm256_broadcast_ss(a.at(1, k));
+    c10 = _mm256_fmadd_ps(x, b0, c10), c11 = _mm256_fmadd_ps(x, b1, c11);
+    x = _mm256_broadcast_ss(a.at(2, k));
+    c20 = _mm256_fmadd_ps(x, b0, c20), c21 = _mm256_fmadd_ps(x, b1, c21);
+    x = _mm256_broadcast_ss(a.at(3, k));
+    c30 = _mm256_fmadd_ps(x, b0, c30), c31 = _mm256_fmadd_ps(x, b1, c31);
+    x = _mm256_broadcast_ss(a.at(4, k));
+    c40 = _mm256_fmadd_ps(x, b0, c40), c41 = _mm256_fmadd_ps(x, b1, c41);
+    x = _mm256_broadcast_ss(a.at(5, k));
+    c50 = _mm256_fmadd_ps(x, b0, c50), c51 = _mm256_fmadd_ps(x, b1, c51);
+    b += kNR;
+  }
+  _mm256_storeu_ps(c + 0 * ldc, c00), _mm256_storeu_ps(c + 0 * ldc + 8, c01);
+  _mm256_storeu_ps(c + 1 * ldc, c10), _mm256_storeu_ps(c + 1 * ldc + 8, c11);
+  _mm256_storeu_ps(c + 2 * ldc, c20), _mm256_storeu_ps(c + 2 * ldc + 8, c21);
+  _mm256_storeu_ps(c + 3 * ldc, c30), _mm256_storeu_ps(c + 3 * ldc + 8, c31);
+  _mm256_storeu_ps(c + 4 * ldc, c40), _mm256_storeu_ps(c + 4 * ldc + 8, c41);
+  _mm256_storeu_ps(c + 5 * ldc, c50), _mm256_storeu_ps(c + 5 * ldc + 8, c51);
+}
+#endif  // TFDET_X86
+
+bool CpuHasAvx2Fma() {
+#ifdef TFDET_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+// The micro-kernel of this process: AVX2 where the CPU has it, unless
+// TFDET_FIXED_ORDER_ISA=scalar asks for the scalar one (read at each call,
+// so a test can compare both in one process).
+template <typename A>
+MicroKernel<A> ChooseKernel() {
+  static const bool avx2 = CpuHasAvx2Fma();
+  const char* wanted = std::getenv("TFDET_FIXED_ORDER_ISA");
+  if (wanted != nullptr && std::strcmp(wanted, "scalar") == 0)
+    return ScalarKernel<A>;
+#ifdef TFDET_X86
+  if (avx2) return Avx2Kernel<A>;
+#endif
+  return ScalarKernel<A>;
+}
+
+// The output tiles. Each element's chain is the same in any tile, so the
+// tiling may follow the pool size without changing a bit: tiles as large
+// as the cache allows (so packing is amortized over many products), cut
+// evenly until each thread has about two of them.
+struct Tiling {
+  int64 tm, tn, row_tiles, col_tiles;
+  Tiling(int64 batch, int64 m, int64 n, int64 threads) {
+    const int64 micro_rows = (m + kMR - 1) / kMR;
+    const int64 micro_cols = (n + kNR - 1) / kNR;
+    row_tiles = (micro_rows + 15) / 16;  // tm <= 96 rows
+    col_tiles = (micro_cols + 15) / 16;  // tn <= 256 columns
+    const int64 wanted = 2 * threads;
+    while (batch * row_tiles * col_tiles < wanted) {
+      // Cut the side whose tiles are longer, down to 2 micro-tiles.
+      const int64 rows_each = (micro_rows + row_tiles - 1) / row_tiles;
+      const int64 cols_each = (micro_cols + col_tiles - 1) / col_tiles;
+      if (cols_each >= rows_each && cols_each > 2) {
+        ++col_tiles;
+      } else if (rows_each > 2) {
+        ++row_tiles;
+      } else {
+        break;
+      }
+    }
+    tm = ((micro_rows + row_tiles - 1) / row_tiles) * kMR;
+    tn = ((micro_cols + col_tiles - 1) / col_tiles) * kNR;
+    row_tiles = (m + tm - 1) / tm;
+    col_tiles = (n + tn - 1) / tn;
+  }
+};
+
+// A block of floats aligned for the micro-kernel's aligned loads.
+struct AlignedFloats {
+  explicit AlignedFloats(int64 floats)
+      : data(static_cast<float*>(std::aligned_alloc(
+            64, ((std::max<int64>(floats, 1) * 4 + 63) / 64) * 64))) {}
+  ~AlignedFloats() { std::free(data); }
+  AlignedFloats(const AlignedFloats&) = delete;
+  AlignedFloats& operator=(const AlignedFloats&) = delete;
+  float* data;
+};
+
+// The micro-tile at rows i (of the tile's rows) and columns q, through
+// `kernel` on A `a`: in place, or on a full-size copy at an edge.
+template <typename A>
+void ComputeMicroTile(MicroKernel<A> kernel, int64 kc, const A& a,
+                      const float* b_panel, float* out, int64 n, int64 mr,
+                      int64 nr, bool accumulate) {
+  if (mr == kMR && nr == kNR) {
+    kernel(kc, a, b_panel, out, n, accumulate);
+    return;
+  }
+  alignas(64) float edge[kMR * kNR];
+  if (accumulate)
+    for (int64 x = 0; x < mr; ++x)
+      std::memcpy(edge + x * kNR, out + x * n, sizeof(float) * nr);
+  kernel(kc, a, b_panel, edge, kNR, accumulate);
+  for (int64 x = 0; x < mr; ++x)
+    std::memcpy(out + x * n, edge + x * kNR, sizeof(float) * nr);
+}
+
+// Tile (i0.., j0..) of product `p`: for each K block in order, the tile's
+// columns of B for that block packed (into `b_block`, kKC x tn floats,
+// where they stay in cache), then the micro-kernel over the tile's
+// micro-tiles, continuing each chain from C. A is read from the tile's
+// rows packed for the block (`a_block`, tm x kKC), or, where the operands
+// offer it (`Operands::Direct`), straight from memory through row
+// pointers, one run of contiguous terms at a time (`zeros`: a row of
+// zeros as long as a run, for rows that read none). The chains are the
+// same either way.
+template <typename Operands>
+void ComputeTile(const Operands& operands, int64 p, float* a_block,
+                 float* b_block, const float* zeros, int64 m, int64 n,
+                 int64 k, int64 i0, int64 j0, int64 tm, int64 tn) {
+  const int64 rows = std::min(tm, m - i0);
+  const int64 cols = std::min(tn, n - j0);
+  float* c = operands.Output(p);
+  if (k == 0) {
+    for (int64 r = 0; r < rows; ++r)
+      std::fill(c + (i0 + r) * n + j0, c + (i0 + r) * n + j0 + cols, 0.0f);
+    return;
+  }
+  const bool direct = operands.Direct();
+  const MicroKernel<PackedPanel> packed_kernel = ChooseKernel<PackedPanel>();
+  const MicroKernel<RowPointers> row_kernel = ChooseKernel<RowPointers>();
+  for (int64 k0 = 0; k0 < k; k0 += kKC) {
+    const int64 kc = std::min(kKC, k - k0);
+    if (!direct)
+      for (int64 r = 0; r < rows; r += kMR)
+        operands.PackA(p, i0 + r, k0, kc, a_block + r * kc);
+    for (int64 q = 0; q < cols; q += kNR)
+      operands.PackB(p, j0 + q, k0, kc, b_block + q * kc);
+    for (int64 r = 0; r < rows; r += kMR) {
+      const int64 mr = std::min(kMR, rows - r);
+      float* out = c + (i0 + r) * n + j0;
+      if (!direct) {
+        const PackedPanel a{a_block + r * kc};
+        for (int64 q = 0; q < cols; q += kNR)
+          ComputeMicroTile(packed_kernel, kc, a, b_block + q * kc, out + q, n,
+                           mr, std::min(kNR, cols - q), k0 > 0);
+        continue;
+      }
+      // Runs of terms, each contiguous in every row.
+      for (int64 x = k0; x < k0 + kc;) {
+        const int64 run = std::min(operands.Run(x), k0 + kc - x);
+        const float* pointers[kMR];
+        for (int64 row = 0; row < kMR; ++row)
+          pointers[row] =
+              row < mr ? operands.Row(i0 + r + row, x, zeros) : zeros;
+        const RowPointers a{pointers};
+        for (int64 q = 0; q < cols; q += kNR)
+          ComputeMicroTile(row_kernel, run, a, b_block + q * kc + (x - k0) * kNR,
+                           out + q, n, mr, std::min(kNR, cols - q), x > 0);
+        x += run;
+      }
+    }
+  }
+}
+
+// Computes `batch` products of one shape, c (m x n) = a (m x k) @ b (k x n),
+// split as (product, row tile, column tile) tasks over TensorFlow's
+// intra-op pool; each task packs the panels it reads, one K block at a
+// time. Packing copies values and does no arithmetic, so where and how
+// often a value is packed cannot change a bit. `Operands` says how to
+// pack and where each product goes:
+//   void PackA(int64 product, int64 i0, int64 k0, int64 kc, float* dst)
+//       const;  // rows [i0, i0 + kMR), terms [k0, k0 + kc): kMR x kc
+//   void PackB(int64 product, int64 j0, int64 k0, int64 kc, float* dst)
+//       const;  // terms [k0, k0 + kc), columns [j0, j0 + kNR): kc x kNR
+//   float* Output(int64 product) const;  // m x n, row-major
+//   bool Direct() const;  // whether A is read through Row and Run instead
+//   int64 Run(int64 x) const;  // terms from x on contiguous in every row
+//   const float* Row(int64 i, int64 x, const float* zeros) const;
+//       // row i's term x (zeros where the row reads none)
+template <typename Operands>
+void ComputeProducts(tensorflow::OpKernelContext* context,
+                     const Operands& operands, int64 batch, int64 m, int64 n,
+                     int64 k) {
+  if (batch == 0 || m == 0 || n == 0) return;
+  auto* workers = context->device()->tensorflow_cpu_worker_threads();
+  const Tiling tiling(batch, m, n, workers->num_threads);
+  const int64 per_product = tiling.row_tiles * tiling.col_tiles;
+  tensorflow::Shard(
+      workers->num_threads, workers->workers, batch * per_product,
+      std::max<int64>(1, tiling.tm * tiling.tn * k),
+      [&](int64 begin, int64 end) {
+        AlignedFloats a_block(tiling.tm * kKC), b_block(tiling.tn * kKC);
+        AlignedFloats zeros(kKC);
+        std::fill(zeros.data, zeros.data + kKC, 0.0f);
+        for (int64 task = begin; task < end; ++task) {
+          const int64 p = task / per_product;
+          const int64 tile = task % per_product;
+          ComputeTile(operands, p, a_block.data, b_block.data, zeros.data, m,
+                      n, k, (tile / tiling.col_tiles) * tiling.tm,
+                      (tile % tiling.col_tiles) * tiling.tn, tiling.tm,
+                      tiling.tn);
+        }
+      });
+}
+
+// One product of a batch of matrices: c (m x n, row-major) = a @ b.
+struct Product {
+  View a;
+  View b;
+  float* c;
+};
+
+// Matrices read through strides (a transpose is a stride).
+struct Matrices {
+  const std::vector<Product>& products;
+  int64 m, n, k;
+  void PackA(int64 p, int64 i0, int64 k0, int64 kc, float* dst) const {
+    PackRows(products[p].a, m, i0, k0, kc, dst);
+  }
+  void PackB(int64 p, int64 j0, int64 k0, int64 kc, float* dst) const {
+    PackColumns(products[p].b, n, j0, k0, kc, dst);
+  }
+  float* Output(int64 p) const { return products[p].c; }
+  bool Direct() const { return false; }
+  int64 Run(int64) const { return 0; }
+  const float* Row(int64, int64, const float* zeros) const { return zeros; }
+};
+
+void ComputeMatrixProducts(tensorflow::OpKernelContext* context,
+                           const std::vector<Product>& products, int64 m,
+                           int64 n, int64 k) {
+  ComputeProducts(context, Matrices{products, m, n, k}, products.size(), m, n,
+                  k);
+}
+
+// A (rows x cols) matrix stored row-major, read as its transpose or not.
+View Read(const float* data, int64 rows, int64 cols, bool transpose) {
+  return transpose ? View{data, 1, cols} : View{data, cols, 1};
+}
+
+class FixedOrderMatMulOp : public tensorflow::OpKernel {
+ public:
+  explicit FixedOrderMatMulOp(tensorflow::OpKernelConstruction* context)
+      : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("transpose_a", &transpose_a_));
+    OP_REQUIRES_OK(context, context->GetAttr("transpose_b", &transpose_b_));
+  }
+
+  void Compute(tensorflow::OpKernelContext* context) override {
+    const tensorflow::Tensor& a = context->input(0);
+    const tensorflow::Tensor& b = context->input(1);
+    OP_REQUIRES(context, a.dims() == 2 && b.dims() == 2,
+                tensorflow::errors::InvalidArgument(
+                    "Expected 2-D matrices. Received: ",
+                    a.shape().DebugString(), " and ", b.shape().DebugString()));
+    const int64 m = a.dim_size(transpose_a_ ? 1 : 0);
+    const int64 k = a.dim_size(transpose_a_ ? 0 : 1);
+    const int64 kb = b.dim_size(transpose_b_ ? 1 : 0);
+    const int64 n = b.dim_size(transpose_b_ ? 0 : 1);
+    OP_REQUIRES(context, k == kb,
+                tensorflow::errors::InvalidArgument(
+                    "Expected matching inner dimensions. Received: ",
+                    a.shape().DebugString(), " and ", b.shape().DebugString()));
+    tensorflow::Tensor* c = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, {m, n}, &c));
+    const std::vector<Product> products = {
+        {Read(a.flat<float>().data(), a.dim_size(0), a.dim_size(1),
+              transpose_a_),
+         Read(b.flat<float>().data(), b.dim_size(0), b.dim_size(1),
+              transpose_b_),
+         c->flat<float>().data()}};
+    ComputeMatrixProducts(context, products, m, n, k);
+  }
+
+ private:
+  bool transpose_a_ = false;
+  bool transpose_b_ = false;
+};
+
+class FixedOrderBatchMatMulOp : public tensorflow::OpKernel {
+ public:
+  explicit FixedOrderBatchMatMulOp(tensorflow::OpKernelConstruction* context)
+      : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("adj_x", &adj_x_));
+    OP_REQUIRES_OK(context, context->GetAttr("adj_y", &adj_y_));
+  }
+
+  void Compute(tensorflow::OpKernelContext* context) override {
+    const tensorflow::Tensor& x = context->input(0);
+    const tensorflow::Tensor& y = context->input(1);
+    OP_REQUIRES(context, x.dims() >= 2 && y.dims() >= 2,
+                tensorflow::errors::InvalidArgument(
+                    "Expected tensors of rank 2 or more. Received: ",
+                    x.shape().DebugString(), " and ", y.shape().DebugString()));
+    const int64 xr = x.dim_size(x.dims() - 2), xc = x.dim_size(x.dims() - 1);
+    const int64 yr = y.dim_size(y.dims() - 2), yc = y.dim_size(y.dims() - 1);
+    const int64 m = adj_x_ ? xc : xr, k = adj_x_ ? xr : xc;
+    const int64 ky = adj_y_ ? yc : yr, n = adj_y_ ? yr : yc;
+    OP_REQUIRES(context, k == ky,
+                tensorflow::errors::InvalidArgument(
+                    "Expected matching inner dimensions. Received: ",
+                    x.shape().DebugString(), " and ", y.shape().DebugString()));
+    tensorflow::MatMulBCast bcast(x.shape().dim_sizes(), y.shape().dim_sizes());
+    OP_REQUIRES(context, bcast.IsValid(),
+                tensorflow::errors::InvalidArgument(
+                    "Expected broadcastable batch dimensions. Received: ",
+                    x.shape().DebugString(), " and ", y.shape().DebugString()));
+    tensorflow::TensorShape out_shape = bcast.output_batch_shape();
+    out_shape.AddDim(m);
+    out_shape.AddDim(n);
+    tensorflow::Tensor* out = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, out_shape, &out));
+    const int64 batch = bcast.output_batch_size();
+    const float* x_data = x.flat<float>().data();
+    const float* y_data = y.flat<float>().data();
+    float* out_data = out->flat<float>().data();
+    std::vector<Product> products;
+    products.reserve(batch);
+    for (int64 i = 0; i < batch; ++i) {
+      const int64 xi = bcast.IsBroadcastingRequired() ? bcast.x_batch_indices()[i] : i;
+      const int64 yi = bcast.IsBroadcastingRequired() ? bcast.y_batch_indices()[i] : i;
+      products.push_back({Read(x_data + xi * xr * xc, xr, xc, adj_x_),
+                          Read(y_data + yi * yr * yc, yr, yc, adj_y_),
+                          out_data + i * m * n});
+    }
+    ComputeMatrixProducts(context, products, m, n, k);
+  }
+
+ private:
+  bool adj_x_ = false;
+  bool adj_y_ = false;
+};
+
+// ---------------------------------------------------------------------------
+// Convolutions (NHWC images, HWIO filters, float32).
+
+// The shortest run of contiguous terms (a tap's channels or filters) that
+// a convolution's rows are read in place for; shorter runs are packed.
+constexpr int64 kMinimumRun = 16;
+
+// What a 2-D convolution is, from its input's and filter's shapes and its
+// attributes: sizes, and where each filter tap reads.
+struct Geometry {
+  int64 batch, height, width, channels;  // the image, NHWC
+  int64 filter_h, filter_w, filters;     // the filter, HWIO (channels in)
+  int64 out_h, out_w;
+  int64 stride_h, stride_w, dilation_h, dilation_w;
+  int64 pad_top, pad_left;  // zeros before the first row and column
+};
+
+// The attributes every convolution op here takes, as Conv2D's.
+class ConvolutionAttributes {
+ public:
+  explicit ConvolutionAttributes(tensorflow::OpKernelConstruction* context) {
+    OP_REQUIRES_OK(context, context->GetAttr("strides", &strides_));
+    OP_REQUIRES_OK(context, context->GetAttr("dilations", &dilations_));
+    OP_REQUIRES_OK(context, context->GetAttr("padding", &padding_));
+    OP_REQUIRES_OK(context,
+                   context->GetAttr("explicit_paddings", &explicit_paddings_));
+    OP_REQUIRES(
+        context,
+        strides_.size() == 4 && dilations_.size() == 4 && strides_[0] == 1 &&
+            strides_[3] == 1 && dilations_[0] == 1 && dilations_[3] == 1 &&
+            strides_[1] > 0 && strides_[2] > 0 && dilations_[1] > 0 &&
+            dilations_[2] > 0,
+        tensorflow::errors::InvalidArgument(
+            "Expected NHWC strides and dilations of 4 positive values, 1 for "
+            "the batch and the channels"));
+    OP_REQUIRES(context,
+                padding_ != "EXPLICIT" || explicit_paddings_.size() == 8,
+                tensorflow::errors::InvalidArgument(
+                    "Expected 8 explicit paddings. Received: ",
+                    explicit_paddings_.size()));
+  }
+
+  // The geometry of a convolution of `input` (NHWC) by `filter` (HWIO);
+  // false (the context failed) for shapes a convolution cannot have.
+  bool Make(tensorflow::OpKernelContext* context,
+            const tensorflow::TensorShape& input,
+            const tensorflow::TensorShape& filter, Geometry* g) const {
+    if (input.dims() != 4 || filter.dims() != 4 ||
+        input.dim_size(3) != filter.dim_size(2)) {
+      context->CtxFailure(tensorflow::errors::InvalidArgument(
+          "Expected a 4-D NHWC input and a 4-D HWIO filter of its channels. "
+          "Received: ",
+          input.DebugString(), " and ", filter.DebugString()));
+      return false;
+    }
+    g->batch = input.dim_size(0);
+    g->height = input.dim_size(1);
+    g->width = input.dim_size(2);
+    g->channels = input.dim_size(3);
+    g->filter_h = filter.dim_size(0);
+    g->filter_w = filter.dim_size(1);
+    g->filters = filter.dim_size(3);
+    g->stride_h = strides_[1];
+    g->stride_w = strides_[2];
+    g->dilation_h = dilations_[1];
+    g->dilation_w = dilations_[2];
+    return Axis(context, 1, g->height, g->filter_h, g->stride_h, g->dilation_h,
+                &g->out_h, &g->pad_top) &&
+           Axis(context, 2, g->width, g->filter_w, g->stride_w, g->dilation_w,
+                &g->out_w, &g->pad_left);
+  }
+
+ private:
+  // One spatial axis: the output size and the zeros before the first
+  // input, as TensorFlow computes them for each padding.
+  bool Axis(tensorflow::OpKernelContext* context, int dimension, int64 size,
+            int64 window, int64 stride, int64 dilation, int64* out,
+            int64* before) const {
+    const int64 reach = (window - 1) * dilation + 1;
+    int64 padded = size;
+    if (padding_ == "SAME") {
+      *out = (size + stride - 1) / stride;
+      const int64 total = std::max<int64>((*out - 1) * stride + reach - size, 0);
+      *before = total / 2;
+      return true;
+    }
+    *before = 0;
+    if (padding_ == "EXPLICIT") {
+      *before = explicit_paddings_[2 * dimension];
+      padded += *before + explicit_paddings_[2 * dimension + 1];
+    }
+    if (padded < reach) {
+      context->CtxFailure(tensorflow::errors::InvalidArgument(
+          "The filter reaches past the padded input: ", reach, " > ", padded));
+      return false;
+    }
+    *out = (padded - reach) / stride + 1;
+    return true;
+  }
+
+  std::vector<tensorflow::int32> strides_;
+  std::vector<tensorflow::int32> dilations_;
+  std::string padding_;
+  std::vector<int64_t> explicit_paddings_;
+};
+
+// The forward convolution as a product: row (image, oh, ow) of the image
+// patches times the filter as a (filter_h x filter_w x channels) x filters
+// matrix. Each output's chain runs over (tap row, tap column, channel).
+struct ForwardOperands {
+  Geometry g;
+  const float* input;
+  const float* filter;
+  float* output;
+  int64 m() const { return g.batch * g.out_h * g.out_w; }
+  int64 k() const { return g.filter_h * g.filter_w * g.channels; }
+  void PackA(int64, int64 i0, int64 k0, int64 kc, float* dst) const {
+    const int64 rows = std::min(kMR, m() - i0);
+    if (rows < kMR) std::memset(dst, 0, sizeof(float) * kMR * kc);
+    for (int64 r = 0; r < rows; ++r) {
+      const int64 p = i0 + r;
+      const int64 ow = p % g.out_w, oh = (p / g.out_w) % g.out_h;
+      const int64 image = p / (g.out_w * g.out_h);
+      // Terms k0 .. k0 + kc: a run of channels at each tap.
+      for (int64 x = k0; x < k0 + kc;) {
+        const int64 tap = x / g.channels, c0 = x % g.channels;
+        const int64 run = std::min(g.channels - c0, k0 + kc - x);
+        const int64 ih =
+            oh * g.stride_h + (tap / g.filter_w) * g.dilation_h - g.pad_top;
+        const int64 iw =
+            ow * g.stride_w + (tap % g.filter_w) * g.dilation_w - g.pad_left;
+        float* d = dst + (x - k0) * kMR + r;
+        if (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width) {
+          for (int64 c = 0; c < run; ++c) d[c * kMR] = 0.0f;
+        } else {
+          const float* s =
+              input + ((image * g.height + ih) * g.width + iw) * g.channels + c0;
+          for (int64 c = 0; c < run; ++c) d[c * kMR] = s[c];
+        }
+        x += run;
+      }
+    }
+  }
+  void PackB(int64, int64 j0, int64 k0, int64 kc, float* dst) const {
+    PackColumns(View{filter, g.filters, 1}, g.filters, j0, k0, kc, dst);
+  }
+  float* Output(int64) const { return output; }
+  // Rows read straight from the image where a tap's channels make runs
+  // long enough to pay for the micro-kernel's reloads.
+  bool Direct() const { return g.channels >= kMinimumRun; }
+  int64 Run(int64 x) const { return g.channels - x % g.channels; }
+  const float* Row(int64 p, int64 x, const float* zeros) const {
+    const int64 ow = p % g.out_w, oh = (p / g.out_w) % g.out_h;
+    const int64 image = p / (g.out_w * g.out_h);
+    const int64 tap = x / g.channels;
+    const int64 ih =
+        oh * g.stride_h + (tap / g.filter_w) * g.dilation_h - g.pad_top;
+    const int64 iw =
+        ow * g.stride_w + (tap % g.filter_w) * g.dilation_w - g.pad_left;
+    if (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width) return zeros;
+    return input + ((image * g.height + ih) * g.width + iw) * g.channels +
+           x % g.channels;
+  }
+};
+
+// The input gradient as a product: row (image, ih, iw) holds, for each tap
+// (th, tw), the output gradient at the output position that read this
+// pixel through that tap (zeros where none did), times the filter with its
+// channels and filters swapped. Each pixel's chain runs over (tap row, tap
+// column, filter), zeros included, so its order does not follow the
+// stride's phase either.
+struct InputGradientOperands {
+  Geometry g;
+  const float* filter;
+  const float* out_backprop;
+  float* output;
+  int64 m() const { return g.batch * g.height * g.width; }
+  int64 k() const { return g.filter_h * g.filter_w * g.filters; }
+  void PackA(int64, int64 i0, int64 k0, int64 kc, float* dst) const {
+    const int64 rows = std::min(kMR, m() - i0);
+    if (rows < kMR) std::memset(dst, 0, sizeof(float) * kMR * kc);
+    for (int64 r = 0; r < rows; ++r) {
+      const int64 p = i0 + r;
+      const int64 iw = p % g.width, ih = (p / g.width) % g.height;
+      const int64 image = p / (g.width * g.height);
+      // Terms k0 .. k0 + kc: a run of filters at each tap.
+      for (int64 x = k0; x < k0 + kc;) {
+        const int64 tap = x / g.filters, o0 = x % g.filters;
+        const int64 run = std::min(g.filters - o0, k0 + kc - x);
+        const int64 h = ih + g.pad_top - (tap / g.filter_w) * g.dilation_h;
+        const int64 w = iw + g.pad_left - (tap % g.filter_w) * g.dilation_w;
+        const int64 oh = h / g.stride_h, ow = w / g.stride_w;
+        float* d = dst + (x - k0) * kMR + r;
+        if (h < 0 || h % g.stride_h != 0 || oh >= g.out_h || w < 0 ||
+            w % g.stride_w != 0 || ow >= g.out_w) {
+          for (int64 o = 0; o < run; ++o) d[o * kMR] = 0.0f;
+        } else {
+          const float* s = out_backprop +
+                           ((image * g.out_h + oh) * g.out_w + ow) * g.filters +
+                           o0;
+          for (int64 o = 0; o < run; ++o) d[o * kMR] = s[o];
+        }
+        x += run;
+      }
+    }
+  }
+  // Columns [j0, j0 + kNR) (input channels), rows [k0, k0 + kc) of the
+  // (tap, filter) x channel matrix: filter[th][tw][c][o] at row (th, tw, o),
+  // column c.
+  void PackB(int64, int64 j0, int64 k0, int64 kc, float* dst) const {
+    const int64 cols = std::min(kNR, g.channels - j0);
+    if (cols < kNR) std::memset(dst, 0, sizeof(float) * kNR * kc);
+    for (int64 x = 0; x < kc; ++x) {
+      const int64 tap = (k0 + x) / g.filters, o = (k0 + x) % g.filters;
+      const float* s = filter + (tap * g.channels + j0) * g.filters + o;
+      for (int64 c = 0; c < cols; ++c) dst[x * kNR + c] = s[c * g.filters];
+    }
+  }
+  float* Output(int64) const { return output; }
+  bool Direct() const { return g.filters >= kMinimumRun; }
+  int64 Run(int64 x) const { return g.filters - x % g.filters; }
+  const float* Row(int64 p, int64 x, const float* zeros) const {
+    const int64 iw = p % g.width, ih = (p / g.width) % g.height;
+    const int64 image = p / (g.width * g.height);
+    const int64 tap = x / g.filters;
+    const int64 h = ih + g.pad_top - (tap / g.filter_w) * g.dilation_h;
+    const int64 w = iw + g.pad_left - (tap % g.filter_w) * g.dilation_w;
+    const int64 oh = h / g.stride_h, ow = w / g.stride_w;
+    if (h < 0 || h % g.stride_h != 0 || oh >= g.out_h || w < 0 ||
+        w % g.stride_w != 0 || ow >= g.out_w)
+      return zeros;
+    return out_backprop + ((image * g.out_h + oh) * g.out_w + ow) * g.filters +
+           x % g.filters;
+  }
+};
+
+// The filter gradient as a product, transposed: the output gradient read
+// as a filters x (batch x out_h x out_w) matrix times the image patches,
+// (batch x out_h x out_w) x (filter_h x filter_w x channels), into a
+// filters-major buffer that the op then transposes into HWIO. Each
+// weight's chain runs over the images, then the output rows and columns,
+// in order; with the output gradient as A, its packing reads runs of
+// filters, and the patches' packing runs of channels.
+struct FilterGradientOperands {
+  Geometry g;
+  const float* input;
+  const float* out_backprop;
+  float* transposed;  // filters x (filter_h x filter_w x channels)
+  int64 m() const { return g.filters; }
+  int64 k() const { return g.batch * g.out_h * g.out_w; }
+  int64 n() const { return g.filter_h * g.filter_w * g.channels; }
+  void PackA(int64, int64 i0, int64 k0, int64 kc, float* dst) const {
+    PackRows(View{out_backprop, 1, g.filters}, g.filters, i0, k0, kc, dst);
+  }
+  // Columns [j0, j0 + kNR) ((tap, channel)), rows [k0, k0 + kc) (output
+  // positions) of the image patches: a run of channels at each tap.
+  void PackB(int64, int64 j0, int64 k0, int64 kc, float* dst) const {
+    const int64 cols = std::min(kNR, n() - j0);
+    if (cols < kNR) std::memset(dst, 0, sizeof(float) * kNR * kc);
+    int64 ow = k0 % g.out_w, oh = (k0 / g.out_w) % g.out_h;
+    int64 image = k0 / (g.out_w * g.out_h);
+    for (int64 x = 0; x < kc; ++x) {
+      const float* pixels = input + image * g.height * g.width * g.channels;
+      for (int64 col = j0; col < j0 + cols;) {
+        const int64 tap = col / g.channels, c0 = col % g.channels;
+        const int64 run = std::min(g.channels - c0, j0 + cols - col);
+        const int64 ih =
+            oh * g.stride_h + (tap / g.filter_w) * g.dilation_h - g.pad_top;
+        const int64 iw =
+            ow * g.stride_w + (tap % g.filter_w) * g.dilation_w - g.pad_left;
+        float* d = dst + x * kNR + (col - j0);
+        if (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width)
+          std::memset(d, 0, sizeof(float) * run);
+        else
+          std::memcpy(d, pixels + (ih * g.width + iw) * g.channels + c0,
+                      sizeof(float) * run);
+        col += run;
+      }
+      if (++ow == g.out_w) {
+        ow = 0;
+        if (++oh == g.out_h) oh = 0, ++image;
+      }
+    }
+  }
+  float* Output(int64) const { return transposed; }
+  bool Direct() const { return false; }
+  int64 Run(int64) const { return 0; }
+  const float* Row(int64, int64, const float* zeros) const { return zeros; }
+};
+
+// A TensorShape from a 1-D int32 tensor of 4 sizes (input_sizes,
+// filter_sizes), as TensorFlow's gradient ops take them.
+bool ShapeFrom(tensorflow::OpKernelContext* context,
+               const tensorflow::Tensor& sizes, tensorflow::TensorShape* shape) {
+  if (sizes.dims() != 1 || sizes.NumElements() != 4) {
+    context->CtxFailure(tensorflow::errors::InvalidArgument(
+        "Expected 4 sizes. Received: ", sizes.shape().DebugString()));
+    return false;
+  }
+  const auto values = sizes.flat<tensorflow::int32>();
+  for (int i = 0; i < 4; ++i) {
+    if (values(i) < 0) {
+      context->CtxFailure(
+          tensorflow::errors::InvalidArgument("Expected sizes of 0 or more."));
+      return false;
+    }
+    shape->AddDim(values(i));
+  }
+  return true;
+}
+
+// The output gradient must have the forward output's shape.
+bool MatchesOutput(tensorflow::OpKernelContext* context, const Geometry& g,
+                   const tensorflow::Tensor& out_backprop) {
+  const tensorflow::TensorShape expected(
+      {g.batch, g.out_h, g.out_w, g.filters});
+  if (out_backprop.shape() != expected) {
+    context->CtxFailure(tensorflow::errors::InvalidArgument(
+        "Expected an output gradient of shape ", expected.DebugString(),
+        ". Received: ", out_backprop.shape().DebugString()));
+    return false;
+  }
+  return true;
+}
+
+class FixedOrderConv2DOp : public tensorflow::OpKernel {
+ public:
+  explicit FixedOrderConv2DOp(tensorflow::OpKernelConstruction* context)
+      : OpKernel(context), attributes_(context) {}
+
+  void Compute(tensorflow::OpKernelContext* context) override {
+    const tensorflow::Tensor& input = context->input(0);
+    const tensorflow::Tensor& filter = context->input(1);
+    Geometry g;
+    if (!attributes_.Make(context, input.shape(), filter.shape(), &g)) return;
+    tensorflow::Tensor* output = nullptr;
+    OP_REQUIRES_OK(context,
+                   context->allocate_output(
+                       0, {g.batch, g.out_h, g.out_w, g.filters}, &output));
+    const ForwardOperands operands{g, input.flat<float>().data(),
+                                   filter.flat<float>().data(),
+                                   output->flat<float>().data()};
+    ComputeProducts(context, operands, 1, operands.m(), g.filters,
+                    operands.k());
+  }
+
+ private:
+  ConvolutionAttributes attributes_;
+};
+
+class FixedOrderConv2DBackpropInputOp : public tensorflow::OpKernel {
+ public:
+  explicit FixedOrderConv2DBackpropInputOp(
+      tensorflow::OpKernelConstruction* context)
+      : OpKernel(context), attributes_(context) {}
+
+  void Compute(tensorflow::OpKernelContext* context) override {
+    const tensorflow::Tensor& filter = context->input(1);
+    const tensorflow::Tensor& out_backprop = context->input(2);
+    tensorflow::TensorShape input_shape;
+    if (!ShapeFrom(context, context->input(0), &input_shape)) return;
+    Geometry g;
+    if (!attributes_.Make(context, input_shape, filter.shape(), &g)) return;
+    if (!MatchesOutput(context, g, out_backprop)) return;
+    tensorflow::Tensor* output = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, input_shape, &output));
+    const InputGradientOperands operands{g, filter.flat<float>().data(),
+                                         out_backprop.flat<float>().data(),
+                                         output->flat<float>().data()};
+    ComputeProducts(context, operands, 1, operands.m(), g.channels,
+                    operands.k());
+  }
+
+ private:
+  ConvolutionAttributes attributes_;
+};
+
+class FixedOrderConv2DBackpropFilterOp : public tensorflow::OpKernel {
+ public:
+  explicit FixedOrderConv2DBackpropFilterOp(
+      tensorflow::OpKernelConstruction* context)
+      : OpKernel(context), attributes_(context) {}
+
+  void Compute(tensorflow::OpKernelContext* context) override {
+    const tensorflow::Tensor& input = context->input(0);
+    const tensorflow::Tensor& out_backprop = context->input(2);
+    tensorflow::TensorShape filter_shape;
+    if (!ShapeFrom(context, context->input(1), &filter_shape)) return;
+    Geometry g;
+    if (!attributes_.Make(context, input.shape(), filter_shape, &g)) return;
+    if (!MatchesOutput(context, g, out_backprop)) return;
+    tensorflow::Tensor* output = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, filter_shape, &output));
+    std::vector<float> transposed(g.filters * g.filter_h * g.filter_w *
+                                  g.channels);
+    const FilterGradientOperands operands{g, input.flat<float>().data(),
+                                          out_backprop.flat<float>().data(),
+                                          transposed.data()};
+    const int64 weights = operands.n();
+    ComputeProducts(context, operands, 1, g.filters, weights, operands.k());
+    float* out = output->flat<float>().data();
+    for (int64 o = 0; o < g.filters; ++o)
+      for (int64 w = 0; w < weights; ++w)
+        out[w * g.filters + o] = transposed[o * weights + w];
+  }
+
+ private:
+  ConvolutionAttributes attributes_;
+};
+
+// A gradient op's output: the shape its sizes input (input 0 or 1) holds.
+absl::Status ShapeFromSizes(tensorflow::shape_inference::InferenceContext* c,
+                            int sizes_input) {
+  tensorflow::shape_inference::ShapeHandle shape;
+  TF_RETURN_IF_ERROR(c->MakeShapeFromShapeTensor(sizes_input, &shape));
+  TF_RETURN_IF_ERROR(c->WithRank(shape, 4, &shape));
+  c->set_output(0, shape);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace tfdet
+
+REGISTER_OP("TfdetFixedOrderMatMul")
+    .Input("a: float")
+    .Input("b: float")
+    .Output("product: float")
+    .Attr("transpose_a: bool = false")
+    .Attr("transpose_b: bool = false")
+    .SetShapeFn(tensorflow::shape_inference::MatMulShape);
+
+REGISTER_OP("TfdetFixedOrderBatchMatMul")
+    .Input("x: float")
+    .Input("y: float")
+    .Output("output: float")
+    .Attr("adj_x: bool = false")
+    .Attr("adj_y: bool = false")
+    .SetShapeFn(tensorflow::shape_inference::BatchMatMulV2Shape);
+
+// Conv2D's attributes, NHWC only.
+#define TFDET_CONVOLUTION_ATTRIBUTES                      \
+  Attr("strides: list(int)")                              \
+      .Attr("padding: {'SAME', 'VALID', 'EXPLICIT'}")     \
+      .Attr("explicit_paddings: list(int) = []")          \
+      .Attr("dilations: list(int) = [1, 1, 1, 1]")
+
+REGISTER_OP("TfdetFixedOrderConv2D")
+    .Input("input: float")
+    .Input("filter: float")
+    .Output("output: float")
+    .TFDET_CONVOLUTION_ATTRIBUTES
+    .SetShapeFn(tensorflow::shape_inference::Conv2DShapeWithExplicitPadding);
+
+REGISTER_OP("TfdetFixedOrderConv2DBackpropInput")
+    .Input("input_sizes: int32")
+    .Input("filter: float")
+    .Input("out_backprop: float")
+    .Output("output: float")
+    .TFDET_CONVOLUTION_ATTRIBUTES
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      return tfdet::ShapeFromSizes(c, 0);
+    });
+
+REGISTER_OP("TfdetFixedOrderConv2DBackpropFilter")
+    .Input("input: float")
+    .Input("filter_sizes: int32")
+    .Input("out_backprop: float")
+    .Output("output: float")
+    .TFDET_CONVOLUTION_ATTRIBUTES
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      return tfdet::ShapeFromSizes(c, 1);
+    });
+
+REGISTER_KERNEL_BUILDER(
+    Name("TfdetFixedOrderMatMul").Device(tensorflow::DEVICE_CPU),
+    tfdet::FixedOrderMatMulOp);
+REGISTER_KERNEL_BUILDER(
+    Name("TfdetFixedOrderBatchMatMul").Device(tensorflow::DEVICE_CPU),
+    tfdet::FixedOrderBatchMatMulOp);
+REGISTER_KERNEL_BUILDER(
+    Name("TfdetFixedOrderConv2D").Device(tensorflow::DEVICE_CPU),
+    tfdet::FixedOrderConv2DOp);
+REGISTER_KERNEL_BUILDER(
+    Name("TfdetFixedOrderConv2DBackpropInput").Device(tensorflow::DEVICE_CPU),
+    tfdet::FixedOrderConv2DBackpropInputOp);
+REGISTER_KERNEL_BUILDER(
+    Name("TfdetFixedOrderConv2DBackpropFilter").Device(tensorflow::DEVICE_CPU),
+    tfdet::FixedOrderConv2DBackpropFilterOp);
