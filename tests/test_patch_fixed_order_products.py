@@ -1,11 +1,12 @@
-"""`fixed_order_products`: a Dense + MultiHeadAttention model's training bits
-do not follow the pool size, its products computed by tfdet's kernel, alone
-and beside `pool_size_free_products`.
+"""`fixed_order_products` and `fixed_order_convolutions`: a Conv1D +
+MultiHeadAttention + Dense model's training bits do not follow the pool
+size, its products and convolution computed by tfdet's kernel, alone and
+beside `pool_size_free_products`.
 
 A fresh process per pool size (1, 2) trains the model twice: under the
 default profile (the control: its 32x4096 @ 4096x64 product is oneDNN's
 sgemm, whose bits follow the pool) and with the patch installed. The patched
-graph holds the kernel's ops and none of TensorFlow's products.
+graph holds the kernel's ops and none of TensorFlow's products or convolutions.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def model_and_digest():
     keras.utils.set_random_seed(0)
     inputs = keras.Input((8, 512))
     h = keras.layers.MultiHeadAttention(2, 16)(inputs, inputs)
+    h = keras.layers.Concatenate()(
+        [h, keras.layers.Conv1D(16, 3, padding="same")(inputs)])
     h = keras.layers.Dense(64, activation="relu")(keras.layers.Flatten()(h))
     model = keras.Model(inputs, keras.layers.Dense(4)(h))
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
@@ -47,7 +50,7 @@ def model_and_digest():
     return model, sha.hexdigest()[:16]
 
 _, plain = model_and_digest()
-_registry.install(["fixed_order_products"])
+_registry.install(["fixed_order_products", "fixed_order_convolutions"])
 model, patched = model_and_digest()
 graph = tf.function(model).get_concrete_function(
     tf.TensorSpec([None, 8, 512], tf.float32)).graph
@@ -86,11 +89,17 @@ def test_training_bits_do_not_follow_the_pool_size_only_with_the_patch():
     # The control: without the patch, pools 1 and 2 give other weights.
     assert results[1]["plain"] != results[2]["plain"], results
     ops = set(results[1]["ops"])
-    assert {"TfdetFixedOrderMatMul", "TfdetFixedOrderBatchMatMul"} <= ops, ops
+    kernel_ops = {
+        "TfdetFixedOrderMatMul",
+        "TfdetFixedOrderBatchMatMul",
+        "TfdetFixedOrderConv2D",
+    }
+    assert kernel_ops <= ops, ops
     assert not ops & {"MatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"}, ops
+    assert not ops & {"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter"}, ops
     # Together with pool_size_free_products: its convolutions do not take
     # the products back, and the bits still do not follow the pool size.
     both = set(results[1]["both_ops"])
-    assert {"TfdetFixedOrderMatMul", "TfdetFixedOrderBatchMatMul"} <= both, both
+    assert kernel_ops <= both, both
     assert "Conv2D" not in both, both
     assert results[1]["both"] == results[2]["both"], results

@@ -16,7 +16,8 @@ convolution and about ten ops of plumbing, this is one op per product.
 It covers the products only: the other ops that `pool_size_free_products`
 replaces (convolutions and their gradients, `BiasAddGrad`, the element-wise
 functions on whole packets, tf_keras's fused BatchNormalization) are
-TensorFlow's, so a convolutional model still follows the pool size.
+TensorFlow's, so a convolutional model still follows the pool size
+(`fixed_order_convolutions` computes the convolutions by the same kernel).
 Installed together with `pool_size_free_products`
 (`patches=["auto", "pool_size_free_products", "fixed_order_products"]`),
 the products are this kernel's and that patch computes the rest: a whole

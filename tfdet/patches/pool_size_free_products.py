@@ -670,10 +670,12 @@ COVERED = (
 BATCH_SIZE_FREE = (*COVERED, "Conv2D", "Pow", *_whole_packets.UNARY)
 
 
-# tfdet's own product kernel: with it installed (before this patch, in name
-# order), the products are its, one op each instead of a padded convolution
-# and its plumbing, as free of the pool size and the batch.
+# tfdet's own product kernel: with these installed (before this patch, in
+# name order), the products (the convolutions) are its, one op each instead
+# of a padded convolution and its plumbing, as free of the pool size and the
+# batch (where it cannot compute one, it calls this patch's composition).
 _KERNEL_PRODUCTS = "fixed_order_products"
+_KERNEL_CONVOLUTIONS = "fixed_order_convolutions"
 
 
 def warn_without_onednn() -> None:
@@ -701,15 +703,17 @@ def _apply(swap: Any) -> None:
     from tfdet.patches import _registry
 
     warn_without_onednn()
-    if _KERNEL_PRODUCTS not in _registry.installed():
+    installed = _registry.installed()
+    if _KERNEL_PRODUCTS not in installed:
         _MAT_MUL.replace(swap, mat_mul)
         for version, op in _BATCH_MAT_MUL.items():
             op.replace(swap, _batch_mat_mul(version))
         _EINSUM.replace(swap, einsum)
+    if _KERNEL_CONVOLUTIONS not in installed:
+        _CONV.replace(swap, conv2d)
+        _FILTER_GRAD.replace(swap, conv2d_backprop_filter)
+        _INPUT_GRAD.replace(swap, conv2d_backprop_input)
     _GELU.replace(swap, gelu)
-    _CONV.replace(swap, conv2d)
-    _FILTER_GRAD.replace(swap, conv2d_backprop_filter)
-    _INPUT_GRAD.replace(swap, conv2d_backprop_input)
     _BIAS_GRAD.replace(swap, bias_add_grad)
     _whole_packets.apply(swap)
 

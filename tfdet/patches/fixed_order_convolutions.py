@@ -1,0 +1,188 @@
+"""2-D convolutions by tfdet's own kernel, bits fixed by the shapes alone (opt-in).
+
+`Conv2D`, `Conv2DBackpropInput` and `Conv2DBackpropFilter` of NHWC float32
+(Keras's Conv1D and Conv2D, their gradients, Conv2DTranspose's forward)
+are computed by tfdet's fixed-order product kernel
+(`tfdet/patches/_fixed_order_kernels.py`) as products over the image's
+patches, packed from the image itself: every output element (an output
+pixel's filter, an input pixel's channel, a weight) is one chain of fused
+multiply-adds over its terms in an order fixed by the shapes, and the work
+is split over output tiles only. So a convolution's bits follow neither the
+pool size, nor the batch (an image's output and input gradient are the
+same computed alone), nor the vector width, nor whether oneDNN is on:
+where `pool_size_free_products` relies on oneDNN's forward convolution
+(off on aarch64 and wherever TensorFlow leaves it off), this does not.
+
+Slower than oneDNN's own convolutions on an AMD EPYC Zen 3 (AVX2, 2 threads,
+the built-in CNN's layers, batch 64: forward 1.1-2.9x, input gradient
+1.6-3.6x, filter gradient 0.9-4.4x; `docs/measurements.md`), so opt-in:
+`tfdet.enable(threads=N, patches=["auto", "pool_size_free_products",
+"fixed_order_products", "fixed_order_convolutions"])`. Installed with
+`pool_size_free_products`, that patch leaves the convolutions to this one;
+what the kernel cannot take (another dtype or layout, a grouped convolution,
+channels unknown when traced) goes to that patch's composition, which
+leaves what it cannot take to TensorFlow, saying so once. Where the kernel
+cannot be built (no C++ compiler), tfdet says so once and the composition
+computes every convolution. Values agree with TensorFlow's to float32
+rounding. A SavedModel traced while it is installed holds tfdet's ops: export
+with it off. Not covered: depthwise and 3-D convolutions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfdet.patches import _exact_math, _fixed_order_kernels, pool_size_free_products
+from tfdet.patches._registry import Patch
+
+_CONVOLUTIONS = {
+    name: _exact_math.GeneratedOp("tensorflow.python.ops.gen_nn_ops", name)
+    for name in ("conv2d", "conv2d_backprop_input", "conv2d_backprop_filter")
+}
+
+
+def _kernel_takes(
+    data_format: Any, inputs: Any, channels: Any, filter_shape: Any
+) -> bool:
+    """Whether the kernel computes this convolution (else the composition does).
+
+    It takes NHWC float32 whose filter (HWIO) has the image's channels, both
+    known when traced (a grouped convolution's filter has fewer), and only
+    where the kernel loaded.
+    """
+    import tensorflow as tf
+
+    return (
+        _exact_math.attribute_text(data_format, "NHWC") == "NHWC"
+        and all(tf.convert_to_tensor(x).dtype == tf.float32 for x in inputs)
+        and channels is not None
+        and filter_shape is not None
+        and filter_shape[2] == channels
+        and _fixed_order_kernels.load() is not None
+    )
+
+
+def _attributes(
+    strides: Any, padding: Any, explicit_paddings: Any, dilations: Any
+) -> dict[str, Any]:
+    return {
+        "strides": strides,
+        "padding": _exact_math.attribute_text(padding, "VALID"),
+        "explicit_paddings": explicit_paddings,
+        "dilations": dilations,
+    }
+
+
+def conv2d(
+    input: Any,  # noqa: A002 - TensorFlow's argument name
+    filter: Any,  # noqa: A002 - TensorFlow's argument name
+    strides: Any,
+    padding: str,
+    use_cudnn_on_gpu: bool = True,
+    explicit_paddings: Any = (),
+    data_format: str = "NHWC",
+    dilations: Any = (1, 1, 1, 1),
+    name: str | None = None,
+) -> Any:
+    """`tf.raw_ops.Conv2D` by the fixed-order kernel (NHWC float32)."""
+    import tensorflow as tf
+
+    x, kernel = tf.convert_to_tensor(input), tf.convert_to_tensor(filter)
+    shape = kernel.shape.as_list() if kernel.shape.is_fully_defined() else None
+    channels = x.shape[-1] if x.shape.rank == 4 else None
+    if not _kernel_takes(data_format, (x, kernel), channels, shape):
+        return pool_size_free_products.conv2d(
+            input, filter, strides, padding, use_cudnn_on_gpu,
+            explicit_paddings, data_format, dilations, name,
+        )  # fmt: skip
+    with tf.name_scope(name or "FixedOrderConv2D"):
+        return _fixed_order_kernels.conv2d(
+            x, kernel, **_attributes(strides, padding, explicit_paddings, dilations)
+        )
+
+
+def conv2d_backprop_input(
+    input_sizes: Any,
+    filter: Any,  # noqa: A002 - TensorFlow's argument name
+    out_backprop: Any,
+    strides: Any,
+    padding: str,
+    use_cudnn_on_gpu: bool = True,
+    explicit_paddings: Any = (),
+    data_format: str = "NHWC",
+    dilations: Any = (1, 1, 1, 1),
+    name: str | None = None,
+) -> Any:
+    """`tf.raw_ops.Conv2DBackpropInput` by the fixed-order kernel (NHWC float32)."""
+    import tensorflow as tf
+
+    kernel, upstream = tf.convert_to_tensor(filter), tf.convert_to_tensor(out_backprop)
+    shape = kernel.shape.as_list() if kernel.shape.is_fully_defined() else None
+    channels = _exact_math.static_shape(input_sizes)[3]
+    if not _kernel_takes(data_format, (kernel, upstream), channels, shape):
+        return pool_size_free_products.conv2d_backprop_input(
+            input_sizes, filter, out_backprop, strides, padding, use_cudnn_on_gpu,
+            explicit_paddings, data_format, dilations, name,
+        )  # fmt: skip
+    with tf.name_scope(name or "FixedOrderConv2DBackpropInput"):
+        return _fixed_order_kernels.conv2d_backprop_input(
+            tf.cast(input_sizes, tf.int32),
+            kernel,
+            upstream,
+            **_attributes(strides, padding, explicit_paddings, dilations),
+        )
+
+
+def conv2d_backprop_filter(
+    input: Any,  # noqa: A002 - TensorFlow's argument name
+    filter_sizes: Any,
+    out_backprop: Any,
+    strides: Any,
+    padding: str,
+    use_cudnn_on_gpu: bool = True,
+    explicit_paddings: Any = (),
+    data_format: str = "NHWC",
+    dilations: Any = (1, 1, 1, 1),
+    name: str | None = None,
+) -> Any:
+    """`tf.raw_ops.Conv2DBackpropFilter` by the fixed-order kernel (NHWC float32)."""
+    import tensorflow as tf
+
+    x, upstream = tf.convert_to_tensor(input), tf.convert_to_tensor(out_backprop)
+    shape = pool_size_free_products._static_filter_shape(filter_sizes)
+    channels = x.shape[-1] if x.shape.rank == 4 else None
+    if not _kernel_takes(data_format, (x, upstream), channels, shape):
+        return pool_size_free_products.conv2d_backprop_filter(
+            input, filter_sizes, out_backprop, strides, padding, use_cudnn_on_gpu,
+            explicit_paddings, data_format, dilations, name,
+        )  # fmt: skip
+    with tf.name_scope(name or "FixedOrderConv2DBackpropFilter"):
+        return _fixed_order_kernels.conv2d_backprop_filter(
+            x,
+            tf.cast(filter_sizes, tf.int32),
+            upstream,
+            **_attributes(strides, padding, explicit_paddings, dilations),
+        )
+
+
+# The op types this patch computes apart from the pool size and the batch.
+COVERED = ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter")
+
+
+def _apply(swap: Any) -> None:
+    # Built (or found in the cache) now, so the first convolution does not
+    # pay for the compiler, and a missing compiler is said at enable().
+    _fixed_order_kernels.load()
+    _CONVOLUTIONS["conv2d"].replace(swap, conv2d)
+    _CONVOLUTIONS["conv2d_backprop_input"].replace(swap, conv2d_backprop_input)
+    _CONVOLUTIONS["conv2d_backprop_filter"].replace(swap, conv2d_backprop_filter)
+
+
+PATCH = Patch(
+    summary="Conv2D and its two gradients -> tfdet's fixed-order product kernel "
+    "over the image's patches (bits independent of the pool size, the batch, "
+    "the vector width and oneDNN)",
+    upstream="https://github.com/uxlfoundation/oneDNN/issues/1443",
+    apply=_apply,
+    opt_in=True,
+)
