@@ -239,6 +239,63 @@ struct Tiling {
   }
 };
 
+// Memory for packed panels, 64-byte aligned, grown as needed.
+class Scratch {
+ public:
+  float* Get(int64 floats) {
+    if (floats > size_) {
+      // Whole 64-byte lines, as aligned_alloc wants.
+      const int64 bytes = ((std::max<int64>(floats, 1) * 4 + 63) / 64) * 64;
+      data_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+      size_ = floats;
+    }
+    return data_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, Free> data_;
+  int64 size_ = 0;
+};
+
+// The process's scratch blocks, lent to one call at a time. A fresh
+// allocation of a large block costs its page faults at every call, and a
+// block kept by each op would hold every layer's packed panels at once;
+// the pool keeps as many blocks as calls ever ran at the same time.
+class ScratchLease {
+ public:
+  ScratchLease() {
+    std::lock_guard<std::mutex> lock(Mutex());
+    auto& free = Free();
+    if (free.empty()) {
+      scratch_ = std::make_unique<Scratch>();
+    } else {
+      scratch_ = std::move(free.back());
+      free.pop_back();
+    }
+  }
+  ~ScratchLease() {
+    std::lock_guard<std::mutex> lock(Mutex());
+    Free().push_back(std::move(scratch_));
+  }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  Scratch* get() { return scratch_.get(); }
+
+ private:
+  static std::mutex& Mutex() {
+    static auto* mutex = new std::mutex;
+    return *mutex;
+  }
+  static std::vector<std::unique_ptr<Scratch>>& Free() {
+    static auto* free = new std::vector<std::unique_ptr<Scratch>>;
+    return *free;
+  }
+  std::unique_ptr<Scratch> scratch_;
+};
+
 // A block of floats aligned for the micro-kernel's aligned loads.
 struct AlignedFloats {
   explicit AlignedFloats(int64 floats)
@@ -269,18 +326,17 @@ void ComputeMicroTile(MicroKernel<A> kernel, int64 kc, const A& a,
     std::memcpy(out + x * n, edge + x * kNR, sizeof(float) * nr);
 }
 
-// Tile (i0.., j0..) of product `p`: for each K block in order, the tile's
-// columns of B for that block packed (into `b_block`, kKC x tn floats,
-// where they stay in cache), then the micro-kernel over the tile's
-// micro-tiles, continuing each chain from C. A is read from the tile's
-// rows packed for the block (`a_block`, tm x kKC), or, where the operands
-// offer it (`Operands::Direct`), straight from memory through row
-// pointers, one run of contiguous terms at a time (`zeros`: a row of
-// zeros as long as a run, for rows that read none). The chains are the
-// same either way.
+// Tile (i0.., j0..) of product `p`, whose B panels are packed in `b_pack`
+// (each k x kNR): for each K block in order, the micro-kernel over the
+// tile's micro-tiles, continuing each chain from C. A is read from the
+// tile's rows packed for the block (into `a_block`, tm x kKC floats, where
+// they stay in cache), or, where the operands offer it
+// (`Operands::Direct`), straight from memory through row pointers, one run
+// of contiguous terms at a time (`zeros`: a row of zeros as long as a
+// run, for rows that read none). The chains are the same either way.
 template <typename Operands>
 void ComputeTile(const Operands& operands, int64 p, float* a_block,
-                 float* b_block, const float* zeros, int64 m, int64 n,
+                 const float* b_pack, const float* zeros, int64 m, int64 n,
                  int64 k, int64 i0, int64 j0, int64 tm, int64 tn) {
   const int64 rows = std::min(tm, m - i0);
   const int64 cols = std::min(tn, n - j0);
@@ -298,16 +354,18 @@ void ComputeTile(const Operands& operands, int64 p, float* a_block,
     if (!direct)
       for (int64 r = 0; r < rows; r += kMR)
         operands.PackA(p, i0 + r, k0, kc, a_block + r * kc);
-    for (int64 q = 0; q < cols; q += kNR)
-      operands.PackB(p, j0 + q, k0, kc, b_block + q * kc);
+    // Panel q of the tile, rows k0.. of it.
+    auto b_panel = [&](int64 q) {
+      return b_pack + ((j0 + q) / kNR) * kNR * k + k0 * kNR;
+    };
     for (int64 r = 0; r < rows; r += kMR) {
       const int64 mr = std::min(kMR, rows - r);
       float* out = c + (i0 + r) * n + j0;
       if (!direct) {
         const PackedPanel a{a_block + r * kc};
         for (int64 q = 0; q < cols; q += kNR)
-          ComputeMicroTile(packed_kernel, kc, a, b_block + q * kc, out + q, n,
-                           mr, std::min(kNR, cols - q), k0 > 0);
+          ComputeMicroTile(packed_kernel, kc, a, b_panel(q), out + q, n, mr,
+                           std::min(kNR, cols - q), k0 > 0);
         continue;
       }
       // Runs of terms, each contiguous in every row.
@@ -319,7 +377,7 @@ void ComputeTile(const Operands& operands, int64 p, float* a_block,
               row < mr ? operands.Row(i0 + r + row, x, zeros) : zeros;
         const RowPointers a{pointers};
         for (int64 q = 0; q < cols; q += kNR)
-          ComputeMicroTile(row_kernel, run, a, b_block + q * kc + (x - k0) * kNR,
+          ComputeMicroTile(row_kernel, run, a, b_panel(q) + (x - k0) * kNR,
                            out + q, n, mr, std::min(kNR, cols - q), x > 0);
         x += run;
       }
@@ -327,12 +385,13 @@ void ComputeTile(const Operands& operands, int64 p, float* a_block,
   }
 }
 
-// Computes `batch` products of one shape, c (m x n) = a (m x k) @ b (k x n),
-// split as (product, row tile, column tile) tasks over TensorFlow's
-// intra-op pool; each task packs the panels it reads, one K block at a
-// time. Packing copies values and does no arithmetic, so where and how
-// often a value is packed cannot change a bit. `Operands` says how to
-// pack and where each product goes:
+// Computes `batch` products of one shape, c (m x n) = a (m x k) @ b (k x n):
+// packs every B panel once (split over panels), then splits the (product,
+// row tile, column tile) tasks over TensorFlow's intra-op pool, each
+// packing its rows of A one K block at a time. Packing copies values and
+// does no arithmetic, so where, how often and by whom a value is packed
+// cannot change a bit. `Operands` says how to pack and where each product
+// goes:
 //   void PackA(int64 product, int64 i0, int64 k0, int64 kc, float* dst)
 //       const;  // rows [i0, i0 + kMR), terms [k0, k0 + kc): kMR x kc
 //   void PackB(int64 product, int64 j0, int64 k0, int64 kc, float* dst)
@@ -350,22 +409,45 @@ void ComputeProducts(tensorflow::OpKernelContext* context,
   auto* workers = context->device()->tensorflow_cpu_worker_threads();
   const Tiling tiling(batch, m, n, workers->num_threads);
   const int64 per_product = tiling.row_tiles * tiling.col_tiles;
+  const int64 b_panels = (n + kNR - 1) / kNR;
+  const int64 b_size = b_panels * kNR * k;
+  ScratchLease scratch;
+  float* b_pack = scratch.get()->Get(batch * b_size);
+  auto pack_b = [&](int64 p, int64 panel) {
+    operands.PackB(p, panel * kNR, 0, k, b_pack + p * b_size + panel * kNR * k);
+  };
+  // Each shard's own A block and row of zeros.
+  auto compute = [&](int64 begin, int64 end, bool pack_own_b) {
+    AlignedFloats a_block(tiling.tm * kKC), zeros(kKC);
+    std::fill(zeros.data, zeros.data + kKC, 0.0f);
+    for (int64 task = begin; task < end; ++task) {
+      const int64 p = task / per_product;
+      const int64 tile = task % per_product;
+      if (pack_own_b)
+        for (int64 panel = 0; panel < b_panels; ++panel) pack_b(p, panel);
+      ComputeTile(operands, p, a_block.data, b_pack + p * b_size, zeros.data,
+                  m, n, k, (tile / tiling.col_tiles) * tiling.tm,
+                  (tile % tiling.col_tiles) * tiling.tn, tiling.tm, tiling.tn);
+    }
+  };
+  if (per_product == 1) {
+    // Small products, one tile each: one pass over the pool, each task
+    // packing its own product's B panels and computing it.
+    tensorflow::Shard(
+        workers->num_threads, workers->workers, batch,
+        std::max<int64>(1, m * n * k),
+        [&](int64 begin, int64 end) { compute(begin, end, true); });
+    return;
+  }
+  tensorflow::Shard(workers->num_threads, workers->workers, batch * b_panels,
+                    std::max<int64>(1, 16 * k), [&](int64 begin, int64 end) {
+                      for (int64 unit = begin; unit < end; ++unit)
+                        pack_b(unit / b_panels, unit % b_panels);
+                    });
   tensorflow::Shard(
       workers->num_threads, workers->workers, batch * per_product,
       std::max<int64>(1, tiling.tm * tiling.tn * k),
-      [&](int64 begin, int64 end) {
-        AlignedFloats a_block(tiling.tm * kKC), b_block(tiling.tn * kKC);
-        AlignedFloats zeros(kKC);
-        std::fill(zeros.data, zeros.data + kKC, 0.0f);
-        for (int64 task = begin; task < end; ++task) {
-          const int64 p = task / per_product;
-          const int64 tile = task % per_product;
-          ComputeTile(operands, p, a_block.data, b_block.data, zeros.data, m,
-                      n, k, (tile / tiling.col_tiles) * tiling.tm,
-                      (tile % tiling.col_tiles) * tiling.tn, tiling.tm,
-                      tiling.tn);
-        }
-      });
+      [&](int64 begin, int64 end) { compute(begin, end, false); });
 }
 
 // One product of a batch of matrices: c (m x n, row-major) = a @ b.
