@@ -1,0 +1,107 @@
+"""Speed of tfdet's fixed-order convolutions against TensorFlow's Conv2D.
+
+The built-in CNN's four convolutions (3x3 filters, batch `--batch`), each as
+forward, input gradient and filter gradient: ms per call (median of
+`--repeats` after one warm-up call) of tfdet's kernel and of TensorFlow's op
+in one process, alternately, each in a `tf.function`, at `--threads`
+threads. TensorFlow's ops run with oneDNN on (`TF_ENABLE_ONEDNN_OPTS=1`, as
+tfdet's profile pins it); no other tfdet setting. The kernel is built (or
+found in the cache) first.
+
+    python benchmarks/fixed_order_convolutions.py [--batch 64] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+# (input height, width, channels), filters, padding: builtin:cnn's layers.
+LAYERS = (
+    ((32, 32, 3), 32, "SAME"),
+    ((32, 32, 32), 32, "VALID"),
+    ((15, 15, 32), 64, "SAME"),
+    ((15, 15, 64), 64, "VALID"),
+)
+
+
+def _median_ms(function, argument, repeats: int) -> float:
+    function(argument)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function(argument)
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def _layer_cells(kernels, tf, x, w, dy, attributes, repeats: int) -> list[str]:
+    """ "kernel / TensorFlow" ms for the forward and both gradients of a layer."""
+    x_shape, w_shape = tf.shape(x), tf.shape(w)
+    pairs = (
+        (
+            lambda x: kernels.conv2d(x, w, **attributes),
+            lambda x: tf.raw_ops.Conv2D(input=x, filter=w, **attributes),
+            x,
+        ),
+        (
+            lambda dy: kernels.conv2d_backprop_input(x_shape, w, dy, **attributes),
+            lambda dy: tf.raw_ops.Conv2DBackpropInput(
+                input_sizes=x_shape, filter=w, out_backprop=dy, **attributes
+            ),
+            dy,
+        ),
+        (
+            lambda dy: kernels.conv2d_backprop_filter(x, w_shape, dy, **attributes),
+            lambda dy: tf.raw_ops.Conv2DBackpropFilter(
+                input=x, filter_sizes=w_shape, out_backprop=dy, **attributes
+            ),
+            dy,
+        ),
+    )
+    cells = []
+    for ours, theirs, argument in pairs:
+        ours, theirs = tf.function(ours), tf.function(theirs)
+        cells.append(
+            f"{_median_ms(ours, argument, repeats):.1f} / "
+            f"{_median_ms(theirs, argument, repeats):.1f}"
+        )
+    return cells
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+    import numpy as np
+    import tensorflow as tf
+
+    from tfdet.patches import _fixed_order_kernels as kernels
+
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    if kernels.load() is None:
+        raise SystemExit("the kernel could not be built (see the warning above)")
+    rng = np.random.default_rng(0)
+    print("| layer | forward kernel / TF | input gradient | filter gradient |")
+    print("|---|---|---|---|")
+    for image, filters, padding in LAYERS:
+        x = tf.constant(rng.normal(size=(args.batch, *image)), tf.float32)
+        w = tf.constant(rng.normal(size=(3, 3, image[2], filters)), tf.float32)
+        attributes = {"strides": [1, 1, 1, 1], "padding": padding}
+        dy = tf.constant(
+            rng.normal(size=tf.raw_ops.Conv2D(input=x, filter=w, **attributes).shape),
+            tf.float32,
+        )
+        cells = _layer_cells(kernels, tf, x, w, dy, attributes, args.repeats)
+        name = f"{image[0]}x{image[1]}x{image[2]} -> {filters}, {padding}"
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
