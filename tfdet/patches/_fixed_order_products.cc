@@ -109,39 +109,25 @@ void PackColumns(const View& b, int64 n, int64 j0, int64 k0, int64 kc,
   }
 }
 
-// Where a micro-kernel reads A: a packed panel (for each k, the kMR rows
-// side by side), or kMR row pointers, each row's terms contiguous.
-struct PackedPanel {
-  const float* a;
-  const float* at(int64 r, int64 k) const { return a + k * kMR + r; }
-};
-struct RowPointers {
-  const float* const* rows;
-  const float* at(int64 r, int64 k) const { return rows[r] + k; }
-};
+// c (kMR x kNR, row stride ldc) = (accumulate ? c : 0) + a-panel x b-panel,
+// each element one FMA chain over k in order.
+using MicroKernel = void (*)(int64 kc, const float* a, const float* b,
+                             float* c, int64 ldc, bool accumulate);
 
-// c (kMR x kNR, row stride ldc) = (accumulate ? c : 0) + A x b-panel, each
-// element one FMA chain over k in order.
-template <typename A>
-using MicroKernel = void (*)(int64 kc, const A& a, const float* b, float* c,
-                             int64 ldc, bool accumulate);
-
-template <typename A>
-void ScalarKernel(int64 kc, const A& a, const float* b, float* c, int64 ldc,
-                  bool accumulate) {
+void ScalarKernel(int64 kc, const float* a, const float* b, float* c,
+                  int64 ldc, bool accumulate) {
   for (int64 r = 0; r < kMR; ++r) {
     for (int64 j = 0; j < kNR; ++j) {
       float acc = accumulate ? c[r * ldc + j] : 0.0f;
       for (int64 k = 0; k < kc; ++k)
-        acc = std::fma(*a.at(r, k), b[k * kNR + j], acc);
+        acc = std::fma(a[k * kMR + r], b[k * kNR + j], acc);
       c[r * ldc + j] = acc;
     }
   }
 }
 
 #ifdef TFDET_X86
-template <typename A>
-__attribute__((target("avx2,fma"))) void Avx2Kernel(int64 kc, const A& a,
+__attribute__((target("avx2,fma"))) void Avx2Kernel(int64 kc, const float* a,
                                                      const float* b, float* c,
                                                      int64 ldc,
                                                      bool accumulate) {
@@ -161,18 +147,19 @@ __attribute__((target("avx2,fma"))) void Avx2Kernel(int64 kc, const A& a,
     const __m256 b0 = _mm256_load_ps(b);
     const __m256 b1 = _mm256_load_ps(b + 8);
     __m256 x;
-    x = _mm256_broadcast_ss(a.at(0, k));
+    x = _mm256_broadcast_ss(a + 0);
     c00 = _mm256_fmadd_ps(x, b0, c00), c01 = _mm256_fmadd_ps(x, b1, c01);
-    x = _mm256_broadcast_ss(a.at(1, k));
+    x = _mm256_broadcast_ss(a + 1);
     c10 = _mm256_fmadd_ps(x, b0, c10), c11 = _mm256_fmadd_ps(x, b1, c11);
-    x = _mm256_broadcast_ss(a.at(2, k));
+    x = _mm256_broadcast_ss(a + 2);
     c20 = _mm256_fmadd_ps(x, b0, c20), c21 = _mm256_fmadd_ps(x, b1, c21);
-    x = _mm256_broadcast_ss(a.at(3, k));
+    x = _mm256_broadcast_ss(a + 3);
     c30 = _mm256_fmadd_ps(x, b0, c30), c31 = _mm256_fmadd_ps(x, b1, c31);
-    x = _mm256_broadcast_ss(a.at(4, k));
+    x = _mm256_broadcast_ss(a + 4);
     c40 = _mm256_fmadd_ps(x, b0, c40), c41 = _mm256_fmadd_ps(x, b1, c41);
-    x = _mm256_broadcast_ss(a.at(5, k));
+    x = _mm256_broadcast_ss(a + 5);
     c50 = _mm256_fmadd_ps(x, b0, c50), c51 = _mm256_fmadd_ps(x, b1, c51);
+    a += kMR;
     b += kNR;
   }
   _mm256_storeu_ps(c + 0 * ldc, c00), _mm256_storeu_ps(c + 0 * ldc + 8, c01);
@@ -196,16 +183,15 @@ bool CpuHasAvx2Fma() {
 // The micro-kernel of this process: AVX2 where the CPU has it, unless
 // TFDET_FIXED_ORDER_ISA=scalar asks for the scalar one (read at each call,
 // so a test can compare both in one process).
-template <typename A>
-MicroKernel<A> ChooseKernel() {
+MicroKernel ChooseKernel() {
   static const bool avx2 = CpuHasAvx2Fma();
   const char* wanted = std::getenv("TFDET_FIXED_ORDER_ISA");
   if (wanted != nullptr && std::strcmp(wanted, "scalar") == 0)
-    return ScalarKernel<A>;
+    return ScalarKernel;
 #ifdef TFDET_X86
-  if (avx2) return Avx2Kernel<A>;
+  if (avx2) return Avx2Kernel;
 #endif
-  return ScalarKernel<A>;
+  return ScalarKernel;
 }
 
 // The output tiles. Each element's chain is the same in any tile, so the
@@ -307,36 +293,34 @@ struct AlignedFloats {
   float* data;
 };
 
-// The micro-tile at rows i (of the tile's rows) and columns q, through
-// `kernel` on A `a`: in place, or on a full-size copy at an edge.
-template <typename A>
-void ComputeMicroTile(MicroKernel<A> kernel, int64 kc, const A& a,
+// One micro-tile (mr x nr of its kMR x kNR real) at `out`, through
+// `kernel`: in place, or on a full-size copy at an edge.
+void ComputeMicroTile(MicroKernel kernel, int64 kc, const float* a_panel,
                       const float* b_panel, float* out, int64 n, int64 mr,
                       int64 nr, bool accumulate) {
   if (mr == kMR && nr == kNR) {
-    kernel(kc, a, b_panel, out, n, accumulate);
+    kernel(kc, a_panel, b_panel, out, n, accumulate);
     return;
   }
   alignas(64) float edge[kMR * kNR];
   if (accumulate)
     for (int64 x = 0; x < mr; ++x)
       std::memcpy(edge + x * kNR, out + x * n, sizeof(float) * nr);
-  kernel(kc, a, b_panel, edge, kNR, accumulate);
+  kernel(kc, a_panel, b_panel, edge, kNR, accumulate);
   for (int64 x = 0; x < mr; ++x)
     std::memcpy(out + x * n, edge + x * kNR, sizeof(float) * nr);
 }
 
 // Tile (i0.., j0..) of product `p`, whose B panels are packed in `b_pack`
-// (each k x kNR): for each K block in order, the micro-kernel over the
-// tile's micro-tiles, continuing each chain from C. A is read from the
-// tile's rows packed for the block (into `a_block`, tm x kKC floats, where
-// they stay in cache), or, where the operands offer it
-// (`Operands::Direct`), straight from memory through row pointers, one run
-// of contiguous terms at a time (`zeros`: a row of zeros as long as a
-// run, for rows that read none). The chains are the same either way.
+// (each k x kNR), or, where the operands ask for it
+// (`Operands::PackBInTasks`: B is the image's patches, too large to pack
+// whole), packed here one K block at a time into `b_block` (kKC x tn): for
+// each K block in order, the tile's rows of A for that block packed (into
+// `a_block`, tm x kKC floats, where they stay in cache), then the
+// micro-kernel over the tile's micro-tiles, continuing each chain from C.
 template <typename Operands>
 void ComputeTile(const Operands& operands, int64 p, float* a_block,
-                 const float* b_pack, const float* zeros, int64 m, int64 n,
+                 const float* b_pack, float* b_block, int64 m, int64 n,
                  int64 k, int64 i0, int64 j0, int64 tm, int64 tn) {
   const int64 rows = std::min(tm, m - i0);
   const int64 cols = std::min(tn, n - j0);
@@ -346,47 +330,31 @@ void ComputeTile(const Operands& operands, int64 p, float* a_block,
       std::fill(c + (i0 + r) * n + j0, c + (i0 + r) * n + j0 + cols, 0.0f);
     return;
   }
-  const bool direct = operands.Direct();
-  const MicroKernel<PackedPanel> packed_kernel = ChooseKernel<PackedPanel>();
-  const MicroKernel<RowPointers> row_kernel = ChooseKernel<RowPointers>();
+  const bool own_b = operands.PackBInTasks();
+  const MicroKernel kernel = ChooseKernel();
   for (int64 k0 = 0; k0 < k; k0 += kKC) {
     const int64 kc = std::min(kKC, k - k0);
-    if (!direct)
+    for (int64 r = 0; r < rows; r += kMR)
+      operands.PackA(p, i0 + r, k0, kc, a_block + r * kc);
+    if (own_b)
+      for (int64 q = 0; q < cols; q += kNR)
+        operands.PackB(p, j0 + q, k0, kc, b_block + q * kc);
+    for (int64 q = 0; q < cols; q += kNR) {
+      const float* b_panel =
+          own_b ? b_block + q * kc
+                : b_pack + ((j0 + q) / kNR) * kNR * k + k0 * kNR;
       for (int64 r = 0; r < rows; r += kMR)
-        operands.PackA(p, i0 + r, k0, kc, a_block + r * kc);
-    // Panel q of the tile, rows k0.. of it.
-    auto b_panel = [&](int64 q) {
-      return b_pack + ((j0 + q) / kNR) * kNR * k + k0 * kNR;
-    };
-    for (int64 r = 0; r < rows; r += kMR) {
-      const int64 mr = std::min(kMR, rows - r);
-      float* out = c + (i0 + r) * n + j0;
-      if (!direct) {
-        const PackedPanel a{a_block + r * kc};
-        for (int64 q = 0; q < cols; q += kNR)
-          ComputeMicroTile(packed_kernel, kc, a, b_panel(q), out + q, n, mr,
-                           std::min(kNR, cols - q), k0 > 0);
-        continue;
-      }
-      // Runs of terms, each contiguous in every row.
-      for (int64 x = k0; x < k0 + kc;) {
-        const int64 run = std::min(operands.Run(x), k0 + kc - x);
-        const float* pointers[kMR];
-        for (int64 row = 0; row < kMR; ++row)
-          pointers[row] =
-              row < mr ? operands.Row(i0 + r + row, x, zeros) : zeros;
-        const RowPointers a{pointers};
-        for (int64 q = 0; q < cols; q += kNR)
-          ComputeMicroTile(row_kernel, run, a, b_panel(q) + (x - k0) * kNR,
-                           out + q, n, mr, std::min(kNR, cols - q), x > 0);
-        x += run;
-      }
+        ComputeMicroTile(kernel, kc, a_block + r * kc, b_panel,
+                         c + (i0 + r) * n + j0 + q, n,
+                         std::min(kMR, rows - r), std::min(kNR, cols - q),
+                         k0 > 0);
     }
   }
 }
 
 // Computes `batch` products of one shape, c (m x n) = a (m x k) @ b (k x n):
-// packs every B panel once (split over panels), then splits the (product,
+// packs every B panel once (split over panels; or each task packs its own,
+// see ComputeTile), then splits the (product,
 // row tile, column tile) tasks over TensorFlow's intra-op pool, each
 // packing its rows of A one K block at a time. Packing copies values and
 // does no arithmetic, so where, how often and by whom a value is packed
@@ -397,10 +365,7 @@ void ComputeTile(const Operands& operands, int64 p, float* a_block,
 //   void PackB(int64 product, int64 j0, int64 k0, int64 kc, float* dst)
 //       const;  // terms [k0, k0 + kc), columns [j0, j0 + kNR): kc x kNR
 //   float* Output(int64 product) const;  // m x n, row-major
-//   bool Direct() const;  // whether A is read through Row and Run instead
-//   int64 Run(int64 x) const;  // terms from x on contiguous in every row
-//   const float* Row(int64 i, int64 x, const float* zeros) const;
-//       // row i's term x (zeros where the row reads none)
+//   bool PackBInTasks() const;  // whether each task packs its B blocks
 template <typename Operands>
 void ComputeProducts(tensorflow::OpKernelContext* context,
                      const Operands& operands, int64 batch, int64 m, int64 n,
@@ -409,24 +374,26 @@ void ComputeProducts(tensorflow::OpKernelContext* context,
   auto* workers = context->device()->tensorflow_cpu_worker_threads();
   const Tiling tiling(batch, m, n, workers->num_threads);
   const int64 per_product = tiling.row_tiles * tiling.col_tiles;
-  const int64 b_panels = (n + kNR - 1) / kNR;
+  const bool own_b = operands.PackBInTasks();
+  const int64 b_panels = own_b ? 0 : (n + kNR - 1) / kNR;
   const int64 b_size = b_panels * kNR * k;
   ScratchLease scratch;
   float* b_pack = scratch.get()->Get(batch * b_size);
   auto pack_b = [&](int64 p, int64 panel) {
     operands.PackB(p, panel * kNR, 0, k, b_pack + p * b_size + panel * kNR * k);
   };
-  // Each shard's own A block and row of zeros.
+  // Each shard's own A block, and B block where tasks pack B.
   auto compute = [&](int64 begin, int64 end, bool pack_own_b) {
-    AlignedFloats a_block(tiling.tm * kKC), zeros(kKC);
-    std::fill(zeros.data, zeros.data + kKC, 0.0f);
+    AlignedFloats a_block(tiling.tm * kKC);
+    AlignedFloats b_block(own_b ? tiling.tn * kKC : 0);
     for (int64 task = begin; task < end; ++task) {
       const int64 p = task / per_product;
       const int64 tile = task % per_product;
       if (pack_own_b)
         for (int64 panel = 0; panel < b_panels; ++panel) pack_b(p, panel);
-      ComputeTile(operands, p, a_block.data, b_pack + p * b_size, zeros.data,
-                  m, n, k, (tile / tiling.col_tiles) * tiling.tm,
+      ComputeTile(operands, p, a_block.data, b_pack + p * b_size,
+                  b_block.data, m, n, k,
+                  (tile / tiling.col_tiles) * tiling.tm,
                   (tile % tiling.col_tiles) * tiling.tn, tiling.tm, tiling.tn);
     }
   };
@@ -439,11 +406,13 @@ void ComputeProducts(tensorflow::OpKernelContext* context,
         [&](int64 begin, int64 end) { compute(begin, end, true); });
     return;
   }
-  tensorflow::Shard(workers->num_threads, workers->workers, batch * b_panels,
-                    std::max<int64>(1, 16 * k), [&](int64 begin, int64 end) {
-                      for (int64 unit = begin; unit < end; ++unit)
-                        pack_b(unit / b_panels, unit % b_panels);
-                    });
+  if (!own_b) {
+    tensorflow::Shard(workers->num_threads, workers->workers, batch * b_panels,
+                      std::max<int64>(1, 16 * k), [&](int64 begin, int64 end) {
+                        for (int64 unit = begin; unit < end; ++unit)
+                          pack_b(unit / b_panels, unit % b_panels);
+                      });
+  }
   tensorflow::Shard(
       workers->num_threads, workers->workers, batch * per_product,
       std::max<int64>(1, tiling.tm * tiling.tn * k),
@@ -468,9 +437,7 @@ struct Matrices {
     PackColumns(products[p].b, n, j0, k0, kc, dst);
   }
   float* Output(int64 p) const { return products[p].c; }
-  bool Direct() const { return false; }
-  int64 Run(int64) const { return 0; }
-  const float* Row(int64, int64, const float* zeros) const { return zeros; }
+  bool PackBInTasks() const { return false; }
 };
 
 void ComputeMatrixProducts(tensorflow::OpKernelContext* context,
@@ -580,10 +547,6 @@ class FixedOrderBatchMatMulOp : public tensorflow::OpKernel {
 
 // ---------------------------------------------------------------------------
 // Convolutions (NHWC images, HWIO filters, float32).
-
-// The shortest run of contiguous terms (a tap's channels or filters) that
-// a convolution's rows are read in place for; shorter runs are packed.
-constexpr int64 kMinimumRun = 16;
 
 // What a 2-D convolution is, from its input's and filter's shapes and its
 // attributes: sizes, and where each filter tap reads.
@@ -725,22 +688,7 @@ struct ForwardOperands {
     PackColumns(View{filter, g.filters, 1}, g.filters, j0, k0, kc, dst);
   }
   float* Output(int64) const { return output; }
-  // Rows read straight from the image where a tap's channels make runs
-  // long enough to pay for the micro-kernel's reloads.
-  bool Direct() const { return g.channels >= kMinimumRun; }
-  int64 Run(int64 x) const { return g.channels - x % g.channels; }
-  const float* Row(int64 p, int64 x, const float* zeros) const {
-    const int64 ow = p % g.out_w, oh = (p / g.out_w) % g.out_h;
-    const int64 image = p / (g.out_w * g.out_h);
-    const int64 tap = x / g.channels;
-    const int64 ih =
-        oh * g.stride_h + (tap / g.filter_w) * g.dilation_h - g.pad_top;
-    const int64 iw =
-        ow * g.stride_w + (tap % g.filter_w) * g.dilation_w - g.pad_left;
-    if (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width) return zeros;
-    return input + ((image * g.height + ih) * g.width + iw) * g.channels +
-           x % g.channels;
-  }
+  bool PackBInTasks() const { return false; }
 };
 
 // The input gradient as a product: row (image, ih, iw) holds, for each tap
@@ -797,21 +745,7 @@ struct InputGradientOperands {
     }
   }
   float* Output(int64) const { return output; }
-  bool Direct() const { return g.filters >= kMinimumRun; }
-  int64 Run(int64 x) const { return g.filters - x % g.filters; }
-  const float* Row(int64 p, int64 x, const float* zeros) const {
-    const int64 iw = p % g.width, ih = (p / g.width) % g.height;
-    const int64 image = p / (g.width * g.height);
-    const int64 tap = x / g.filters;
-    const int64 h = ih + g.pad_top - (tap / g.filter_w) * g.dilation_h;
-    const int64 w = iw + g.pad_left - (tap % g.filter_w) * g.dilation_w;
-    const int64 oh = h / g.stride_h, ow = w / g.stride_w;
-    if (h < 0 || h % g.stride_h != 0 || oh >= g.out_h || w < 0 ||
-        w % g.stride_w != 0 || ow >= g.out_w)
-      return zeros;
-    return out_backprop + ((image * g.out_h + oh) * g.out_w + ow) * g.filters +
-           x % g.filters;
-  }
+  bool PackBInTasks() const { return false; }
 };
 
 // The filter gradient as a product, transposed: the output gradient read
@@ -863,9 +797,12 @@ struct FilterGradientOperands {
     }
   }
   float* Output(int64) const { return transposed; }
-  bool Direct() const { return false; }
-  int64 Run(int64) const { return 0; }
-  const float* Row(int64, int64, const float* zeros) const { return zeros; }
+  // The patches packed whole would be a copy of the image per tap: from
+  // 4M floats (16 MB) on, each task packs its own K blocks instead (a
+  // 32x32x32 layer at batch 64: 30 against 38 ms; a 3-channel one, whose
+  // few columns each task would pack again, stays packed once: 12 ms
+  // against 20).
+  bool PackBInTasks() const { return k() * n() >= (int64{1} << 22); }
 };
 
 // A TensorShape from a 1-D int32 tensor of 4 sizes (input_sizes,
