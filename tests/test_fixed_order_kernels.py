@@ -120,7 +120,7 @@ CONVOLUTIONS = (
     ((2, 8, 8, 7), (1, 1, 9), (2, 2), "VALID", 1),
     ((1, 16, 16, 3), (7, 7, 20), (2, 2), "SAME", 1),
     ((2, 8, 8, 4), (3, 3, 5), (1, 1), [0, 0, 1, 2, 0, 1, 0, 0], 1),
-    # From 16 channels (filters) on, rows are read in place, not packed.
+    # Runs of channels (filters) longer than a micro-tile's 16 columns.
     ((2, 9, 9, 20), (3, 3, 24), (2, 2), "SAME", 1),
     ((2, 8, 8, 32), (3, 3, 16), (1, 1), "VALID", 2),
     ((3, 7, 9, 17), (2, 3, 33), (2, 1), [0, 0, 2, 1, 1, 0, 0, 0], 1),

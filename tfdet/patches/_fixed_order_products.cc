@@ -647,6 +647,17 @@ class ConvolutionAttributes {
   std::vector<int64_t> explicit_paddings_;
 };
 
+// A zero term for every row that reads none: a run is at most a K block.
+constexpr float kZeros[kKC] = {};
+
+// Terms [x, x + run) of kMR rows, from each row's source (kZeros where a
+// row reads none), into a panel: for each term, the kMR rows side by side.
+// Row by row within a term, so the panel is written in order.
+void Interleave(const float* const* sources, int64 run, float* dst) {
+  for (int64 c = 0; c < run; ++c, dst += kMR)
+    for (int64 r = 0; r < kMR; ++r) dst[r] = sources[r][c];
+}
+
 // The forward convolution as a product: row (image, oh, ow) of the image
 // patches times the filter as a (filter_h x filter_w x channels) x filters
 // matrix. Each output's chain runs over (tap row, tap column, channel).
@@ -658,30 +669,32 @@ struct ForwardOperands {
   int64 m() const { return g.batch * g.out_h * g.out_w; }
   int64 k() const { return g.filter_h * g.filter_w * g.channels; }
   void PackA(int64, int64 i0, int64 k0, int64 kc, float* dst) const {
+    int64 image[kMR], oh[kMR], ow[kMR];
     const int64 rows = std::min(kMR, m() - i0);
-    if (rows < kMR) std::memset(dst, 0, sizeof(float) * kMR * kc);
     for (int64 r = 0; r < rows; ++r) {
       const int64 p = i0 + r;
-      const int64 ow = p % g.out_w, oh = (p / g.out_w) % g.out_h;
-      const int64 image = p / (g.out_w * g.out_h);
-      // Terms k0 .. k0 + kc: a run of channels at each tap.
-      for (int64 x = k0; x < k0 + kc;) {
-        const int64 tap = x / g.channels, c0 = x % g.channels;
-        const int64 run = std::min(g.channels - c0, k0 + kc - x);
-        const int64 ih =
-            oh * g.stride_h + (tap / g.filter_w) * g.dilation_h - g.pad_top;
-        const int64 iw =
-            ow * g.stride_w + (tap % g.filter_w) * g.dilation_w - g.pad_left;
-        float* d = dst + (x - k0) * kMR + r;
-        if (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width) {
-          for (int64 c = 0; c < run; ++c) d[c * kMR] = 0.0f;
-        } else {
-          const float* s =
-              input + ((image * g.height + ih) * g.width + iw) * g.channels + c0;
-          for (int64 c = 0; c < run; ++c) d[c * kMR] = s[c];
-        }
-        x += run;
+      ow[r] = p % g.out_w, oh[r] = (p / g.out_w) % g.out_h;
+      image[r] = p / (g.out_w * g.out_h);
+    }
+    // Terms k0 .. k0 + kc: a run of channels at each tap.
+    for (int64 x = k0; x < k0 + kc;) {
+      const int64 tap = x / g.channels, c0 = x % g.channels;
+      const int64 run = std::min(g.channels - c0, k0 + kc - x);
+      const int64 top = (tap / g.filter_w) * g.dilation_h - g.pad_top;
+      const int64 left = (tap % g.filter_w) * g.dilation_w - g.pad_left;
+      const float* sources[kMR];
+      for (int64 r = 0; r < kMR; ++r) {
+        const int64 ih = r < rows ? oh[r] * g.stride_h + top : -1;
+        const int64 iw = r < rows ? ow[r] * g.stride_w + left : -1;
+        sources[r] =
+            (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width)
+                ? kZeros
+                : input +
+                      ((image[r] * g.height + ih) * g.width + iw) * g.channels +
+                      c0;
       }
+      Interleave(sources, run, dst + (x - k0) * kMR);
+      x += run;
     }
   }
   void PackB(int64, int64 j0, int64 k0, int64 kc, float* dst) const {
@@ -705,31 +718,33 @@ struct InputGradientOperands {
   int64 m() const { return g.batch * g.height * g.width; }
   int64 k() const { return g.filter_h * g.filter_w * g.filters; }
   void PackA(int64, int64 i0, int64 k0, int64 kc, float* dst) const {
+    int64 image[kMR], ih[kMR], iw[kMR];
     const int64 rows = std::min(kMR, m() - i0);
-    if (rows < kMR) std::memset(dst, 0, sizeof(float) * kMR * kc);
     for (int64 r = 0; r < rows; ++r) {
       const int64 p = i0 + r;
-      const int64 iw = p % g.width, ih = (p / g.width) % g.height;
-      const int64 image = p / (g.width * g.height);
-      // Terms k0 .. k0 + kc: a run of filters at each tap.
-      for (int64 x = k0; x < k0 + kc;) {
-        const int64 tap = x / g.filters, o0 = x % g.filters;
-        const int64 run = std::min(g.filters - o0, k0 + kc - x);
-        const int64 h = ih + g.pad_top - (tap / g.filter_w) * g.dilation_h;
-        const int64 w = iw + g.pad_left - (tap % g.filter_w) * g.dilation_w;
+      iw[r] = p % g.width, ih[r] = (p / g.width) % g.height;
+      image[r] = p / (g.width * g.height);
+    }
+    // Terms k0 .. k0 + kc: a run of filters at each tap.
+    for (int64 x = k0; x < k0 + kc;) {
+      const int64 tap = x / g.filters, o0 = x % g.filters;
+      const int64 run = std::min(g.filters - o0, k0 + kc - x);
+      const int64 top = g.pad_top - (tap / g.filter_w) * g.dilation_h;
+      const int64 left = g.pad_left - (tap % g.filter_w) * g.dilation_w;
+      const float* sources[kMR];
+      for (int64 r = 0; r < kMR; ++r) {
+        sources[r] = kZeros;
+        if (r >= rows) continue;
+        const int64 h = ih[r] + top, w = iw[r] + left;
         const int64 oh = h / g.stride_h, ow = w / g.stride_w;
-        float* d = dst + (x - k0) * kMR + r;
         if (h < 0 || h % g.stride_h != 0 || oh >= g.out_h || w < 0 ||
-            w % g.stride_w != 0 || ow >= g.out_w) {
-          for (int64 o = 0; o < run; ++o) d[o * kMR] = 0.0f;
-        } else {
-          const float* s = out_backprop +
-                           ((image * g.out_h + oh) * g.out_w + ow) * g.filters +
-                           o0;
-          for (int64 o = 0; o < run; ++o) d[o * kMR] = s[o];
-        }
-        x += run;
+            w % g.stride_w != 0 || ow >= g.out_w)
+          continue;
+        sources[r] = out_backprop +
+                     ((image[r] * g.out_h + oh) * g.out_w + ow) * g.filters + o0;
       }
+      Interleave(sources, run, dst + (x - k0) * kMR);
+      x += run;
     }
   }
   // Columns [j0, j0 + kNR) (input channels), rows [k0, k0 + kc) of the
