@@ -68,3 +68,35 @@ def test_env_names_the_vector_unit_and_an_emulator(tmp_path):
         assert facts["cpu_vendor"] == "QEMU (emulated)"
     else:
         assert facts["cpu_emulated"] is None
+
+
+def test_the_fixed_order_kernel_gives_the_bits_recorded_on_x86_64(monkeypatch):
+    """tfdet's kernel computes here the products and convolution x86-64 did.
+
+    Its chains are fixed by the shapes alone, so its scalar path on this
+    ARM core gives the digests recorded with the AVX2 path on an x86-64 CPU
+    (`benchmarks/fixed_order_digests.json`); TensorFlow's own ops, the
+    control, give others here. An emulated process on an x86-64 host builds
+    the kernel with the cross compiler (aarch64-linux-gnu-g++).
+    """
+    import importlib.util
+    import shutil
+
+    from tests.conftest import REPO
+    from tfdet._protocol import _emulation
+
+    if _emulation.already_emulated():
+        cross = shutil.which("aarch64-linux-gnu-g++")
+        if cross is None:
+            pytest.skip("an emulated aarch64 process needs aarch64-linux-gnu-g++")
+        monkeypatch.setenv("CXX", cross)
+    spec = importlib.util.spec_from_file_location(
+        "fixed_order_digests", REPO / "benchmarks" / "fixed_order_digests.py"
+    )
+    digests = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(digests)
+    x86 = digests.recorded()["x86_64"]["digests"]
+    found = digests.digests()
+    assert found["kernel"] == x86["kernel"], (found, x86)
+    for op in ("matmul", "conv2d"):
+        assert found["tensorflow"][op] != x86["tensorflow"][op], (found, x86)

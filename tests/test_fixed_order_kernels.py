@@ -15,13 +15,14 @@ start).
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from tests.conftest import clean_env, last_json_line
+from tests.conftest import REPO, clean_env, last_json_line
 from tfdet.patches import _fixed_order_kernels, _kernel_library
 
 
@@ -236,6 +237,33 @@ def test_scalar_path_gives_the_avx2_paths_bits(kernels, monkeypatch):
     monkeypatch.setenv(_fixed_order_kernels.ISA_VARIABLE, "scalar")
     scalar = results()
     assert [_bits(r) for r in default] == [_bits(r) for r in scalar]
+
+
+def fixed_order_digests():
+    """benchmarks/fixed_order_digests.py, loaded as a module."""
+    spec = importlib.util.spec_from_file_location(
+        "fixed_order_digests", REPO / "benchmarks" / "fixed_order_digests.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_kernels_bits_are_every_architectures_recorded_ones(kernels):
+    """The kernel's digests here equal those recorded on x86-64 and aarch64.
+
+    The record's TensorFlow digests, taken beside them, differ between the
+    architectures: the control (its ops follow each CPU's kernels).
+    """
+    digests = fixed_order_digests()
+    record = digests.recorded()
+    assert {"x86_64", "aarch64"} <= set(record), record
+    found = digests.digests()
+    for architecture, entry in record.items():
+        assert entry["digests"]["kernel"] == found["kernel"], architecture
+    controls = [entry["digests"]["tensorflow"] for entry in record.values()]
+    for op in ("matmul", "conv2d"):
+        assert len({control[op] for control in controls}) > 1, (op, controls)
 
 
 def test_a_missing_compiler_is_said_once_and_load_gives_none(monkeypatch, caplog):
