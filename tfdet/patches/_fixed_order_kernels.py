@@ -109,68 +109,49 @@ def _batch_mat_mul_gradient(op: Any, grad: Any) -> tuple[Any, Any]:
     return gx, gy
 
 
-def conv2d(
-    x: Any,
-    kernel: Any,
-    strides: Any,
-    padding: str,
-    explicit_paddings: Any = (),
-    dilations: Any = (1, 1, 1, 1),
-) -> Any:
+def _convolution(op: str, *inputs: Any, **attributes: Any) -> Any:
+    """The library's convolution op `op` on `inputs`, given Conv2D's
+    attributes (`strides`, `padding`, `explicit_paddings`, `dilations`;
+    the lists as lists, as the generated op wants them)."""
+    for name in ("strides", "explicit_paddings", "dilations"):
+        if name in attributes:
+            attributes[name] = list(attributes[name])
+    return getattr(load(), op)(*inputs, **attributes)
+
+
+def conv2d(x: Any, kernel: Any, **attributes: Any) -> Any:
     """`tf.raw_ops.Conv2D` of an NHWC float32 `x` and an HWIO `kernel`.
 
-    The kernel's channels must be x's (no groups). `strides`, `padding`,
-    `explicit_paddings` and `dilations` are Conv2D's attributes.
+    The kernel's channels must be x's (no groups). `attributes` are
+    Conv2D's: `strides`, `padding`, and optionally `explicit_paddings`
+    and `dilations`.
     """
-    return load().tfdet_fixed_order_conv2d(
-        x,
-        kernel,
-        strides=list(strides),
-        padding=padding,
-        explicit_paddings=list(explicit_paddings),
-        dilations=list(dilations),
-    )
+    return _convolution("tfdet_fixed_order_conv2d", x, kernel, **attributes)
 
 
 def conv2d_backprop_input(
-    input_sizes: Any,
-    kernel: Any,
-    out_backprop: Any,
-    strides: Any,
-    padding: str,
-    explicit_paddings: Any = (),
-    dilations: Any = (1, 1, 1, 1),
+    input_sizes: Any, kernel: Any, out_backprop: Any, **attributes: Any
 ) -> Any:
     """`tf.raw_ops.Conv2DBackpropInput` (NHWC, float32), by the kernel."""
-    return load().tfdet_fixed_order_conv2d_backprop_input(
+    return _convolution(
+        "tfdet_fixed_order_conv2d_backprop_input",
         input_sizes,
         kernel,
         out_backprop,
-        strides=list(strides),
-        padding=padding,
-        explicit_paddings=list(explicit_paddings),
-        dilations=list(dilations),
+        **attributes,
     )
 
 
 def conv2d_backprop_filter(
-    x: Any,
-    filter_sizes: Any,
-    out_backprop: Any,
-    strides: Any,
-    padding: str,
-    explicit_paddings: Any = (),
-    dilations: Any = (1, 1, 1, 1),
+    x: Any, filter_sizes: Any, out_backprop: Any, **attributes: Any
 ) -> Any:
     """`tf.raw_ops.Conv2DBackpropFilter` (NHWC, float32), by the kernel."""
-    return load().tfdet_fixed_order_conv2d_backprop_filter(
+    return _convolution(
+        "tfdet_fixed_order_conv2d_backprop_filter",
         x,
         filter_sizes,
         out_backprop,
-        strides=list(strides),
-        padding=padding,
-        explicit_paddings=list(explicit_paddings),
-        dilations=list(dilations),
+        **attributes,
     )
 
 
