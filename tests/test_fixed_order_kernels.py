@@ -183,6 +183,35 @@ def test_convolutions_and_their_gradients_match_tensorflow(kernels, case):
         assert np.abs(mine - reference).max() / scale < 1e-5, name
 
 
+def test_second_derivatives_of_a_convolution_match_tensorflow(kernels):
+    """The gradient ops' own gradients (a gradient penalty's, say) are the
+    kernel's too, with TensorFlow's values."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(6)
+    x = tf.constant(rng.normal(size=(2, 7, 7, 5)), tf.float32)
+    w = tf.constant(rng.normal(size=(3, 3, 5, 6)), tf.float32)
+    attributes = {"strides": [1, 2, 2, 1], "padding": "SAME"}
+    found = []
+    for convolve in (
+        lambda x, w: kernels.conv2d(x, w, **attributes),
+        lambda x, w: tf.raw_ops.Conv2D(input=x, filter=w, **attributes),
+    ):
+        with tf.GradientTape(persistent=True) as outer:
+            outer.watch([x, w])
+            with tf.GradientTape(persistent=True) as inner:
+                inner.watch([x, w])
+                loss = tf.reduce_sum(tf.square(convolve(x, w)))
+            dx, dw = inner.gradient(loss, [x, w])
+            penalties = tf.reduce_sum(tf.square(dx)), tf.reduce_sum(tf.square(dw))
+        found.append(
+            [g for penalty in penalties for g in outer.gradient(penalty, [x, w])]
+        )
+    for mine, reference in zip(*found, strict=True):
+        scale = max(float(np.abs(reference).max()), 1e-30)
+        assert np.abs(mine - reference).max() / scale < 1e-5
+
+
 def test_an_images_convolution_does_not_follow_the_batch(kernels):
     """An image's output and input gradient in a batch of 12 equal it alone."""
     import tensorflow as tf
