@@ -14,8 +14,9 @@ where `pool_size_free_products` relies on oneDNN's forward convolution
 (off on aarch64 and wherever TensorFlow leaves it off), this does not.
 
 Slower than oneDNN's own convolutions on an AMD EPYC Zen 3 (AVX2, 2 threads,
-the built-in CNN's layers, batch 64: forward 1.1-2.9x, input gradient
-1.6-3.6x, filter gradient 0.9-4.4x; `docs/measurements.md`), so opt-in:
+the built-in CNN's layers, batch 64: forward 1.1-1.7x, input gradient
+1.4-2.4x, filter gradient 0.9-1.3x, 3.6x on 3 channels;
+`benchmarks/fixed_order_convolutions.py`), so opt-in:
 `tfdet.enable(threads=N, patches=["auto", "pool_size_free_products",
 "fixed_order_products", "fixed_order_convolutions"])`. Installed with
 `pool_size_free_products`, that patch leaves the convolutions to this one;
