@@ -311,17 +311,18 @@ void ComputeMicroTile(MicroKernel kernel, int64 kc, const float* a_panel,
     std::memcpy(out + x * n, edge + x * kNR, sizeof(float) * nr);
 }
 
-// Tile (i0.., j0..) of product `p`, whose B panels are packed in `b_pack`
-// (each k x kNR), or, where the operands ask for it
-// (`Operands::PackBInTasks`: B is the image's patches, too large to pack
-// whole), packed here one K block at a time into `b_block` (kKC x tn): for
+// Tile (i0.., j0..) of product `p` through `kernel`, whose B panels are
+// packed in `b_pack` (each k x kNR), or, with `own_b` (the operands'
+// `PackBInTasks`: B is the image's patches, too large to pack whole),
+// packed here one K block at a time into `b_block` (kKC x tn): for
 // each K block in order, the tile's rows of A for that block packed (into
 // `a_block`, tm x kKC floats, where they stay in cache), then the
 // micro-kernel over the tile's micro-tiles, continuing each chain from C.
 template <typename Operands>
-void ComputeTile(const Operands& operands, int64 p, float* a_block,
-                 const float* b_pack, float* b_block, int64 m, int64 n,
-                 int64 k, int64 i0, int64 j0, int64 tm, int64 tn) {
+void ComputeTile(const Operands& operands, MicroKernel kernel, bool own_b,
+                 int64 p, float* a_block, const float* b_pack, float* b_block,
+                 int64 m, int64 n, int64 k, int64 i0, int64 j0, int64 tm,
+                 int64 tn) {
   const int64 rows = std::min(tm, m - i0);
   const int64 cols = std::min(tn, n - j0);
   float* c = operands.Output(p);
@@ -330,8 +331,6 @@ void ComputeTile(const Operands& operands, int64 p, float* a_block,
       std::fill(c + (i0 + r) * n + j0, c + (i0 + r) * n + j0 + cols, 0.0f);
     return;
   }
-  const bool own_b = operands.PackBInTasks();
-  const MicroKernel kernel = ChooseKernel();
   for (int64 k0 = 0; k0 < k; k0 += kKC) {
     const int64 kc = std::min(kKC, k - k0);
     for (int64 r = 0; r < rows; r += kMR)
@@ -354,9 +353,9 @@ void ComputeTile(const Operands& operands, int64 p, float* a_block,
 
 // Computes `batch` products of one shape, c (m x n) = a (m x k) @ b (k x n):
 // packs every B panel once (split over panels; or each task packs its own,
-// see ComputeTile), then splits the (product,
-// row tile, column tile) tasks over TensorFlow's intra-op pool, each
-// packing its rows of A one K block at a time. Packing copies values and
+// see ComputeTile), then splits the (product, row tile, column tile) tasks
+// over TensorFlow's intra-op pool, each packing its rows of A one K block
+// at a time. The micro-kernel is chosen once a call. Packing copies values and
 // does no arithmetic, so where, how often and by whom a value is packed
 // cannot change a bit. `Operands` says how to pack and where each product
 // goes:
@@ -375,6 +374,7 @@ void ComputeProducts(tensorflow::OpKernelContext* context,
   const Tiling tiling(batch, m, n, workers->num_threads);
   const int64 per_product = tiling.row_tiles * tiling.col_tiles;
   const bool own_b = operands.PackBInTasks();
+  const MicroKernel kernel = ChooseKernel();
   const int64 b_panels = own_b ? 0 : (n + kNR - 1) / kNR;
   const int64 b_size = b_panels * kNR * k;
   ScratchLease scratch;
@@ -391,7 +391,7 @@ void ComputeProducts(tensorflow::OpKernelContext* context,
       const int64 tile = task % per_product;
       if (pack_own_b)
         for (int64 panel = 0; panel < b_panels; ++panel) pack_b(p, panel);
-      ComputeTile(operands, p, a_block.data, b_pack + p * b_size,
+      ComputeTile(operands, kernel, own_b, p, a_block.data, b_pack + p * b_size,
                   b_block.data, m, n, k,
                   (tile / tiling.col_tiles) * tiling.tm,
                   (tile % tiling.col_tiles) * tiling.tn, tiling.tm, tiling.tn);

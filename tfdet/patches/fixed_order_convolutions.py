@@ -42,23 +42,21 @@ _CONVOLUTIONS = {
 }
 
 
-def _kernel_takes(
-    data_format: Any, inputs: Any, channels: Any, filter_shape: Any
-) -> bool:
+def _kernel_takes(data_format: Any, tensors: Any, ungrouped: bool) -> bool:
     """Whether the kernel computes this convolution (else the composition does).
 
-    It takes NHWC float32 whose filter (HWIO) has the image's channels, both
-    known when traced (a grouped convolution's filter has fewer), and only
-    where the kernel loaded.
+    It takes NHWC float32 whose filter (HWIO) is known when traced and has
+    the image's channels (`ungrouped`), and only where the kernel loaded:
+    what `pool_size_free_products` computes itself, the same way.
     """
     import tensorflow as tf
 
+    unsupported = pool_size_free_products._convolution_unsupported(
+        _exact_math.attribute_text(data_format, "NHWC"), ungrouped
+    )
     return (
-        _exact_math.attribute_text(data_format, "NHWC") == "NHWC"
-        and all(tf.convert_to_tensor(x).dtype == tf.float32 for x in inputs)
-        and channels is not None
-        and filter_shape is not None
-        and filter_shape[2] == channels
+        unsupported is None
+        and all(tensor.dtype == tf.float32 for tensor in tensors)
         and _fixed_order_kernels.load() is not None
     )
 
@@ -89,9 +87,12 @@ def conv2d(
     import tensorflow as tf
 
     x, kernel = tf.convert_to_tensor(input), tf.convert_to_tensor(filter)
-    shape = kernel.shape.as_list() if kernel.shape.is_fully_defined() else None
-    channels = x.shape[-1] if x.shape.rank == 4 else None
-    if not _kernel_takes(data_format, (x, kernel), channels, shape):
+    ungrouped = (
+        x.shape.rank == 4
+        and kernel.shape.is_fully_defined()
+        and x.shape[3] == kernel.shape[2]
+    )
+    if not _kernel_takes(data_format, (x, kernel), ungrouped):
         return pool_size_free_products.conv2d(
             input, filter, strides, padding, use_cudnn_on_gpu,
             explicit_paddings, data_format, dilations, name,
@@ -118,9 +119,11 @@ def conv2d_backprop_input(
     import tensorflow as tf
 
     kernel, upstream = tf.convert_to_tensor(filter), tf.convert_to_tensor(out_backprop)
-    shape = kernel.shape.as_list() if kernel.shape.is_fully_defined() else None
-    channels = _exact_math.static_shape(input_sizes)[3]
-    if not _kernel_takes(data_format, (kernel, upstream), channels, shape):
+    ungrouped = (
+        kernel.shape.is_fully_defined()
+        and _exact_math.static_shape(input_sizes)[3] == kernel.shape[2]
+    )
+    if not _kernel_takes(data_format, (kernel, upstream), ungrouped):
         return pool_size_free_products.conv2d_backprop_input(
             input_sizes, filter, out_backprop, strides, padding, use_cudnn_on_gpu,
             explicit_paddings, data_format, dilations, name,
@@ -150,9 +153,9 @@ def conv2d_backprop_filter(
     import tensorflow as tf
 
     x, upstream = tf.convert_to_tensor(input), tf.convert_to_tensor(out_backprop)
-    shape = pool_size_free_products._static_filter_shape(filter_sizes)
-    channels = x.shape[-1] if x.shape.rank == 4 else None
-    if not _kernel_takes(data_format, (x, upstream), channels, shape):
+    sizes = pool_size_free_products._static_filter_shape(filter_sizes)
+    ungrouped = sizes is not None and x.shape.rank == 4 and x.shape[3] == sizes[2]
+    if not _kernel_takes(data_format, (x, upstream), ungrouped):
         return pool_size_free_products.conv2d_backprop_filter(
             input, filter_sizes, out_backprop, strides, padding, use_cudnn_on_gpu,
             explicit_paddings, data_format, dilations, name,
