@@ -198,7 +198,13 @@ def test_the_settings_a_user_would_try_are_timed():
     assert [setting.name for setting in kernels[:5]] == names[:5]
     assert kernels[5].enable == {
         "threads": 4,
-        "patches": ["auto", POOL_SIZE_FREE, "fixed_order_products", "portable_kernels"],
+        "patches": [
+            "auto",
+            POOL_SIZE_FREE,
+            "fixed_order_products",
+            "fixed_order_convolutions",
+            "portable_kernels",
+        ],
     }
     assert kernels[6:] == settings_for(4)[5:]
 

@@ -61,9 +61,13 @@ XLA = Setting("enable() + jit_compile=True", {}, jit_compile=True)
 
 
 # The opt-in patches whose ops are tfdet's own kernels, compiled at first
-# use: beside the pool-size-free products, a model's products and its exact
-# GELU are one op each.
-KERNEL_PATCHES = ("fixed_order_products", "portable_kernels")
+# use: beside the pool-size-free products, a model's products, convolutions
+# (and their gradients) and its exact GELU are one op each.
+KERNEL_PATCHES = (
+    "fixed_order_products",
+    "fixed_order_convolutions",
+    "portable_kernels",
+)
 
 
 def settings_for(cores: int, xla: bool = True, kernels: bool = False) -> list[Setting]:
@@ -77,7 +81,8 @@ def settings_for(cores: int, xla: bool = True, kernels: bool = False) -> list[Se
       instructions, op determinism and seeds (this machine only);
     - the pool-size-free products at N threads (any x86 CPU, any batch);
     - with `kernels` (a C++ compiler builds tfdet's kernels here): the same
-      with tfdet's own product and GELU kernels (`KERNEL_PATCHES`);
+      with tfdet's own product, convolution and GELU kernels
+      (`KERNEL_PATCHES`);
     - XLA (`xla=False` leaves it out: a script compiles its own models).
 
     With one core, `threads=N` is `enable()` itself and is left out.
