@@ -53,11 +53,12 @@ fi
 # EPYC Zen 3, about half that on a Zen 4; docs/measurements.md, "Test suite").
 "$venv/bin/python" -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
   --durations=30 "$@"
-# Then two more combinations, side by side: the aarch64 one runs its tests
-# one emulated process at a time, so on 2 cores the oldest combination fits in
-# beside it (about 4 of the 11 minutes they took one after the other on a
-# 2-core EPYC Zen 3). Each writes to a log of its own, printed whole when it
-# ends, so their lines do not interleave.
+# Then two more combinations, side by side, each into a log of its own that
+# is printed whole when it ends (their lines do not interleave). Their
+# installs (about 75 s each, mostly on one core) overlap, and so do the
+# moments when one of them leaves a core idle: on a 2-core EPYC Zen 3 with
+# both environments already built, 489 s side by side against about 510 s
+# one after the other.
 #
 # The oldest TensorFlow and Keras tfdet supports, in a virtual environment of
 # its own (.venv-matrix/): CI's part of the smoke set (ci/smoke.txt, the lines

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
+import sys
 
 import pytest
 
@@ -51,3 +53,37 @@ def test_a_part_is_never_recorded():
     with pytest.raises(SystemExit) as stopped:
         matrix.main(["--oldest", "--part", "ci"])
     assert stopped.value.code == 2
+
+
+_spec = importlib.util.spec_from_file_location(
+    "cpu_by_test", REPO / "ci" / "cpu_by_test.py"
+)
+cpu_by_test = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cpu_by_test)
+
+# Burns `seconds` of its own CPU time, then exits.
+BURN = "import time\nwhile time.process_time() < {seconds}:\n    pass\n"
+
+
+def test_the_cpu_a_test_starts_is_charged_to_it_and_a_neighbour_by_kind(monkeypatch):
+    # pytest has set PYTEST_CURRENT_TEST for this test; the processes
+    # started here inherit it. The second one's argv marks it as tfdet's
+    # neighbour (its code travels in a variable: the first one's argv
+    # holds no mark).
+    current = os.environ["PYTEST_CURRENT_TEST"].rsplit(" (", 1)[0]
+    neighbour = f"# tfdet cpu-burning neighbour\n{BURN.format(seconds=0.6)}"
+    monkeypatch.setenv("TFDET_TEST_NEIGHBOUR", neighbour)
+    code = (
+        f"{BURN.format(seconds=1.0)}import os, subprocess, sys\n"
+        "subprocess.run([sys.executable, '-c', os.environ['TFDET_TEST_NEIGHBOUR']])\n"
+    )
+    status, seconds = cpu_by_test.measure([sys.executable, "-c", code], every=0.05)
+    assert status == 0
+    # Each read misses at most what a process used after the previous one.
+    assert seconds["by_test"][current] >= 1.4, seconds
+    assert 0.4 <= seconds["by_kind"]["neighbour"] <= 0.7, seconds
+    others = {kind: v for kind, v in seconds["by_kind"].items() if kind != "neighbour"}
+    assert sum(others.values()) >= 0.8, seconds  # By its command's name.
+    assert seconds["by_file"]["tests/test_ci.py"] == seconds["by_test"][current]
+    # A machine-wide figure, at least what the two processes used.
+    assert seconds["machine"]["busy"] >= 1.4
