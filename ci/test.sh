@@ -53,30 +53,13 @@ fi
 # EPYC Zen 3, about half that on a Zen 4; docs/measurements.md, "Test suite").
 "$venv/bin/python" -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
   --durations=30 "$@"
-# Then two more combinations, side by side, each into a log of its own that
-# is printed whole when it ends (their lines do not interleave). Their
-# installs (about 75 s each, mostly on one core) overlap, and so do the
-# moments when one of them leaves a core idle: on a 2-core EPYC Zen 3 with
-# both environments already built, 489 s side by side against about 510 s
-# one after the other.
-#
 # The oldest TensorFlow and Keras tfdet supports, in a virtual environment of
 # its own (.venv-matrix/): CI's part of the smoke set (ci/smoke.txt, the lines
 # marked `ci`). The whole smoke set in every combination:
 # `python3 ci/matrix.py` (docs/reference/compatibility.md).
-#
+"$python" ci/matrix.py --oldest --part ci --no-record
 # Linux aarch64: TensorFlow's aarch64 wheel in an aarch64 Python that QEMU's
 # user-mode emulator runs here (ci/aarch64.py; an emulation, not an ARM CPU),
 # the smoke lines marked `aarch64`: about 6 minutes on a 2-core EPYC Zen 3.
 # Where there is no qemu-aarch64 or apt, it says so and skips.
-logs="$(mktemp -d)"
-"$python" ci/matrix.py --oldest --part ci --no-record >"$logs/oldest.log" 2>&1 &
-oldest=$!
-"$python" ci/matrix.py --aarch64 --part aarch64 --no-record >"$logs/aarch64.log" 2>&1 &
-arm=$!
-failed=0
-wait "$oldest" || failed=1
-cat "$logs/oldest.log"
-wait "$arm" || failed=1
-cat "$logs/aarch64.log"
-exit "$failed"
+exec "$python" ci/matrix.py --aarch64 --part aarch64 --no-record
