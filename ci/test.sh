@@ -49,7 +49,7 @@ fi
 "$venv/bin/mkdocs" build --strict --site-dir "$(mktemp -d)"
 # One pytest worker per core, at most 4: each test may start several
 # TensorFlow processes of its own (about 0.5 GB each). The 30 slowest tests are
-# listed in every log: they hold the suite's time (pytest 41 minutes on a 2-core
+# listed in every log: they hold the suite's time (pytest 46 minutes on a 2-core
 # EPYC Zen 3, about half that on a Zen 4; docs/measurements.md, "Test suite").
 "$venv/bin/python" -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
   --durations=30 "$@"
