@@ -44,6 +44,7 @@ def _processes() -> dict[int, tuple[int, str, str]]:
             stat = Path(f"/proc/{entry}/stat").read_text()
             environ = Path(f"/proc/{entry}/environ").read_bytes()
             argv = Path(f"/proc/{entry}/cmdline").read_bytes()
+            command = Path(f"/proc/{entry}/comm").read_text().strip()
         except OSError:  # Ended meanwhile, or not ours to read.
             continue
         # The fields after the command name, which may hold spaces.
@@ -55,10 +56,7 @@ def _processes() -> dict[int, tuple[int, str, str]]:
                 # "tests/x.py::test_y[param] (call)": the phase dropped.
                 value = variable.split(b"=", 1)[1].decode(errors="replace")
                 test = value.rsplit(" (", 1)[0]
-        if NEIGHBOUR_MARK in argv:
-            kind = "neighbour"
-        else:
-            kind = Path(f"/proc/{entry}/comm").read_text().strip() or "?"
+        kind = "neighbour" if NEIGHBOUR_MARK in argv else command or "?"
         found[int(entry)] = (ticks, test, kind)
     return found
 

@@ -42,6 +42,11 @@ _CONVOLUTIONS = {
 }
 
 
+def _channels(x: Any) -> Any:
+    """An NHWC image's channels, or None where its rank is not 4 when traced."""
+    return x.shape[3] if x.shape.rank == 4 else None
+
+
 def _kernel_takes(data_format: Any, tensors: Any, ungrouped: bool) -> bool:
     """Whether the kernel computes this convolution (else the composition does).
 
@@ -87,10 +92,8 @@ def conv2d(
     import tensorflow as tf
 
     x, kernel = tf.convert_to_tensor(input), tf.convert_to_tensor(filter)
-    ungrouped = (
-        x.shape.rank == 4
-        and kernel.shape.is_fully_defined()
-        and x.shape[3] == kernel.shape[2]
+    ungrouped = pool_size_free_products._ungrouped(
+        _channels(x), pool_size_free_products._filter_shape(kernel)
     )
     if not _kernel_takes(data_format, (x, kernel), ungrouped):
         return pool_size_free_products.conv2d(
@@ -119,9 +122,9 @@ def conv2d_backprop_input(
     import tensorflow as tf
 
     kernel, upstream = tf.convert_to_tensor(filter), tf.convert_to_tensor(out_backprop)
-    ungrouped = (
-        kernel.shape.is_fully_defined()
-        and _exact_math.static_shape(input_sizes)[3] == kernel.shape[2]
+    ungrouped = pool_size_free_products._ungrouped(
+        _exact_math.static_shape(input_sizes)[3],
+        pool_size_free_products._filter_shape(kernel),
     )
     if not _kernel_takes(data_format, (kernel, upstream), ungrouped):
         return pool_size_free_products.conv2d_backprop_input(
@@ -154,7 +157,7 @@ def conv2d_backprop_filter(
 
     x, upstream = tf.convert_to_tensor(input), tf.convert_to_tensor(out_backprop)
     sizes = pool_size_free_products._static_filter_shape(filter_sizes)
-    ungrouped = sizes is not None and x.shape.rank == 4 and x.shape[3] == sizes[2]
+    ungrouped = pool_size_free_products._ungrouped(_channels(x), sizes)
     if not _kernel_takes(data_format, (x, upstream), ungrouped):
         return pool_size_free_products.conv2d_backprop_filter(
             input, filter_sizes, out_backprop, strides, padding, use_cudnn_on_gpu,

@@ -385,9 +385,7 @@ def conv2d_backprop_filter(
         _exact_math.attribute_text(padding, "VALID"),
     )
     # A grouped convolution's filter has fewer channels than x.
-    unsupported = _convolution_unsupported(
-        data_format, sizes is not None and x.shape[-1] == sizes[2]
-    )
+    unsupported = _convolution_unsupported(data_format, _ungrouped(x.shape[-1], sizes))
     if x.dtype != tf.float32 or unsupported is not None:
         _whole_packets.left_to_tensorflow("Conv2DBackpropFilter", x.dtype, unsupported)
         return _exact_math.call_convolution(
@@ -503,6 +501,22 @@ def conv2d(
         return _conv(x, filter, strides, padding, explicit_paddings, dilations)
 
 
+def _filter_shape(kernel: Any) -> tuple[int, ...] | None:
+    """A filter tensor's shape as numbers, or None when it is not known when
+    traced (`_static_filter_shape` reads it from a gradient's `filter_sizes`)."""
+    return tuple(kernel.shape.as_list()) if kernel.shape.is_fully_defined() else None
+
+
+def _ungrouped(channels: Any, filter_shape: tuple[int, ...] | None) -> bool:
+    """Whether the filter's shape (HWIO) is known and has the image's
+    `channels` (None where unknown): a grouped convolution's filter has fewer."""
+    return (
+        filter_shape is not None
+        and channels is not None
+        and filter_shape[2] == channels
+    )
+
+
 def _convolution_unsupported(data_format: str, ungrouped: bool) -> str | None:
     """What a convolution's gradient replacement cannot take, or None.
 
@@ -570,8 +584,7 @@ def conv2d_backprop_input(
     input_channels = _exact_math.static_shape(input_sizes)[3]
     # A grouped convolution's filter has fewer channels than x.
     unsupported = _convolution_unsupported(
-        data_format,
-        kernel.shape.is_fully_defined() and input_channels == kernel.shape[2],
+        data_format, _ungrouped(input_channels, _filter_shape(kernel))
     )
     if upstream.dtype != tf.float32 or unsupported is not None:
         _whole_packets.left_to_tensorflow(
