@@ -24,8 +24,9 @@ CHILD = textwrap.dedent(
     """
     import json, os, sys, threading
     spec = json.loads(sys.argv[1])
-    os.write(spec["progress_fd"], b"1 1\\n")
     mode = spec["target"]
+    if mode != "neighbour":
+        os.write(spec["progress_fd"], b"1 1\\n")
     if mode == "result":  # A preflight child's result: nothing of its own.
         with open(spec["result"] + ".seen", "w") as out:
             json.dump({"trace": spec["trace"]}, out)
@@ -49,6 +50,32 @@ CHILD = textwrap.dedent(
             os.write(spec["progress_fd"], (json.dumps(answer) + "\\n").encode())
         with open(spec["result"], "w") as out:
             json.dump({"steps": 2}, out)
+    elif mode == "neighbour":
+        # Whether the parent's CPU-burning neighbour runs before this run
+        # says its TARGET is built, and after.
+        import time
+        def burning():
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        argv = f.read()
+                    with open(f"/proc/{pid}/stat") as f:
+                        parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+                if parent == os.getppid() and b"cpu-burning neighbour" in argv:
+                    return True
+            return False
+        time.sleep(1.0)  # Time for a neighbour started with the process.
+        before = burning()
+        os.write(spec["progress_fd"], b"built\\n")
+        deadline = time.monotonic() + 30
+        while not burning() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with open(spec["result"] + ".seen", "w") as out:
+            json.dump({"before": before, "after": burning()}, out)
+        with open(spec["result"], "w") as out:
+            json.dump({}, out)
     """
 )
 
@@ -106,6 +133,22 @@ def test_a_run_over_its_timeout_is_killed_and_says_so(child, tmp_path):
     outcome = _one(child, tmp_path, "hang", timeout=2.0)
     assert outcome.timed_out and not outcome.ok
     assert outcome.reason.startswith("timed out after")
+
+
+def test_the_neighbour_starts_when_the_run_has_built_its_target(child, tmp_path):
+    # TensorFlow's start-up, before the TARGET is built, is no part of
+    # training: a neighbour burning beside it only costs CPU-seconds.
+    (outcome,) = _spawn.run_all(
+        [_perturb.RunSetup(0, {"neighbour": _perturb.Change("", neighbour=True)})],
+        _spec.WorkerSpec(_spec.PREFLIGHT, target="neighbour"),
+        str(tmp_path),
+        module="spawn_child",
+        base_env=child,
+        timeout=60.0,
+    )
+    assert outcome.ok, outcome.reason
+    seen = json.loads((tmp_path / "run0.json.seen").read_text())
+    assert seen == {"before": False, "after": True}
 
 
 def test_a_progress_callback_that_raises_does_not_fail_the_run(child, tmp_path):

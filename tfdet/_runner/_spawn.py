@@ -329,6 +329,47 @@ def _burn(group: _ProcessGroup) -> subprocess.Popen:
     )
 
 
+class _Neighbour:
+    """The CPU-burning neighbour of a run, from the moment the run trains.
+
+    It starts when the run reports its TARGET built (a script: its first
+    step), not with the process: TensorFlow's start-up, which no perturbation
+    of training reaches, would only be slowed by it (about 4 CPU-seconds a
+    run). `stop` ends it, and one that would start after that never does.
+    A neighbour that could not start is an error `stop` raises: the run would
+    otherwise be reported as perturbed.
+    """
+
+    def __init__(self, group: _ProcessGroup):
+        self._group = group
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen | None = None
+        self._error: OSError | None = None
+        self._stopped = False
+
+    def start(self) -> None:
+        """Starts it, once (called from the thread that reads the progress)."""
+        with self._lock:
+            if self._process is not None or self._stopped or self._error:
+                return
+            try:
+                self._process = _burn(self._group)
+            except RuntimeError:  # The runs are being stopped.
+                self._stopped = True
+            except OSError as error:
+                self._error = error
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            process = self._process
+        if process is not None:
+            kill_tree(process)
+            process.wait()
+        if self._error is not None:
+            raise self._error
+
+
 def stderr_tail(path: str, lines: int = STDERR_TAIL_LINES) -> str:
     """The end of a child's stderr, TensorFlow's notices left out.
 
@@ -353,11 +394,13 @@ def _forward_progress(
     progress: Callable[[int, int, int], None] | None,
     stages: list[str],
     conversation: Conversation | None = None,
+    on_training: Callable[[], None] | None = None,
 ) -> None:
     """Passes one `DONE TOTAL` line on, keeps a stage line in `stages`, and
     gives an answer line to the run's `conversation` (when it has one).
 
-    Anything else is ignored.
+    `on_training` is called when the run says it trains: its TARGET built,
+    or a step done (a script reports no stage). Anything else is ignored.
     """
     line = raw.decode("utf-8", errors="replace").strip()
     if conversation is not None and line.startswith(_spec.ANSWER_START):
@@ -365,11 +408,15 @@ def _forward_progress(
         return
     if line in _spec.STAGES:
         stages.append(line)
-        return
-    if progress is None:
+        if line == _spec.BUILT and on_training is not None:
+            on_training()
         return
     parts = line.split()
     if len(parts) == 2 and all(part.isdigit() for part in parts):
+        if on_training is not None:
+            on_training()
+        if progress is None:
+            return
         # Progress is for people: a failure to show it (a closed stderr)
         # must not make the run a failure.
         with contextlib.suppress(Exception):
@@ -383,6 +430,7 @@ def _follow_progress(
     stages: list[str],
     ended: threading.Event,
     conversation: Conversation | None = None,
+    on_training: Callable[[], None] | None = None,
 ) -> threading.Thread:
     """Reads the progress pipe until it closes, or `ended` is set and it is idle.
 
@@ -404,7 +452,9 @@ def _follow_progress(
                     return
                 *lines, pending = (pending + chunk).split(b"\n")
                 for line in lines:
-                    _forward_progress(line, index, progress, stages, conversation)
+                    _forward_progress(
+                        line, index, progress, stages, conversation, on_training
+                    )
         finally:
             os.close(read_fd)
 
@@ -459,12 +509,14 @@ def _start_and_wait(
     timeout: float,
     cwd: str | None,
     conversation: Conversation | None = None,
+    on_training: Callable[[], None] | None = None,
 ) -> tuple[subprocess.Popen, bool]:
     """Runs one process of a run to its end: `(process, timed out)`.
 
     `command` ends with the spec, whose progress descriptor is replaced by
     this process's own pipe. Output is appended to the run's files, the
-    stages it reports to `stages`. A run with a `conversation` also gets a
+    stages it reports to `stages`; `on_training` is called when it trains
+    (`_forward_progress`). A run with a `conversation` also gets a
     request pipe of its own, and no limit on its whole life: the
     conversation times each answer (see `_conversation`).
     """
@@ -482,7 +534,7 @@ def _start_and_wait(
 
     ended = threading.Event()
     follower = _follow_progress(
-        read_fd, setup.index, progress, stages, ended, conversation
+        read_fd, setup.index, progress, stages, ended, conversation, on_training
     )
     killed = threading.Event()
     process = None
@@ -592,13 +644,13 @@ def _run_one(
             timeout,
             cwd,
             conversation,
+            None if neighbour is None else neighbour.start,
         )
 
-    neighbour = None
+    neighbour = _Neighbour(group) if setup.neighbour else None
     try:
         if group.stopped.wait(setup.delay):
             raise RuntimeError("tfdet: runs were stopped before this one started")
-        neighbour = _burn(group) if setup.neighbour else None
         started = time.perf_counter()
         # Under `migrate` the killed process has none of the run's other
         # perturbations: they start with the process that resumes it.
@@ -612,8 +664,7 @@ def _run_one(
             process, timed_out = start(setup.resumed_on)
     finally:
         if neighbour is not None:
-            kill_tree(neighbour)
-            neighbour.wait()
+            neighbour.stop()
     seconds = time.perf_counter() - started
     # What the process that wrote the result was given to apply.
     result, failure, target_error = _read_result(

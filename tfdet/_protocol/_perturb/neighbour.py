@@ -1,4 +1,8 @@
-"""`neighbour`: a CPU-burning process beside the last run."""
+"""`neighbour`: a CPU-burning process beside the last run while it trains.
+
+It starts once the run has built its TARGET (a script: once its first step
+is done), so it shares the CPUs with training, not with TensorFlow's start.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ def _for_worker(change: Change, index: int, worker: int, workers: int) -> Change
 
 PERTURBATION = Perturbation(
     name=NEIGHBOUR,
-    description="a CPU-burning neighbour process during the run",
+    description="a CPU-burning neighbour process while the run trains",
     imitates="A process burning one core: another machine's load and scheduling.",
     change=_change,
     for_worker=_for_worker,
