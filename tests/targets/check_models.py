@@ -97,3 +97,23 @@ def crash_on_one_cpu() -> keras.Model:
         sys.stdout.flush()
         os._exit(17)
     return _dense_model()
+
+
+def wide_mlp() -> tuple:
+    """Two Dense(256) layers on 256 samples, Adam: without tfdet its bits
+    follow the core count on aarch64 (Eigen's products split over the pool;
+    measured under QEMU), and a run costs there far less than the built-in
+    CNN's convolutions."""
+    model = keras.Sequential(
+        [
+            keras.Input((256,)),
+            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
+    model.compile(optimizer="adam", loss="categorical_crossentropy")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((256, 256)).astype("float32")
+    y = np.eye(10, dtype="float32")[rng.integers(0, 10, 256)]
+    return model, x, y
