@@ -285,6 +285,12 @@ def main(argv: list[str] | None = None) -> int:
         "set on x86-64; aarch64: its part on the emulated aarch64).",
     )
     parser.add_argument(
+        "--build-only",
+        action="store_true",
+        help="Make (or reuse) the combinations' environments and run nothing "
+        "(CI builds them while pytest runs).",
+    )
+    parser.add_argument(
         "--no-record",
         action="store_true",
         help=f"Do not write {RESULTS.relative_to(REPO)}.",
@@ -310,6 +316,15 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for name in names:
         print(f"== {name}", flush=True)
+        if args.build_only:
+            started = time.monotonic()
+            try:
+                build(name, args.venvs)
+            except aarch64.Unavailable as reason:
+                print(f"== {name}: not built, {reason}", flush=True)
+                continue
+            print(f"== {name}: built in {time.monotonic() - started:.0f} s", flush=True)
+            continue
         try:
             record = run(name, args.venvs, args.jobs, args.part)
         except aarch64.Unavailable as reason:

@@ -47,12 +47,22 @@ fi
 # from the nav or a link to a missing page or heading.
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check mkdocs
 "$venv/bin/mkdocs" build --strict --site-dir "$(mktemp -d)"
+# The matrix parts' environments (below) are made while pytest runs, at the
+# lowest priority: pytest keeps the cores 94% busy, and the downloads, the
+# unpacking and the writes fill what it leaves. Its log comes after pytest's.
+matrix_log="$(mktemp)"
+{ nice -n 19 "$python" ci/matrix.py --oldest --build-only \
+  && nice -n 19 "$python" ci/matrix.py --aarch64 --build-only; } >"$matrix_log" 2>&1 &
+builder=$!
 # One pytest worker per core, at most 4: each test may start several
 # TensorFlow processes of its own (about 0.5 GB each). The 30 slowest tests are
 # listed in every log: they hold the suite's time (pytest 46 minutes on a 2-core
 # EPYC Zen 3, about half that on a Zen 4; docs/measurements.md, "Test suite").
 "$venv/bin/python" -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
   --durations=30 "$@"
+# Whatever failed there is made again, and said, by the parts themselves.
+wait "$builder" || true
+cat "$matrix_log"
 # The oldest TensorFlow and Keras tfdet supports, in a virtual environment of
 # its own (.venv-matrix/): CI's part of the smoke set (ci/smoke.txt, the lines
 # marked `ci`). The whole smoke set in every combination:

@@ -55,6 +55,16 @@ def test_a_part_is_never_recorded():
     assert stopped.value.code == 2
 
 
+def test_build_only_makes_the_environments_and_runs_no_test(monkeypatch, tmp_path):
+    # CI makes them while pytest runs; a part run later finds them made.
+    built, ran = [], []
+    monkeypatch.setattr(matrix, "build", lambda name, venvs: built.append(name))
+    monkeypatch.setattr(matrix, "run", lambda *args, **kwargs: ran.append(args))
+    venvs = str(tmp_path / "venvs")
+    assert matrix.main(["--oldest", "--build-only", "--venvs", venvs]) == 0
+    assert built == [f"{matrix.MINORS[0]}-oldest"] and ran == []
+
+
 _spec = importlib.util.spec_from_file_location(
     "cpu_by_test", REPO / "ci" / "cpu_by_test.py"
 )
