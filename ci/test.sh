@@ -47,6 +47,9 @@ fi
 # from the nav or a link to a missing page or heading.
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check mkdocs
 "$venv/bin/mkdocs" build --strict --site-dir "$(mktemp -d)"
+# tfdet's C++ kernels, built once per TensorFlow version for every test
+# process (and kept with the environment), here rather than in the user's cache.
+export TFDET_KERNEL_CACHE="${TFDET_KERNEL_CACHE:-$(cd "$venv" && pwd)/tfdet-kernels}"
 # The matrix parts' environments (below) are made while pytest runs, at the
 # lowest priority: pytest keeps the cores 94% busy, and the downloads, the
 # unpacking and the writes fill what it leaves. Its log comes after pytest's.

@@ -59,6 +59,7 @@ def test_build_only_makes_the_environments_and_runs_no_test(monkeypatch, tmp_pat
     # CI makes them while pytest runs; a part run later finds them made.
     built, ran = [], []
     monkeypatch.setattr(matrix, "build", lambda name, venvs: built.append(name))
+    monkeypatch.setattr(matrix, "prebuild_kernels", lambda python: None)
     monkeypatch.setattr(matrix, "run", lambda *args, **kwargs: ran.append(args))
     venvs = str(tmp_path / "venvs")
     assert matrix.main(["--oldest", "--build-only", "--venvs", venvs]) == 0
