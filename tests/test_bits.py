@@ -9,6 +9,16 @@ from hypothesis import strategies as st
 
 from tfdet._record import _bits
 
+
+@pytest.fixture(autouse=True)
+def xla_as_in_a_fresh_process(monkeypatch):
+    """XLA usable, as a fresh process starts, and whatever a test finds out
+    about it (`_bits._disable_xla`) undone after it: another test in this
+    pytest worker must not inherit it (the rule of when to compile was seen
+    failing so, in one order of the suite)."""
+    monkeypatch.setattr(_bits, "_xla_usable", True)
+
+
 # import, which hypothesis warns about when it happens inside a test.
 tf = pytest.importorskip("tensorflow")
 
