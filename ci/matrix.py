@@ -157,26 +157,10 @@ def build(name: str, venvs: Path) -> Path:
     return python
 
 
-# tfdet's C++ kernels, built for the combination's TensorFlow into the
-# kernel cache its tests will read (TFDET_KERNEL_CACHE, where set).
-PREBUILD_KERNELS = """
-from tfdet.patches import _fixed_order_kernels, portable_kernels
-for library in (_fixed_order_kernels.LIBRARY, portable_kernels.LIBRARY):
-    print(library.build())
-"""
-
-
 def prebuild_kernels(python: Path) -> None:
     """Builds tfdet's kernels for `python`'s TensorFlow ahead of its tests
-    (one build, about a minute, that a test would otherwise wait for).
-
-    A failure is said and left to the tests: they build, or fall back, again.
-    """
-    built = subprocess.run(
-        [str(python), "-c", PREBUILD_KERNELS], capture_output=True, text=True
-    )
-    if built.returncode != 0:
-        print(f"kernels not built ahead: {built.stderr[-2000:]}", flush=True)
+    (`ci/prebuild_kernels.py`); a failure is said there and left to the tests."""
+    subprocess.run([str(python), str(REPO / "ci" / "prebuild_kernels.py")], check=False)
 
 
 def versions(python: Path) -> dict[str, str | None]:

@@ -41,15 +41,19 @@ if ! command -v qemu-x86_64 >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&
     || echo "ci/test.sh: qemu-user could not be installed; emulated-CPU tests will skip"
 fi
 
+# tfdet's C++ kernels, built once per TensorFlow version for every test
+# process (and kept with the environment), here rather than in the user's
+# cache; built now, while the linters and the documentation run.
+export TFDET_KERNEL_CACHE="${TFDET_KERNEL_CACHE:-$(cd "$venv" && pwd)/tfdet-kernels}"
+"$venv/bin/python" ci/prebuild_kernels.py &
+kernels=$!
+
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
 # The documentation site (docs/, mkdocs.yml): --strict fails on a page missing
 # from the nav or a link to a missing page or heading.
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check mkdocs
 "$venv/bin/mkdocs" build --strict --site-dir "$(mktemp -d)"
-# tfdet's C++ kernels, built once per TensorFlow version for every test
-# process (and kept with the environment), here rather than in the user's cache.
-export TFDET_KERNEL_CACHE="${TFDET_KERNEL_CACHE:-$(cd "$venv" && pwd)/tfdet-kernels}"
 # The matrix parts' environments (below) are made while pytest runs, at the
 # lowest priority: pytest keeps the cores 94% busy, and the downloads, the
 # unpacking and the writes fill what it leaves. Its log comes after pytest's.
@@ -57,9 +61,10 @@ matrix_log="$(mktemp)"
 { nice -n 19 "$python" ci/matrix.py --oldest --build-only \
   && nice -n 19 "$python" ci/matrix.py --aarch64 --build-only; } >"$matrix_log" 2>&1 &
 builder=$!
+wait "$kernels" || true  # Said above; the tests build again, or fall back.
 # One pytest worker per core, at most 4: each test may start several
 # TensorFlow processes of its own (about 0.5 GB each). The 30 slowest tests are
-# listed in every log: they hold the suite's time (pytest 46 minutes on a 2-core
+# listed in every log: they hold the suite's time (pytest 41 minutes on a 2-core
 # EPYC Zen 3, about half that on a Zen 4; docs/measurements.md, "Test suite").
 "$venv/bin/python" -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
   --durations=30 "$@"
@@ -73,6 +78,6 @@ cat "$matrix_log"
 "$python" ci/matrix.py --oldest --part ci --no-record
 # Linux aarch64: TensorFlow's aarch64 wheel in an aarch64 Python that QEMU's
 # user-mode emulator runs here (ci/aarch64.py; an emulation, not an ARM CPU),
-# the smoke lines marked `aarch64`: about 6 minutes on a 2-core EPYC Zen 3.
+# the smoke lines marked `aarch64`: about 2.5 minutes on a 2-core EPYC Zen 3.
 # Where there is no qemu-aarch64 or apt, it says so and skips.
 exec "$python" ci/matrix.py --aarch64 --part aarch64 --no-record
