@@ -64,8 +64,8 @@ builder=$!
 wait "$kernels" || true  # Said above; the tests build again, or fall back.
 # One pytest worker per core, at most 4: each test may start several
 # TensorFlow processes of its own (about 0.5 GB each). The 30 slowest tests are
-# listed in every log: they hold the suite's time (pytest 41 minutes on a 2-core
-# EPYC Zen 3, about half that on a Zen 4; docs/measurements.md, "Test suite").
+# listed in every log: they hold the suite's time (pytest 33-41 minutes on a
+# 2-core EPYC Zen 3 VM whose speed varied; docs/measurements.md, "Test suite").
 "$venv/bin/python" -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
   --durations=30 "$@"
 # Whatever failed there is made again, and said, by the parts themselves.
@@ -78,6 +78,6 @@ cat "$matrix_log"
 "$python" ci/matrix.py --oldest --part ci --no-record
 # Linux aarch64: TensorFlow's aarch64 wheel in an aarch64 Python that QEMU's
 # user-mode emulator runs here (ci/aarch64.py; an emulation, not an ARM CPU),
-# the smoke lines marked `aarch64`: about 2.5 minutes on a 2-core EPYC Zen 3.
+# the smoke lines marked `aarch64`: about 3 minutes on a 2-core EPYC Zen 3.
 # Where there is no qemu-aarch64 or apt, it says so and skips.
 exec "$python" ci/matrix.py --aarch64 --part aarch64 --no-record
