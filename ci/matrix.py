@@ -6,6 +6,7 @@ Usage (from anywhere, with Python 3.10+ and pip; stdlib only):
     python3 ci/matrix.py 2.16-oldest          # some, by name
     python3 ci/matrix.py --list               # the names
     python3 ci/matrix.py --oldest --part ci --no-record   # what CI runs
+    python3 ci/matrix.py --oldest --build-only  # its environment and kernels
 
 For each TensorFlow minor release tfdet supports there are two combinations,
 each in a virtual environment of its own (`.venv-matrix/<name>`, reused when
