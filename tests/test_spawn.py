@@ -151,6 +151,29 @@ def test_the_neighbour_starts_when_the_run_has_built_its_target(child, tmp_path)
     assert seen == {"before": False, "after": True}
 
 
+@pytest.mark.parametrize(
+    ("line", "trains"),
+    [(b"building", False), (b"built", True), (b"training", True), (b"1 5", True)],
+)
+def test_a_run_trains_from_its_target_built_a_scripts_first_training_or_a_step(
+    line, trains
+):
+    called = []
+    _spawn._forward_progress(line, 0, None, [], on_training=lambda: called.append(1))
+    assert called == ([1] if trains else [])
+
+
+def test_a_scripts_run_says_it_trains_at_its_first_training_call(monkeypatch):
+    from tfdet._child import _script_worker
+
+    told = []
+    monkeypatch.setattr(_script_worker._start, "report_stage", told.append)
+    recorder = _script_worker.Recorder("trace", None)
+    recorder.entry(_script_worker.FIT)
+    recorder.entry(_script_worker.CUSTOM)
+    assert told == [_spec.TRAINING]
+
+
 def test_a_progress_callback_that_raises_does_not_fail_the_run(child, tmp_path):
     called = threading.Event()
 

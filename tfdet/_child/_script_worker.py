@@ -130,6 +130,9 @@ class Recorder:
         self._by_key: dict[int, _RecordedTraining] = {}
 
     def entry(self, name: str) -> None:
+        if not self.entry_points:
+            # The parent starts the CPU-burning neighbour of a run now.
+            _start.report_stage(_spec.TRAINING)
         if name not in self.entry_points:
             self.entry_points.append(name)
 

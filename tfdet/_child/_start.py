@@ -111,7 +111,8 @@ def next_request() -> dict[str, Any]:
 
 
 def report_stage(stage: str) -> None:
-    """Tells the parent the TARGET is being built (`BUILDING`) or is (`BUILT`)."""
+    """Tells the parent the TARGET is being built (`BUILDING`) or is (`BUILT`),
+    or that a script starts to train (`TRAINING`)."""
     if stage not in STAGES:
         raise ValueError(f"Expected a stage in {STAGES}. Received: {stage!r}")
     if is_owner():

@@ -45,10 +45,12 @@ MODULE = "tfdet._child"
 TARGET_ERROR = "target"
 
 # Lines on the progress channel besides `DONE TOTAL`: the TARGET function
-# was called, and it returned a model whose first batch fits it.
+# was called, and it returned a model whose first batch fits it; a script's
+# run, which builds no TARGET, says when the script first trains instead.
 BUILDING = "building"
 BUILT = "built"
-STAGES = (BUILDING, BUILT)
+TRAINING = "training"
+STAGES = (BUILDING, BUILT, TRAINING)
 # A line on the progress channel that starts so is a child's answer to its
 # parent's request (a JSON object: `tfdet cost`'s worker), not progress.
 ANSWER_START = "{"

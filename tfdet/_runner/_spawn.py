@@ -176,8 +176,9 @@ class RunOutcome:
         target_error: The run's report that its TARGET cannot be built or
             trained (exit 2 for the whole command), or None.
         stage: How far the TARGET got (`_spec.BUILDING`, `_spec.BUILT`),
-            as the run told it; None before the TARGET function was called,
-            and for a run that builds no TARGET (a script).
+            as the run told it; None before the TARGET function was called.
+            A script's run, which builds no TARGET, says `_spec.TRAINING`
+            once it trains, else None.
         interrupted: For a run of the `interrupt` perturbation, whether its
             first process was killed and a second one resumed it; None for
             any other run.
@@ -333,7 +334,7 @@ class _Neighbour:
     """The CPU-burning neighbour of a run, from the moment the run trains.
 
     It starts when the run reports its TARGET built (a script: its first
-    step), not with the process: TensorFlow's start-up, which no perturbation
+    `fit`, `train_on_batch` or optimizer step), not with the process: TensorFlow's start-up, which no perturbation
     of training reaches, would only be slowed by it (about 4 CPU-seconds a
     run). `stop` ends it, and one that would start after that never does.
     A neighbour that could not start is an error `stop` raises: the run would
@@ -399,8 +400,8 @@ def _forward_progress(
     """Passes one `DONE TOTAL` line on, keeps a stage line in `stages`, and
     gives an answer line to the run's `conversation` (when it has one).
 
-    `on_training` is called when the run says it trains: its TARGET built,
-    or a step done (a script reports no stage). Anything else is ignored.
+    `on_training` is called when the run says it trains: its TARGET built, a
+    script's first training call, or a step done. Anything else is ignored.
     """
     line = raw.decode("utf-8", errors="replace").strip()
     if conversation is not None and line.startswith(_spec.ANSWER_START):
@@ -408,7 +409,7 @@ def _forward_progress(
         return
     if line in _spec.STAGES:
         stages.append(line)
-        if line == _spec.BUILT and on_training is not None:
+        if line in (_spec.BUILT, _spec.TRAINING) and on_training is not None:
             on_training()
         return
     parts = line.split()

@@ -1,7 +1,8 @@
 """`neighbour`: a CPU-burning process beside the last run while it trains.
 
-It starts once the run has built its TARGET (a script: once its first step
-is done), so it shares the CPUs with training, not with TensorFlow's start.
+It starts once the run has built its TARGET (a script: once it first calls
+`fit`, `train_on_batch` or an optimizer), so it shares the CPUs with
+training, not with TensorFlow's start.
 """
 
 from __future__ import annotations
