@@ -334,11 +334,12 @@ class _Neighbour:
     """The CPU-burning neighbour of a run, from the moment the run trains.
 
     It starts when the run reports its TARGET built (a script: its first
-    `fit`, `train_on_batch` or optimizer step), not with the process: TensorFlow's start-up, which no perturbation
-    of training reaches, would only be slowed by it (about 4 CPU-seconds a
-    run). `stop` ends it, and one that would start after that never does.
-    A neighbour that could not start is an error `stop` raises: the run would
-    otherwise be reported as perturbed.
+    `fit`, `train_on_batch` or optimizer step), not with the process:
+    TensorFlow's start-up, which no perturbation of training reaches, would
+    only be slowed by it (about 4 CPU-seconds a run). `stop` ends it, and one
+    that would start after that never does. A neighbour that could not start
+    is an error `stop` raises: the run would otherwise be reported as
+    perturbed.
     """
 
     def __init__(self, group: _ProcessGroup):
