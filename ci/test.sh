@@ -46,16 +46,13 @@ fi
 # cache; built now, while the linters and the documentation run.
 export TFDET_KERNEL_CACHE="${TFDET_KERNEL_CACHE:-$(cd "$venv" && pwd)/tfdet-kernels}"
 # The matrix parts' environments (below) go inside the test environment too,
-# not into the checkout: a `check --script` run gets a mirror of its working
-# directory, here the checkout, and walks all of it but virtual environments.
-# The emulated aarch64 environment's Debian root (about 4,500 entries) there
-# took 4 s of CPU a run to mirror and doubled a script check's wall time
-# (24.5-29.1 s against 13.4-14.4 s, 2-core EPYC Zen 3); the test environment
-# is linked whole.
-# Made now: an entry created in a linked directory while a run is in flight
-# fails that check (it was shared, not isolated).
+# not into the checkout: each run of a `check --script` gets a mirror of its
+# working directory, here the checkout, with its small files copied (all but
+# virtual environments, which are linked whole). The emulated aarch64
+# environment's Debian root there (about 4,200 small files) took 4 s of CPU a
+# run to copy and doubled a script check's wall time (24.5-29.1 s against
+# 13.4-14.4 s, 2-core EPYC Zen 3).
 export TFDET_MATRIX_VENVS="${TFDET_MATRIX_VENVS:-$(cd "$venv" && pwd)/matrix}"
-mkdir -p "$TFDET_MATRIX_VENVS"
 "$venv/bin/python" ci/prebuild_kernels.py &
 kernels=$!
 
