@@ -96,7 +96,7 @@ matrix=$!
 wait "$kernels" || true  # Said above; the tests build again, or fall back.
 # One pytest worker per core, at most 4: each test may start several
 # TensorFlow processes of its own (about 0.5 GB each). The 30 slowest tests are
-# listed in every log: they hold the suite's time (pytest 33-44 minutes on a
+# listed in every log: they hold the suite's time (pytest 33-45 minutes on a
 # 2-core EPYC Zen 3 VM whose speed varied; docs/measurements.md, "Test suite").
 status=0
 "$venv/bin/python" -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
