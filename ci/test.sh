@@ -57,7 +57,6 @@ if ! command -v qemu-x86_64 >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&
     || echo "ci/test.sh: qemu-user could not be installed; emulated-CPU tests will skip"
 fi
 
-
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
 # The documentation site (docs/, mkdocs.yml): --strict fails on a page missing
