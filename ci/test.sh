@@ -20,7 +20,8 @@ python="${PYTHON:-python3}"
 # process (and kept with the environment), here rather than in the user's
 # cache; built now, as soon as TensorFlow is there, while the rest installs
 # and the linters and the documentation run.
-export TFDET_KERNEL_CACHE="${TFDET_KERNEL_CACHE:-$(cd "$venv" && pwd)/tfdet-kernels}"
+venv_path="$(cd "$venv" && pwd)"
+export TFDET_KERNEL_CACHE="${TFDET_KERNEL_CACHE:-$venv_path/tfdet-kernels}"
 # The matrix parts' environments (below) go inside the test environment too,
 # not into the checkout: each run of a `check --script` gets a mirror of its
 # working directory, here the checkout, with its small files copied (all but
@@ -28,7 +29,7 @@ export TFDET_KERNEL_CACHE="${TFDET_KERNEL_CACHE:-$(cd "$venv" && pwd)/tfdet-kern
 # environment's Debian root there (about 4,200 small files) took 4 s of CPU a
 # run to copy and doubled a script check's wall time (24.5-29.1 s against
 # 13.4-14.4 s, 2-core EPYC Zen 3).
-export TFDET_MATRIX_VENVS="${TFDET_MATRIX_VENVS:-$(cd "$venv" && pwd)/matrix}"
+export TFDET_MATRIX_VENVS="${TFDET_MATRIX_VENVS:-$venv_path/matrix}"
 "$venv/bin/python" ci/prebuild_kernels.py &
 kernels=$!
 # tf_keras declares a dependency on the full `tensorflow` distribution, which
