@@ -295,8 +295,12 @@ def test_the_kernels_bits_are_every_architectures_recorded_ones(kernels):
         assert len({control[op] for control in controls}) > 1, (op, controls)
 
 
-def test_a_missing_compiler_is_said_once_and_load_gives_none(monkeypatch, caplog):
+def test_a_missing_compiler_is_said_once_and_load_gives_none(
+    monkeypatch, caplog, tmp_path
+):
     monkeypatch.setattr(_kernel_library, "compiler", lambda: None)
+    # An empty cache: a cached build would load without a compiler.
+    monkeypatch.setenv(_kernel_library.CACHE_VARIABLE, str(tmp_path))
     monkeypatch.setattr(_fixed_order_kernels.LIBRARY, "_loaded", {})
     with caplog.at_level("WARNING", logger="tfdet"):
         assert _fixed_order_kernels.load() is None

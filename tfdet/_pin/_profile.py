@@ -45,6 +45,12 @@ class Profile:
             replicas draw their own random values, and the constructs refused
             (see `tfdet._pin._distribution.pinned`). Empty in profiles
             recorded before it existed.
+        kernels: The installed patches whose compiled kernel (tfdet's C++
+            ops) loaded, sorted. A kernel patch in `patches` but not here
+            had no cached build and no compiler, and computes its ops as a
+            composition of TensorFlow's ops: for `fixed_order_products` and
+            `fixed_order_convolutions`, other bits. None in profiles
+            recorded before it existed.
     """
 
     seed: int
@@ -63,12 +69,15 @@ class Profile:
     python_version: str
     distribution: tuple[tuple[str, str], ...] = ()
     xla_cpu_isa: str | None = None
+    kernels: tuple[str, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (tuples become lists)."""
         data = dataclasses.asdict(self)
         data["patches"] = list(self.patches)
         data["distribution"] = dict(self.distribution)
+        if self.kernels is not None:
+            data["kernels"] = list(self.kernels)
         return data
 
     @classmethod
@@ -92,6 +101,8 @@ class Profile:
             )
         values = {name: data[name] for name in names if name in data}
         values["patches"] = tuple(values["patches"])
+        if values.get("kernels") is not None:
+            values["kernels"] = tuple(values["kernels"])
         values["distribution"] = tuple(
             sorted(dict(data.get("distribution", {})).items())
         )

@@ -527,6 +527,7 @@ def _software_facts(installed: tuple[str, ...]) -> dict[str, Any]:
     flavor = _versions.keras_flavor()
     return {
         "patches": installed,
+        "kernels": _registry.on_kernels(installed),
         "distribution": _distribution.pinned(
             (patches[name] for name in installed), flavor
         ),

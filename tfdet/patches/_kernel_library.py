@@ -2,13 +2,24 @@
 
 Each library (`KernelLibrary`) is a TensorFlow custom op compiled against the
 installed TensorFlow (`tf.sysconfig`'s flags, the C++ compiler `CXX` or
-`g++`), cached per TensorFlow version, source, compiler and flags under
-`TFDET_KERNEL_CACHE`, else `$XDG_CACHE_HOME/tfdet/kernels`
+`g++`), cached under `TFDET_KERNEL_CACHE`, else `$XDG_CACHE_HOME/tfdet/kernels`
 (`~/.cache/tfdet/kernels`), built under a file lock and moved into place
-atomically, so parallel processes build it once. Where it cannot be built
-(no compiler, a failed build) `load()` returns None and says why once: the
-caller computes the same thing as a composition of TensorFlow's ops.
-`pip install` never compiles anything.
+atomically, so parallel processes build it once.
+
+The cache is keyed by what the library's code depends on: the TensorFlow
+build (version and git revision), the CPU architecture, the source and the
+flags, not by where TensorFlow is installed nor by the compiler. So a cache
+built once serves every environment with the same TensorFlow, and a process
+without a compiler loads what is there (a container's build stage fills
+it, the image without a compiler runs it). The compiler is left out because
+the sources fix their own arithmetic: no `-ffast-math`, no contraction of
+the code's multiplications and additions, the kernels' FMAs written as
+intrinsics, so a conforming compiler gives the same bits.
+
+Where the library is neither cached nor buildable (no compiler, a failed
+build) `load()` returns None and says why once: the caller computes the
+same thing as a composition of TensorFlow's ops. `pip install` never
+compiles anything.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -85,14 +97,26 @@ class KernelLibrary:
         self._register = register
         self._loaded: dict[str, Any] = {}
 
-    def library_path(self, compiler_path: str, tf_flags: list[str]) -> Path:
-        """The cached library for this TensorFlow, source, compiler and flags."""
+    def library_path(self) -> Path:
+        """Where this library is cached for the running TensorFlow.
+
+        The key leaves out the include and library directories in
+        TensorFlow's flags (where it is installed, not what it is) and the
+        compiler (see the module docstring).
+        """
         import tensorflow as tf
 
+        tf_flags = [
+            flag
+            for flag in (
+                *tf.sysconfig.get_compile_flags(),
+                *tf.sysconfig.get_link_flags(),
+            )
+            if not flag.startswith(("-I", "-L"))
+        ]
         digest = hashlib.sha256(self.source.read_bytes())
-        digest.update(
-            "\0".join([compiler_path, *COMMON_FLAGS, *self.flags, *tf_flags]).encode()
-        )
+        key = [tf.version.GIT_VERSION, platform.machine(), *COMMON_FLAGS, *self.flags]
+        digest.update("\0".join([*key, *tf_flags]).encode())
         return (
             cache_dir()
             / f"tf{tf.__version__}-{digest.hexdigest()[:16]}"
@@ -100,21 +124,22 @@ class KernelLibrary:
         )
 
     def build(self) -> Path:
-        """Builds the library if it is not cached; returns its path.
+        """The cached library, built first if it is not there; returns its path.
 
         Raises:
-            RuntimeError: no C++ compiler, or the build failed (with its output).
+            RuntimeError: not cached, and no C++ compiler or the build failed
+                (with its output).
         """
         import tensorflow as tf
 
-        found = compiler()
-        if found is None:
-            raise RuntimeError("no C++ compiler (set CXX or install g++)")
-        compile_flags = tf.sysconfig.get_compile_flags()
-        link_flags = tf.sysconfig.get_link_flags()
-        target = self.library_path(found, [*compile_flags, *link_flags])
+        target = self.library_path()
         if target.exists():
             return target
+        found = compiler()
+        if found is None:
+            raise RuntimeError(
+                f"no C++ compiler (set CXX or install g++) and no build in {target.parent}"
+            )
         with _locked(target.parent):
             if target.exists():  # Another process built it while we waited.
                 return target
@@ -124,11 +149,11 @@ class KernelLibrary:
                     found,
                     *COMMON_FLAGS,
                     *self.flags,
-                    *compile_flags,
+                    *tf.sysconfig.get_compile_flags(),
                     str(self.source),
                     "-o",
                     str(built),
-                    *link_flags,
+                    *tf.sysconfig.get_link_flags(),
                 ]
                 done = subprocess.run(command, capture_output=True, text=True)
                 if done.returncode != 0:
@@ -164,3 +189,7 @@ class KernelLibrary:
                 self._register(tf)
         self._loaded["library"] = library
         return library
+
+    def loaded(self) -> bool:
+        """Whether an earlier `load()` in this process loaded the library."""
+        return self._loaded.get("library") is not None

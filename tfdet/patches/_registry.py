@@ -20,11 +20,14 @@ import logging
 import pkgutil
 import types
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfdet._pin import _versions
 from tfdet.patches import _hazards, _import_hook
 from tfdet.patches._swap import Swap
+
+if TYPE_CHECKING:
+    from tfdet.patches._kernel_library import KernelLibrary
 
 _LOG = logging.getLogger("tfdet")
 
@@ -96,6 +99,10 @@ class Patch:
         opt_in: Installed only when named (`patches=["auto", name]`), never
             by "auto": a patch that buys a promise the default profile does
             not make, at a cost in speed.
+        kernel: tfdet's compiled library that computes the patch's ops where
+            it loads (a composition of TensorFlow's ops does where it does
+            not); the profile's `kernels` records which. None for a patch
+            of TensorFlow's ops only.
     """
 
     name: str = ""
@@ -108,6 +115,7 @@ class Patch:
     distribution: Mapping[str, str] = dataclasses.field(default_factory=dict)
     unavailable: Callable[[], str | None] | None = None
     opt_in: bool = False
+    kernel: KernelLibrary | None = None
     _swap: Swap = dataclasses.field(default_factory=Swap, init=False, repr=False)
     _state: _State = dataclasses.field(default_factory=_State, init=False, repr=False)
 
@@ -241,6 +249,18 @@ def covering(op_type: str) -> str | None:
 def installed() -> tuple[str, ...]:
     """Names of the installed patches, sorted."""
     return tuple(name for name, patch in available().items() if patch.installed)
+
+
+def on_kernels(names: Iterable[str]) -> tuple[str, ...]:
+    """Those of the named patches whose compiled kernel loaded, sorted."""
+    patches = available()
+    return tuple(
+        sorted(
+            name
+            for name in names
+            if patches[name].kernel is not None and patches[name].kernel.loaded()
+        )
+    )
 
 
 def resolve(selection: str | Iterable[str] | None | bool) -> list[str]:

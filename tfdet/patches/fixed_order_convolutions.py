@@ -23,8 +23,9 @@ the built-in CNN's layers, batch 64: forward 1.1-1.7x, input gradient
 what the kernel cannot take (another dtype or layout, a grouped convolution,
 channels unknown when traced) goes to that patch's composition, which
 leaves what it cannot take to TensorFlow, saying so once. Where the kernel
-cannot be built (no C++ compiler), tfdet says so once and the composition
-computes every convolution. Values agree with TensorFlow's to float32
+is neither cached nor buildable (no C++ compiler), tfdet says so once, the
+composition computes every convolution (other bits), and the profile's
+`kernels` leaves this patch out. Values agree with TensorFlow's to float32
 rounding. A SavedModel traced while it is installed holds tfdet's ops: export
 with it off. Not covered: depthwise and 3-D convolutions.
 """
@@ -192,4 +193,5 @@ PATCH = Patch(
     upstream="https://github.com/uxlfoundation/oneDNN/issues/1443",
     apply=_apply,
     opt_in=True,
+    kernel=_fixed_order_kernels.LIBRARY,
 )

@@ -24,9 +24,11 @@ the products are this kernel's and that patch computes the rest: a whole
 model apart from the pool size and the batch, its products one op each.
 
 The kernel is compiled at first use against the installed TensorFlow and
-cached (about a minute once; `TFDET_KERNEL_CACHE` chooses the cache). Where
-it cannot be built (no C++ compiler), tfdet says so once and computes the
-products as `pool_size_free_products` does, slower. Values agree with
+cached (about a minute once; `TFDET_KERNEL_CACHE` chooses the cache, which a
+process without a compiler also reads). Where it is neither cached nor
+buildable, tfdet says so once and computes the products as
+`pool_size_free_products` does, slower and with other bits; the profile's
+`kernels` then leaves this patch out. Values agree with
 TensorFlow's to float32 rounding. Other dtypes, and products with an empty
 dimension known when traced, go to TensorFlow's op. A custom op does not
 compile under XLA (`jit_compile=True`).
@@ -181,4 +183,5 @@ PATCH = Patch(
     upstream="https://github.com/uxlfoundation/oneDNN/issues/1443",
     apply=_apply,
     opt_in=True,
+    kernel=_fixed_order_kernels.LIBRARY,
 )

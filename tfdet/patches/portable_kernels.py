@@ -25,7 +25,8 @@ bits), so the SavedModel loads and serves where tfdet is not installed. A
 `tf.function` the program traced itself before saving it may still hold
 `TfdetPortableErfc` (the exports do not trace it again).
 
-Opt-in, never installed by "auto": it needs a C++ compiler at first use.
+Opt-in, never installed by "auto": it needs a C++ compiler at first use,
+or a cached build (`TFDET_KERNEL_CACHE`).
 Cost: `benchmarks/portable_kernels.py`.
 """
 
@@ -162,4 +163,5 @@ PATCH = Patch(
     apply=_apply,
     after_import=(("keras", _apply_to_keras),),
     opt_in=True,
+    kernel=LIBRARY,
 )

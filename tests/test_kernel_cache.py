@@ -1,0 +1,130 @@
+"""tfdet's compiled kernels: found without a compiler, and named in the profile.
+
+The cache is keyed by what a library's code depends on (TensorFlow's build,
+the architecture, the source, the flags), so a build made once serves a
+process without a compiler, in another environment. And because a kernel
+patch whose kernel cannot load computes its ops as a composition with other
+bits, the profile says which patches ran on kernels: two processes, one with
+the kernel and one without, differ in their profiles as well as in their
+product's bits (the control: the bits do differ, so the field is needed).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import clean_env, last_json_line
+from tfdet import Profile
+from tfdet.patches import _fixed_order_kernels, _kernel_library
+
+# A product whose bits the kernel and the pool-size-free composition give
+# differently (K of 4096: oneDNN's convolution splits the sum; shapes whose K
+# fits one block can agree), its digest, and the profile.
+PRODUCT = """
+import hashlib, json
+import numpy as np
+import tfdet
+profile = tfdet.enable(seed=0, threads=2, patches=["auto", "fixed_order_products"])
+import tensorflow as tf
+rng = np.random.default_rng(0)
+a = tf.constant(rng.normal(size=(32, 4096)), tf.float32)
+b = tf.constant(rng.normal(size=(4096, 64)), tf.float32)
+c = tf.function(tf.matmul)(a, b).numpy()
+print(json.dumps({"digest": hashlib.sha256(c.tobytes()).hexdigest()[:16],
+                  "profile": profile.to_dict()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def cached_build():
+    """The fixed-order kernel built into the suite's shared cache."""
+    if _kernel_library.compiler() is None:
+        pytest.skip("no C++ compiler: nothing can be built into the cache")
+    return _fixed_order_kernels.LIBRARY.build()
+
+
+def _without_compiler(tmp_path, cache) -> dict[str, str]:
+    """An environment whose PATH has no C++ compiler, with `cache` as the cache."""
+    empty = tmp_path / "bin"
+    empty.mkdir(exist_ok=True)
+    return clean_env(
+        PATH=str(empty), CXX=None, TFDET_KERNEL_CACHE=str(cache), PYTHONHASHSEED="0"
+    )
+
+
+@pytest.mark.slow
+def test_without_a_compiler_the_cached_kernel_runs_and_the_profile_says_which(
+    cached_build, tmp_path
+):
+    caches = {"cached": cached_build.parent.parent, "empty": tmp_path / "empty"}
+    processes = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", PRODUCT],
+            env=_without_compiler(tmp_path, cache),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, cache in caches.items()
+    }
+    found, stderr = {}, {}
+    for name, process in processes.items():
+        out, stderr[name] = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr[name][-3000:]
+        found[name] = last_json_line(out)
+    cached = Profile.from_dict(found["cached"]["profile"])
+    empty = Profile.from_dict(found["empty"]["profile"])
+    # Both installed the patch; only the cached build's process ran its kernel.
+    assert "fixed_order_products" in cached.patches
+    assert cached.patches == empty.patches
+    assert cached.kernels == ("fixed_order_products",)
+    assert empty.kernels == ()
+    assert "unavailable" not in stderr["cached"]
+    assert "no C++ compiler" in stderr["empty"]
+    # The control: the composition's bits are other than the kernel's, and
+    # the profiles tell the two runs apart by that field alone.
+    assert found["cached"]["digest"] != found["empty"]["digest"]
+    assert set(cached.differences(empty)) == {"kernels"}
+
+
+def test_the_cache_key_follows_the_architecture_not_the_compiler(monkeypatch):
+    pytest.importorskip("tensorflow")
+    library = _fixed_order_kernels.LIBRARY
+    here = library.library_path()
+    monkeypatch.setenv("CXX", "/opt/another/clang++")
+    assert library.library_path() == here
+    monkeypatch.setattr(_kernel_library.platform, "machine", lambda: "aarch64")
+    assert library.library_path() != here
+
+
+def test_a_profile_recorded_before_kernels_existed_reads_as_unknown():
+    data = Profile.from_dict(_a_profile_dict()).to_dict()
+    del data["kernels"]
+    assert Profile.from_dict(data).kernels is None
+    data["kernels"] = ["fixed_order_products"]
+    restored = Profile.from_dict(data)
+    assert restored.kernels == ("fixed_order_products",)
+    assert restored.to_dict()["kernels"] == ["fixed_order_products"]
+
+
+def _a_profile_dict() -> dict:
+    return {
+        "seed": 0,
+        "intra_op_threads": 2,
+        "inter_op_threads": 1,
+        "onednn_opts": True,
+        "cpu_isa": "AVX2",
+        "op_determinism": True,
+        "xla_determinism": False,
+        "python_hash_seed": "0",
+        "patches": ["fixed_order_products"],
+        "kernels": [],
+        "keras": "keras3",
+        "tensorflow_version": "2.21.0",
+        "keras_version": "3.15.1",
+        "numpy_version": "2.1.3",
+        "python_version": "3.11.7",
+    }
