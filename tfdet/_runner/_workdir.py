@@ -87,18 +87,23 @@ def mirror(source: str, destination: str, exclude: str) -> Mirror:
     entries = 0
     os.makedirs(destination, exist_ok=True)
     _link_siblings(source, destination, real_exclude)
-    # Directories to mirror: (original, its copy), and the real paths seen
-    # (a link that loops back is not followed twice).
-    pending = collections.deque([(source, destination)])  # Shallow entries first.
+    # Directories to mirror: (original, its real path, its copy), and the
+    # real paths seen (a link that loops back is not followed twice).
+    pending = collections.deque([(source, real_source, destination)])  # Shallow first.
     seen = {real_source}
     device = os.stat(source).st_dev
     while pending:
-        root, target_root = pending.popleft()
+        root, real_root, target_root = pending.popleft()
         with os.scandir(root) as scanned:
             listed = sorted(scanned, key=lambda entry: entry.name)
         for entry in listed:
             path, target = entry.path, os.path.join(target_root, entry.name)
-            real = os.path.realpath(path)
+            # Resolved only for a link: an entry's own real path is its real
+            # parent's plus its name (most of a large tree's entries).
+            if entry.is_symlink():
+                real = os.path.realpath(path)
+            else:
+                real = os.path.join(real_root, entry.name)
             if real == real_exclude:
                 continue
             entries += 1
@@ -120,7 +125,7 @@ def mirror(source: str, destination: str, exclude: str) -> Mirror:
                 else:
                     seen.add(real)
                     os.mkdir(target)
-                    pending.append((path, target))
+                    pending.append((path, real, target))
                 continue
             try:
                 info = os.stat(path)
