@@ -44,7 +44,8 @@ def _register_gradients(tf: Any) -> None:
 LIBRARY = _kernel_library.KernelLibrary(
     Path(__file__).with_name("_fixed_order_products.cc"),
     flags=(),
-    fallback="products use the slower pool-size-free composition",
+    fallback="products and convolutions use the slower pool-size-free "
+    "composition, with other bits (the profile's `kernels` says which ran)",
     register=_register_gradients,
 )
 load = LIBRARY.load
