@@ -310,7 +310,7 @@ def test_a_missing_compiler_is_said_once_and_load_gives_none(
     ]
     assert len(warnings) == 1
     assert "no C++ compiler" in warnings[0].getMessage()
-    assert "use the slower pool-size-free composition, with other bits" in (
+    assert "use the slower pool-size-free composition instead, with other bits" in (
         warnings[0].getMessage()
     )
 

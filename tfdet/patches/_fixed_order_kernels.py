@@ -45,7 +45,8 @@ LIBRARY = _kernel_library.KernelLibrary(
     Path(__file__).with_name("_fixed_order_products.cc"),
     flags=(),
     fallback="products and convolutions use the slower pool-size-free "
-    "composition, with other bits (the profile's `kernels` says which ran)",
+    "composition instead, with other bits (the profile's `kernels` lists the "
+    "patches whose kernel ran)",
     register=_register_gradients,
 )
 load = LIBRARY.load

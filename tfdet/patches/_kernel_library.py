@@ -79,7 +79,7 @@ class KernelLibrary:
         source: The `.cc` file.
         flags: Compiler flags beside `COMMON_FLAGS` (an instruction set).
         fallback: What the callers do where it cannot be built, for the
-            one warning (e.g. "products use the pool-size-free composition").
+            one warning (e.g. "products use the composition instead").
         register: Called with `tensorflow` once the library loaded (its
             ops' gradients: TensorFlow refuses a second registration).
     """
@@ -178,7 +178,7 @@ class KernelLibrary:
             library = tf.load_op_library(str(self.build()))
         except (RuntimeError, OSError, tf.errors.NotFoundError) as error:
             _LOG.warning(
-                "tfdet: the kernels of %s are unavailable (%s); %s instead.",
+                "tfdet: the kernels of %s are unavailable (%s); %s.",
                 self.source.name,
                 error,
                 self._fallback,

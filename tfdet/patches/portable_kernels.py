@@ -50,7 +50,7 @@ LIBRARY = _kernel_library.KernelLibrary(
     # are built for AVX): the Exp step takes the same path per element.
     flags=("-mavx",),
     fallback="the portable functions run as compositions of TensorFlow's ops "
-    "(the same bits, slower)",
+    "instead (the same bits, slower)",
 )
 # Whether the kernel gave the composition's bits on `probe_inputs()`:
 # checked once a process, at the first use.
