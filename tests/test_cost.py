@@ -14,12 +14,15 @@ from tests.conftest import PLOT_PACKAGE_PATHS, REPO, clean_env, run_tfdet
 from tfdet._child import _ops
 from tfdet._cost import _advice, _cost_report, _measure
 from tfdet._cost._timed_settings import (
+    KERNEL_PATCHES,
     OP_DETERMINISM,
     PLAIN,
     POOL_SIZE_FREE,
+    XLA,
     Setting,
     bits_follow,
     gpu_settings_for,
+    not_as_asked,
     settings_for,
 )
 from tfdet._pin import _devices, _tiers
@@ -207,6 +210,29 @@ def test_the_settings_a_user_would_try_are_timed():
         ],
     }
     assert kernels[6:] == settings_for(4)[5:]
+
+
+def test_a_kernel_row_whose_kernels_did_not_load_says_so_and_is_not_advised():
+    kernels = settings_for(4, kernels=True)[5]
+    asked = kernels.enable["patches"]
+    loaded = _profile(patches=asked, kernels=[n for n in asked if n in KERNEL_PATCHES])
+    assert not_as_asked(kernels, loaded, xla=False) is None
+    # No compiler and no cached build: the run computed the compositions.
+    fell_back = _profile(patches=asked, kernels=[])
+    note = not_as_asked(kernels, fell_back, xla=False)
+    assert note.startswith(
+        "tfdet's kernels did not load for fixed_order_products, "
+        "fixed_order_convolutions, portable_kernels"
+    )
+    assert note.endswith("timed with the compositions")
+    # A setting without kernels asks for none; a profile from before the
+    # field (None) cannot show them loaded.
+    assert not_as_asked(settings_for(4)[4], fell_back, xla=False) is None
+    assert not_as_asked(kernels, _profile(patches=asked), xla=False) is not None
+    # XLA that Keras turned off is said first, as before.
+    assert not_as_asked(XLA, _profile(), xla=False).startswith("Keras turned")
+    row = _row("kernels", 0.5, note=note)
+    assert row not in _cost(row).candidates()
 
 
 def test_the_settings_a_gpu_user_would_try_are_timed():

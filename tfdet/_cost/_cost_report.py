@@ -71,7 +71,8 @@ class CostRow:
         ops: `{op type: {"ms": its share of a step, "node": costliest
             node}}` from the profiler (`_measure._shares`); empty when the
             profiler saw no op (XLA compiles the step into one program).
-        note: Why it is not what was asked (XLA turned off), or None.
+        note: Why it is not what was asked (XLA turned off, tfdet's kernels
+            not loaded: `_timed_settings.not_as_asked`), or None.
         same_bits_unknown: Why the rounds cannot say whether it repeated
             its bits (a script whose processes trained different step
             counts), or None.

@@ -581,8 +581,5 @@ def _row(setting: Setting, figures: _Figures, baseline: str) -> _cost_report.Cos
         digests=digests,
         same_bits_unknown=unknown,
         ops=_shares(figures.ops.get(name, {}), timing.ms_per_step),
-        note=None
-        if not setting.jit_compile or xla
-        else "Keras turned jit_compile off (no deterministic XLA path for a "
-        "layer under op determinism): timed without XLA",
+        note=_timed_settings.not_as_asked(setting, ready["profile"], xla),
     )

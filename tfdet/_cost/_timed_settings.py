@@ -160,3 +160,34 @@ def bits_follow(profile: dict[str, Any], xla: bool, device: str = "cpu") -> list
 def tiers(profile: dict[str, Any], xla: bool, device: str = "cpu") -> list[str]:
     """The tiers a run's profile gives, by name (`tfdet._pin._tiers.given`)."""
     return [tier.name for tier in _tiers.given(profile, xla, device)]
+
+
+def not_as_asked(
+    setting: Setting, profile: dict[str, Any] | None, xla: bool
+) -> str | None:
+    """Why a run of `setting` did not train as the setting says, or None.
+
+    Args:
+        setting: What was asked.
+        profile: The run's profile (`Profile.to_dict()`), None without tfdet.
+        xla: Whether Keras trained it with XLA.
+    """
+    if setting.jit_compile and not xla:
+        return (
+            "Keras turned jit_compile off (no deterministic XLA path for a "
+            "layer under op determinism): timed without XLA"
+        )
+    asked = [
+        name
+        for name in (setting.enable or {}).get("patches", ())
+        if name in KERNEL_PATCHES
+    ]
+    ran = set((profile or {}).get("kernels") or ())
+    missing = [name for name in asked if name not in ran]
+    if missing:
+        return (
+            f"tfdet's kernels did not load for {', '.join(missing)} (no "
+            "compiler and no cached build, or a failed build: the run's log "
+            "says which): timed with the compositions"
+        )
+    return None
