@@ -14,27 +14,21 @@ to the compositions, and say so.
 
 from __future__ import annotations
 
-import concurrent.futures
 import sys
 
-import tensorflow  # noqa: F401  (once, before the builds' threads ask for it)
-
-from tfdet.patches import _fixed_order_kernels, portable_kernels
+from tfdet.patches import _kernel_library, _registry
 
 
 def main() -> int:
-    libraries = (_fixed_order_kernels.LIBRARY, portable_kernels.LIBRARY)
-    # Each build is a compiler process of its own, and the cache locks per
-    # library: one thread each.
-    with concurrent.futures.ThreadPoolExecutor(len(libraries)) as pool:
-        builds = [pool.submit(library.build) for library in libraries]
+    # Every patch's kernel (two patches share the fixed-order library).
+    libraries = [p.kernel for p in _registry.available().values() if p.kernel]
     failed = False
-    for build in builds:
-        try:
-            print(f"kernels: {build.result()}", flush=True)
-        except RuntimeError as error:
-            print(f"kernels not built ahead: {error}", file=sys.stderr)
+    for built in _kernel_library.build_together(libraries).values():
+        if isinstance(built, RuntimeError):
+            print(f"kernels not built ahead: {built}", file=sys.stderr)
             failed = True
+        else:
+            print(f"kernels: {built}", flush=True)
     return 1 if failed else 0
 
 

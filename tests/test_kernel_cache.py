@@ -128,3 +128,54 @@ def _a_profile_dict() -> dict:
         "numpy_version": "2.1.3",
         "python_version": "3.11.7",
     }
+
+
+def test_a_failed_build_is_said_by_load_and_not_run_again(tmp_path, monkeypatch):
+    if _kernel_library.compiler() is None:
+        pytest.skip("no C++ compiler: nothing can fail to build")
+    source = tmp_path / "_broken.cc"
+    source.write_text("this is not C++;\n")
+    monkeypatch.setenv(_kernel_library.CACHE_VARIABLE, str(tmp_path / "cache"))
+    broken = _kernel_library.KernelLibrary(source, (), fallback="the composition")
+    (failure,) = _kernel_library.build_together([broken, broken]).values()
+    assert isinstance(failure, RuntimeError)
+    assert "the build failed" in str(failure)
+
+    def no_compiler_again(*args, **kwargs):
+        raise AssertionError("the compiler ran a second time")
+
+    monkeypatch.setattr(_kernel_library.subprocess, "run", no_compiler_again)
+    with pytest.raises(RuntimeError) as again:
+        broken.build()
+    assert again.value is failure
+    assert broken.load() is None and not broken.loaded()
+
+
+def test_install_builds_the_kernels_of_the_patches_it_installs_first(monkeypatch):
+    from tfdet.patches import _registry
+
+    library = _kernel_library.KernelLibrary(
+        _fixed_order_kernels.LIBRARY.source, (), fallback="-"
+    )
+    order = []
+    fake = _registry.Patch(
+        name="fake_kernel_patch",
+        summary="-",
+        upstream="-",
+        apply=lambda swap: order.append("apply"),
+        kernel=library,
+    )
+    monkeypatch.setattr(_registry, "available", lambda: {fake.name: fake})
+    monkeypatch.setattr(
+        _kernel_library,
+        "build_together",
+        lambda libraries: order.append(("built", list(libraries))),
+    )
+    try:
+        assert _registry.install([fake.name]) == (fake.name,)
+        assert order == [("built", [library]), "apply"]
+        # Installed already: nothing to build again.
+        _registry.install([fake.name])
+        assert order[-1] == ("built", [])
+    finally:
+        fake.restore()

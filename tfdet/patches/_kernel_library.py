@@ -24,6 +24,7 @@ compiles anything.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import fcntl
 import hashlib
@@ -33,7 +34,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,10 +127,22 @@ class KernelLibrary:
     def build(self) -> Path:
         """The cached library, built first if it is not there; returns its path.
 
+        A failure is kept: a second call in the process raises it again
+        rather than run the compiler again.
+
         Raises:
             RuntimeError: not cached, and no C++ compiler or the build failed
                 (with its output).
         """
+        if "failure" in self._loaded:
+            raise self._loaded["failure"]
+        try:
+            return self._build()
+        except RuntimeError as error:
+            self._loaded["failure"] = error
+            raise
+
+    def _build(self) -> Path:
         import tensorflow as tf
 
         target = self.library_path()
@@ -193,3 +206,26 @@ class KernelLibrary:
     def loaded(self) -> bool:
         """Whether an earlier `load()` in this process loaded the library."""
         return self._loaded.get("library") is not None
+
+
+def build_together(
+    libraries: Iterable[KernelLibrary],
+) -> dict[KernelLibrary, Path | RuntimeError]:
+    """Builds `libraries` side by side, a compiler process each (about 40 s
+    of one core each: together they take the longest one's time); the path
+    of each, or the error its build raised (kept for its `load()` to say).
+    """
+    pending = list(dict.fromkeys(libraries))
+    if not pending:
+        return {}
+    import tensorflow  # noqa: F401  (once, before the threads ask for it)
+
+    with concurrent.futures.ThreadPoolExecutor(len(pending)) as pool:
+        builds = {library: pool.submit(library.build) for library in pending}
+    found: dict[KernelLibrary, Path | RuntimeError] = {}
+    for library, build in builds.items():
+        try:
+            found[library] = build.result()
+        except RuntimeError as error:
+            found[library] = error
+    return found

@@ -20,14 +20,12 @@ import logging
 import pkgutil
 import types
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tfdet._pin import _versions
-from tfdet.patches import _hazards, _import_hook
+from tfdet.patches import _hazards, _import_hook, _kernel_library
+from tfdet.patches._kernel_library import KernelLibrary
 from tfdet.patches._swap import Swap
-
-if TYPE_CHECKING:
-    from tfdet.patches._kernel_library import KernelLibrary
 
 _LOG = logging.getLogger("tfdet")
 
@@ -301,8 +299,18 @@ def resolve(selection: str | Iterable[str] | None | bool) -> list[str]:
 
 
 def install(names: Iterable[str]) -> tuple[str, ...]:
-    """Installs the named patches; returns every installed patch name."""
+    """Installs the named patches; returns every installed patch name.
+
+    The compiled kernels of those not installed yet are built first, side
+    by side, so that each patch then loads its own from the cache.
+    """
     patches = available()
+    names = list(names)
+    _kernel_library.build_together(
+        patches[name].kernel
+        for name in names
+        if patches[name].kernel is not None and not patches[name].installed
+    )
     for name in names:
         if not patches[name].installed:
             patches[name].install()
