@@ -24,7 +24,7 @@ def main() -> int:
     libraries = [p.kernel for p in _registry.available().values() if p.kernel]
     failed = False
     for built in _kernel_library.build_together(libraries).values():
-        if isinstance(built, RuntimeError):
+        if isinstance(built, Exception):
             print(f"kernels not built ahead: {built}", file=sys.stderr)
             failed = True
         else:

@@ -179,3 +179,20 @@ def test_install_builds_the_kernels_of_the_patches_it_installs_first(monkeypatch
         assert order[-1] == ("built", [])
     finally:
         fake.restore()
+
+
+def test_a_cache_that_cannot_be_made_falls_back_as_a_missing_compiler_does(
+    tmp_path, monkeypatch, caplog
+):
+    pytest.importorskip("tensorflow")
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("")
+    monkeypatch.setenv(_kernel_library.CACHE_VARIABLE, str(in_the_way))
+    library = _kernel_library.KernelLibrary(
+        _fixed_order_kernels.LIBRARY.source, (), fallback="the composition instead"
+    )
+    (failure,) = _kernel_library.build_together([library]).values()
+    assert isinstance(failure, OSError)
+    with caplog.at_level("WARNING", logger="tfdet"):
+        assert library.load() is None
+    assert "the composition instead" in caplog.text

@@ -133,12 +133,13 @@ class KernelLibrary:
         Raises:
             RuntimeError: not cached, and no C++ compiler or the build failed
                 (with its output).
+            OSError: the cache's directory cannot be made or written.
         """
         if "failure" in self._loaded:
             raise self._loaded["failure"]
         try:
             return self._build()
-        except RuntimeError as error:
+        except (RuntimeError, OSError) as error:  # OSError: the cache's directory.
             self._loaded["failure"] = error
             raise
 
@@ -210,7 +211,7 @@ class KernelLibrary:
 
 def build_together(
     libraries: Iterable[KernelLibrary],
-) -> dict[KernelLibrary, Path | RuntimeError]:
+) -> dict[KernelLibrary, Path | RuntimeError | OSError]:
     """Builds `libraries` side by side, a compiler process each (about 40 s
     of one core each: together they take the longest one's time); the path
     of each, or the error its build raised (kept for its `load()` to say).
@@ -222,10 +223,10 @@ def build_together(
 
     with concurrent.futures.ThreadPoolExecutor(len(pending)) as pool:
         builds = {library: pool.submit(library.build) for library in pending}
-    found: dict[KernelLibrary, Path | RuntimeError] = {}
+    found: dict[KernelLibrary, Path | RuntimeError | OSError] = {}
     for library, build in builds.items():
         try:
             found[library] = build.result()
-        except RuntimeError as error:
+        except (RuntimeError, OSError) as error:
             found[library] = error
     return found
