@@ -301,7 +301,7 @@ def test_a_missing_compiler_is_said_once_and_load_gives_none(
     monkeypatch.setattr(_kernel_library, "compiler", lambda: None)
     # An empty cache: a cached build would load without a compiler.
     monkeypatch.setenv(_kernel_library.CACHE_VARIABLE, str(tmp_path))
-    monkeypatch.setattr(_fixed_order_kernels.LIBRARY, "_loaded", {})
+    monkeypatch.setattr(_fixed_order_kernels.LIBRARY, "_state", {})
     with caplog.at_level("WARNING", logger="tfdet"):
         assert _fixed_order_kernels.load() is None
         assert _fixed_order_kernels.load() is None

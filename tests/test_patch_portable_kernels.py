@@ -86,7 +86,7 @@ def test_a_kernel_that_disagrees_is_not_used_and_says_so_once(
         def tfdet_portable_erfc(x):
             return tf.zeros_like(x)
 
-    monkeypatch.setattr(portable_kernels.LIBRARY, "_loaded", {"library": Wrong()})
+    monkeypatch.setattr(portable_kernels.LIBRARY, "_state", {"library": Wrong()})
     monkeypatch.setattr(portable_kernels, "_verdict", {})
     x = tf.constant([0.5, 2.0], tf.float32)
     with caplog.at_level(logging.WARNING, logger="tfdet"):

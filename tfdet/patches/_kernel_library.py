@@ -96,7 +96,9 @@ class KernelLibrary:
         self.flags = flags
         self._fallback = fallback
         self._register = register
-        self._loaded: dict[str, Any] = {}
+        # "library": what load() gave (None: unavailable); "failure": the
+        # error a build raised (kept, so the compiler runs once a process).
+        self._state: dict[str, Any] = {}
 
     def library_path(self) -> Path:
         """Where this library is cached for the running TensorFlow.
@@ -135,12 +137,12 @@ class KernelLibrary:
                 (with its output).
             OSError: the cache's directory cannot be made or written.
         """
-        if "failure" in self._loaded:
-            raise self._loaded["failure"]
+        if "failure" in self._state:
+            raise self._state["failure"]
         try:
             return self._build()
         except (RuntimeError, OSError) as error:  # OSError: the cache's directory.
-            self._loaded["failure"] = error
+            self._state["failure"] = error
             raise
 
     def _build(self) -> Path:
@@ -184,8 +186,8 @@ class KernelLibrary:
         The first failure is logged once (tfdet's logger, a warning) with the
         reason; later calls return None at once.
         """
-        if "library" in self._loaded:
-            return self._loaded["library"]
+        if "library" in self._state:
+            return self._state["library"]
         import tensorflow as tf
 
         try:
@@ -201,12 +203,12 @@ class KernelLibrary:
         else:
             if self._register is not None:
                 self._register(tf)
-        self._loaded["library"] = library
+        self._state["library"] = library
         return library
 
     def loaded(self) -> bool:
         """Whether an earlier `load()` in this process loaded the library."""
-        return self._loaded.get("library") is not None
+        return self._state.get("library") is not None
 
 
 def build_together(
@@ -216,7 +218,12 @@ def build_together(
     of one core each: together they take the longest one's time); the path
     of each, or the error its build raised (kept for its `load()` to say).
     """
-    pending = list(dict.fromkeys(libraries))
+    # A library that load() already decided on needs no build.
+    pending = [
+        library
+        for library in dict.fromkeys(libraries)
+        if "library" not in library._state
+    ]
     if not pending:
         return {}
     import tensorflow  # noqa: F401  (once, before the threads ask for it)
