@@ -16,6 +16,12 @@ python="${PYTHON:-python3}"
 
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
   -c ci/constraints.txt -e ".[cpu,test]"
+# The checkout's modules compiled once: where PYTHONDONTWRITEBYTECODE is set
+# (as on the machines this suite runs on), no process writes its .pyc, and
+# each of the suite's ~1,300 Python processes compiled tfdet from source
+# again (0.2 s of CPU a `tfdet` command, 124 modules; compileall writes
+# them whatever that variable says).
+"$venv/bin/python" -m compileall -q tfdet tests benchmarks examples >/dev/null
 # tfdet's C++ kernels, built once per TensorFlow version for every test
 # process (and kept with the environment), here rather than in the user's
 # cache; built now, as soon as TensorFlow is there, while the rest installs
@@ -98,9 +104,11 @@ wait "$kernels" || true  # Said above; the tests build again, or fall back.
 # TensorFlow processes of its own (about 0.5 GB each). The 30 slowest tests are
 # listed in every log: they hold the suite's time (pytest 33-45 minutes on a
 # 2-core EPYC Zen 3 VM whose speed varied; docs/measurements.md, "Test suite").
+# `--dist loadgroup`: the tests that share a module-scoped fixture go to one
+# worker (tests/conftest.py groups them), so the fixture runs once.
 status=0
 "$venv/bin/python" -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
-  --durations=30 "$@" || status=$?
+  --dist loadgroup --durations=30 "$@" || status=$?
 wait "$matrix" || status=1
 cat "$matrix_log"
 exit "$status"

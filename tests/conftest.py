@@ -138,10 +138,32 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = (str(item.path), item.location[1], f"Skipped: {_SKIPPED}")
 
 
+def _shares_a_module_fixture(item) -> bool:
+    """Whether `item` uses a fixture of wider scope defined in its own module."""
+    module = getattr(item, "module", None)
+    if module is None:
+        return False
+    return any(
+        definition.scope != "function"
+        and getattr(definition.func, "__module__", None) == module.__name__
+        for definitions in item._fixtureinfo.name2fixturedefs.values()
+        for definition in definitions
+    )
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """Skips the tests marked `gpu` on a machine without an NVIDIA GPU, and
     those marked `tf_keras` where tf_keras is not installed (the oldest
-    combination of the version matrix has none)."""
+    combination of the version matrix has none).
+
+    Puts the tests that share one of their module's module-scoped fixtures
+    into one pytest-xdist group (used by `--dist loadgroup`, as ci/test.sh
+    runs): split over two workers, each worker computed the fixture again,
+    and those fixtures start the suite's costliest processes (the same check,
+    the same uninterrupted training, 50 CPU-seconds each)."""
+    for item in items:
+        if _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     gpu_tests = [item for item in items if "gpu" in item.keywords]
     if gpu_tests and not _gpu_listed():
         skip = pytest.mark.skip(reason="needs an NVIDIA GPU (nvidia-smi lists none)")
