@@ -144,7 +144,7 @@ def test_tf_keras_batch_norm_does_not_follow_the_pool_size_with_the_patch():
             stderr=subprocess.PIPE,
             text=True,
         )
-        for threads in (1, 2, 3)
+        for threads in (1, 2)
     }
     results = {}
     for threads, process in processes.items():
@@ -214,7 +214,7 @@ def test_conv2d_transpose_trains_and_predicts_at_any_batch_apart_from_the_pool_s
     # argument must be ... not 'SymbolicTensor'"; with that fixed, the
     # kernel's gradient went to TensorFlow's Conv2DBackpropFilter (the
     # channels lost their static size) and 2 threads trained other weights
-    # than 1 and 3.
+    # than 1 and 3 (so 1 and 2 show the fault and the control).
     processes = {
         threads: subprocess.Popen(
             [sys.executable, "-c", CONV_TRANSPOSE, str(threads)],
@@ -223,7 +223,7 @@ def test_conv2d_transpose_trains_and_predicts_at_any_batch_apart_from_the_pool_s
             stderr=subprocess.PIPE,
             text=True,
         )
-        for threads in (1, 2, 3)
+        for threads in (1, 2)
     }
     results = {}
     for threads, process in processes.items():
