@@ -76,9 +76,11 @@ def swap_everywhere(
     # The bindings are found first and replaced after; each candidate is
     # read again now, so a binding an earlier swap changed is seen as it is.
     # An earlier patch's replacement, where one was bound, is found under
-    # the wrapper's name and under its own.
-    names = dict.fromkeys((function, getattr(original, "__name__", function)))
-    candidates = dict.fromkeys(pair for name in names for pair in _BINDINGS.named(name))
+    # the wrapper's module and under its own.
+    modules = dict.fromkeys((module, getattr(original, "__module__", module)))
+    candidates = dict.fromkeys(
+        pair for defined_in in modules for pair in _BINDINGS.defined_in(defined_in)
+    )
     bound = []
     for loaded, attribute in candidates:
         value = vars(loaded).get(attribute)
@@ -94,22 +96,24 @@ def swap_everywhere(
 
 
 class _Bindings:
-    """Where TensorFlow's modules bind each function, by the function's name.
+    """Where TensorFlow's modules bind callables, by the module defining them.
 
     Walking every attribute of every loaded `tensorflow` module took about
-    0.1 s of CPU, and `enable()` replaced up to twenty wrappers, each with
-    its own walk (0.64 s of a fresh process's `enable()` for six, on a 2-core
-    EPYC Zen 3). Each module is walked once instead, when first asked about
-    after it loaded; a binding is listed under the `__name__` its value had
-    then, which a swap keeps (it replaces a wrapper where the wrapper was).
+    0.1 s of CPU, and `enable()` replaced up to 27 wrappers, each with its
+    own walk (0.64 s of a fresh process's `enable()` for the default six, on
+    a 2-core EPYC Zen 3). Each module is walked once instead, when first
+    asked about after it loaded; a binding is listed under the `__module__`
+    its value had then. Only `__module__` is read while walking, as the walk
+    per wrapper did: an object that answers other attributes itself (absl's
+    `FLAGS` parses the command line when asked for `__name__`) is left alone.
     """
 
     def __init__(self) -> None:
         self._walked: set[str] = set()
-        self._by_name: dict[str, list[tuple[Any, str]]] = {}
+        self._by_module: dict[str, list[tuple[Any, str]]] = {}
 
-    def named(self, function: str) -> list[tuple[Any, str]]:
-        """(module, attribute) pairs whose value was named `function`."""
+    def defined_in(self, module: str) -> list[tuple[Any, str]]:
+        """(module, attribute) pairs whose callable value `module` defined."""
         new = [
             name
             for name in sys.modules
@@ -118,7 +122,7 @@ class _Bindings:
         ]
         if new:
             self._walk(sorted(new))
-        return self._by_name.get(function, [])
+        return self._by_module.get(module, [])
 
     def _walk(self, names: list[str]) -> None:
         # The garbage collector paused: in a process holding TensorFlow, a
@@ -136,9 +140,9 @@ class _Bindings:
                 for attribute in tuple(namespace):
                     value = namespace.get(attribute)
                     if callable(value):
-                        key = getattr(value, "__name__", None)
+                        key = getattr(value, "__module__", None)
                         if isinstance(key, str):
-                            self._by_name.setdefault(key, []).append(
+                            self._by_module.setdefault(key, []).append(
                                 (loaded, attribute)
                             )
         finally:
