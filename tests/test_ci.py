@@ -92,7 +92,10 @@ def test_the_cpu_a_test_starts_is_charged_to_it_and_a_neighbour_by_kind(monkeypa
     assert status == 0
     # Each read misses at most what a process used after the previous one.
     assert seconds["by_test"][current] >= 1.4, seconds
-    assert 0.4 <= seconds["by_kind"]["neighbour"] <= 0.7, seconds
+    # At least this test's neighbour: the kinds count every process on the
+    # machine, and under pytest-xdist another test's check may run its own
+    # neighbour meanwhile (3.25 s of one was counted here once).
+    assert seconds["by_kind"]["neighbour"] >= 0.4, seconds
     others = {kind: v for kind, v in seconds["by_kind"].items() if kind != "neighbour"}
     assert sum(others.values()) >= 0.8, seconds  # By its command's name.
     assert seconds["by_file"]["tests/test_ci.py"] == seconds["by_test"][current]
