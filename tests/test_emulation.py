@@ -15,11 +15,13 @@ import subprocess
 import sys
 
 import pytest
+from packaging.version import Version
 
-from tests.conftest import REPO, clean_env, run_tfdet
+from tests.conftest import REPO, clean_env, last_json_line, run_tfdet
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_USAGE
-from tfdet._pin import _cpuid
+from tfdet._pin import _cpuid, _versions
 from tfdet._protocol import _emulation
+from tfdet.patches import _hazards
 
 pytestmark = pytest.mark.skipif(
     _emulation.why_unavailable("AVX2") is not None,
@@ -65,6 +67,50 @@ def test_portable_patches_carry_the_bits_to_an_emulated_cpu_of_another_vendor(
         "divergence"
     ]
     assert divergence["step"] == 0
+
+
+# TensorFlow's own Erfc and exact GELU over a sweep of float32 values, as
+# digests of their bits, without tfdet.
+_ERFC_DIGESTS = """
+import hashlib, json
+import numpy as np
+import tensorflow as tf
+x = np.arange(0, 2**32, 4099, dtype=np.uint64).astype(np.uint32).view(np.float32)
+x = tf.constant(x[np.isfinite(x) & (np.abs(x) < 12)])
+print(json.dumps({
+    name: hashlib.sha256(function(x).numpy().tobytes()).hexdigest()
+    for name, function in [
+        ("erfc", tf.math.erfc),
+        ("gelu", lambda v: tf.nn.gelu(v, approximate=False)),
+    ]
+}))
+"""
+
+
+def test_tensorflows_erfc_follows_the_cpu_model_from_2_20_only():
+    # The version range of the hazard table's Erfc row, which decides where
+    # enable() installs portable_erfc: from 2.20 the kernel takes RCPPS
+    # (other bits emulated), before it does not (the same bits). Measured
+    # on 2.16-2.21; each combination of the version matrix runs this.
+    version = Version(_versions.tensorflow_distribution()[1]).release[:2]
+    digests = {}
+    for where, launcher in (
+        ("native", []),
+        ("emulated", _emulation.launcher("Haswell-v4")),
+    ):
+        result = subprocess.run(
+            [*launcher, sys.executable, "-c", _ERFC_DIGESTS],
+            env=clean_env(TF_ENABLE_ONEDNN_OPTS="0"),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        digests[where] = last_json_line(result.stdout)
+    follows = version >= (2, 20)
+    assert (digests["native"]["erfc"] != digests["emulated"]["erfc"]) == follows
+    assert (digests["native"]["gelu"] != digests["emulated"]["gelu"]) == follows
+    assert _hazards.hazardous_in(("Erfc",), ".".join(map(str, version))) == follows
 
 
 def test_cpuid_sees_the_emulated_vendor():

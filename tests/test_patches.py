@@ -32,6 +32,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from packaging.version import Version
 
 tf = pytest.importorskip("tensorflow")
 
@@ -56,6 +57,10 @@ SWEEP = settings(
 EPS32 = float(np.finfo(np.float32).eps)
 PATCHES = _registry.available()
 TF_KERAS = importlib.util.find_spec("tf_keras") is not None
+# The patches that TensorFlow needs from a later release than 2.16, with that
+# release: its Erfc kernel took the approximate reciprocal from 2.20 (before,
+# its bits were measured the same natively and on an emulated CPU).
+FIRST_TENSORFLOW = {"portable_erfc": "2.20"}
 
 
 @contextlib.contextmanager
@@ -124,7 +129,8 @@ def test_declaration_names_hazardous_ops_no_other_patch_claims(name: str) -> Non
         # know them.
         assert _hazards.table().rows_for(op_type), op_type
         if not patch.opt_in:
-            assert _hazards.hazardous_in((op_type,), tf.__version__), op_type
+            first = FIRST_TENSORFLOW.get(name, "2.16")
+            assert _hazards.hazardous_in((op_type,), f"{first}.0"), op_type
         assert _registry.covering(op_type) == name, op_type
 
 
@@ -431,16 +437,19 @@ def test_sparse_optimizer_patch_waits_for_tf_keras_and_restore_cancels() -> None
     }
 
 
-# "auto" on these versions (TF >= 2.16): every patch, the tf_keras ones
-# whenever tf_keras is installed, whichever Keras the script uses and whether
-# it imported tf_keras yet (they wait for the import): the profile must not
-# depend on import order. The Keras 3 fixes only where tf.keras is Keras 3.
+# "auto" on these versions (TF >= 2.16): every patch from the release that
+# first needs it (FIRST_TENSORFLOW), the tf_keras ones whenever tf_keras is
+# installed, whichever Keras the script uses and whether it imported tf_keras
+# yet (they wait for the import): the profile must not depend on import
+# order. The Keras 3 fixes only where tf.keras is Keras 3.
 def _auto_patches(keras_in_use: str) -> list[str]:
     # Opt-in patches are installed only when named.
+    running = Version(tf.__version__).release[:2]
     return [
         name
         for name, patch in PATCHES.items()
         if not patch.opt_in
+        and running >= Version(FIRST_TENSORFLOW.get(name, "2.16")).release
         and (
             patch.requires.get("keras_in_use") in (None, keras_in_use)
             or (TF_KERAS and patch.requires.get("keras_in_use") == "tf_keras")

@@ -21,6 +21,12 @@ Eigen's, below 5 ulps). float16 / bfloat16 are computed in float32; float64
 keeps the original kernel (no approximate double instruction below
 AVX-512). The gradient is the original's formula,
 `dy * -2/sqrt(pi) * exp(-x^2)`. See `tfdet.patches._exact_math`.
+
+Needed from TensorFlow 2.20, whose Eigen has that algorithm: up to 2.19
+TensorFlow's Erfc (and Erf, which its exact GELU takes up to 2.18) gave the
+same bits on an AMD EPYC Zen 3 and on QEMU's emulated Haswell-v4, so
+`enable()` leaves them alone there (the hazard table's row says which
+versions).
 """
 
 from __future__ import annotations
