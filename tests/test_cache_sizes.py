@@ -8,6 +8,9 @@ same perturbation that changes the bits where nothing pins Eigen's sizes).
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -174,3 +177,40 @@ def test_without_the_capped_view_bfloat16_fails_under_the_avx2_cap(tmp_path):
     )
     assert code == 3, output
     assert "could not create a primitive descriptor" in output
+
+
+def test_symbols_are_searched_once_per_library_file_and_kept(tmp_path, monkeypatch):
+    # A copy of TensorFlow's framework library (it names Eigen's variable).
+    library = tmp_path / "libtensorflow_framework.so.2"
+    tensorflow = Path(_cache_sizes._tensorflow_directory())
+    shutil.copyfile(tensorflow / library.name, library)
+    installed = library.stat().st_mtime_ns
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    kept = tmp_path / "cache" / "tfdet" / "symbols"
+    names = _cache_sizes._EIGEN
+    searched = _cache_sizes._elf_symbols(str(library), names)
+    assert set(searched) == set(names)
+    assert _cache_sizes._kept_symbols(str(library), names) == searched
+    assert len(list(kept.iterdir())) == 1
+
+    def search_again(*args):
+        raise AssertionError("searched again")
+
+    monkeypatch.setattr(_cache_sizes, "_elf_symbols", search_again)
+    assert _cache_sizes._kept_symbols(str(library), names) == searched
+    # Another file at the same path (TensorFlow installed again), other
+    # names, and a damaged entry are searched again.
+    os.utime(library, ns=(installed + 10**9,) * 2)
+    with pytest.raises(AssertionError, match="searched again"):
+        _cache_sizes._kept_symbols(str(library), names)
+    os.utime(library, ns=(installed,) * 2)
+    with pytest.raises(AssertionError, match="searched again"):
+        _cache_sizes._kept_symbols(str(library), names[:2])
+    negative = json.dumps({names[0]: [-1, 8]})
+    for damaged in ("{", negative, '{"other": [1, 8]}', "[]"):
+        (entry,) = kept.iterdir()
+        entry.write_text(damaged)
+        with pytest.raises(AssertionError, match="searched again"):
+            _cache_sizes._kept_symbols(str(library), names)
+    entry.write_text(json.dumps({name: list(pair) for name, pair in searched.items()}))
+    assert _cache_sizes._kept_symbols(str(library), names) == searched

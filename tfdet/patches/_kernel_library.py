@@ -38,6 +38,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from tfdet import _user_cache
+
 _LOG = logging.getLogger("tfdet")
 
 # Where the built libraries are kept (a directory); the tests share one build.
@@ -53,8 +55,7 @@ def cache_dir() -> Path:
     chosen = os.environ.get(CACHE_VARIABLE)
     if chosen:
         return Path(chosen)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "tfdet" / "kernels"
+    return _user_cache.directory() / "kernels"
 
 
 def compiler() -> str | None:
