@@ -122,7 +122,7 @@ _TRAIN = """
 import json, sys
 import tfdet
 patches = json.loads(sys.argv[1])
-tfdet.enable(**({"patches": patches} if patches else {}))
+profile = tfdet.enable(**({"patches": patches} if patches else {}))
 import hashlib
 import keras
 import numpy as np
@@ -142,7 +142,8 @@ graph = tf.function(model).get_concrete_function(tf.TensorSpec((None, 33))).grap
 ops = {op.type for op in graph.get_operations()}
 digest = hashlib.sha256(b"".join(w.tobytes() for w in model.get_weights()))
 print(json.dumps({"digest": digest.hexdigest()[:16],
-                  "kernel": "TfdetPortableErfc" in ops}))
+                  "kernel": "TfdetPortableErfc" in ops,
+                  "kernels": list(profile.kernels or ())}))
 """.replace("GELU", _GELU)
 
 
@@ -153,6 +154,8 @@ def test_training_with_the_kernel_gives_the_default_profiles_weights(library):
     # Where TensorFlow's own Erfc is portable (before 2.20), enable() keeps
     # it, and the kernel has no composition to stand for.
     assert with_kernel["kernel"] == ERFC_PATCHED and not default["kernel"]
+    # The profile names the library where an op uses it, and only there.
+    assert with_kernel["kernels"] == (["portable_kernels"] if ERFC_PATCHED else [])
     assert with_kernel["digest"] == default["digest"]
 
 

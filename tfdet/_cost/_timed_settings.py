@@ -7,6 +7,7 @@ from typing import Any
 
 from tfdet._pin import _tiers
 from tfdet._pin._tiers import POOL_SIZE_FREE
+from tfdet.patches import _registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +71,14 @@ KERNEL_PATCHES = (
 )
 
 
+def kernel_patches() -> tuple[str, ...]:
+    """Those of `KERNEL_PATCHES` with ops to compute on this TensorFlow: the
+    GELU's kernel computes `portable_erfc`'s op, which `enable()` installs
+    from TensorFlow 2.20 only (before, TensorFlow's own Erfc is portable)."""
+    erfc = _registry.available()["portable_erfc"].needed()
+    return tuple(name for name in KERNEL_PATCHES if name != "portable_kernels" or erfc)
+
+
 def settings_for(cores: int, xla: bool = True, kernels: bool = False) -> list[Setting]:
     """Plain TensorFlow (the baseline, first) and each tfdet setting a user
     would try on a machine whose process may use `cores` CPUs, one per tier
@@ -82,7 +91,7 @@ def settings_for(cores: int, xla: bool = True, kernels: bool = False) -> list[Se
     - the pool-size-free products at N threads (any x86 CPU, any batch);
     - with `kernels` (a C++ compiler builds tfdet's kernels here): the same
       with tfdet's own product, convolution and GELU kernels
-      (`KERNEL_PATCHES`);
+      (`kernel_patches()`);
     - XLA (`xla=False` leaves it out: a script compiles its own models).
 
     With one core, `threads=N` is `enable()` itself and is left out.
@@ -96,7 +105,7 @@ def settings_for(cores: int, xla: bool = True, kernels: bool = False) -> list[Se
     )
     patch_sets = [["auto", POOL_SIZE_FREE]]
     if kernels:
-        patch_sets.append(["auto", POOL_SIZE_FREE, *KERNEL_PATCHES])
+        patch_sets.append(["auto", POOL_SIZE_FREE, *kernel_patches()])
     for patches in patch_sets:
         listed = ", ".join(f'"{name}"' for name in patches)
         found.append(

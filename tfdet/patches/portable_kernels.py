@@ -26,7 +26,9 @@ bits), so the SavedModel loads and serves where tfdet is not installed. A
 `TfdetPortableErfc` (the exports do not trace it again).
 
 Opt-in, never installed by "auto": it needs a C++ compiler at first use,
-or a cached build (`TFDET_KERNEL_CACHE`).
+or a cached build (`TFDET_KERNEL_CACHE`). Where `portable_erfc` is not
+installed (TensorFlow before 2.20, whose Erfc needs no replacement), it
+does nothing.
 Cost: `benchmarks/portable_kernels.py`.
 """
 
@@ -136,6 +138,12 @@ _SAVERS = ("save", "save_and_return_nodes")
 
 
 def _apply(swap: Any) -> None:
+    if not portable_erfc.PATCH.installed:
+        # Nothing to stand for: before TensorFlow 2.20 its own Erfc is
+        # portable and enable() keeps it. Not loaded, so the profile's
+        # `kernels` does not name a library no op uses (a machine without a
+        # compiler would otherwise differ in its profile, not its bits).
+        return
     # Built (or found in the cache) now, so the first step does not pay for
     # the compiler, and a missing compiler is said at enable().
     LIBRARY.load()
