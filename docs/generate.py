@@ -404,6 +404,13 @@ def compatibility_page() -> str:
     if failed:
         lines += ["", "## Failed tests", ""]
         lines += [f"- {name}: `{test}`" for name, test in failed]
+        lines += [
+            "",
+            "Where a failure's cause is known, [the measurements](../measurements.md)",
+            "name the test with it (oneDNN's 1x1 convolution dispatch under",
+            "[batch size](../measurements.md#batch-size); a script's own",
+            "`TF_USE_LEGACY_KERAS` under [exact resume](../measurements.md#exact-resume)).",
+        ]
     return "\n".join(lines) + "\n"
 
 
