@@ -21,12 +21,32 @@ from typing import Any
 import pytest
 from hypothesis import settings
 from hypothesis.configuration import set_hypothesis_home_dir
+from packaging.version import Version
 
 from tfdet._commands._options import RunOptions
+from tfdet._pin import _versions
 from tfdet._pin._environment import DETERMINISM_VARIABLES
 from tfdet._runner._spawn import child_environment
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def ci_module(name: str) -> Any:
+    """`ci/<name>.py`, loaded by path (ci/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "ci" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The running TensorFlow's (major, minor), read without importing it.
+TENSORFLOW_RELEASE = Version(_versions.tensorflow_distribution()[1]).release[:2]
+# TensorFlow's own Erfc (and with it the exact GELU) follows the CPU model
+# from this release: its Eigen's generic_fast_erfc<float> takes RCPPS. Up to
+# 2.19 the bits were the same natively and on QEMU's emulated Haswell-v4, so
+# enable() installs portable_erfc from here (tests/test_emulation.py).
+ERFC_FOLLOWS_THE_CPU_FROM = (2, 20)
+ERFC_FOLLOWS_THE_CPU = TENSORFLOW_RELEASE >= ERFC_FOLLOWS_THE_CPU_FROM
 
 # Where ci/test.sh installs matplotlib: outside the virtual environment, so
 # that only pytest's own process (where the --plot tests draw) can import it,

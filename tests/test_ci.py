@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
 import os
 import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, ci_module
 
-_spec = importlib.util.spec_from_file_location("matrix", REPO / "ci" / "matrix.py")
-matrix = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(matrix)
+matrix = ci_module("matrix")
 
 
 def _test_functions(module: str) -> set[str]:
@@ -66,11 +63,7 @@ def test_build_only_makes_the_environments_and_runs_no_test(monkeypatch, tmp_pat
     assert built == [f"{matrix.MINORS[0]}-oldest"] and ran == []
 
 
-_spec = importlib.util.spec_from_file_location(
-    "cpu_by_test", REPO / "ci" / "cpu_by_test.py"
-)
-cpu_by_test = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cpu_by_test)
+cpu_by_test = ci_module("cpu_by_test")
 
 # Burns `seconds` of its own CPU time, then exits.
 BURN = "import time\nwhile time.process_time() < {seconds}:\n    pass\n"

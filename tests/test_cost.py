@@ -9,9 +9,14 @@ import json
 import os
 
 import pytest
-from packaging.version import Version
 
-from tests.conftest import PLOT_PACKAGE_PATHS, REPO, clean_env, run_tfdet
+from tests.conftest import (
+    ERFC_FOLLOWS_THE_CPU,
+    PLOT_PACKAGE_PATHS,
+    REPO,
+    clean_env,
+    run_tfdet,
+)
 from tfdet._child import _ops
 from tfdet._cost import _advice, _cost_report, _measure
 from tfdet._cost._timed_settings import (
@@ -27,7 +32,7 @@ from tfdet._cost._timed_settings import (
     not_as_asked,
     settings_for,
 )
-from tfdet._pin import _devices, _tiers, _versions
+from tfdet._pin import _devices, _tiers
 from tfdet._pin._profile import Profile
 
 # --- The per-op times, from a profiler trace written here -------------------
@@ -201,7 +206,6 @@ def test_the_settings_a_user_would_try_are_timed():
     # with them too, beside the composition (the same tiers, other speed);
     # the GELU's kernel where enable() replaces Erfc (TensorFlow 2.20 on).
     kernels = settings_for(4, kernels=True)
-    tensorflow = Version(_versions.tensorflow_distribution()[1]).release[:2]
     assert [setting.name for setting in kernels[:5]] == names[:5]
     assert kernels[5].enable == {
         "threads": 4,
@@ -210,7 +214,7 @@ def test_the_settings_a_user_would_try_are_timed():
             POOL_SIZE_FREE,
             "fixed_order_products",
             "fixed_order_convolutions",
-            *(["portable_kernels"] if tensorflow >= (2, 20) else []),
+            *(["portable_kernels"] if ERFC_FOLLOWS_THE_CPU else []),
         ],
     }
     assert kernels[6:] == settings_for(4)[5:]

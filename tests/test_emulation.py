@@ -15,11 +15,17 @@ import subprocess
 import sys
 
 import pytest
-from packaging.version import Version
 
-from tests.conftest import REPO, clean_env, last_json_line, run_tfdet
+from tests.conftest import (
+    ERFC_FOLLOWS_THE_CPU,
+    REPO,
+    TENSORFLOW_RELEASE,
+    clean_env,
+    last_json_line,
+    run_tfdet,
+)
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_USAGE
-from tfdet._pin import _cpuid, _versions
+from tfdet._pin import _cpuid
 from tfdet._protocol import _emulation
 from tfdet.patches import _hazards
 
@@ -92,7 +98,6 @@ def test_tensorflows_erfc_follows_the_cpu_model_from_2_20_only():
     # enable() installs portable_erfc: from 2.20 the kernel takes RCPPS
     # (other bits emulated), before it does not (the same bits). Measured
     # on 2.16-2.21; each combination of the version matrix runs this.
-    version = Version(_versions.tensorflow_distribution()[1]).release[:2]
     digests = {}
     for where, launcher in (
         ("native", []),
@@ -107,10 +112,11 @@ def test_tensorflows_erfc_follows_the_cpu_model_from_2_20_only():
         )
         assert result.returncode == 0, result.stderr[-3000:]
         digests[where] = last_json_line(result.stdout)
-    follows = version >= (2, 20)
-    assert (digests["native"]["erfc"] != digests["emulated"]["erfc"]) == follows
-    assert (digests["native"]["gelu"] != digests["emulated"]["gelu"]) == follows
-    assert _hazards.hazardous_in(("Erfc",), ".".join(map(str, version))) == follows
+    for name in ("erfc", "gelu"):
+        differ = digests["native"][name] != digests["emulated"][name]
+        assert differ == ERFC_FOLLOWS_THE_CPU, name
+    version = ".".join(map(str, TENSORFLOW_RELEASE))
+    assert _hazards.hazardous_in(("Erfc",), version) == ERFC_FOLLOWS_THE_CPU
 
 
 def test_cpuid_sees_the_emulated_vendor():

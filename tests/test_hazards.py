@@ -8,7 +8,7 @@ from importlib import resources
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from tests.conftest import run_python
+from tests.conftest import ci_module, run_python
 from tfdet.patches import _hazards
 
 MEASURED_GPU_TABLE = {
@@ -48,8 +48,8 @@ def test_table_has_every_facts_row(op_type: str, behaviour: str) -> None:
     assert rows[0].behaviour == behaviour
 
 
-# The TensorFlow releases tfdet supports, oldest first.
-SUPPORTED = ("2.16.0", "2.17.0", "2.18.0", "2.19.0", "2.20.0", "2.21.0")
+# The TensorFlow releases tfdet supports, oldest first (the version matrix's).
+SUPPORTED = tuple(f"{minor}.0" for minor in ci_module("matrix").MINORS)
 
 
 def test_rows_are_well_formed() -> None:

@@ -17,13 +17,8 @@ import logging
 import numpy as np
 import pytest
 
-from tests.conftest import clean_env, last_json_line, run_python
-from tfdet.patches import _kernel_library, _registry, portable_erfc, portable_kernels
-
-# Whether enable() replaces Erfc on this TensorFlow (from 2.20, where its
-# kernel takes the approximate reciprocal): the kernel stands for that
-# replacement only.
-ERFC_PATCHED = "portable_erfc" in _registry.resolve("auto")
+from tests.conftest import ERFC_FOLLOWS_THE_CPU, clean_env, last_json_line, run_python
+from tfdet.patches import _kernel_library, portable_erfc, portable_kernels
 
 
 @pytest.fixture(scope="module")
@@ -153,9 +148,11 @@ def test_training_with_the_kernel_gives_the_default_profiles_weights(library):
     with_kernel = _run(_TRAIN, json.dumps(["auto", "portable_kernels"]))
     # Where TensorFlow's own Erfc is portable (before 2.20), enable() keeps
     # it, and the kernel has no composition to stand for.
-    assert with_kernel["kernel"] == ERFC_PATCHED and not default["kernel"]
+    assert with_kernel["kernel"] == ERFC_FOLLOWS_THE_CPU and not default["kernel"]
     # The profile names the library where an op uses it, and only there.
-    assert with_kernel["kernels"] == (["portable_kernels"] if ERFC_PATCHED else [])
+    assert with_kernel["kernels"] == (
+        ["portable_kernels"] if ERFC_FOLLOWS_THE_CPU else []
+    )
     assert with_kernel["digest"] == default["digest"]
 
 
@@ -202,5 +199,5 @@ def test_an_exported_model_loads_and_serves_the_same_bits_without_tfdet(
     # registered 'TfdetPortableErfc'"), and serves the kernel's bits.
     exported = _run(_EXPORT, str(tmp_path / "model"))
     served = _run(_SERVE, str(tmp_path / "model"))  # It never imports tfdet.
-    assert exported["kernel"] == ERFC_PATCHED
+    assert exported["kernel"] == ERFC_FOLLOWS_THE_CPU
     assert served["y"] == exported["y"]

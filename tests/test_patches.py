@@ -32,13 +32,17 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from packaging.version import Version
 
 tf = pytest.importorskip("tensorflow")
 
 from tensorflow.python.ops import gen_image_ops, gen_math_ops, gen_sparse_ops  # noqa: E402
 
-from tests.conftest import clean_env, run_python  # noqa: E402
+from tests.conftest import (  # noqa: E402
+    ERFC_FOLLOWS_THE_CPU_FROM,
+    TENSORFLOW_RELEASE,
+    clean_env,
+    run_python,
+)
 from tfdet._graph import _scan  # noqa: E402
 from tfdet._pin import _versions  # noqa: E402
 from tfdet.patches import (  # noqa: E402
@@ -60,7 +64,7 @@ TF_KERAS = importlib.util.find_spec("tf_keras") is not None
 # The patches that TensorFlow needs from a later release than 2.16, with that
 # release: its Erfc kernel took the approximate reciprocal from 2.20 (before,
 # its bits were measured the same natively and on an emulated CPU).
-FIRST_TENSORFLOW = {"portable_erfc": "2.20"}
+FIRST_TENSORFLOW = {"portable_erfc": ERFC_FOLLOWS_THE_CPU_FROM}
 
 
 @contextlib.contextmanager
@@ -129,8 +133,8 @@ def test_declaration_names_hazardous_ops_no_other_patch_claims(name: str) -> Non
         # know them.
         assert _hazards.table().rows_for(op_type), op_type
         if not patch.opt_in:
-            first = FIRST_TENSORFLOW.get(name, "2.16")
-            assert _hazards.hazardous_in((op_type,), f"{first}.0"), op_type
+            first = FIRST_TENSORFLOW.get(name, (2, 16))
+            assert _hazards.hazardous_in((op_type,), "{}.{}.0".format(*first)), op_type
         assert _registry.covering(op_type) == name, op_type
 
 
@@ -444,12 +448,11 @@ def test_sparse_optimizer_patch_waits_for_tf_keras_and_restore_cancels() -> None
 # order. The Keras 3 fixes only where tf.keras is Keras 3.
 def _auto_patches(keras_in_use: str) -> list[str]:
     # Opt-in patches are installed only when named.
-    running = Version(tf.__version__).release[:2]
     return [
         name
         for name, patch in PATCHES.items()
         if not patch.opt_in
-        and running >= Version(FIRST_TENSORFLOW.get(name, "2.16")).release
+        and FIRST_TENSORFLOW.get(name, (2, 16)) <= TENSORFLOW_RELEASE
         and (
             patch.requires.get("keras_in_use") in (None, keras_in_use)
             or (TF_KERAS and patch.requires.get("keras_in_use") == "tf_keras")

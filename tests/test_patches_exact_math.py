@@ -30,11 +30,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from packaging.version import Version
 
 tf = pytest.importorskip("tensorflow")
 
-from tests.conftest import REPO, clean_env, last_json_line, run_python, run_tfdet  # noqa: E402
+from tests.conftest import (  # noqa: E402
+    ERFC_FOLLOWS_THE_CPU,
+    REPO,
+    TENSORFLOW_RELEASE,
+    clean_env,
+    last_json_line,
+    run_python,
+    run_tfdet,
+)
 from tfdet._graph import _scan  # noqa: E402
 from tfdet._pin import _isa  # noqa: E402
 from tfdet.patches import (  # noqa: E402
@@ -46,15 +53,11 @@ NAMES = ("portable_erfc", "portable_reciprocal", "portable_rsqrt", "portable_sof
 APPROXIMATE = {"Rsqrt", "Reciprocal", "Inv", "Softmax", "Erfc"}
 EPS32 = float(np.finfo(np.float32).eps)
 MODELS = str(REPO / "tests" / "targets" / "cpu_model_models.py")
-# From 2.20, TensorFlow's Erfc kernel is Eigen's generic_fast_erfc<float>,
-# whose 1/x^2 is RCPPS; before, another algorithm without it (the same bits
-# natively and emulated, tests/test_emulation.py). The exact GELU reaches
-# Erfc from 2.19 (Erf before).
-TENSORFLOW = Version(tf.__version__).release[:2]
-ERFC_IS_APPROXIMATE = TENSORFLOW >= (2, 20)
-GELU_TAKES_ERFC = TENSORFLOW >= (2, 19)
+# The exact GELU reaches Erfc from 2.19 (Erf before); Erfc takes RCPPS from
+# 2.20 (conftest's ERFC_FOLLOWS_THE_CPU).
+GELU_TAKES_ERFC = TENSORFLOW_RELEASE >= (2, 19)
 # The patches `enable()` installs on this TensorFlow.
-NEEDED = NAMES if ERFC_IS_APPROXIMATE else tuple(set(NAMES) - {"portable_erfc"})
+NEEDED = NAMES if ERFC_FOLLOWS_THE_CPU else tuple(set(NAMES) - {"portable_erfc"})
 
 
 @contextlib.contextmanager
@@ -120,7 +123,7 @@ def test_patches_are_installed_by_default_on_this_tensorflow() -> None:
     # not the erfc patch where TensorFlow's own Erfc is already portable.
     auto = set(_registry.resolve("auto"))
     assert set(NEEDED) <= auto
-    assert ("portable_erfc" in auto) == ERFC_IS_APPROXIMATE
+    assert ("portable_erfc" in auto) == ERFC_FOLLOWS_THE_CPU
 
 
 @pytest.mark.parametrize(
@@ -255,7 +258,7 @@ def test_erfc_is_the_same_algorithm_with_true_divisions_and_stays_accurate() -> 
     assert ulps(eager, np.isfinite(x) & (exact > 1e-30)) < 8
     assert ulps(eager, normal) < 66
     assert np.isnan(eager[np.isnan(x)]).all()
-    if ERFC_IS_APPROXIMATE:
+    if ERFC_FOLLOWS_THE_CPU:
         # The kernel is the same algorithm with RCPPS: the comparison can
         # fail, and the patch is as accurate as the kernel.
         assert same_bits(original, expected) > 0
@@ -355,7 +358,7 @@ def test_scan_lists_the_cpu_model_dependent_ops_and_enable_removes_them(
     found = {(f["op_type"], f["source"]) for f in report["findings"]}
     assert {("Rsqrt", "bn"), ("Reciprocal", "inverse"), ("Softmax", "head")} <= found
     # TensorFlow's own Erfc is portable before 2.20: no finding there.
-    assert (("Erfc", "gelu") in found) == ERFC_IS_APPROXIMATE
+    assert (("Erfc", "gelu") in found) == ERFC_FOLLOWS_THE_CPU
     assert {f["behaviour"] for f in report["findings"]} == {"machine_dependent"}
     assert {f["device"] for f in report["findings"]} == {"CPU"}
     code, report = scan(tmp_path)

@@ -72,11 +72,10 @@ KERNEL_PATCHES = (
 
 
 def kernel_patches() -> tuple[str, ...]:
-    """Those of `KERNEL_PATCHES` with ops to compute on this TensorFlow: the
-    GELU's kernel computes `portable_erfc`'s op, which `enable()` installs
-    from TensorFlow 2.20 only (before, TensorFlow's own Erfc is portable)."""
-    erfc = _registry.available()["portable_erfc"].needed()
-    return tuple(name for name in KERNEL_PATCHES if name != "portable_kernels" or erfc)
+    """Those of `KERNEL_PATCHES` with ops to compute on this TensorFlow (the
+    GELU's kernel has none before 2.20, whose own Erfc is portable)."""
+    patches = _registry.available()
+    return tuple(name for name in KERNEL_PATCHES if patches[name].needed())
 
 
 def settings_for(cores: int, xla: bool = True, kernels: bool = False) -> list[Setting]:

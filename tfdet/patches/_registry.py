@@ -91,9 +91,10 @@ class Patch:
         distribution: The `tf.distribute` settings the patch decides while
             installed, as the profile's `distribution` section records them
             (`{"collective": "RING"}`); empty for patches of single ops.
-        unavailable: Says why the patch cannot work in this process (None
-            when it can), for a patch that needs more than versions (a
-            platform, a symbol table); `needed()` is False while it says why.
+        unavailable: Says why the patch cannot work, or has nothing to do,
+            in this process (None when it can), for a patch that needs more
+            than versions (a platform, a symbol table, another patch's ops);
+            `needed()` is False while it says why.
         opt_in: Installed only when named (`patches=["auto", name]`), never
             by "auto": a patch that buys a promise the default profile does
             not make, at a cost in speed.

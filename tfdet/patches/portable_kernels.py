@@ -164,12 +164,20 @@ def _apply_to_keras(swap: Any) -> None:
             swap.attribute(archive, name, _without_kernel(getattr(archive, name)))
 
 
+def _nothing_to_compute() -> str | None:
+    """Why the kernel has no op to compute on this TensorFlow, or None."""
+    if portable_erfc.PATCH.needed():
+        return None
+    return "TensorFlow's own Erfc is portable here (before 2.20): no composition to stand for"
+
+
 PATCH = Patch(
     summary="PortableErfc's composition (about 25 ops) -> one op of tfdet's own "
     "with the same bits (the exact GELU at about the speed of TensorFlow's Erfc)",
     upstream=portable_erfc.PATCH.upstream,
     apply=_apply,
     after_import=(("keras", _apply_to_keras),),
+    unavailable=_nothing_to_compute,
     opt_in=True,
     kernel=LIBRARY,
 )
