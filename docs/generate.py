@@ -186,8 +186,8 @@ def patches_page() -> str:
             facts.append(
                 (
                     "also needs",
-                    f"this machine to allow it (`{where}()` says why not where "
-                    "it cannot work; `needed()` is then False)",
+                    f"this process to allow it (`{where}()` says why not where "
+                    "it cannot work, or has nothing to do; `needed()` is then False)",
                 )
             )
         lines += ["", f"## {name}", ""]
