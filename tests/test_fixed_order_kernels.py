@@ -5,7 +5,7 @@ rounding (forward and both gradients, every transpose, broadcast batches,
 strides, paddings, dilations); its bits do not follow the row count (a row
 computed in a batch of 96 equals the row computed alone, an image's
 convolution and input gradient in a batch of 12 equal them computed alone),
-the micro-kernel's vector width (AVX2 and scalar paths), nor the pool size
+the micro-kernel's vector width (AVX-512, AVX2 and scalar paths), nor the pool size
 (fresh processes with pools 1, 2, 3, 4, 6, 8). Each invariance has its control:
 TensorFlow's own op under the same perturbation gives other bits.
 The kernel is built once for the suite (`TFDET_KERNEL_CACHE`, set by
@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, clean_env, last_json_line
+from tfdet._pin import _isa
 from tfdet.patches import _fixed_order_kernels, _kernel_library
 
 
@@ -238,34 +239,65 @@ def test_an_images_convolution_does_not_follow_the_batch(kernels):
             assert _bits(mine) == _bits(reference[:images]), images
 
 
-def test_scalar_path_gives_the_avx2_paths_bits(kernels, monkeypatch):
+# The kernel's vector paths that this CPU can run, each but the widest asked
+# for by name (the widest is the default, with no variable).
+PATHS = ("avx2", "scalar") if "avx2" in _isa.cpu_flags() else ("scalar",)
+HAS_AVX512 = "avx512f" in _isa.cpu_flags()
+
+
+def _path_results(kernels, monkeypatch, path):
+    """Products, a batched product and a convolution's three ops by `path`."""
     import tensorflow as tf
 
+    if path:
+        monkeypatch.setenv(_fixed_order_kernels.ISA_VARIABLE, path)
+    else:
+        monkeypatch.delenv(_fixed_order_kernels.ISA_VARIABLE, raising=False)
     rng = np.random.default_rng(3)
+    # Widths of 40, 18, 19 and 77 columns: whole AVX-512 pairs of 16-column
+    # micro-tiles, a lone micro-tile beside them, and edges of each.
     a = tf.constant(rng.normal(size=(50, 700)), tf.float32)
-    b = tf.constant(rng.normal(size=(700, 40)), tf.float32)
+    b = tf.constant(rng.normal(size=(700, 77)), tf.float32)
     x = tf.constant(rng.normal(size=(3, 9, 20)), tf.float32)
-    y = tf.constant(rng.normal(size=(3, 20, 18)), tf.float32)
+    y = tf.constant(rng.normal(size=(3, 20, 40)), tf.float32)
 
     images = tf.constant(rng.normal(size=(3, 9, 9, 5)), tf.float32)
     w = tf.constant(rng.normal(size=(3, 3, 5, 19)), tf.float32)
     upstream = tf.constant(rng.normal(size=(3, 5, 5, 19)), tf.float32)
     attributes = {"strides": [1, 2, 2, 1], "padding": "SAME"}
+    results = [
+        kernels.matmul(a, b),
+        kernels.matmul(b, a, transpose_a=True, transpose_b=True),
+        kernels.batch_matmul(x, y),
+        kernels.conv2d(images, w, **attributes),
+        kernels.conv2d_backprop_input(tf.shape(images), w, upstream, **attributes),
+        kernels.conv2d_backprop_filter(images, tf.shape(w), upstream, **attributes),
+    ]
+    return [_bits(r) for r in results]
 
-    def results():
-        return [
-            kernels.matmul(a, b),
-            kernels.matmul(b, a, transpose_a=True, transpose_b=True),
-            kernels.batch_matmul(x, y),
-            kernels.conv2d(images, w, **attributes),
-            kernels.conv2d_backprop_input(tf.shape(images), w, upstream, **attributes),
-            kernels.conv2d_backprop_filter(images, tf.shape(w), upstream, **attributes),
-        ]
 
-    default = results()
+@pytest.mark.parametrize("path", PATHS)
+def test_a_narrower_vector_path_gives_the_widest_paths_bits(kernels, monkeypatch, path):
+    widest = _path_results(kernels, monkeypatch, None)
+    assert _path_results(kernels, monkeypatch, path) == widest
+
+
+@pytest.mark.skipif(
+    not HAS_AVX512,
+    reason="this CPU has no AVX-512: the kernel's "
+    "widest path is AVX2, compared with the scalar one above",
+)
+def test_the_avx512_path_runs_by_default_where_the_cpu_has_it(kernels, monkeypatch):
+    """On an AVX-512 CPU the default path is the AVX-512 one.
+
+    Its bits equal the AVX2 and scalar paths' (the test above), and each
+    name the variable gives is the path that runs.
+    """
+    assert kernels.vector_path() == "avx512"
+    monkeypatch.setenv(_fixed_order_kernels.ISA_VARIABLE, "avx2")
+    assert kernels.vector_path() == "avx2"
     monkeypatch.setenv(_fixed_order_kernels.ISA_VARIABLE, "scalar")
-    scalar = results()
-    assert [_bits(r) for r in default] == [_bits(r) for r in scalar]
+    assert kernels.vector_path() == "scalar"
 
 
 def fixed_order_digests():
@@ -389,9 +421,15 @@ print(json.dumps(found))
 # (threads, oneDNN ISA cap): the pool sizes under enable()'s AVX2 cap (6 and
 # 8 beyond this machine's cores: the kernel cuts its tiles by the pool
 # size, about two a thread), and one pool under SSE4.1 (oneDNN's narrower
-# vectors, the control for width).
+# vectors, the control for width; the kernel on its scalar path there) and,
+# where the CPU has it, under AVX-512 (oneDNN's and the kernel's widest).
 POOLS = (1, 2, 3, 4, 6, 8)
-SETTINGS = (*((threads, "AVX2") for threads in POOLS), (1, "SSE41"))
+SETTINGS = (
+    *((threads, "AVX2") for threads in POOLS),
+    (1, "SSE41"),
+    *([(1, "AVX512_CORE")] if HAS_AVX512 else []),
+)
+KERNEL_PATH = {"SSE41": "scalar"}
 
 
 @pytest.mark.slow
@@ -399,7 +437,9 @@ def test_bits_follow_neither_pool_nor_batch_where_tensorflows_ops_do(kernels):
     processes = {
         setting: subprocess.Popen(
             [sys.executable, "-c", PRODUCTS, str(setting[0]), setting[1]],
-            env=clean_env(),
+            env=clean_env(
+                **{_fixed_order_kernels.ISA_VARIABLE: KERNEL_PATH.get(setting[1])}
+            ),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -419,6 +459,8 @@ def test_bits_follow_neither_pool_nor_batch_where_tensorflows_ops_do(kernels):
     pools = [tf_matmul[(threads, "AVX2")] for threads in POOLS]
     assert len(set(pools)) > 1, tf_matmul
     assert tf_matmul[(1, "SSE41")] != tf_matmul[(1, "AVX2")], tf_matmul
+    if HAS_AVX512:
+        assert tf_matmul[(1, "AVX512_CORE")] != tf_matmul[(1, "AVX2")], tf_matmul
     for setting, result in results.items():
         assert set(result["kernel"]["rows"].values()) == {0}, (setting, result)
         assert set(result["kernel"]["conv_images"].values()) == {0}, (setting, result)
@@ -432,5 +474,7 @@ def test_bits_follow_neither_pool_nor_batch_where_tensorflows_ops_do(kernels):
     tf_conv = {s: r["tf"]["conv_pool"] for s, r in results.items()}
     assert len(set(kernel.values())) == 1, kernel
     assert len({tf_conv[(threads, "AVX2")] for threads in POOLS}) > 1, tf_conv
+    # (oneDNN's convolutions here gave the AVX2 cap's bits under AVX-512 on a
+    # Zen 5: the width's control is the product's, above.)
     assert tf_conv[(1, "SSE41")] != tf_conv[(1, "AVX2")], tf_conv
     assert any(sum(r["tf"]["conv_images"].values()) for r in results.values()), results

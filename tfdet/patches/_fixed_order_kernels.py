@@ -4,19 +4,19 @@ The kernel (`_fixed_order_products.cc`, beside this module) sums every output
 element's K terms in one chain of fused multiply-adds, k = 0 .. K-1, and
 splits the work over output tiles only, so its bits do not follow the
 thread count, the row count (a sample's batch) or the vector width (its
-AVX2 path and its scalar path give the same bits). A 2-D convolution (NHWC,
+AVX-512, AVX2 and scalar paths give the same bits). A 2-D convolution (NHWC,
 float32) and its two gradients are the same product over the image's
 patches, packed from the image itself. See the source's header.
 
 It is a TensorFlow custom op built at first use and cached
 (`tfdet.patches._kernel_library`); where it cannot be built, `load()`
 returns None and says so once, and the callers compute the products as the
-pool-size-free composition. The AVX2 micro-kernel is compiled for AVX2+FMA
-by target attributes, chosen by CPUID at run time, so the rest runs on any
-x86-64.
+pool-size-free composition. The AVX2 and AVX-512 micro-kernels are
+compiled by target attributes and chosen by CPUID at run time, so the rest
+runs on any x86-64.
 
-`TFDET_FIXED_ORDER_ISA=scalar` makes the kernel use its scalar path on any
-CPU (the tests compare both paths).
+`TFDET_FIXED_ORDER_ISA=avx2` or `=scalar` makes the kernel use that
+narrower path on any CPU that has it (the tests compare the paths).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from typing import Any
 
 from tfdet.patches import _kernel_library
 
-# "scalar" forces the scalar micro-kernel (read by the kernel at each call).
+# "avx2" or "scalar" asks for that micro-kernel rather than the CPU's widest
+# (read by the kernel at each call).
 ISA_VARIABLE = "TFDET_FIXED_ORDER_ISA"
 
 
@@ -50,6 +51,15 @@ LIBRARY = _kernel_library.KernelLibrary(
     register=_register_gradients,
 )
 load = LIBRARY.load
+
+
+def vector_path() -> str:
+    """The kernel's vector path in this process now: avx512, avx2 or scalar.
+
+    The widest the CPU has, or the narrower one `TFDET_FIXED_ORDER_ISA`
+    names; every path gives the same bits.
+    """
+    return load().tfdet_fixed_order_vector_path().numpy().decode()
 
 
 def matmul(a: Any, b: Any, transpose_a: bool = False, transpose_b: bool = False) -> Any:

@@ -6,9 +6,10 @@
 // in that order, whatever the thread count, the row count M (a sample's
 // batch), the tile the element lands in and the vector width:
 //
-// - the AVX2 micro-kernel (6x16, BLIS's outer product) keeps one output
-//   element per accumulator lane, so a lane does exactly the chain above;
-//   the scalar micro-kernel does the same chain with std::fma;
+// - the AVX2 micro-kernel (6x16, BLIS's outer product) and the AVX-512 one
+//   (two such micro-tiles side by side, 6x32) keep one output element per
+//   accumulator lane, so a lane does exactly the chain above; the scalar
+//   micro-kernel does the same chain with std::fma;
 // - K is cut into blocks of KC, and each block continues the chain from the
 //   value stored in C: a float32 store and reload is exact, and each FMA
 //   rounds anyway, so the blocks give the chain's bits;
@@ -29,9 +30,10 @@
 // its terms in an order that the shapes alone fix, and a sample's outputs
 // and input gradient do not follow the batch.
 //
-// The AVX2 path is compiled with target attributes and chosen by CPUID at
-// run time; the scalar path runs elsewhere (any other CPU, aarch64 too) or
-// when TFDET_FIXED_ORDER_ISA is "scalar" (the tests compare both).
+// The AVX2 and AVX-512 paths are compiled with target attributes and chosen
+// by CPUID at run time; the scalar path runs elsewhere (any other CPU,
+// aarch64 too). TFDET_FIXED_ORDER_ISA set to "avx2" or "scalar" asks for a
+// narrower path than the CPU's widest (the tests compare them all).
 
 #if defined(__x86_64__) || defined(__i386__)
 #define TFDET_X86 1
@@ -169,6 +171,53 @@ __attribute__((target("avx2,fma"))) void Avx2Kernel(int64 kc, const float* a,
   _mm256_storeu_ps(c + 4 * ldc, c40), _mm256_storeu_ps(c + 4 * ldc + 8, c41);
   _mm256_storeu_ps(c + 5 * ldc, c50), _mm256_storeu_ps(c + 5 * ldc + 8, c51);
 }
+
+// Two micro-tiles side by side (kMR x 2 kNR), b0's columns then b1's, with
+// one AVX-512 vector per micro-tile row: twice the AVX2 kernel's work per
+// instruction, each lane still one element's chain over k in order, and
+// vfmadd231ps rounds each lane as the AVX2 and scalar fma do.
+__attribute__((target("avx512f"))) void Avx512PairKernel(
+    int64 kc, const float* a, const float* b0, const float* b1, float* c,
+    int64 ldc, bool accumulate) {
+  __m512 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
+  if (accumulate) {
+    c00 = _mm512_loadu_ps(c + 0 * ldc), c01 = _mm512_loadu_ps(c + 0 * ldc + 16);
+    c10 = _mm512_loadu_ps(c + 1 * ldc), c11 = _mm512_loadu_ps(c + 1 * ldc + 16);
+    c20 = _mm512_loadu_ps(c + 2 * ldc), c21 = _mm512_loadu_ps(c + 2 * ldc + 16);
+    c30 = _mm512_loadu_ps(c + 3 * ldc), c31 = _mm512_loadu_ps(c + 3 * ldc + 16);
+    c40 = _mm512_loadu_ps(c + 4 * ldc), c41 = _mm512_loadu_ps(c + 4 * ldc + 16);
+    c50 = _mm512_loadu_ps(c + 5 * ldc), c51 = _mm512_loadu_ps(c + 5 * ldc + 16);
+  } else {
+    c00 = c01 = c10 = c11 = c20 = c21 = _mm512_setzero_ps();
+    c30 = c31 = c40 = c41 = c50 = c51 = _mm512_setzero_ps();
+  }
+  for (int64 k = 0; k < kc; ++k) {
+    const __m512 v0 = _mm512_load_ps(b0);
+    const __m512 v1 = _mm512_load_ps(b1);
+    __m512 x;
+    x = _mm512_set1_ps(a[0]);
+    c00 = _mm512_fmadd_ps(x, v0, c00), c01 = _mm512_fmadd_ps(x, v1, c01);
+    x = _mm512_set1_ps(a[1]);
+    c10 = _mm512_fmadd_ps(x, v0, c10), c11 = _mm512_fmadd_ps(x, v1, c11);
+    x = _mm512_set1_ps(a[2]);
+    c20 = _mm512_fmadd_ps(x, v0, c20), c21 = _mm512_fmadd_ps(x, v1, c21);
+    x = _mm512_set1_ps(a[3]);
+    c30 = _mm512_fmadd_ps(x, v0, c30), c31 = _mm512_fmadd_ps(x, v1, c31);
+    x = _mm512_set1_ps(a[4]);
+    c40 = _mm512_fmadd_ps(x, v0, c40), c41 = _mm512_fmadd_ps(x, v1, c41);
+    x = _mm512_set1_ps(a[5]);
+    c50 = _mm512_fmadd_ps(x, v0, c50), c51 = _mm512_fmadd_ps(x, v1, c51);
+    a += kMR;
+    b0 += kNR;
+    b1 += kNR;
+  }
+  _mm512_storeu_ps(c + 0 * ldc, c00), _mm512_storeu_ps(c + 0 * ldc + 16, c01);
+  _mm512_storeu_ps(c + 1 * ldc, c10), _mm512_storeu_ps(c + 1 * ldc + 16, c11);
+  _mm512_storeu_ps(c + 2 * ldc, c20), _mm512_storeu_ps(c + 2 * ldc + 16, c21);
+  _mm512_storeu_ps(c + 3 * ldc, c30), _mm512_storeu_ps(c + 3 * ldc + 16, c31);
+  _mm512_storeu_ps(c + 4 * ldc, c40), _mm512_storeu_ps(c + 4 * ldc + 16, c41);
+  _mm512_storeu_ps(c + 5 * ldc, c50), _mm512_storeu_ps(c + 5 * ldc + 16, c51);
+}
 #endif  // TFDET_X86
 
 bool CpuHasAvx2Fma() {
@@ -180,18 +229,47 @@ bool CpuHasAvx2Fma() {
 #endif
 }
 
-// The micro-kernel of this process: AVX2 where the CPU has it, unless
-// TFDET_FIXED_ORDER_ISA=scalar asks for the scalar one (read at each call,
-// so a test can compare both in one process).
-MicroKernel ChooseKernel() {
-  static const bool avx2 = CpuHasAvx2Fma();
-  const char* wanted = std::getenv("TFDET_FIXED_ORDER_ISA");
-  if (wanted != nullptr && std::strcmp(wanted, "scalar") == 0)
-    return ScalarKernel;
+// Whether the CPU, and the operating system's saved state, have AVX-512
+// (libgcc's check reads both).
+bool CpuHasAvx512() {
 #ifdef TFDET_X86
-  if (avx2) return Avx2Kernel;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f");
+#else
+  return false;
 #endif
-  return ScalarKernel;
+}
+
+// Two micro-tiles side by side, b0's columns then b1's (kMR x 2 kNR, row
+// stride ldc), each element one FMA chain over k in order.
+using PairKernel = void (*)(int64 kc, const float* a, const float* b0,
+                            const float* b1, float* c, int64 ldc,
+                            bool accumulate);
+
+// The micro-kernels of a call: `single` for one micro-tile, and `pair`,
+// where the CPU has a wider vector, for two side by side (null otherwise).
+struct MicroKernels {
+  MicroKernel single;
+  PairKernel pair;
+  const char* name;  // "avx512", "avx2" or "scalar"
+};
+
+// The micro-kernels of this process: the widest vectors the CPU has (AVX-512
+// pairs, AVX2), unless TFDET_FIXED_ORDER_ISA asks for a narrower path,
+// "avx2" or "scalar" (read at each call, so a test can compare the paths in
+// one process). Every path gives the same bits.
+MicroKernels ChooseKernels() {
+  static const bool avx2 = CpuHasAvx2Fma();
+  static const bool avx512 = avx2 && CpuHasAvx512();
+  const char* variable = std::getenv("TFDET_FIXED_ORDER_ISA");
+  const std::string wanted = variable == nullptr ? "" : variable;
+  if (wanted == "scalar") return {ScalarKernel, nullptr, "scalar"};
+#ifdef TFDET_X86
+  if (avx512 && wanted != "avx2")
+    return {Avx2Kernel, Avx512PairKernel, "avx512"};
+  if (avx2) return {Avx2Kernel, nullptr, "avx2"};
+#endif
+  return {ScalarKernel, nullptr, "scalar"};
 }
 
 // The output tiles. Each element's chain is the same in any tile, so the
@@ -293,25 +371,35 @@ struct AlignedFloats {
   float* data;
 };
 
-// One micro-tile (mr x nr of its kMR x kNR real) at `out`, through
-// `kernel`: in place, or on a full-size copy at an edge.
-void ComputeMicroTile(MicroKernel kernel, int64 kc, const float* a_panel,
-                      const float* b_panel, float* out, int64 n, int64 mr,
+// One micro-tile (mr x nr of its kMR x kNR real) at `out`, or with `b1` a
+// pair of them (mr x nr of kMR x 2 kNR): in place, or on a full-size copy
+// at an edge.
+void ComputeMicroTile(const MicroKernels& kernels, int64 kc,
+                      const float* a_panel, const float* b_panel,
+                      const float* b1_panel, float* out, int64 n, int64 mr,
                       int64 nr, bool accumulate) {
-  if (mr == kMR && nr == kNR) {
-    kernel(kc, a_panel, b_panel, out, n, accumulate);
+  const int64 width = b1_panel == nullptr ? kNR : 2 * kNR;
+  auto run = [&](float* c, int64 ldc) {
+    if (b1_panel == nullptr) {
+      kernels.single(kc, a_panel, b_panel, c, ldc, accumulate);
+    } else {
+      kernels.pair(kc, a_panel, b_panel, b1_panel, c, ldc, accumulate);
+    }
+  };
+  if (mr == kMR && nr == width) {
+    run(out, n);
     return;
   }
-  alignas(64) float edge[kMR * kNR];
+  alignas(64) float edge[kMR * 2 * kNR];
   if (accumulate)
     for (int64 x = 0; x < mr; ++x)
-      std::memcpy(edge + x * kNR, out + x * n, sizeof(float) * nr);
-  kernel(kc, a_panel, b_panel, edge, kNR, accumulate);
+      std::memcpy(edge + x * width, out + x * n, sizeof(float) * nr);
+  run(edge, width);
   for (int64 x = 0; x < mr; ++x)
-    std::memcpy(out + x * n, edge + x * kNR, sizeof(float) * nr);
+    std::memcpy(out + x * n, edge + x * width, sizeof(float) * nr);
 }
 
-// Tile (i0.., j0..) of product `p` through `kernel`, whose B panels are
+// Tile (i0.., j0..) of product `p` through `kernels`, whose B panels are
 // packed in `b_pack` (each k x kNR), or, with `own_b` (the operands'
 // `PackBInTasks`: B is the image's patches, too large to pack whole),
 // packed here one K block at a time into `b_block` (kKC x tn): for
@@ -319,7 +407,8 @@ void ComputeMicroTile(MicroKernel kernel, int64 kc, const float* a_panel,
 // `a_block`, tm x kKC floats, where they stay in cache), then the
 // micro-kernel over the tile's micro-tiles, continuing each chain from C.
 template <typename Operands>
-void ComputeTile(const Operands& operands, MicroKernel kernel, bool own_b,
+void ComputeTile(const Operands& operands, const MicroKernels& kernels,
+                 bool own_b,
                  int64 p, float* a_block, const float* b_pack, float* b_block,
                  int64 m, int64 n, int64 k, int64 i0, int64 j0, int64 tm,
                  int64 tn) {
@@ -338,15 +427,21 @@ void ComputeTile(const Operands& operands, MicroKernel kernel, bool own_b,
     if (own_b)
       for (int64 q = 0; q < cols; q += kNR)
         operands.PackB(p, j0 + q, k0, kc, b_block + q * kc);
-    for (int64 q = 0; q < cols; q += kNR) {
-      const float* b_panel =
-          own_b ? b_block + q * kc
-                : b_pack + ((j0 + q) / kNR) * kNR * k + k0 * kNR;
+    auto b_panel = [&](int64 q) {
+      return own_b ? b_block + q * kc
+                   : b_pack + ((j0 + q) / kNR) * kNR * k + k0 * kNR;
+    };
+    for (int64 q = 0; q < cols;) {
+      // Two whole micro-tiles side by side where the kernels pair them.
+      const bool pair = kernels.pair != nullptr && cols - q >= 2 * kNR;
+      const int64 width = pair ? 2 * kNR : kNR;
       for (int64 r = 0; r < rows; r += kMR)
-        ComputeMicroTile(kernel, kc, a_block + r * kc, b_panel,
+        ComputeMicroTile(kernels, kc, a_block + r * kc, b_panel(q),
+                         pair ? b_panel(q + kNR) : nullptr,
                          c + (i0 + r) * n + j0 + q, n,
-                         std::min(kMR, rows - r), std::min(kNR, cols - q),
+                         std::min(kMR, rows - r), std::min(width, cols - q),
                          k0 > 0);
+      q += width;
     }
   }
 }
@@ -355,7 +450,7 @@ void ComputeTile(const Operands& operands, MicroKernel kernel, bool own_b,
 // packs every B panel once (split over panels; or each task packs its own,
 // see ComputeTile), then splits the (product, row tile, column tile) tasks
 // over TensorFlow's intra-op pool, each packing its rows of A one K block
-// at a time. The micro-kernel is chosen once a call. Packing copies values and
+// at a time. The micro-kernels are chosen once a call. Packing copies values and
 // does no arithmetic, so where, how often and by whom a value is packed
 // cannot change a bit. `Operands` says how to pack and where each product
 // goes:
@@ -374,7 +469,7 @@ void ComputeProducts(tensorflow::OpKernelContext* context,
   const Tiling tiling(batch, m, n, workers->num_threads);
   const int64 per_product = tiling.row_tiles * tiling.col_tiles;
   const bool own_b = operands.PackBInTasks();
-  const MicroKernel kernel = ChooseKernel();
+  const MicroKernels kernels = ChooseKernels();
   const int64 b_panels = own_b ? 0 : (n + kNR - 1) / kNR;
   const int64 b_size = b_panels * kNR * k;
   ScratchLease scratch;
@@ -391,7 +486,7 @@ void ComputeProducts(tensorflow::OpKernelContext* context,
       const int64 tile = task % per_product;
       if (pack_own_b)
         for (int64 panel = 0; panel < b_panels; ++panel) pack_b(p, panel);
-      ComputeTile(operands, kernel, own_b, p, a_block.data, b_pack + p * b_size,
+      ComputeTile(operands, kernels, own_b, p, a_block.data, b_pack + p * b_size,
                   b_block.data, m, n, k,
                   (tile / tiling.col_tiles) * tiling.tm,
                   (tile % tiling.col_tiles) * tiling.tn, tiling.tm, tiling.tn);
@@ -950,6 +1045,19 @@ absl::Status ShapeFromSizes(tensorflow::shape_inference::InferenceContext* c,
   return absl::OkStatus();
 }
 
+// The vector path a product would take now in this process (a scalar
+// string): which one ran is not in the bits, so tests and `tfdet env` ask.
+class FixedOrderVectorPathOp : public tensorflow::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tensorflow::OpKernelContext* context) override {
+    tensorflow::Tensor* path = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(
+                                0, tensorflow::TensorShape({}), &path));
+    path->scalar<tensorflow::tstring>()() = ChooseKernels().name;
+  }
+};
+
 }  // namespace
 }  // namespace tfdet
 
@@ -1003,6 +1111,14 @@ REGISTER_OP("TfdetFixedOrderConv2DBackpropFilter")
       return tfdet::ShapeFromSizes(c, 1);
     });
 
+REGISTER_OP("TfdetFixedOrderVectorPath")
+    .Output("path: string")
+    .SetIsStateful()  // read at each call: TFDET_FIXED_ORDER_ISA may change
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape);
+
+REGISTER_KERNEL_BUILDER(
+    Name("TfdetFixedOrderVectorPath").Device(tensorflow::DEVICE_CPU),
+    tfdet::FixedOrderVectorPathOp);
 REGISTER_KERNEL_BUILDER(
     Name("TfdetFixedOrderMatMul").Device(tensorflow::DEVICE_CPU),
     tfdet::FixedOrderMatMulOp);
