@@ -127,6 +127,10 @@ CONVOLUTIONS = (
     ((2, 8, 8, 32), (3, 3, 16), (1, 1), "VALID", 2),
     ((3, 7, 9, 17), (2, 3, 33), (2, 1), [0, 0, 2, 1, 1, 0, 0, 0], 1),
     ((2, 6, 6, 300), (1, 1, 40), (1, 1), "VALID", 1),
+    # 32 filters and more: the filter gradient in the filter's own layout,
+    # its panels of (tap, channel) rows within one tap and across taps.
+    ((2, 12, 12, 3), (3, 3, 48), (1, 1), "SAME", 2),
+    ((2, 9, 9, 12), (3, 3, 64), (2, 2), [0, 0, 1, 0, 2, 1, 0, 0], 1),
 )
 
 
@@ -182,6 +186,61 @@ def test_convolutions_and_their_gradients_match_tensorflow(kernels, case):
         assert mine.shape == reference.shape, name
         scale = max(float(np.abs(reference).max()), 1e-30)
         assert np.abs(mine - reference).max() / scale < 1e-5, name
+
+
+def _patches(x, rows, columns, strides, paddings, dilation):
+    """im2col in numpy: (batch x out_h x out_w) x (rows x columns x channels)."""
+    (top, bottom), (left, right) = paddings
+    padded = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)))
+    out_h = (padded.shape[1] - (rows - 1) * dilation - 1) // strides[0] + 1
+    out_w = (padded.shape[2] - (columns - 1) * dilation - 1) // strides[1] + 1
+    taps = [
+        padded[
+            :,
+            i * dilation : i * dilation + (out_h - 1) * strides[0] + 1 : strides[0],
+            j * dilation : j * dilation + (out_w - 1) * strides[1] + 1 : strides[1],
+        ]
+        for i in range(rows)
+        for j in range(columns)
+    ]
+    patches = np.stack(taps, axis=3)  # batch, out_h, out_w, tap, channel
+    return patches.reshape(-1, rows * columns * x.shape[3]), (out_h, out_w)
+
+
+@pytest.mark.parametrize("filters", [8, 24, 32, 40, 64])
+def test_the_filter_gradient_has_the_bits_of_the_product_over_its_patches(
+    kernels, filters
+):
+    """Whichever layout the op computes in (filters-major and transposed,
+    under 32 filters; the filter's own from 32 on), each weight is the chain
+    over its patches in order: the bits of the kernel's own product of the
+    patches, written out, and the output gradient."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(7)
+    for image, (rows, columns), strides, paddings, dilation in (
+        ((2, 9, 9, 3), (3, 3), (1, 1), ((1, 1), (1, 1)), 1),
+        ((3, 11, 10, 13), (3, 2), (2, 1), ((2, 0), (1, 1)), 2),
+    ):
+        x = rng.normal(size=image).astype(np.float32)
+        patches, (out_h, out_w) = _patches(
+            x, rows, columns, strides, paddings, dilation
+        )
+        upstream = rng.normal(size=(image[0], out_h, out_w, filters)).astype(np.float32)
+        gradient = kernels.conv2d_backprop_filter(
+            tf.constant(x),
+            tf.constant([rows, columns, image[3], filters]),
+            tf.constant(upstream),
+            strides=[1, *strides, 1],
+            padding="EXPLICIT",
+            explicit_paddings=[0, 0, *paddings[0], *paddings[1], 0, 0],
+            dilations=[1, dilation, dilation, 1],
+        )
+        product = kernels.matmul(
+            tf.constant(patches), tf.constant(upstream.reshape(-1, filters)),
+            transpose_a=True,
+        )  # fmt: skip
+        assert _bits(gradient) == _bits(tf.reshape(product, gradient.shape))
 
 
 def test_second_derivatives_of_a_convolution_match_tensorflow(kernels):

@@ -915,6 +915,71 @@ struct FilterGradientOperands {
   bool PackBInTasks() const { return k() * n() >= (int64{1} << 22); }
 };
 
+// The filter gradient as a product in the filter's own layout: the image
+// patches read as a (filter_h x filter_w x channels) x (batch x out_h x
+// out_w) matrix times the output gradient, (batch x out_h x out_w) x
+// filters, straight into the HWIO output. Each weight's chain has the
+// transposed form's terms in the same order, each term's product the same
+// (a x b is b x a exactly), so both forms give the same bits; this one
+// needs no transpose afterwards (a strided pass over the whole gradient)
+// and gives the micro-kernel's vectors the filters, so it is taken where
+// they fill an AVX-512 pair of micro-tiles.
+struct FilterGradientDirectOperands {
+  Geometry g;
+  const float* input;
+  const float* out_backprop;
+  float* output;  // HWIO
+  int64 m() const { return g.filter_h * g.filter_w * g.channels; }
+  int64 k() const { return g.batch * g.out_h * g.out_w; }
+  int64 n() const { return g.filters; }
+  // Rows [i0, i0 + kMR) ((tap, channel)), terms [k0, k0 + kc) (output
+  // positions): for each position, the rows' image values side by side.
+  void PackA(int64, int64 i0, int64 k0, int64 kc, float* dst) const {
+    const int64 rows = std::min(kMR, m() - i0);
+    if (rows < kMR) std::memset(dst, 0, sizeof(float) * kMR * kc);
+    int64 top[kMR], left[kMR], channel[kMR];
+    for (int64 r = 0; r < rows; ++r) {
+      const int64 tap = (i0 + r) / g.channels;
+      channel[r] = (i0 + r) % g.channels;
+      top[r] = (tap / g.filter_w) * g.dilation_h - g.pad_top;
+      left[r] = (tap % g.filter_w) * g.dilation_w - g.pad_left;
+    }
+    // Whole panels within one tap read a run of channels at each position.
+    const bool one_tap = rows == kMR && channel[0] + kMR - 1 == channel[kMR - 1];
+    int64 ow = k0 % g.out_w, oh = (k0 / g.out_w) % g.out_h;
+    int64 image = k0 / (g.out_w * g.out_h);
+    for (int64 x = 0; x < kc; ++x) {
+      const float* pixels = input + image * g.height * g.width * g.channels;
+      float* d = dst + x * kMR;
+      if (one_tap) {
+        const int64 ih = oh * g.stride_h + top[0], iw = ow * g.stride_w + left[0];
+        if (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width)
+          std::memset(d, 0, sizeof(float) * kMR);
+        else
+          std::memcpy(d, pixels + (ih * g.width + iw) * g.channels + channel[0],
+                      sizeof(float) * kMR);
+      } else {
+        for (int64 r = 0; r < rows; ++r) {
+          const int64 ih = oh * g.stride_h + top[r];
+          const int64 iw = ow * g.stride_w + left[r];
+          d[r] = (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width)
+                     ? 0.0f
+                     : pixels[(ih * g.width + iw) * g.channels + channel[r]];
+        }
+      }
+      if (++ow == g.out_w) {
+        ow = 0;
+        if (++oh == g.out_h) oh = 0, ++image;
+      }
+    }
+  }
+  void PackB(int64, int64 j0, int64 k0, int64 kc, float* dst) const {
+    PackColumns(View{out_backprop, g.filters, 1}, g.filters, j0, k0, kc, dst);
+  }
+  float* Output(int64) const { return output; }
+  bool PackBInTasks() const { return false; }
+};
+
 // A TensorShape from a 1-D int32 tensor of 4 sizes (input_sizes,
 // filter_sizes), as TensorFlow's gradient ops take them.
 bool ShapeFrom(tensorflow::OpKernelContext* context,
@@ -1018,6 +1083,17 @@ class FixedOrderConv2DBackpropFilterOp : public tensorflow::OpKernel {
     if (!MatchesOutput(context, g, out_backprop)) return;
     tensorflow::Tensor* output = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, filter_shape, &output));
+    float* out = output->flat<float>().data();
+    // Filters that fill a pair of micro-tiles: the filter's own layout;
+    // fewer: filters-major, which vectorizes over (tap, channel) instead,
+    // then transposed. The same bits either way.
+    if (g.filters >= 2 * kNR) {
+      const FilterGradientDirectOperands operands{
+          g, input.flat<float>().data(), out_backprop.flat<float>().data(), out};
+      ComputeProducts(context, operands, 1, operands.m(), g.filters,
+                      operands.k());
+      return;
+    }
     std::vector<float> transposed(g.filters * g.filter_h * g.filter_w *
                                   g.channels);
     const FilterGradientOperands operands{g, input.flat<float>().data(),
@@ -1025,7 +1101,6 @@ class FixedOrderConv2DBackpropFilterOp : public tensorflow::OpKernel {
                                           transposed.data()};
     const int64 weights = operands.n();
     ComputeProducts(context, operands, 1, g.filters, weights, operands.k());
-    float* out = output->flat<float>().data();
     for (int64 o = 0; o < g.filters; ++o)
       for (int64 w = 0; w < weights; ++w)
         out[w * g.filters + o] = transposed[o * weights + w];
