@@ -101,10 +101,11 @@ def test_a_kernel_that_disagrees_is_not_used_and_says_so_once(
     ) == 1
 
 
-def _run(code: str, argument: str) -> dict:
-    """`code` with `sys.argv[1] = argument` in a fresh process; its JSON line."""
+def _run(code: str, argument: str, **env: str) -> dict:
+    """`code` with `sys.argv[1] = argument` in a fresh process (`env` added to
+    its environment); its JSON line."""
     argv = f"import sys; sys.argv = ['run', {argument!r}]\n"
-    result = run_python(argv + code, env=clean_env())
+    result = run_python(argv + code, env=clean_env(**env))
     assert result.returncode == 0, result.stderr[-3000:]
     return last_json_line(result.stdout)
 
@@ -198,6 +199,14 @@ def test_an_exported_model_loads_and_serves_the_same_bits_without_tfdet(
     # the composition (before, loading it without tfdet failed: "Op type not
     # registered 'TfdetPortableErfc'"), and serves the kernel's bits.
     exported = _run(_EXPORT, str(tmp_path / "model"))
-    served = _run(_SERVE, str(tmp_path / "model"))  # It never imports tfdet.
+    # It never imports tfdet. What decides the Dense layers' products is set
+    # as tfdet's profile sets it (oneDNN on, its AVX2 cap, one thread), so the
+    # comparison is the GELU's: under TensorFlow's defaults on an AVX-512 CPU
+    # (an AMD EPYC Zen 5) oneDNN's AVX-512 products gave other bits.
+    served = _run(
+        _SERVE, str(tmp_path / "model"), TF_ENABLE_ONEDNN_OPTS="1",
+        ONEDNN_MAX_CPU_ISA="AVX2", TF_NUM_INTRAOP_THREADS="1",
+        TF_NUM_INTEROP_THREADS="1",
+    )  # fmt: skip
     assert exported["kernel"] == ERFC_FOLLOWS_THE_CPU
     assert served["y"] == exported["y"]
