@@ -7,7 +7,7 @@ are computed by tfdet's fixed-order product kernel
 chain of fused multiply-adds over k in order, and the work is split over
 output tiles only. So a product's bits follow neither the pool size, nor
 the number of rows (a sample's bits do not follow its batch), nor the
-vector width (the AVX2 and scalar paths agree); their gradients are the
+vector width (the AVX-512, AVX2 and scalar paths agree); their gradients are the
 same kernel. Dense layers and MultiHeadAttention's einsum products reach
 it through those ops.
 
