@@ -105,7 +105,7 @@ def add_seed_and_threads(
         "--threads",
         type=int,
         default=_settings.DEFAULT_THREADS,
-        help=f"tfdet.enable(threads=N): intra/inter-op pool size, 1 to "
+        help=f"tfdet.enable(threads=N): intra-op pool size, 1 to "
         f"{_settings.MAX_THREADS} (default {_settings.DEFAULT_THREADS}){threads_note}.",
     )
 

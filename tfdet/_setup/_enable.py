@@ -106,7 +106,8 @@ def pinned_environment(
 
     Args:
         seed: The profile's seed (becomes PYTHONHASHSEED).
-        threads: Thread-pool size for TF's intra- and inter-op pools.
+        threads: Thread-pool size for TF's intra-op pool (the inter-op pool
+            has INTER_OP_THREADS).
         cpu_isa: oneDNN ISA cap, canonical name, or None off x86-64; XLA:CPU
             gets the same cap. A lower cap already in `os.environ` is kept
             (not in the returned dict).
@@ -118,7 +119,7 @@ def pinned_environment(
     env = {
         "PYTHONHASHSEED": str(seed),
         "TF_NUM_INTRAOP_THREADS": str(threads),
-        "TF_NUM_INTEROP_THREADS": str(threads),
+        "TF_NUM_INTEROP_THREADS": str(INTER_OP_THREADS),
         "TF_DETERMINISTIC_OPS": "1",
         "TF_CUDNN_DETERMINISTIC": "1",
         "XLA_FLAGS": _isa.with_xla_cap(
@@ -216,29 +217,41 @@ def _seed_everything(seed: int) -> None:
         tf_keras.utils.set_random_seed(seed)
 
 
+# The inter-op pool's size whatever `threads` is. With two inter-op threads
+# (intra-op 2, oneDNN on, AVX2 cap; 2-core AMD EPYC Zen 5, TF 2.21), the
+# first training step of keras.applications.MobileNetV2 gave other bits from
+# process to process: oneDNN's filter gradient of a 1x1 convolution ran on
+# as many threads as it found free when its first call was scheduled, and
+# summed its partial results accordingly. With one, every process gave the
+# same bits; so did oneDNN off. An op still runs on the intra-op pool's
+# threads; only independent ops no longer run side by side.
+INTER_OP_THREADS = 1
+
+
 def _pin_threads(threads: int, started: bool) -> tuple[int, int]:
     import tensorflow as tf
 
     threading = tf.config.threading
+    pinned = (threads, INTER_OP_THREADS)
     current = (
         threading.get_intra_op_parallelism_threads(),
         threading.get_inter_op_parallelism_threads(),
     )
-    if started and current != (threads, threads):
+    if started and current != pinned:
         # Always an error, also with strict=False: the pools decide the bits.
         raise TooLateError(
             "threads",
             f"TensorFlow's thread pools were created with intra={current[0]}, "
             f"inter={current[1]} (0 means one per core) when the first op ran, "
-            f"and cannot become {threads}.",
+            f"and cannot become intra={pinned[0]}, inter={pinned[1]}.",
         )
-    threading.set_intra_op_parallelism_threads(threads)
-    threading.set_inter_op_parallelism_threads(threads)
-    _guard_thread_setters(threading, threads)
-    return threads, threads
+    threading.set_intra_op_parallelism_threads(pinned[0])
+    threading.set_inter_op_parallelism_threads(pinned[1])
+    _guard_thread_setters(threading, *pinned)
+    return pinned
 
 
-def _guard_thread_setters(threading: Any, threads: int) -> None:
+def _guard_thread_setters(threading: Any, intra: int, inter: int) -> None:
     """Makes TensorFlow's pool setters refuse another size than the pinned one.
 
     A script that calls `set_intra_op_parallelism_threads(4)` after
@@ -246,25 +259,35 @@ def _guard_thread_setters(threading: Any, threads: int) -> None:
     while the profile and every trace say 1: the bits follow the pool size.
     Setting the pinned size again stays a no-op.
     """
-    for name in (
-        "set_intra_op_parallelism_threads",
-        "set_inter_op_parallelism_threads",
+    for name, threads in (
+        ("set_intra_op_parallelism_threads", intra),
+        ("set_inter_op_parallelism_threads", inter),
     ):
         original = getattr(threading, name)
         if getattr(original, "_tfdet_pinned", None) is not None:
             original = original.__wrapped__
 
         def setter(
-            num_threads: int, _original: Any = original, _name: str = name
+            num_threads: int,
+            _original: Any = original,
+            _name: str = name,
+            _threads: int = threads,
         ) -> None:
-            if num_threads != threads:
+            if num_threads != _threads:
+                advice = (
+                    "The pool size decides the bits and the profile records it: "
+                    f"pass threads={num_threads!r} to enable() (or --threads "
+                    f"{num_threads!r} to tfdet run / tfdet check --script) instead."
+                    if _threads == intra
+                    else f"tfdet keeps the inter-op pool at {_threads}: with more, "
+                    "oneDNN's first calls can give other bits from process to "
+                    "process; `threads` sizes the intra-op pool."
+                )
                 raise ProfileMismatchError(
-                    f"Expected the thread pools tfdet.enable() pinned ({threads}). "
-                    f"Received: tf.config.threading.{_name}({num_threads!r}). The "
-                    "pool size decides the bits and the profile records it: pass "
-                    f"threads={num_threads!r} to enable() (or --threads "
-                    f"{num_threads!r} to tfdet run / tfdet check --script) instead.",
-                    {"threads": (threads, num_threads)},
+                    f"Expected the thread pools tfdet.enable() pinned ({_threads}). "
+                    f"Received: tf.config.threading.{_name}({num_threads!r}). "
+                    + advice,
+                    {"threads": (_threads, num_threads)},
                 )
             _original(num_threads)
 
@@ -308,9 +331,12 @@ def enable(
     Args:
         seed: Seed for every generator, in [0, 2**32 - 1]; any integer type
             (e.g. `numpy.int64`) is accepted, bool is not.
-        threads: Size of TensorFlow's intra- and inter-op thread pools, in
-            [1, 1024]. 1 (the default) is portable to any machine; any fixed N gives the same
-            bits on machines with any core count and is faster on N cores.
+        threads: Size of TensorFlow's intra-op thread pool, in [1, 1024]. 1
+            (the default) is portable to any machine; any fixed N gives the
+            same bits on machines with any core count and is faster on N
+            cores. The inter-op pool keeps one thread whatever N is (with
+            more, oneDNN's first calls gave other bits from process to
+            process).
         cpu_isa: Cap on the instruction set of oneDNN and of XLA:CPU's
             generated code on x86-64 (oneDNN's names, e.g. "AVX2",
             "AVX512_CORE"; None leaves it uncapped). Ignored elsewhere. The

@@ -1,0 +1,93 @@
+"""Whether the inter-op pool's size decides the bits: first steps in fresh processes.
+
+Each process builds keras.applications.MobileNetV2 (96x96 images, 10
+classes, weights=None), computes the gradients of one batch of 32 seeded
+images once (the first call, where oneDNN creates its primitives), and
+prints a digest of them. Settings, each in `--processes` fresh processes,
+one after the other:
+
+- `inter=2`: TensorFlow with op determinism, seeds, oneDNN on and capped at
+  AVX2 as tfdet's profile sets them, intra-op pool 2, inter-op pool 2 (what
+  `tfdet.enable(threads=2)` pinned before it kept the inter-op pool at 1);
+- `inter=1`: the same with an inter-op pool of 1;
+- `tfdet.enable(threads=2)`.
+
+One digest per setting means its first step repeated; more than one, that
+it followed something else than the inputs (here: which threads oneDNN
+found free when its first call ran).
+
+    python benchmarks/inter_op_pool.py --processes 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import subprocess
+import sys
+
+CHILD = """
+import hashlib, sys
+import numpy as np
+if sys.argv[1] == "tfdet":
+    import tfdet
+    tfdet.enable(threads=2)
+    import keras
+    import tensorflow as tf
+else:
+    import keras
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(2)
+    tf.config.threading.set_inter_op_parallelism_threads(int(sys.argv[1]))
+    tf.config.experimental.enable_op_determinism()
+    keras.utils.set_random_seed(0)
+model = keras.applications.MobileNetV2(
+    weights=None, input_shape=(96, 96, 3), classes=10
+)
+rng = np.random.default_rng(0)
+x = rng.normal(size=(32, 96, 96, 3)).astype("float32")
+y = rng.integers(0, 10, 32)
+loss = keras.losses.SparseCategoricalCrossentropy()
+
+@tf.function
+def gradients():
+    with tf.GradientTape() as tape:
+        value = loss(y, model(x, training=True))
+    return tape.gradient(value, model.trainable_variables)
+
+digest = hashlib.sha256(b"".join(np.asarray(g).tobytes() for g in gradients()))
+print("DIGEST", digest.hexdigest()[:16])
+"""
+
+SETTINGS = {"inter=2": "2", "inter=1": "1", "tfdet.enable(threads=2)": "tfdet"}
+
+
+def _first_step(argument: str) -> str:
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1", ONEDNN_MAX_CPU_ISA="AVX2")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, argument],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return next(
+        line.split()[1] for line in out.splitlines() if line.startswith("DIGEST")
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, default=6)
+    args = parser.parse_args()
+    for name, argument in SETTINGS.items():
+        digests = collections.Counter(
+            _first_step(argument) for _ in range(args.processes)
+        )
+        print(f"{name:26s} {len(digests)} digest(s): {dict(digests)}")
+
+
+if __name__ == "__main__":
+    main()
