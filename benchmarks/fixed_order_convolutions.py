@@ -1,7 +1,9 @@
 """Speed of tfdet's fixed-order convolutions against TensorFlow's Conv2D.
 
-The built-in CNN's four convolutions (3x3 filters, batch `--batch`), each as
-forward, input gradient and filter gradient: ms per call (median of
+The built-in CNN's four convolutions (3x3 filters), or with `--layers
+resnet50` nine of the zoo's ResNet-50's (64x64 images: 1x1 and 3x3 filters,
+stride 2 where the model has it), at batch `--batch`, each as forward,
+input gradient and filter gradient: ms per call (median of
 `--repeats` after one warm-up call) of tfdet's kernel and of TensorFlow's op
 in one process, alternately, each in a `tf.function`, at `--threads`
 threads. TensorFlow's ops run with oneDNN on (`TF_ENABLE_ONEDNN_OPTS=1`, as
@@ -9,6 +11,7 @@ tfdet's profile pins it); no other tfdet setting. The kernel is built (or
 found in the cache) first.
 
     python benchmarks/fixed_order_convolutions.py [--batch 64] [--threads 2]
+    python benchmarks/fixed_order_convolutions.py --layers resnet50
 """
 
 from __future__ import annotations
@@ -18,13 +21,26 @@ import os
 import statistics
 import time
 
-# (input height, width, channels), filters, padding: builtin:cnn's layers.
-LAYERS = (
-    ((32, 32, 3), 32, "SAME"),
-    ((32, 32, 32), 32, "VALID"),
-    ((15, 15, 32), 64, "SAME"),
-    ((15, 15, 64), 64, "VALID"),
-)
+# (input height, width, channels), filter size, filters, stride, padding.
+LAYERS = {
+    "cnn": (  # builtin:cnn's layers
+        ((32, 32, 3), 3, 32, 1, "SAME"),
+        ((32, 32, 32), 3, 32, 1, "VALID"),
+        ((15, 15, 32), 3, 64, 1, "SAME"),
+        ((15, 15, 64), 3, 64, 1, "VALID"),
+    ),
+    "resnet50": (  # benchmarks/zoo.py:resnet50's, one or two per stage
+        ((16, 16, 64), 1, 64, 1, "SAME"),
+        ((16, 16, 64), 3, 64, 1, "SAME"),
+        ((16, 16, 64), 1, 256, 1, "SAME"),
+        ((8, 8, 128), 3, 128, 1, "SAME"),
+        ((4, 4, 256), 3, 256, 1, "SAME"),
+        ((4, 4, 1024), 1, 256, 1, "SAME"),
+        ((4, 4, 1024), 1, 2048, 2, "SAME"),
+        ((2, 2, 512), 3, 512, 1, "SAME"),
+        ((2, 2, 512), 1, 2048, 1, "SAME"),
+    ),
+}
 
 
 def _median_ms(function, argument, repeats: int) -> float:
@@ -76,6 +92,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--layers", choices=sorted(LAYERS), default="cnn")
     args = parser.parse_args()
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
     import numpy as np
@@ -90,16 +107,18 @@ def main() -> None:
     rng = np.random.default_rng(0)
     print("| layer | forward kernel / TF | input gradient | filter gradient |")
     print("|---|---|---|---|")
-    for image, filters, padding in LAYERS:
+    for image, size, filters, stride, padding in LAYERS[args.layers]:
         x = tf.constant(rng.normal(size=(args.batch, *image)), tf.float32)
-        w = tf.constant(rng.normal(size=(3, 3, image[2], filters)), tf.float32)
-        attributes = {"strides": [1, 1, 1, 1], "padding": padding}
+        w = tf.constant(rng.normal(size=(size, size, image[2], filters)), tf.float32)
+        attributes = {"strides": [1, stride, stride, 1], "padding": padding}
         dy = tf.constant(
             rng.normal(size=tf.raw_ops.Conv2D(input=x, filter=w, **attributes).shape),
             tf.float32,
         )
         cells = _layer_cells(kernels, tf, x, w, dy, attributes, args.repeats)
-        name = f"{image[0]}x{image[1]}x{image[2]} -> {filters}, {padding}"
+        name = f"{image[0]}x{image[1]}x{image[2]} -> {filters}, {size}x{size}"
+        name += f"/{stride}" if stride > 1 else ""
+        name += f", {padding}"
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 

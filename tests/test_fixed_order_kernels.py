@@ -207,6 +207,44 @@ def _patches(x, rows, columns, strides, paddings, dilation):
     return patches.reshape(-1, rows * columns * x.shape[3]), (out_h, out_w)
 
 
+def _filter_gradient_and_patch_product(
+    kernels, rng, image, size, strides, paddings, dilation, filters
+):
+    """The op's filter gradient, and the kernel's product of the patches
+    written out (transposed) with the output gradient, in the filter's shape."""
+    import tensorflow as tf
+
+    rows, columns = size
+    x = rng.normal(size=image).astype(np.float32)
+    patches, (out_h, out_w) = _patches(x, rows, columns, strides, paddings, dilation)
+    upstream = rng.normal(size=(image[0], out_h, out_w, filters)).astype(np.float32)
+    gradient = kernels.conv2d_backprop_filter(
+        tf.constant(x),
+        tf.constant([rows, columns, image[3], filters]),
+        tf.constant(upstream),
+        strides=[1, *strides, 1],
+        padding="EXPLICIT",
+        explicit_paddings=[0, 0, *paddings[0], *paddings[1], 0, 0],
+        dilations=[1, dilation, dilation, 1],
+    )
+    product = kernels.matmul(
+        tf.constant(patches), tf.constant(upstream.reshape(-1, filters)),
+        transpose_a=True,
+    )  # fmt: skip
+    return gradient, tf.reshape(product, gradient.shape)
+
+
+# (image, filter size, strides, paddings, dilation, filters): a filters
+# count of None takes the test's parameter.
+FILTER_GRADIENTS = (
+    ((2, 9, 9, 3), (3, 3), (1, 1), ((1, 1), (1, 1)), 1, None),
+    ((3, 11, 10, 13), (3, 2), (2, 1), ((2, 0), (1, 1)), 2, None),
+    # 16384 positions x 256 filters: each task packs its own output
+    # gradient blocks.
+    ((64, 16, 16, 4), (1, 1), (1, 1), ((0, 0), (0, 0)), 1, 256),
+)
+
+
 @pytest.mark.parametrize("filters", [8, 24, 32, 40, 64])
 def test_the_filter_gradient_has_the_bits_of_the_product_over_its_patches(
     kernels, filters
@@ -215,32 +253,14 @@ def test_the_filter_gradient_has_the_bits_of_the_product_over_its_patches(
     under 32 filters; the filter's own from 32 on), each weight is the chain
     over its patches in order: the bits of the kernel's own product of the
     patches, written out, and the output gradient."""
-    import tensorflow as tf
-
     rng = np.random.default_rng(7)
-    for image, (rows, columns), strides, paddings, dilation in (
-        ((2, 9, 9, 3), (3, 3), (1, 1), ((1, 1), (1, 1)), 1),
-        ((3, 11, 10, 13), (3, 2), (2, 1), ((2, 0), (1, 1)), 2),
-    ):
-        x = rng.normal(size=image).astype(np.float32)
-        patches, (out_h, out_w) = _patches(
-            x, rows, columns, strides, paddings, dilation
+    for *geometry, count in FILTER_GRADIENTS:
+        if count is not None and filters != 64:
+            continue
+        gradient, product = _filter_gradient_and_patch_product(
+            kernels, rng, *geometry, count or filters
         )
-        upstream = rng.normal(size=(image[0], out_h, out_w, filters)).astype(np.float32)
-        gradient = kernels.conv2d_backprop_filter(
-            tf.constant(x),
-            tf.constant([rows, columns, image[3], filters]),
-            tf.constant(upstream),
-            strides=[1, *strides, 1],
-            padding="EXPLICIT",
-            explicit_paddings=[0, 0, *paddings[0], *paddings[1], 0, 0],
-            dilations=[1, dilation, dilation, 1],
-        )
-        product = kernels.matmul(
-            tf.constant(patches), tf.constant(upstream.reshape(-1, filters)),
-            transpose_a=True,
-        )  # fmt: skip
-        assert _bits(gradient) == _bits(tf.reshape(product, gradient.shape))
+        assert _bits(gradient) == _bits(product), (geometry, count or filters)
 
 
 def test_second_derivatives_of_a_convolution_match_tensorflow(kernels):

@@ -991,7 +991,10 @@ struct FilterGradientDirectOperands {
     PackColumns(View{out_backprop, g.filters, 1}, g.filters, j0, k0, kc, dst);
   }
   float* Output(int64) const { return output; }
-  bool PackBInTasks() const { return false; }
+  // The output gradient packed whole would be its copy: from 4M floats on,
+  // each task packs its own K blocks (ResNet-50's 16x16x64 -> 256 1x1 layer
+  // at batch 64, 16384 positions: 3.7 against 4.6 ms, 2-core Zen 5).
+  bool PackBInTasks() const { return k() * n() >= (int64{1} << 22); }
 };
 
 // A TensorShape from a 1-D int32 tensor of 4 sizes (input_sizes,
