@@ -47,7 +47,7 @@ _SETTINGS = {
     "threads": (
         "--tfdet-threads",
         "tfdet_threads",
-        "TensorFlow's intra- and inter-op thread pools (default: tfdet.enable()'s).",
+        "TensorFlow's intra-op thread pool (default: tfdet.enable()'s).",
     ),
     "cpu_isa": (
         "--tfdet-cpu-isa",
