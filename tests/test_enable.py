@@ -195,6 +195,11 @@ out["repeat_is_same"] = all(
 )
 attempt("other_threads", threads=2)
 attempt("other_seed_and_isa", seed=1, cpu_isa="SSE41")
+try:  # The inter-op pool stays at one thread whatever `threads` is.
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    out["inter_op_2"] = None
+except tfdet.ProfileMismatchError as error:
+    out["inter_op_2"] = str(error)
 out["still_same"] = tfdet.profile() is profile
 # XLA_FLAGS was set before start: kept, and XLA still accepts every flag (an
 # unknown flag would abort the process here).
@@ -249,6 +254,7 @@ out["jit_result"] = float(jitted(tf.ones([4])))
     assert out["other_threads"]["type"] == "ProfileMismatchError"
     assert out["other_threads"]["differences"] == {"threads": [1, 2]}
     assert "Call enable() once" in out["other_threads"]["message"]
+    assert "keeps the inter-op pool at 1" in out["inter_op_2"]
     assert out["other_seed_and_isa"]["differences"] == {
         "seed": [0, 1],
         "cpu_isa": ["AVX2", "SSE41"],

@@ -278,7 +278,7 @@ def _guard_thread_setters(threading: Any, intra: int, inter: int) -> None:
                     "The pool size decides the bits and the profile records it: "
                     f"pass threads={num_threads!r} to enable() (or --threads "
                     f"{num_threads!r} to tfdet run / tfdet check --script) instead."
-                    if _threads == intra
+                    if _name == "set_intra_op_parallelism_threads"
                     else f"tfdet keeps the inter-op pool at {_threads}: with more, "
                     "oneDNN's first calls can give other bits from process to "
                     "process; `threads` sizes the intra-op pool."
