@@ -11,7 +11,6 @@ import os
 import pytest
 
 from tests.conftest import (
-    ERFC_FOLLOWS_THE_CPU,
     PLOT_PACKAGE_PATHS,
     REPO,
     clean_env,
@@ -204,7 +203,7 @@ def test_the_settings_a_user_would_try_are_timed():
     assert settings_for(1)[2].name == "enable(cpu_isa=None)"
     # Where a compiler builds tfdet's kernels: the pool-size-free products
     # with them too, beside the composition (the same tiers, other speed);
-    # the GELU's kernel where enable() replaces Erfc (TensorFlow 2.20 on).
+    # not the GELU's kernel, which the pool-size-free products keep out.
     kernels = settings_for(4, kernels=True)
     assert [setting.name for setting in kernels[:5]] == names[:5]
     assert kernels[5].enable == {
@@ -214,7 +213,6 @@ def test_the_settings_a_user_would_try_are_timed():
             POOL_SIZE_FREE,
             "fixed_order_products",
             "fixed_order_convolutions",
-            *(["portable_kernels"] if ERFC_FOLLOWS_THE_CPU else []),
         ],
     }
     assert kernels[6:] == settings_for(4)[5:]

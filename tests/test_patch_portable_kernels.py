@@ -210,3 +210,43 @@ def test_an_exported_model_loads_and_serves_the_same_bits_without_tfdet(
     )  # fmt: skip
     assert exported["kernel"] == ERFC_FOLLOWS_THE_CPU
     assert served["y"] == exported["y"]
+
+
+_BATCHES = """
+import json, sys
+import numpy as np
+import tfdet
+tfdet.enable(threads=2, patches=json.loads(sys.argv[1]))
+import tensorflow as tf
+
+x = tf.constant(np.random.default_rng(0).normal(size=(96, 1023)) * 3, tf.float32)
+gelu = tf.function(lambda v: 0.5 * v * tf.math.erfc(-v * 0.7071067811865476))
+graph = gelu.get_concrete_function(tf.TensorSpec([None, 1023])).graph
+whole = gelu(x).numpy()
+print(json.dumps({
+    "kernel": "TfdetPortableErfc" in {op.type for op in graph.get_operations()},
+    "rows": {b: int(np.any(gelu(x[:b]).numpy() != whole[:b], 1).sum())
+             for b in (1, 5, 7, 32)},
+}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not ERFC_FOLLOWS_THE_CPU, reason="portable_kernels does nothing before TF 2.20"
+)
+def test_with_pool_size_free_products_the_gelu_keeps_its_bits_in_any_batch(library):
+    """The kernel's exp, like TensorFlow's Exp, takes the scalar path for a
+    tensor's last `size % 8` elements, so its bits follow the batch; under
+    `pool_size_free_products` (whose promise is any batch) the composition,
+    whose Exp runs on whole packets, is kept."""
+    kept = _run(
+        _BATCHES, json.dumps(["auto", "pool_size_free_products", "portable_kernels"])
+    )
+    assert kept["kernel"] is False
+    assert set(kept["rows"].values()) == {0}, kept
+    # The control: the kernel alone (the default profile's promise has no
+    # batch in it) gives a row of a batch of 5 other bits.
+    alone = _run(_BATCHES, json.dumps(["auto", "portable_kernels"]))
+    assert alone["kernel"] is True
+    assert any(alone["rows"].values()), alone

@@ -62,18 +62,18 @@ XLA = Setting("enable() + jit_compile=True", {}, jit_compile=True)
 
 
 # The opt-in patches whose ops are tfdet's own kernels, compiled at first
-# use: beside the pool-size-free products, a model's products, convolutions
-# (and their gradients) and its exact GELU are one op each.
+# use: beside the pool-size-free products, a model's products and
+# convolutions (and their gradients) are one op each. (`portable_kernels`'
+# GELU is not among them: beside the pool-size-free products it keeps the
+# composition, whose Exp runs on whole packets.)
 KERNEL_PATCHES = (
     "fixed_order_products",
     "fixed_order_convolutions",
-    "portable_kernels",
 )
 
 
 def kernel_patches() -> tuple[str, ...]:
-    """Those of `KERNEL_PATCHES` with ops to compute on this TensorFlow (the
-    GELU's kernel has none before 2.20, whose own Erfc is portable)."""
+    """Those of `KERNEL_PATCHES` with ops to compute on this TensorFlow."""
     patches = _registry.available()
     return tuple(name for name in KERNEL_PATCHES if patches[name].needed())
 
@@ -89,8 +89,7 @@ def settings_for(cores: int, xla: bool = True, kernels: bool = False) -> list[Se
       instructions, op determinism and seeds (this machine only);
     - the pool-size-free products at N threads (any x86 CPU, any batch);
     - with `kernels` (a C++ compiler builds tfdet's kernels here): the same
-      with tfdet's own product, convolution and GELU kernels
-      (`kernel_patches()`);
+      with tfdet's own product and convolution kernels (`kernel_patches()`);
     - XLA (`xla=False` leaves it out: a script compiles its own models).
 
     With one core, `threads=N` is `enable()` itself and is left out.

@@ -28,7 +28,9 @@ bits), so the SavedModel loads and serves where tfdet is not installed. A
 Opt-in, never installed by "auto": it needs a C++ compiler at first use,
 or a cached build (`TFDET_KERNEL_CACHE`). Where `portable_erfc` is not
 installed (TensorFlow before 2.20, whose Erfc needs no replacement), it
-does nothing.
+does nothing; nor beside `pool_size_free_products`, whose promise (any
+batch) the kernel's Exp, scalar on a tensor's last `size % 8` elements,
+would not keep.
 Cost: `benchmarks/portable_kernels.py`.
 """
 
@@ -41,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tfdet.patches import _exact_math, _kernel_library, portable_erfc
+from tfdet.patches import _exact_math, _kernel_library, _registry, portable_erfc
 from tfdet.patches._registry import Patch
 
 _LOG = logging.getLogger("tfdet")
@@ -100,6 +102,16 @@ def _agrees(library: Any) -> bool:
     return bool(np.array_equal(found, expected))
 
 
+# Where this patch is installed, its `exp(-x^2)`, like TensorFlow's Exp,
+# takes Eigen's scalar path for the tensor's last `size % 8` elements, so
+# an element's bits follow the tensor's size, and with it the batch. Under
+# it the composition's Exp runs on whole packets (any batch): there the
+# composition is kept. (An exact GELU at batch 5 of 96 rows of 1023 gave
+# one row other bits with the kernel, none with the composition; 2-core
+# AMD EPYC Zen 5, TF 2.21.)
+_WHOLE_PACKETS = "pool_size_free_products"
+
+
 def erfc(x: Any) -> Any:
     """`portable_erfc.erfc_float32(x)` (float32) by the kernel, once it was
     found to agree with the composition in this process; else the
@@ -112,7 +124,12 @@ def erfc(x: Any) -> Any:
                 "tfdet: the portable_kernels Erfc kernel gave other bits than the "
                 "composition on its probe inputs; the composition is used."
             )
-    if library is None or not _verdict["agrees"] or _exporting[0]:
+    if (
+        library is None
+        or not _verdict["agrees"]
+        or _exporting[0]
+        or _WHOLE_PACKETS in _registry.installed()
+    ):
         return portable_erfc.erfc_float32(x)
     return library.tfdet_portable_erfc(x)
 
@@ -143,6 +160,10 @@ def _apply(swap: Any) -> None:
         # portable and enable() keeps it. Not loaded, so the profile's
         # `kernels` does not name a library no op uses (a machine without a
         # compiler would otherwise differ in its profile, not its bits).
+        return
+    if _WHOLE_PACKETS in _registry.installed():
+        # Installed before this patch (the registry installs by name): the
+        # composition is kept (see `erfc`), so, likewise, nothing is loaded.
         return
     # Built (or found in the cache) now, so the first step does not pay for
     # the compiler, and a missing compiler is said at enable().
