@@ -332,3 +332,31 @@ def test_a_child_ends_without_teardown_but_with_its_exit_handlers(tmp_path, mode
         assert (tmp_path / "out.thread").exists()
     else:
         assert not (tmp_path / "out.teardown").exists()
+
+
+def test_every_worker_of_every_run_gets_its_own_port(monkeypatch):
+    """Ports chosen run by run could repeat across runs (a port closed after
+    one run's choice is free for the next), joining two runs' clusters."""
+    handed = iter([5001, 5002, 5003, 5004, 5005, 5006])
+    asked = []
+
+    def free_ports(count):
+        asked.append(count)
+        return [next(handed) for _ in range(count)]
+
+    monkeypatch.setattr(_spawn, "free_ports", free_ports)
+    setups = [_perturb.RunSetup(index, workers=2) for index in range(3)]
+    jobs = _spawn._jobs([*setups, _perturb.RunSetup(3)])
+    assert asked == [6]  # Chosen at once, all held open until all are chosen.
+    clusters = [
+        json.loads(process.tf_config)["cluster"]["worker"]
+        for job in jobs[:3]
+        for process in job[:1]
+    ]
+    assert clusters == [
+        ["127.0.0.1:5001", "127.0.0.1:5002"],
+        ["127.0.0.1:5003", "127.0.0.1:5004"],
+        ["127.0.0.1:5005", "127.0.0.1:5006"],
+    ]
+    assert [len(job) for job in jobs] == [2, 2, 2, 1]
+    assert jobs[3][0].tf_config is None

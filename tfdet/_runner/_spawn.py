@@ -743,17 +743,31 @@ def cluster_config(ports: list[int], worker: int) -> str:
     )
 
 
-def _processes(setup: RunSetup) -> list[RunSetup]:
-    """The processes of one run (`RunSetup.processes`); a multi-worker run's
-    each with its `TF_CONFIG` on loopback."""
-    processes = setup.processes
-    if len(processes) == 1:
-        return processes
-    ports = free_ports(len(processes))
-    return [
-        dataclasses.replace(worker, tf_config=cluster_config(ports, worker.worker or 0))
-        for worker in processes
-    ]
+def _jobs(setups: Sequence[RunSetup]) -> list[list[RunSetup]]:
+    """The processes of each run (`RunSetup.processes`); a multi-worker run's
+    each with its `TF_CONFIG` on loopback.
+
+    The ports of every run are chosen at once: chosen run by run, a port
+    closed after one run's choice could be handed to the next run too, and
+    the two runs' workers then joined each other's cluster ("tried to
+    connect with a different incarnation", both runs failed; seen once in
+    a test run, 2-core AMD EPYC Zen 5).
+    """
+    clustered = [setup for setup in setups if len(setup.processes) > 1]
+    ports = iter(free_ports(sum(len(setup.processes) for setup in clustered)))
+    jobs = []
+    for setup in setups:
+        processes = setup.processes
+        if len(processes) > 1:
+            own = [next(ports) for _ in processes]
+            processes = [
+                dataclasses.replace(
+                    worker, tf_config=cluster_config(own, worker.worker or 0)
+                )
+                for worker in processes
+            ]
+        jobs.append(list(processes))
+    return jobs
 
 
 def run_jobs(
@@ -801,7 +815,7 @@ def run_jobs(
         as "equal").
     """
     base_env = dict(os.environ if base_env is None else base_env)
-    jobs = [_processes(setup) for setup in setups]
+    jobs = _jobs(setups)
     groups = [_ProcessGroup() for _ in jobs]
     outcomes = [[_failed(s, RuntimeError("did not run")) for s in job] for job in jobs]
 
