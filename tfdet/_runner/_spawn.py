@@ -749,9 +749,11 @@ def _jobs(setups: Sequence[RunSetup]) -> list[list[RunSetup]]:
 
     The ports of every run are chosen at once: chosen run by run, a port
     closed after one run's choice could be handed to the next run too, and
-    the two runs' workers then joined each other's cluster ("tried to
-    connect with a different incarnation", both runs failed; seen once in
-    a test run, 2-core AMD EPYC Zen 5).
+    the two runs' workers would join each other's cluster. (Both runs of a
+    two-worker check failed once in a test run, "tried to connect with a
+    different incarnation", 2-core AMD EPYC Zen 5: this, or another
+    program taking a port between its choice and the worker's bind, which
+    stays possible and fails the run, never compared.)
     """
     clustered = [setup for setup in setups if len(setup.processes) > 1]
     ports = iter(free_ports(sum(len(setup.processes) for setup in clustered)))
