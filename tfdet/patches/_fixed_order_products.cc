@@ -872,6 +872,23 @@ struct InputGradientOperands {
   bool PackBInTasks() const { return false; }
 };
 
+// Output positions (image, oh, ow) from a flat index k = ((image x out_h)
+// + oh) x out_w + ow, walked in order: the terms of a filter gradient's
+// chains.
+struct OutputPosition {
+  int64 image, oh, ow;
+  OutputPosition(const Geometry& g, int64 k)
+      : image(k / (g.out_w * g.out_h)),
+        oh((k / g.out_w) % g.out_h),
+        ow(k % g.out_w) {}
+  void Next(const Geometry& g) {
+    if (++ow == g.out_w) {
+      ow = 0;
+      if (++oh == g.out_h) oh = 0, ++image;
+    }
+  }
+};
+
 // The filter gradient as a product, transposed: the output gradient read
 // as a filters x (batch x out_h x out_w) matrix times the image patches,
 // (batch x out_h x out_w) x (filter_h x filter_w x channels), into a
@@ -895,10 +912,10 @@ struct FilterGradientOperands {
   void PackB(int64, int64 j0, int64 k0, int64 kc, float* dst) const {
     const int64 cols = std::min(kNR, n() - j0);
     if (cols < kNR) std::memset(dst, 0, sizeof(float) * kNR * kc);
-    int64 ow = k0 % g.out_w, oh = (k0 / g.out_w) % g.out_h;
-    int64 image = k0 / (g.out_w * g.out_h);
-    for (int64 x = 0; x < kc; ++x) {
-      const float* pixels = input + image * g.height * g.width * g.channels;
+    OutputPosition at(g, k0);
+    for (int64 x = 0; x < kc; ++x, at.Next(g)) {
+      const int64 oh = at.oh, ow = at.ow;
+      const float* pixels = input + at.image * g.height * g.width * g.channels;
       for (int64 col = j0; col < j0 + cols;) {
         const int64 tap = col / g.channels, c0 = col % g.channels;
         const int64 run = std::min(g.channels - c0, j0 + cols - col);
@@ -913,10 +930,6 @@ struct FilterGradientOperands {
           std::memcpy(d, pixels + (ih * g.width + iw) * g.channels + c0,
                       sizeof(float) * run);
         col += run;
-      }
-      if (++ow == g.out_w) {
-        ow = 0;
-        if (++oh == g.out_h) oh = 0, ++image;
       }
     }
   }
@@ -960,10 +973,10 @@ struct FilterGradientDirectOperands {
     }
     // Whole panels within one tap read a run of channels at each position.
     const bool one_tap = rows == kMR && channel[0] + kMR - 1 == channel[kMR - 1];
-    int64 ow = k0 % g.out_w, oh = (k0 / g.out_w) % g.out_h;
-    int64 image = k0 / (g.out_w * g.out_h);
-    for (int64 x = 0; x < kc; ++x) {
-      const float* pixels = input + image * g.height * g.width * g.channels;
+    OutputPosition at(g, k0);
+    for (int64 x = 0; x < kc; ++x, at.Next(g)) {
+      const int64 oh = at.oh, ow = at.ow;
+      const float* pixels = input + at.image * g.height * g.width * g.channels;
       float* d = dst + x * kMR;
       if (one_tap) {
         const int64 ih = oh * g.stride_h + top[0], iw = ow * g.stride_w + left[0];
@@ -980,10 +993,6 @@ struct FilterGradientDirectOperands {
                      ? 0.0f
                      : pixels[(ih * g.width + iw) * g.channels + channel[r]];
         }
-      }
-      if (++ow == g.out_w) {
-        ow = 0;
-        if (++oh == g.out_h) oh = 0, ++image;
       }
     }
   }

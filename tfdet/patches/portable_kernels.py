@@ -112,6 +112,11 @@ def _agrees(library: Any) -> bool:
 _WHOLE_PACKETS = "pool_size_free_products"
 
 
+def _beside_whole_packets() -> bool:
+    """Whether the pool-size-free products are installed (see above)."""
+    return _WHOLE_PACKETS in _registry.installed()
+
+
 def erfc(x: Any) -> Any:
     """`portable_erfc.erfc_float32(x)` (float32) by the kernel, once it was
     found to agree with the composition in this process; else the
@@ -128,7 +133,7 @@ def erfc(x: Any) -> Any:
         library is None
         or not _verdict["agrees"]
         or _exporting[0]
-        or _WHOLE_PACKETS in _registry.installed()
+        or _beside_whole_packets()
     ):
         return portable_erfc.erfc_float32(x)
     return library.tfdet_portable_erfc(x)
@@ -161,7 +166,7 @@ def _apply(swap: Any) -> None:
         # `kernels` does not name a library no op uses (a machine without a
         # compiler would otherwise differ in its profile, not its bits).
         return
-    if _WHOLE_PACKETS in _registry.installed():
+    if _beside_whole_packets():
         # Installed before this patch (the registry installs by name): the
         # composition is kept (see `erfc`), so, likewise, nothing is loaded.
         return
