@@ -7,6 +7,8 @@
 #   bash benchmarks/gpu_session.sh timings   # gpu_cost.py --explain: ms/step, ratios, bits across rounds
 #   bash benchmarks/gpu_session.sh bits      # cuDNN RNN repeatability, pytest -m gpu, tfdet check --device gpu
 #   bash benchmarks/gpu_session.sh cpu16     # the built-in CNN on the host CPU's cores, GPU hidden
+#   bash benchmarks/gpu_session.sh zoo16     # the kernels' bits on the host CPU (digests, tests), then
+#                                            # tfdet cost over the zoo at its cores (GPU hidden, no XLA)
 #   bash benchmarks/gpu_session.sh cost      # tfdet cost --device gpu on the CNN and two zoo models;
 #                                            # then the zoo's encoder on the host's cores (GPU hidden)
 #   bash benchmarks/gpu_session.sh noenable  # first steps' times without tfdet; check --no-enable
@@ -25,7 +27,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 budget=${BUDGET_S:-300}
 
-case ${1:?stage: timings, bits, cpu16, cost or noenable} in
+case ${1:?stage: timings, bits, cpu16, cost, zoo16 or noenable} in
 timings)
   { date -u; nvidia-smi; lscpu | head -20; python3 -m tfdet env; } >"$out/device.txt" 2>&1
   timeout "$budget" python3 benchmarks/gpu_cost.py --explain --rounds 3 --blocks 2 \
@@ -65,6 +67,40 @@ cpu16)
   CUDA_VISIBLE_DEVICES="" timeout "$budget" python3 benchmarks/cost_of_determinism.py \
     --rounds 2 --blocks 3 --json "$out/cpu16.json" 2>&1 | tee "$out/cpu16.log"
   ;;
+zoo16)
+  # tensorflow-cpu's pack does (../shared/gpu/prepare.sh cpu): no GPU is
+  # needed. tfdet's kernels come from the cache carried along
+  # (TFDET_KERNEL_CACHE, built for the same TensorFlow elsewhere): the pack
+  # has no C++ headers to build them here.
+  export CUDA_VISIBLE_DEVICES=""
+  end=$(( $(date +%s) + budget ))
+  {
+    date -u; lscpu; python3 -m tfdet env
+    python3 -c "from tfdet.patches import _fixed_order_kernels as k; print('vector path:', k.vector_path())"
+  } >"$out/device.txt" 2>&1
+  {
+    timeout 60 python3 benchmarks/fixed_order_digests.py; echo "exit $?"
+    timeout 120 python3 -m pytest -p no:cacheprovider -n 8 -q \
+      tests/test_fixed_order_kernels.py tests/test_patch_fixed_order_products.py; echo "exit $?"
+  } >"$out/bits.log" 2>&1
+  mkdir -p /tmp/zoo16
+  for target in benchmarks/zoo.py:encoder benchmarks/zoo.py:resnet50 builtin:cnn \
+      benchmarks/zoo.py:mobilenet_v2 benchmarks/zoo.py:lstm_text; do
+    name=${target##*:}
+    left=$(( end - $(date +%s) ))
+    [ "$left" -gt 30 ] || { echo "$target: not timed, the budget is spent" >>"$out/zoo16.log"; continue; }
+    case $name in resnet50|mobilenet_v2) schedule=(--steps 2 --warmup 1) ;; *) schedule=(--steps 3) ;; esac
+    echo "== $target (${left} s left)" >>"$out/zoo16.log"
+    timeout "$left" python3 -m tfdet cost "$target" --device cpu --no-xla --blocks 4 \
+      "${schedule[@]}" --json "/tmp/zoo16/$name.json" >>"$out/zoo16.log" 2>&1
+    echo "$target exit $?" >>"$out/zoo16.log"
+    # One file back for all models (at most 8 files come back).
+    python3 -c 'import json, pathlib, sys
+reports = {p.stem: json.loads(p.read_text()) for p in sorted(pathlib.Path("/tmp/zoo16").glob("*.json"))}
+pathlib.Path(sys.argv[1]).write_text(json.dumps(reports, indent=1))' "$out/zoo16.json"
+  done
+  tail -n 4 "$out/bits.log"; grep -E "^==|exit|^(plain TensorFlow|enable)" "$out/zoo16.log"
+  ;;
 noenable)
   # Where a check without tfdet spends its time on the GPU: plain TF's first
   # steps in fresh processes (defaults twice: the second process reuses the
@@ -95,7 +131,7 @@ noenable)
   tail -n 40 "$out"/first_steps.log "$out"/check_no_enable.log
   ;;
 *)
-  echo "unknown stage $1: timings, bits, cpu16 or noenable" >&2
+  echo "unknown stage $1: timings, bits, cpu16, cost, zoo16 or noenable" >&2
   exit 2
   ;;
 esac

@@ -657,13 +657,14 @@ def test_cost_times_every_setting_and_names_the_op_it_replaces(tmp_path):
         "cost",
         "builtin:cnn",
         "--rounds", "2", "--blocks", "2", "--steps", "2", "--warmup", "1",
-        "--json", str(report_path),
+        "--no-xla", "--json", str(report_path),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = json.loads(report_path.read_text())
     rows = {row["setting"]["name"]: row for row in report["rows"]}
     cores = len(os.sched_getaffinity(0))
     assert list(rows)[:2] == ["plain TensorFlow", "enable()"]
+    assert not any(row["setting"]["jit_compile"] for row in rows.values())
     assert rows["plain TensorFlow"]["ratio"] == 1.0
     # From each run's own profile: plain TensorFlow's threads follow the
     # cores, enable()'s one thread and AVX2 cap do not.

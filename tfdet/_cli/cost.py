@@ -106,6 +106,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{_options.DEFAULT_TIMEOUT:g}).",
     )
     parser.add_argument(
+        "--xla",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Time the XLA setting (enable() + jit_compile=True) too; --no-xla "
+        "leaves it out, since its first compile of a large model can take "
+        "longer than the other settings' whole runs (default: timed, except "
+        "for a --script, which compiles its own models).",
+    )
+    parser.add_argument(
         "--device",
         default=_measure.AUTO,
         choices=_measure.DEVICE_CHOICES,
@@ -196,6 +205,7 @@ def execute(args: argparse.Namespace) -> int:
         progress=_training_flags.progress,
         need=need,
         device=device,
+        xla=args.xla,
     )
     return conclude(report, args)
 

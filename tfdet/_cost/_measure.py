@@ -361,6 +361,7 @@ def measure(
     progress: Progress | None = None,
     need: tuple[str, ...] | None = None,
     device: str = "cpu",
+    xla: bool = True,
 ) -> _cost_report.CostReport:
     """Times `workload` under each setting, interleaved; see the module doc.
 
@@ -381,6 +382,9 @@ def measure(
         need: The tiers to advise for (`tfdet._pin._tiers` names): while
             the blocks cannot tell its candidates apart, the last round runs
             more blocks, up to `_advice.blocks_bound`.
+        device: Where the runs train, 'cpu' or 'gpu' (`resolve_device`).
+        xla: Whether the default settings include XLA's (never for a
+            script, which compiles its own models).
 
     Raises:
         TargetError: the TARGET cannot be built, or the script trains too
@@ -391,7 +395,7 @@ def measure(
         workload = Workload(target=workload)
     available = cores()
     if settings is None:
-        xla = workload.script is None
+        xla = xla and workload.script is None
         settings = (
             # tfdet's kernels where a compiler can build them here.
             _timed_settings.settings_for(
