@@ -4,9 +4,16 @@ size, its products and convolution computed by tfdet's kernel, alone and
 beside `pool_size_free_products`.
 
 A fresh process per pool size (1, 2) trains the model twice: under the
-default profile (the control: its 32x4096 @ 4096x64 product is oneDNN's
-sgemm, whose bits follow the pool) and with the patch installed. The patched
+default profile (the control) and with the patch installed. The patched
 graph holds the kernel's ops and none of TensorFlow's products or convolutions.
+
+The control's products are oneDNN's sgemm, which splits a long sum over the
+pool's threads only where its operand outgrows the core's cache: on an AMD
+EPYC (1 MiB L2) the model's 32x4096 @ 4096x64 product already follows the
+pool, on an Intel Xeon (Sapphire Rapids, 2 MiB L2) it ran as one chain at
+pools 1-4 and the model's weights were the same at pools 1 and 2. So the
+model also has a 32768-wide input: its 32x32768 @ 32768x16 product followed
+the pool on both (pool 1 vs 2: other weights on each CPU).
 """
 
 from __future__ import annotations
@@ -30,20 +37,25 @@ from tfdet.patches import _registry
 
 rng = np.random.default_rng(0)
 x = rng.normal(size=(64, 8, 512)).astype("float32")
+wide = rng.normal(size=(64, 32768)).astype("float32")
 y = rng.integers(0, 4, size=(64,))
 
 def model_and_digest():
     keras.utils.set_random_seed(0)
     inputs = keras.Input((8, 512))
+    wide_input = keras.Input((32768,))
     h = keras.layers.MultiHeadAttention(2, 16)(inputs, inputs)
     h = keras.layers.Concatenate()(
         [h, keras.layers.Conv1D(16, 3, padding="same")(inputs)])
-    h = keras.layers.Dense(64, activation="relu")(keras.layers.Flatten()(h))
-    model = keras.Model(inputs, keras.layers.Dense(4)(h))
+    h = keras.layers.Concatenate()(
+        [keras.layers.Flatten()(h), keras.layers.Dense(16)(wide_input)])
+    h = keras.layers.Dense(64, activation="relu")(h)
+    model = keras.Model([inputs, wide_input], keras.layers.Dense(4)(h))
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
         from_logits=True))
     for step in range(2):
-        model.train_on_batch(x[32 * step:32 * step + 32], y[32 * step:32 * step + 32])
+        batch = slice(32 * step, 32 * step + 32)
+        model.train_on_batch([x[batch], wide[batch]], y[batch])
     sha = hashlib.sha256()
     for weight in model.get_weights():
         sha.update(np.ascontiguousarray(weight).tobytes())
@@ -53,13 +65,15 @@ _, plain = model_and_digest()
 _registry.install(["fixed_order_products", "fixed_order_convolutions"])
 model, patched = model_and_digest()
 graph = tf.function(model).get_concrete_function(
-    tf.TensorSpec([None, 8, 512], tf.float32)).graph
+    [tf.TensorSpec([None, 8, 512], tf.float32),
+     tf.TensorSpec([None, 32768], tf.float32)]).graph
 ops = sorted({op.type for op in graph.get_operations()})
 # With pool_size_free_products too: the products stay the kernel's.
 _registry.install(["pool_size_free_products"])
 model, both = model_and_digest()
 graph = tf.function(model).get_concrete_function(
-    tf.TensorSpec([None, 8, 512], tf.float32)).graph
+    [tf.TensorSpec([None, 8, 512], tf.float32),
+     tf.TensorSpec([None, 32768], tf.float32)]).graph
 both_ops = sorted({op.type for op in graph.get_operations()})
 print(json.dumps({"plain": plain, "patched": patched, "ops": ops, "both": both,
                   "both_ops": both_ops}))
