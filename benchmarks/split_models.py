@@ -6,6 +6,8 @@ the opt-in `pool_size_free_products` once gave two digests over pools 1-8
 (pools 3 and 6 apart, in the stride-2 convolution's input gradient): odd
 and even channel counts that do not divide by the pool, a stride-2 layer,
 BatchNormalization, Dropout, GELU, Adam with ExponentialDecay.
+`depthwise_cnn` is MobileNet's kind of block, whose depthwise filter
+gradient TensorFlow splits over the pool's threads by images.
 
 Every function returns `(model, x, y)`, as `survey_models.py`'s do.
 """
@@ -45,4 +47,34 @@ def stride_two_cnn() -> tuple[Any, np.ndarray, np.ndarray]:
     )
     rng = np.random.default_rng(0)
     x = rng.standard_normal((32, 24, 24, 3)).astype("float32")
+    return model, x, rng.integers(0, 10, 32)
+
+
+def depthwise_cnn() -> tuple[Any, np.ndarray, np.ndarray]:
+    """Conv2D 3x3 stride 2 (3 -> 16) + BN + ReLU6, DepthwiseConv2D 3x3 + BN +
+    ReLU6, Conv2D 1x1 (16 -> 24), DepthwiseConv2D 3x3 stride 2 with two
+    filters per channel (24 -> 48), SeparableConv2D 3x3 (48 -> 32), global
+    pooling, Dense softmax; 32x32x3 inputs."""
+    import keras
+
+    layers = keras.layers
+    model = keras.Sequential(
+        [
+            keras.Input((32, 32, 3)),
+            layers.Conv2D(16, 3, strides=2, padding="same"),
+            layers.BatchNormalization(),
+            layers.ReLU(6.0),
+            layers.DepthwiseConv2D(3, padding="same"),
+            layers.BatchNormalization(),
+            layers.ReLU(6.0),
+            layers.Conv2D(24, 1),
+            layers.DepthwiseConv2D(3, strides=2, depth_multiplier=2, padding="same"),
+            layers.SeparableConv2D(32, 3, padding="same", activation="relu"),
+            layers.GlobalAveragePooling2D(),
+            layers.Dense(10, activation="softmax"),
+        ]
+    )
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, 32, 32, 3)).astype("float32")
     return model, x, rng.integers(0, 10, 32)

@@ -1,11 +1,12 @@
 """`pool_size_free_products`: weights that do not follow the thread-pool size.
 
 Under the default profile, `MatMul` (oneDNN's sgemm), `BatchMatMul` and
-`Einsum`, `Conv2DBackpropFilter`, `Conv2DBackpropInput` (strided) and
-`BiasAddGrad` give other bits with another pool size. With the opt-in patch,
-a fresh process per pool size (1, 2, 3, 6) trains a Keras 3 built-in,
-the survey's attention model and a model whose shapes cross the libraries'
-splitting thresholds to the same weights; the control, the same processes
+`Einsum`, `Conv2DBackpropFilter`, `Conv2DBackpropInput` (strided),
+`DepthwiseConv2dNativeBackpropFilter` and `BiasAddGrad` give other bits
+with another pool size. With the opt-in patch, a fresh process per pool
+size (1, 2, 3, 6) trains a Keras 3 built-in, the survey's attention model,
+a model whose shapes cross the libraries' splitting thresholds and one of
+depthwise convolutions to the same weights; the control, the same processes
 before the patch is installed, trains them to other weights. Op by op, the
 replacements agree with TensorFlow's ops to float32 rounding, leave the
 inputs they cannot compute to them, and compute element-wise functions the
@@ -34,12 +35,15 @@ from tfdet.patches import _hazards, pool_size_free_products
 # the powers of two.)
 POOL_SIZES = (1, 2, 3, 6)
 # Convolutions with BatchNormalization and a Dense head; attention's einsums;
-# a stride-2 convolution whose input gradient oneDNN splits by the pool.
-# (builtin:cnn and the whole survey: docs/measurements.md, "Thread pools".)
+# a stride-2 convolution whose input gradient oneDNN splits by the pool;
+# depthwise and separable convolutions, whose filter gradient TensorFlow
+# splits by images. (builtin:cnn and the whole survey: docs/measurements.md,
+# "Thread pools".)
 MODELS = (
     "builtin:bn_gelu",
     f"{REPO / 'benchmarks' / 'survey_models.py'}:multi_head_attention",
     f"{REPO / 'benchmarks' / 'split_models.py'}:stride_two_cnn",
+    f"{REPO / 'benchmarks' / 'split_models.py'}:depthwise_cnn",
 )
 
 # One process per pool size: the weights of each model after 3 steps, first
@@ -304,9 +308,19 @@ cases = {
     "bias_add": (tf.nn.bias_add, (arr(6, 5, 4, 8), arr(8))),
     "bias_add NCHW": (lambda x, b: tf.nn.bias_add(x, b, data_format="NCHW"),
                       (arr(6, 8, 5, 4), arr(8))),
+    "depthwise same": (lambda x, w: tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1],
+                       "SAME"), (arr(4, 9, 11, 5), arr(3, 3, 5, 1))),
+    "depthwise stride 2 multiplier 3": (lambda x, w: tf.nn.depthwise_conv2d(
+        x, w, [1, 2, 2, 1], "VALID"), (arr(3, 12, 13, 4), arr(3, 2, 4, 3))),
+    "depthwise dilated": (lambda x, w: tf.nn.depthwise_conv2d(
+        x, w, [1, 1, 1, 1], "SAME", dilations=[2, 2]), (arr(2, 10, 9, 6), arr(3, 3, 6, 2))),
+    "depthwise explicit": (lambda x, w: tf.raw_ops.DepthwiseConv2dNative(
+        input=x, filter=w, strides=[1, 1, 1, 1], padding="EXPLICIT",
+        explicit_paddings=[0, 0, 1, 2, 0, 1, 0, 0]), (arr(2, 7, 8, 3), arr(2, 3, 3, 2))),
 }
 REPLACED = {"MatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
-            "Conv2DBackpropFilter", "Conv2DBackpropInput", "BiasAddGrad"}
+            "Conv2DBackpropFilter", "Conv2DBackpropInput", "BiasAddGrad",
+            "DepthwiseConv2dNativeBackpropFilter"}
 report = {}
 for name, (fn, inputs) in cases.items():
     patched = with_grads(fn, *inputs)
@@ -420,6 +434,10 @@ def checks() -> dict:
         "einsum",
         "bias_add",
         "bias_add NCHW",
+        "depthwise same",
+        "depthwise stride 2 multiplier 3",
+        "depthwise dilated",
+        "depthwise explicit",
     ],
 )
 def test_values_agree_with_the_original_and_the_op_is_gone(checks, case):

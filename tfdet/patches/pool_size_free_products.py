@@ -38,6 +38,10 @@ each product as one:
   the filter reversed in space, its channels swapped;
 - `BiasAddGrad`: a `Sum` over every axis but the channels, which splits
   only over the channels;
+- `DepthwiseConv2dNativeBackpropFilter` (depthwise and separable
+  convolutions' filter gradient, which TensorFlow splits by images): per
+  filter position, such a `Sum` of the input's strided slice times the
+  output gradient;
 - tf_keras's `BatchNormalization`: computed unfused (`tf.nn.moments`, a
   `Mean` over every axis but the channels, and element-wise ops) instead of
   the fused kernel (`FusedBatchNormV3`), whose training-time sums over the
@@ -62,8 +66,7 @@ another order). float32 only (NHWC for convolutions); anything else, and
 what the replacements cannot compute (a product with an empty dimension, a
 grouped convolution's gradients, an `Einsum` with a diagonal such as
 "ii->i"), goes to the original op. Not covered (still following the pool
-size with the patch): depthwise and 3-D convolution filter
-gradients, and a full `Sum` or `Mean` large enough for Eigen to split it
+size with the patch): 3-D convolution filter gradients, and a full `Sum` or `Mean` large enough for Eigen to split it
 into one block per thread (of 256x4096 elements; a training step's loss, a
 mean over one batch, stays on one thread). Cost:
 `benchmarks/patch_cost.py --patch pool_size_free_products`,
@@ -90,6 +93,9 @@ _FILTER_GRAD = _exact_math.GeneratedOp(
 )
 _INPUT_GRAD = _exact_math.GeneratedOp(
     "tensorflow.python.ops.gen_nn_ops", "conv2d_backprop_input"
+)
+_DEPTHWISE_FILTER_GRAD = _exact_math.GeneratedOp(
+    "tensorflow.python.ops.gen_nn_ops", "depthwise_conv2d_native_backprop_filter"
 )
 _BIAS_GRAD = _exact_math.GeneratedOp(
     "tensorflow.python.ops.gen_nn_ops", "bias_add_grad"
@@ -348,19 +354,57 @@ def _image_patches(
     """
     import tensorflow as tf
 
-    slices = []
-    for row in range(kernel[0]):
-        for column in range(kernel[1]):
-            top, left = row * dilations[1], column * dilations[2]
-            slices.append(
-                x[
-                    :,
-                    top : top + (out_shape[1] - 1) * strides[1] + 1 : strides[1],
-                    left : left + (out_shape[2] - 1) * strides[2] + 1 : strides[2],
-                    :,
+    return tf.concat(
+        [
+            _window(x, out_shape, (row, column), strides, dilations)
+            for row in range(kernel[0])
+            for column in range(kernel[1])
+        ],
+        axis=-1,
+    )
+
+
+def _window(
+    x: Any, out_shape: Any, position: tuple[int, int], strides: Any, dilations: Any
+) -> Any:
+    """The values of a padded NHWC `x` that the filter's `position` (row,
+    column) meets at each output position: a strided slice."""
+    top, left = position[0] * dilations[1], position[1] * dilations[2]
+    return x[
+        :,
+        top : top + (out_shape[1] - 1) * strides[1] + 1 : strides[1],
+        left : left + (out_shape[2] - 1) * strides[2] + 1 : strides[2],
+        :,
+    ]
+
+
+def _padded(
+    x: Any,
+    padding: str,
+    explicit_paddings: Any,
+    kernel: tuple[int, int],
+    strides: Any,
+    dilations: Any,
+) -> Any:
+    """NHWC `x` with the rows and columns a convolution's `padding` adds."""
+    import tensorflow as tf
+
+    if padding == "SAME":
+        shape = tf.shape(x)
+        return tf.pad(
+            x,
+            tf.stack(
+                [
+                    tf.zeros(2, tf.int32),
+                    _same_padding(shape[1], kernel[0], strides[1], dilations[1]),
+                    _same_padding(shape[2], kernel[1], strides[2], dilations[2]),
+                    tf.zeros(2, tf.int32),
                 ]
-            )
-    return tf.concat(slices, axis=-1)
+            ),
+        )
+    if padding == "EXPLICIT":
+        return tf.pad(x, [list(explicit_paddings[i : i + 2]) for i in range(0, 8, 2)])
+    return x
 
 
 def conv2d_backprop_filter(
@@ -401,19 +445,7 @@ def conv2d_backprop_filter(
         )
     height, width, channels, filters = (int(s) for s in sizes)
     with tf.name_scope(name or "PoolSizeFreeConv2DBackpropFilter"):
-        if padding == "SAME":
-            shape = tf.shape(x)
-            pads = tf.stack(
-                [
-                    tf.zeros(2, tf.int32),
-                    _same_padding(shape[1], height, strides[1], dilations[1]),
-                    _same_padding(shape[2], width, strides[2], dilations[2]),
-                    tf.zeros(2, tf.int32),
-                ]
-            )
-            x = tf.pad(x, pads)
-        elif padding == "EXPLICIT":
-            x = tf.pad(x, [list(explicit_paddings[i : i + 2]) for i in range(0, 8, 2)])
+        x = _padded(x, padding, explicit_paddings, (height, width), strides, dilations)
         patches = _image_patches(
             x, tf.shape(out_backprop), (height, width), strides, dilations
         )
@@ -422,6 +454,77 @@ def conv2d_backprop_filter(
         upstream = tf.reshape(out_backprop, [-1, filters])
         gradient = _batch_product(tf.transpose(patches)[None], upstream[None])[0]
         return tf.reshape(gradient, [height, width, channels, filters])
+
+
+def depthwise_conv2d_native_backprop_filter(
+    input: Any,  # noqa: A002 - TensorFlow's argument name
+    filter_sizes: Any,
+    out_backprop: Any,
+    strides: Any,
+    padding: str,
+    explicit_paddings: Any = (),
+    data_format: str = "NHWC",
+    dilations: Any = (1, 1, 1, 1),
+    name: str | None = None,
+) -> Any:
+    """`tf.raw_ops.DepthwiseConv2dNativeBackpropFilter`, bits independent of
+    the pool size.
+
+    TensorFlow's kernel gives each thread a share of the images and adds the
+    threads' partial sums; here each filter position's gradient is a `Sum`
+    over images and positions of the input's slice times the output
+    gradient, a reduction that splits only over its outputs (the channels),
+    as `bias_add_grad`'s. One slice at a time, so that no tensor is larger
+    than the output gradient.
+    """
+    import tensorflow as tf
+
+    x = tf.convert_to_tensor(input)
+    sizes = _static_filter_shape(filter_sizes)
+    data_format, padding = (
+        _exact_math.attribute_text(data_format, "NHWC"),
+        _exact_math.attribute_text(padding, "VALID"),
+    )
+    unsupported = (
+        data_format
+        if data_format != "NHWC"
+        else None
+        if sizes
+        else "an unknown filter shape"
+    )
+    if x.dtype != tf.float32 or unsupported is not None:
+        _whole_packets.left_to_tensorflow(
+            "DepthwiseConv2dNativeBackpropFilter", x.dtype, unsupported
+        )
+        return _DEPTHWISE_FILTER_GRAD.original(
+            input,
+            filter_sizes,
+            out_backprop,
+            strides,
+            padding,
+            explicit_paddings=list(explicit_paddings),
+            data_format=data_format,
+            dilations=list(dilations),
+            name=name,
+        )
+    height, width, channels, multiplier = (int(s) for s in sizes)
+    with tf.name_scope(name or "PoolSizeFreeDepthwiseConv2dNativeBackpropFilter"):
+        x = _padded(x, padding, explicit_paddings, (height, width), strides, dilations)
+        out_shape = tf.shape(out_backprop)
+        # Output channel c * multiplier + m comes from input channel c.
+        upstream = tf.reshape(
+            out_backprop, tf.concat([out_shape[:3], [channels, multiplier]], 0)
+        )
+        taps = [
+            tf.reduce_sum(
+                _window(x, out_shape, (row, column), strides, dilations)[..., None]
+                * upstream,
+                axis=[0, 1, 2],
+            )
+            for row in range(height)
+            for column in range(width)
+        ]
+        return tf.reshape(tf.stack(taps), [height, width, channels, multiplier])
 
 
 def _conv(
@@ -672,6 +775,7 @@ COVERED = (
     "BatchMatMulV3",
     "Einsum",
     "Conv2DBackpropFilter",
+    "DepthwiseConv2dNativeBackpropFilter",
     "BiasAddGrad",
     # Not replaced: tf_keras's BatchNormalization, which reaches it, is
     # built unfused instead (a direct `tf.nn.fused_batch_norm` still runs it).
@@ -726,6 +830,7 @@ def _apply(swap: Any) -> None:
         _CONV.replace(swap, conv2d)
         _FILTER_GRAD.replace(swap, conv2d_backprop_filter)
         _INPUT_GRAD.replace(swap, conv2d_backprop_input)
+    _DEPTHWISE_FILTER_GRAD.replace(swap, depthwise_conv2d_native_backprop_filter)
     _GELU.replace(swap, gelu)
     _BIAS_GRAD.replace(swap, bias_add_grad)
     _whole_packets.apply(swap)
@@ -752,7 +857,8 @@ def _unfused_tf_keras_batch_norm(swap: Swap) -> None:
 
 
 PATCH = Patch(
-    summary="MatMul, BatchMatMul, Einsum, Conv2D and its gradients, BiasAddGrad, "
+    summary="MatMul, BatchMatMul, Einsum, Conv2D and its gradients, the depthwise "
+    "filter gradient, BiasAddGrad, "
     "Sigmoid/Exp/Log/..., tf_keras' fused BatchNormalization -> 1x1 "
     "convolutions, Sums, whole packets and unfused moments that split only over "
     "outputs (bits independent of the pool size and the batch)",
