@@ -29,7 +29,9 @@ from tfdet._cost._timed_settings import (
     gpu_settings_for,
     kernel_patches,
     not_as_asked,
+    pool_size_ops_left,
     settings_for,
+    tiers,
 )
 from tfdet._pin import _devices, _tiers
 from tfdet._pin._profile import Profile
@@ -147,6 +149,35 @@ def _profile(**fields) -> dict:
 )  # fmt: skip
 def test_what_the_bits_follow_comes_from_the_profile(fields, xla, follow):
     assert bits_follow(_profile(**fields), xla) == follow
+
+
+def test_an_op_the_pool_size_free_products_leave_takes_their_thread_tiers_away():
+    # MobileNetV2 under the pool-size-free products at 16 threads, before
+    # they covered its depthwise filter gradient: its profile promised any
+    # thread count, its steps ran TensorFlow's op, and its weights followed
+    # the pool. The row says so from the ops its steps ran.
+    profile = _profile(
+        op_determinism=True,
+        intra_op_threads=16,
+        patches=["auto", POOL_SIZE_FREE],
+        tensorflow_version="2.21.0",
+    )
+    ran = {"DepthwiseConv2dNativeBackpropFilter": {}, "Conv2D": {}, "Mul": {}}
+    left = pool_size_ops_left(profile, ran)
+    assert left == ("DepthwiseConv2dNativeBackpropFilter",)
+    assert bits_follow(profile, False, "cpu", left) == [
+        "16 threads (through DepthwiseConv2dNativeBackpropFilter)"
+    ]
+    assert tiers(profile, False, "cpu", left) == ["this-machine", "any-batch"]
+    # The ops the patch replaces did not run: the profile's tiers stand.
+    replaced = {"PoolSizeFreeBiasAddGrad": {}, "TfdetFixedOrderMatMul": {}}
+    assert pool_size_ops_left(profile, replaced) == ()
+    assert tiers(profile, False) == [
+        "this-machine", "any-thread-count", "any-x86-cpu", "any-batch"
+    ]  # fmt: skip
+    # One thread, or bits that follow the pool by the profile: nothing to add.
+    assert pool_size_ops_left({**profile, "intra_op_threads": 1}, ran) == ()
+    assert pool_size_ops_left({**profile, "patches": ["auto"]}, ran) == ()
 
 
 @pytest.mark.parametrize(

@@ -576,14 +576,17 @@ def _row(setting: Setting, figures: _Figures, baseline: str) -> _cost_report.Cos
     ready = figures.ready[name]
     xla, device = bool(ready["xla"]), ready["device"]
     digests, unknown = _repeat(figures.digests.get(name, []))
+    profile, ops = ready["profile"], figures.ops.get(name, {})
+    # What the profile promises, less what the profiled steps ran against it.
+    left = _timed_settings.pool_size_ops_left(profile, ops) if profile else ()
     return _cost_report.CostRow(
         setting=setting,
         **dataclasses.asdict(timing),
         xla=xla,
-        bits_follow=tuple(_timed_settings.bits_follow(ready["profile"], xla, device)),
-        tiers=tuple(_timed_settings.tiers(ready["profile"], xla, device)),
+        bits_follow=tuple(_timed_settings.bits_follow(profile, xla, device, left)),
+        tiers=tuple(_timed_settings.tiers(profile, xla, device, left)),
         digests=digests,
         same_bits_unknown=unknown,
-        ops=_shares(figures.ops.get(name, {}), timing.ms_per_step),
+        ops=_shares(ops, timing.ms_per_step),
         note=_timed_settings.not_as_asked(setting, ready["profile"], xla),
     )

@@ -140,7 +140,29 @@ def gpu_settings_for(cores: int, xla: bool = True) -> list[Setting]:
     return found
 
 
-def bits_follow(profile: dict[str, Any], xla: bool, device: str = "cpu") -> list[str]:
+def pool_size_ops_left(profile: dict[str, Any], op_types: Any) -> tuple[str, ...]:
+    """Those of a run's op types that follow the pool although its profile
+    says its bits do not: TensorFlow's own ops that the hazard table marks
+    pool-size-dependent, still in a step under the pool-size-free products
+    (an op they do not replace: a 3-D convolution's filter gradient, say).
+
+    Args:
+        profile: A run's `tfdet.Profile`, as `Profile.to_dict()` gives it.
+        op_types: The op types its profiled steps ran.
+    """
+    from tfdet.patches import _hazards
+
+    if profile["intra_op_threads"] == 1 or _tiers.follows_threads(profile):
+        return ()
+    return _hazards.pool_size_dependent(op_types, profile["tensorflow_version"])
+
+
+def bits_follow(
+    profile: dict[str, Any],
+    xla: bool,
+    device: str = "cpu",
+    pool_size_ops: tuple[str, ...] = (),
+) -> list[str]:
     """The machine facts that decide a run's bits because its profile leaves
     them free: the ones a faster setting trades (the tiers it does not
     reach, `tfdet._pin._tiers`, in words). Empty: the same bits on any
@@ -151,6 +173,8 @@ def bits_follow(profile: dict[str, Any], xla: bool, device: str = "cpu") -> list
         xla: Whether the run trained with XLA (whose CPU code has its own
             instruction-set cap).
         device: "cpu" or "gpu": where the run trained.
+        pool_size_ops: The run's ops that follow the pool all the same
+            (`pool_size_ops_left`).
     """
     if device == "gpu":  # No GPU run was measured to repeat on another one.
         return ["the GPU model and its software"]
@@ -158,15 +182,31 @@ def bits_follow(profile: dict[str, Any], xla: bool, device: str = "cpu") -> list
     threads = profile["intra_op_threads"]
     if _tiers.follows_threads(profile):
         tied.append("the core count" if threads == 0 else f"{threads} threads")
+    elif pool_size_ops:
+        tied.append(f"{threads} threads (through {', '.join(pool_size_ops)})")
     if _tiers.follows_isa(profile, xla):
         xla_only = profile["cpu_isa"] not in ("ALL", "not applicable")
         tied.append("the CPU's instruction set" + (" (XLA:CPU)" if xla_only else ""))
     return tied
 
 
-def tiers(profile: dict[str, Any], xla: bool, device: str = "cpu") -> list[str]:
-    """The tiers a run's profile gives, by name (`tfdet._pin._tiers.given`)."""
-    return [tier.name for tier in _tiers.given(profile, xla, device)]
+def tiers(
+    profile: dict[str, Any],
+    xla: bool,
+    device: str = "cpu",
+    pool_size_ops: tuple[str, ...] = (),
+) -> list[str]:
+    """The tiers a run's profile gives, by name (`tfdet._pin._tiers.given`),
+    less those of any thread count (any x86 CPU among them: any core count)
+    where some of its ops follow the pool all the same (`pool_size_ops`)."""
+    given = _tiers.given(profile, xla, device)
+    if pool_size_ops:
+        given = [
+            tier
+            for tier in given
+            if tier not in (_tiers.ANY_THREAD_COUNT, _tiers.ANY_X86_CPU)
+        ]
+    return [tier.name for tier in given]
 
 
 def not_as_asked(
