@@ -1,8 +1,9 @@
 """tfdet's fixed-order product kernel: bits fixed by the shapes alone.
 
-Its values agree with `tf.matmul` and `tf.raw_ops.Conv2D` to float32
-rounding (forward and both gradients, every transpose, broadcast batches,
-strides, paddings, dilations); its bits do not follow the row count (a row
+Its values agree with `tf.matmul`, `tf.raw_ops.Conv2D` and the depthwise
+convolution's filter gradient to float32 rounding (forward and both
+gradients, every transpose, broadcast batches, strides, paddings,
+dilations); its bits do not follow the row count (a row
 computed in a batch of 96 equals the row computed alone, an image's
 convolution and input gradient in a batch of 12 equal them computed alone),
 the micro-kernel's vector width (AVX-512, AVX2 and scalar paths), nor the pool size
@@ -263,6 +264,59 @@ def test_the_filter_gradient_has_the_bits_of_the_product_over_its_patches(
         assert _bits(gradient) == _bits(product), (geometry, count or filters)
 
 
+# Depthwise filter gradients (image, filter size, strides, padding,
+# dilation): 16-channel blocks and a tail (37 channels), a stride, a
+# dilation (which TensorFlow's Python wrapper computes through
+# space_to_batch), explicit padding, and a filter 9 wide (the scalar path).
+DEPTHWISE = (
+    ((4, 9, 11, 37), (3, 3), 1, "SAME", 1),
+    ((3, 12, 13, 32), (3, 3), 2, "VALID", 1),
+    ((2, 11, 10, 40), (3, 3), 1, "SAME", 2),
+    ((2, 7, 8, 16), (2, 3), 1, [[0, 0], [1, 2], [0, 1], [0, 0]], 1),
+    ((2, 6, 12, 16), (1, 9), 1, "SAME", 1),
+)
+
+
+@pytest.mark.parametrize("case", DEPTHWISE, ids=lambda case: str(case[:3]))
+def test_the_depthwise_filter_gradient_matches_tensorflow(kernels, case):
+    import tensorflow as tf
+
+    from tfdet.patches import fixed_order_convolutions
+
+    image, (rows, columns), stride, padding, dilation = case
+    rng = np.random.default_rng(5)
+    x = tf.constant(rng.normal(size=image), tf.float32)
+    w = tf.constant(rng.normal(size=(rows, columns, image[3], 1)), tf.float32)
+    strides = [1, stride, stride, 1]
+    with tf.GradientTape() as tape:
+        tape.watch(w)
+        y = tf.nn.depthwise_conv2d(x, w, strides, padding, dilations=[dilation] * 2)
+    upstream = tf.constant(rng.normal(size=y.shape), tf.float32)
+    reference = tape.gradient(y, w, output_gradients=upstream)
+    explicit = not isinstance(padding, str)
+    mine = kernels.depthwise_conv2d_backprop_filter(
+        x,
+        tf.shape(w),
+        upstream,
+        strides=strides,
+        padding="EXPLICIT" if explicit else padding,
+        explicit_paddings=sum(padding, []) if explicit else [],
+        dilations=[1, dilation, dilation, 1],
+    )
+    scale = float(np.abs(reference).max())
+    assert np.abs(mine - reference).max() / scale < 1e-5
+    # The patch's replacement takes TensorFlow's op out of a traced step.
+    replacement = fixed_order_convolutions.depthwise_conv2d_native_backprop_filter
+    graph = tf.function(
+        lambda x, dy: replacement(x, [rows, columns, image[3], 1], dy, strides, "SAME")
+    ).get_concrete_function(
+        tf.TensorSpec([None, *image[1:]]), tf.TensorSpec([None, *y.shape[1:]])
+    )
+    ops = {op.type for op in graph.graph.get_operations()}
+    assert "TfdetFixedOrderDepthwiseConv2dNativeBackpropFilter" in ops, ops
+    assert "DepthwiseConv2dNativeBackpropFilter" not in ops, ops
+
+
 def test_second_derivatives_of_a_convolution_match_tensorflow(kernels):
     """The gradient ops' own gradients (a gradient penalty's, say) are the
     kernel's too, with TensorFlow's values."""
@@ -344,6 +398,9 @@ def _path_results(kernels, monkeypatch, path):
     w = tf.constant(rng.normal(size=(3, 3, 5, 19)), tf.float32)
     upstream = tf.constant(rng.normal(size=(3, 5, 5, 19)), tf.float32)
     attributes = {"strides": [1, 2, 2, 1], "padding": "SAME"}
+    # 37 channels: two whole 16-lane blocks of the depthwise kernel, a tail.
+    depthwise = tf.constant(rng.normal(size=(3, 9, 9, 37)), tf.float32)
+    depthwise_upstream = tf.constant(rng.normal(size=(3, 5, 5, 37)), tf.float32)
     results = [
         kernels.matmul(a, b),
         kernels.matmul(b, a, transpose_a=True, transpose_b=True),
@@ -351,6 +408,9 @@ def _path_results(kernels, monkeypatch, path):
         kernels.conv2d(images, w, **attributes),
         kernels.conv2d_backprop_input(tf.shape(images), w, upstream, **attributes),
         kernels.conv2d_backprop_filter(images, tf.shape(w), upstream, **attributes),
+        kernels.depthwise_conv2d_backprop_filter(
+            depthwise, [3, 3, 37, 1], depthwise_upstream, **attributes
+        ),
     ]
     return [_bits(r) for r in results]
 
@@ -496,6 +556,17 @@ for name, convolve in convolutions:
         for batch in (1, 5)
     }
     found[name].update(conv_pool=digest(tensors), conv_images=differ)
+
+# A depthwise convolution's filter gradient (32 channels at 48x48, whose
+# TensorFlow kernel, oneDNN's, splits the images by the pool), by the
+# kernel and by TensorFlow's op.
+from tensorflow.python.ops import gen_nn_ops
+x = tf.constant(rng.normal(size=(64, 48, 48, 32)), tf.float32)
+dy = tf.constant(rng.normal(size=(64, 48, 48, 32)), tf.float32)
+for name, gradient in (("kernel", kernels.depthwise_conv2d_backprop_filter),
+                       ("tf", gen_nn_ops.depthwise_conv2d_native_backprop_filter)):
+    found[name]["depthwise_pool"] = digest(
+        [gradient(x, [3, 3, 32, 1], dy, strides=[1, 1, 1, 1], padding="SAME")])
 print(json.dumps(found))
 """
 
@@ -558,4 +629,9 @@ def test_bits_follow_neither_pool_nor_batch_where_tensorflows_ops_do(kernels):
     # (oneDNN's convolutions here gave the AVX2 cap's bits under AVX-512 on a
     # Zen 5: the width's control is the product's, above.)
     assert tf_conv[(1, "SSE41")] != tf_conv[(1, "AVX2")], tf_conv
+    # The depthwise filter gradient: one digest; TensorFlow's follows the pool.
+    kernel = {s: r["kernel"]["depthwise_pool"] for s, r in results.items()}
+    tf_depthwise = {s: r["tf"]["depthwise_pool"] for s, r in results.items()}
+    assert len(set(kernel.values())) == 1, kernel
+    assert len({tf_depthwise[(t, "AVX2")] for t in POOLS}) > 1, tf_depthwise
     assert any(sum(r["tf"]["conv_images"].values()) for r in results.values()), results

@@ -167,6 +167,20 @@ def conv2d_backprop_filter(
     )
 
 
+def depthwise_conv2d_backprop_filter(
+    x: Any, filter_sizes: Any, out_backprop: Any, **attributes: Any
+) -> Any:
+    """`tf.raw_ops.DepthwiseConv2dNativeBackpropFilter` (NHWC, float32, a
+    depth multiplier of 1), by the kernel."""
+    return _convolution(
+        "tfdet_fixed_order_depthwise_conv2d_native_backprop_filter",
+        x,
+        filter_sizes,
+        out_backprop,
+        **attributes,
+    )
+
+
 def _attributes(op: Any) -> dict[str, Any]:
     """A convolution op's attributes, to give the ops of its gradient."""
     return {

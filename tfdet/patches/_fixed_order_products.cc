@@ -1136,6 +1136,194 @@ class FixedOrderConv2DBackpropFilterOp : public tensorflow::OpKernel {
   ConvolutionAttributes attributes_;
 };
 
+// ---------------------------------------------------------------------------
+// The filter gradient of a depthwise convolution (one filter per channel):
+// weight (tap, channel) is one chain of FMAs over the output positions
+// (image, row, column) in order, of the input value that the tap reads
+// there (a position whose tap reads padding adds no term) times the output
+// gradient. A vector's lanes are channels, each lane its own chain, so the
+// AVX-512, AVX2 and scalar paths give the same bits; the work is split over
+// (filter row, block of channels) only, never over the positions. TensorFlow's own
+// kernel gives each thread a share of the images and adds the shares.
+
+constexpr int64 kDepthwiseLanes = 16;  // the channels of a task's chains
+constexpr int64 kDepthwiseColumns = 8;  // filter columns the vector paths take
+
+// What one task computes: filter row `row`, every column of it, `lanes`
+// channels from c0. Each output position's gradient is read once for all
+// the row's taps, so the gradient is read filter_h times in all, not once
+// per tap. The row's accumulators live in `acc` (column by column, 16
+// lanes each).
+struct DepthwiseTask {
+  const Geometry& g;
+  const float* x;
+  const float* dy;
+  int64 row, c0, lanes;
+};
+
+// The input row that filter row `row` reads at output row oh (of image
+// `image`), as the offset of its first pixel; false where it reads padding.
+inline bool DepthwiseRow(const DepthwiseTask& t, int64 image, int64 oh,
+                         int64* row_offset) {
+  const Geometry& g = t.g;
+  const int64 ih = oh * g.stride_h + t.row * g.dilation_h - g.pad_top;
+  if (ih < 0 || ih >= g.height) return false;
+  *row_offset = (image * g.height + ih) * g.width;
+  return true;
+}
+
+// The input column that filter column `column` reads at output column ow;
+// -1 where it reads padding.
+inline int64 DepthwiseColumn(const Geometry& g, int64 ow, int64 column) {
+  const int64 iw = ow * g.stride_w + column * g.dilation_w - g.pad_left;
+  return iw < 0 || iw >= g.width ? -1 : iw;
+}
+
+// One task's chains, each lane with std::fma (any filter width).
+void DepthwiseScalar(const DepthwiseTask& t, float* out) {
+  const Geometry& g = t.g;
+  std::vector<float> acc(g.filter_w * kDepthwiseLanes, 0.0f);
+  int64 row_offset;
+  for (int64 image = 0; image < g.batch; ++image)
+    for (int64 oh = 0; oh < g.out_h; ++oh) {
+      if (!DepthwiseRow(t, image, oh, &row_offset)) continue;
+      for (int64 ow = 0; ow < g.out_w; ++ow) {
+        const float* b =
+            t.dy + ((image * g.out_h + oh) * g.out_w + ow) * g.channels + t.c0;
+        for (int64 column = 0; column < g.filter_w; ++column) {
+          const int64 iw = DepthwiseColumn(g, ow, column);
+          if (iw < 0) continue;
+          const float* a = t.x + (row_offset + iw) * g.channels + t.c0;
+          float* sum = acc.data() + column * kDepthwiseLanes;
+          for (int64 l = 0; l < t.lanes; ++l) sum[l] = std::fma(a[l], b[l], sum[l]);
+        }
+      }
+    }
+  for (int64 column = 0; column < g.filter_w; ++column)
+    std::memcpy(out + column * g.channels, acc.data() + column * kDepthwiseLanes,
+                t.lanes * sizeof(float));
+}
+
+#ifdef TFDET_X86
+// The same chains for kDepthwiseLanes channels, two 8-lane FMAs a term.
+__attribute__((target("avx2,fma"))) void DepthwiseAvx2(const DepthwiseTask& t,
+                                                       float* out) {
+  const Geometry& g = t.g;
+  __m256 low[kDepthwiseColumns], high[kDepthwiseColumns];
+  for (int64 column = 0; column < g.filter_w; ++column)
+    low[column] = high[column] = _mm256_setzero_ps();
+  int64 row_offset;
+  for (int64 image = 0; image < g.batch; ++image)
+    for (int64 oh = 0; oh < g.out_h; ++oh) {
+      if (!DepthwiseRow(t, image, oh, &row_offset)) continue;
+      for (int64 ow = 0; ow < g.out_w; ++ow) {
+        const float* b =
+            t.dy + ((image * g.out_h + oh) * g.out_w + ow) * g.channels + t.c0;
+        const __m256 b_low = _mm256_loadu_ps(b), b_high = _mm256_loadu_ps(b + 8);
+        for (int64 column = 0; column < g.filter_w; ++column) {
+          const int64 iw = DepthwiseColumn(g, ow, column);
+          if (iw < 0) continue;
+          const float* a = t.x + (row_offset + iw) * g.channels + t.c0;
+          low[column] = _mm256_fmadd_ps(_mm256_loadu_ps(a), b_low, low[column]);
+          high[column] =
+              _mm256_fmadd_ps(_mm256_loadu_ps(a + 8), b_high, high[column]);
+        }
+      }
+    }
+  for (int64 column = 0; column < g.filter_w; ++column) {
+    _mm256_storeu_ps(out + column * g.channels, low[column]);
+    _mm256_storeu_ps(out + column * g.channels + 8, high[column]);
+  }
+}
+
+// The same chains for kDepthwiseLanes channels, one 16-lane FMA a term.
+__attribute__((target("avx512f"))) void DepthwiseAvx512(const DepthwiseTask& t,
+                                                        float* out) {
+  const Geometry& g = t.g;
+  __m512 acc[kDepthwiseColumns];
+  for (int64 column = 0; column < g.filter_w; ++column)
+    acc[column] = _mm512_setzero_ps();
+  int64 row_offset;
+  for (int64 image = 0; image < g.batch; ++image)
+    for (int64 oh = 0; oh < g.out_h; ++oh) {
+      if (!DepthwiseRow(t, image, oh, &row_offset)) continue;
+      for (int64 ow = 0; ow < g.out_w; ++ow) {
+        const __m512 b = _mm512_loadu_ps(
+            t.dy + ((image * g.out_h + oh) * g.out_w + ow) * g.channels + t.c0);
+        for (int64 column = 0; column < g.filter_w; ++column) {
+          const int64 iw = DepthwiseColumn(g, ow, column);
+          if (iw < 0) continue;
+          acc[column] = _mm512_fmadd_ps(
+              _mm512_loadu_ps(t.x + (row_offset + iw) * g.channels + t.c0), b,
+              acc[column]);
+        }
+      }
+    }
+  for (int64 column = 0; column < g.filter_w; ++column)
+    _mm512_storeu_ps(out + column * g.channels, acc[column]);
+}
+#endif
+
+class FixedOrderDepthwiseBackpropFilterOp : public tensorflow::OpKernel {
+ public:
+  explicit FixedOrderDepthwiseBackpropFilterOp(
+      tensorflow::OpKernelConstruction* context)
+      : OpKernel(context), attributes_(context) {}
+
+  void Compute(tensorflow::OpKernelContext* context) override {
+    const tensorflow::Tensor& input = context->input(0);
+    const tensorflow::Tensor& out_backprop = context->input(2);
+    tensorflow::TensorShape filter_shape;
+    if (!ShapeFrom(context, context->input(1), &filter_shape)) return;
+    OP_REQUIRES(context, filter_shape.dim_size(3) == 1,
+                tensorflow::errors::InvalidArgument(
+                    "Expected a depth multiplier of 1. Received: ",
+                    filter_shape.DebugString()));
+    Geometry g;
+    if (!attributes_.Make(context, input.shape(), filter_shape, &g)) return;
+    // One output channel per input channel (a multiplier of 1).
+    g.filters = g.channels;
+    if (!MatchesOutput(context, g, out_backprop)) return;
+    tensorflow::Tensor* output = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, filter_shape, &output));
+    float* out = output->flat<float>().data();
+    const float* x = input.flat<float>().data();
+    const float* dy = out_backprop.flat<float>().data();
+    const int64 blocks = (g.channels + kDepthwiseLanes - 1) / kDepthwiseLanes;
+    const int64 terms = g.batch * g.out_h * g.out_w;
+    const std::string path = ChooseKernels().name;
+    const bool vectors = g.filter_w <= kDepthwiseColumns;
+    auto* workers = context->device()->tensorflow_cpu_worker_threads();
+    const int64 threads = ThreadsFor(g.filter_h * g.filter_w * g.channels * terms,
+                                     workers->num_threads);
+    tensorflow::Shard(
+        threads, workers->workers, g.filter_h * blocks,
+        std::max<int64>(1, g.filter_w * kDepthwiseLanes * terms),
+        [&](int64 begin, int64 end) {
+          for (int64 task = begin; task < end; ++task) {
+            const int64 c0 = (task % blocks) * kDepthwiseLanes;
+            const DepthwiseTask t{g,  x,  dy, task / blocks,
+                                  c0, std::min(kDepthwiseLanes, g.channels - c0)};
+            float* dst = out + t.row * g.filter_w * g.channels + c0;
+#ifdef TFDET_X86
+            if (vectors && t.lanes == kDepthwiseLanes && path == "avx512") {
+              DepthwiseAvx512(t, dst);
+              continue;
+            }
+            if (vectors && t.lanes == kDepthwiseLanes && path == "avx2") {
+              DepthwiseAvx2(t, dst);
+              continue;
+            }
+#endif
+            DepthwiseScalar(t, dst);
+          }
+        });
+  }
+
+ private:
+  ConvolutionAttributes attributes_;
+};
+
 // A gradient op's output: the shape its sizes input (input 0 or 1) holds.
 absl::Status ShapeFromSizes(tensorflow::shape_inference::InferenceContext* c,
                             int sizes_input) {
@@ -1212,6 +1400,16 @@ REGISTER_OP("TfdetFixedOrderConv2DBackpropFilter")
       return tfdet::ShapeFromSizes(c, 1);
     });
 
+REGISTER_OP("TfdetFixedOrderDepthwiseConv2dNativeBackpropFilter")
+    .Input("input: float")
+    .Input("filter_sizes: int32")
+    .Input("out_backprop: float")
+    .Output("output: float")
+    .TFDET_CONVOLUTION_ATTRIBUTES
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      return tfdet::ShapeFromSizes(c, 1);
+    });
+
 REGISTER_OP("TfdetFixedOrderVectorPath")
     .Output("path: string")
     .SetIsStateful()  // read at each call: TFDET_FIXED_ORDER_ISA may change
@@ -1235,3 +1433,7 @@ REGISTER_KERNEL_BUILDER(
 REGISTER_KERNEL_BUILDER(
     Name("TfdetFixedOrderConv2DBackpropFilter").Device(tensorflow::DEVICE_CPU),
     tfdet::FixedOrderConv2DBackpropFilterOp);
+REGISTER_KERNEL_BUILDER(
+    Name("TfdetFixedOrderDepthwiseConv2dNativeBackpropFilter")
+        .Device(tensorflow::DEVICE_CPU),
+    tfdet::FixedOrderDepthwiseBackpropFilterOp);

@@ -27,7 +27,12 @@ is neither cached nor buildable (no C++ compiler), tfdet says so once, the
 composition computes every convolution (other bits), and the profile's
 `kernels` leaves this patch out. Values agree with TensorFlow's to float32
 rounding. A SavedModel traced while it is installed holds tfdet's ops: export
-with it off. Not covered: depthwise and 3-D convolutions.
+with it off. A depthwise convolution's filter gradient (one filter per
+channel) is the kernel's too: each weight one chain over the output
+positions in order, the channels in the vectors' lanes. Not covered: the
+depthwise forward and input gradient (TensorFlow's split only over their
+outputs), a depth multiplier above one (the composition) and 3-D
+convolutions.
 """
 
 from __future__ import annotations
@@ -39,7 +44,12 @@ from tfdet.patches._registry import Patch
 
 _CONVOLUTIONS = {
     name: _exact_math.GeneratedOp("tensorflow.python.ops.gen_nn_ops", name)
-    for name in ("conv2d", "conv2d_backprop_input", "conv2d_backprop_filter")
+    for name in (
+        "conv2d",
+        "conv2d_backprop_input",
+        "conv2d_backprop_filter",
+        "depthwise_conv2d_native_backprop_filter",
+    )
 }
 
 
@@ -173,8 +183,48 @@ def conv2d_backprop_filter(
         )
 
 
+def depthwise_conv2d_native_backprop_filter(
+    input: Any,  # noqa: A002 - TensorFlow's argument name
+    filter_sizes: Any,
+    out_backprop: Any,
+    strides: Any,
+    padding: str,
+    explicit_paddings: Any = (),
+    data_format: str = "NHWC",
+    dilations: Any = (1, 1, 1, 1),
+    name: str | None = None,
+) -> Any:
+    """`tf.raw_ops.DepthwiseConv2dNativeBackpropFilter` by the fixed-order
+    kernel (NHWC float32, one filter per channel; a depth multiplier above
+    one goes to `pool_size_free_products`' composition)."""
+    import tensorflow as tf
+
+    x, upstream = tf.convert_to_tensor(input), tf.convert_to_tensor(out_backprop)
+    sizes = pool_size_free_products._static_filter_shape(filter_sizes)
+    one_per_channel = sizes is not None and sizes[3] == 1
+    if not _kernel_takes(data_format, (x, upstream), one_per_channel):
+        # The composition for float32 NHWC; it leaves the rest to TensorFlow.
+        return pool_size_free_products.depthwise_conv2d_native_backprop_filter(
+            input, filter_sizes, out_backprop, strides, padding,
+            explicit_paddings, data_format, dilations, name,
+            original=_CONVOLUTIONS["depthwise_conv2d_native_backprop_filter"].original,
+        )  # fmt: skip
+    with tf.name_scope(name or "FixedOrderDepthwiseConv2dNativeBackpropFilter"):
+        return _fixed_order_kernels.depthwise_conv2d_backprop_filter(
+            x,
+            tf.cast(filter_sizes, tf.int32),
+            upstream,
+            **_attributes(strides, padding, explicit_paddings, dilations),
+        )
+
+
 # The op types this patch computes apart from the pool size and the batch.
-COVERED = ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter")
+COVERED = (
+    "Conv2D",
+    "Conv2DBackpropInput",
+    "Conv2DBackpropFilter",
+    "DepthwiseConv2dNativeBackpropFilter",
+)
 
 
 def _apply(swap: Any) -> None:
@@ -184,10 +234,14 @@ def _apply(swap: Any) -> None:
     _CONVOLUTIONS["conv2d"].replace(swap, conv2d)
     _CONVOLUTIONS["conv2d_backprop_input"].replace(swap, conv2d_backprop_input)
     _CONVOLUTIONS["conv2d_backprop_filter"].replace(swap, conv2d_backprop_filter)
+    _CONVOLUTIONS["depthwise_conv2d_native_backprop_filter"].replace(
+        swap, depthwise_conv2d_native_backprop_filter
+    )
 
 
 PATCH = Patch(
-    summary="Conv2D and its two gradients -> tfdet's fixed-order product kernel "
+    summary="Conv2D and its two gradients, the depthwise filter gradient -> "
+    "tfdet's fixed-order product kernel "
     "over the image's patches (bits independent of the pool size, the batch, "
     "the vector width and oneDNN)",
     upstream="https://github.com/uxlfoundation/oneDNN/issues/1443",

@@ -466,9 +466,11 @@ def depthwise_conv2d_native_backprop_filter(
     data_format: str = "NHWC",
     dilations: Any = (1, 1, 1, 1),
     name: str | None = None,
+    original: Any = None,
 ) -> Any:
     """`tf.raw_ops.DepthwiseConv2dNativeBackpropFilter`, bits independent of
-    the pool size.
+    the pool size (`original`, TensorFlow's op where another patch replaced
+    it, for what this leaves to it).
 
     TensorFlow's kernel gives each thread a share of the images and adds the
     threads' partial sums; here each filter position's gradient is a `Sum`
@@ -496,7 +498,7 @@ def depthwise_conv2d_native_backprop_filter(
         _whole_packets.left_to_tensorflow(
             "DepthwiseConv2dNativeBackpropFilter", x.dtype, unsupported
         )
-        return _DEPTHWISE_FILTER_GRAD.original(
+        return (original or _DEPTHWISE_FILTER_GRAD.original)(
             input,
             filter_sizes,
             out_backprop,
@@ -830,7 +832,7 @@ def _apply(swap: Any) -> None:
         _CONV.replace(swap, conv2d)
         _FILTER_GRAD.replace(swap, conv2d_backprop_filter)
         _INPUT_GRAD.replace(swap, conv2d_backprop_input)
-    _DEPTHWISE_FILTER_GRAD.replace(swap, depthwise_conv2d_native_backprop_filter)
+        _DEPTHWISE_FILTER_GRAD.replace(swap, depthwise_conv2d_native_backprop_filter)
     _GELU.replace(swap, gelu)
     _BIAS_GRAD.replace(swap, bias_add_grad)
     _whole_packets.apply(swap)
