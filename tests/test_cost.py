@@ -35,6 +35,7 @@ from tfdet._cost._timed_settings import (
 )
 from tfdet._pin import _devices, _tiers
 from tfdet._pin._profile import Profile
+from tfdet.patches import portable_kernels
 
 # --- The per-op times, from a profiler trace written here -------------------
 
@@ -234,9 +235,10 @@ def test_the_settings_a_user_would_try_are_timed():
     assert settings_for(1)[2].name == "enable(cpu_isa=None)"
     # Where a compiler builds tfdet's kernels: the pool-size-free products
     # with them too, beside the composition (the same tiers, other speed);
-    # not the GELU's kernel, which the pool-size-free products keep out.
+    # the GELU's where this TensorFlow has a composition for it to stand for.
     kernels = settings_for(4, kernels=True)
     assert [setting.name for setting in kernels[:5]] == names[:5]
+    gelu = ["portable_kernels"] if portable_kernels.PATCH.needed() else []
     assert kernels[5].enable == {
         "threads": 4,
         "patches": [
@@ -244,6 +246,7 @@ def test_the_settings_a_user_would_try_are_timed():
             POOL_SIZE_FREE,
             "fixed_order_products",
             "fixed_order_convolutions",
+            *gelu,
         ],
     }
     assert kernels[6:] == settings_for(4)[5:]

@@ -83,7 +83,7 @@ def test_a_kernel_that_disagrees_is_not_used_and_says_so_once(
 
     class Wrong:
         @staticmethod
-        def tfdet_portable_erfc(x):
+        def tfdet_portable_erfc(x, whole_packets=False):
             return tf.zeros_like(x)
 
     monkeypatch.setattr(portable_kernels.LIBRARY, "_state", {"library": Wrong()})
@@ -213,7 +213,7 @@ def test_an_exported_model_loads_and_serves_the_same_bits_without_tfdet(
 
 
 _BATCHES = """
-import json, sys
+import hashlib, json, sys
 import numpy as np
 import tfdet
 tfdet.enable(threads=2, patches=json.loads(sys.argv[1]))
@@ -227,6 +227,7 @@ print(json.dumps({
     "kernel": "TfdetPortableErfc" in {op.type for op in graph.get_operations()},
     "rows": {b: int(np.any(gelu(x[:b]).numpy() != whole[:b], 1).sum())
              for b in (1, 5, 7, 32)},
+    "y": hashlib.sha256(whole.tobytes()).hexdigest(),
 }))
 """
 
@@ -238,13 +239,17 @@ print(json.dumps({
 def test_with_pool_size_free_products_the_gelu_keeps_its_bits_in_any_batch(library):
     """The kernel's exp, like TensorFlow's Exp, takes the scalar path for a
     tensor's last `size % 8` elements, so its bits follow the batch; under
-    `pool_size_free_products` (whose promise is any batch) the composition,
-    whose Exp runs on whole packets, is kept."""
+    `pool_size_free_products` (whose promise is any batch) it runs on whole
+    packets, as the composition's Exp does there, and the kernel is kept."""
     kept = _run(
         _BATCHES, json.dumps(["auto", "pool_size_free_products", "portable_kernels"])
     )
-    assert kept["kernel"] is False
+    assert kept["kernel"] is True
     assert set(kept["rows"].values()) == {0}, kept
+    # The same bits as the composition under the same patches.
+    composed = _run(_BATCHES, json.dumps(["auto", "pool_size_free_products"]))
+    assert composed["kernel"] is False
+    assert kept["y"] == composed["y"], (kept, composed)
     # The control: the kernel alone (the default profile's promise has no
     # batch in it) gives a row of a batch of 5 other bits.
     alone = _run(_BATCHES, json.dumps(["auto", "portable_kernels"]))

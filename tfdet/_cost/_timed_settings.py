@@ -63,12 +63,12 @@ XLA = Setting("enable() + jit_compile=True", {}, jit_compile=True)
 
 # The opt-in patches whose ops are tfdet's own kernels, compiled at first
 # use: beside the pool-size-free products, a model's products and
-# convolutions (and their gradients) are one op each. (`portable_kernels`'
-# GELU is not among them: beside the pool-size-free products it keeps the
-# composition, whose Exp runs on whole packets.)
+# convolutions (and their gradients) are one op each, and the exact GELU's
+# erfc one op whose exp runs on whole packets, as the composition's does.
 KERNEL_PATCHES = (
     "fixed_order_products",
     "fixed_order_convolutions",
+    "portable_kernels",
 )
 
 

@@ -13,7 +13,12 @@
 // whole flat tensor on the op's thread pool, from the same Eigen headers,
 // for the same packet width (this file is compiled for AVX, as the
 // TensorFlow wheels' kernels are); whether an element takes the packet or
-// the scalar path depends only on its index and the tensor's size.
+// the scalar path depends only on its index and the tensor's size. With
+// `whole_packets`, the exp runs over the tensor padded with zeros to a whole
+// number of kWholePacket elements, so every element takes the packet path,
+// as the composition's Exp does under the pool-size-free products (whose
+// element-wise functions are padded so): then an element's bits do not
+// follow the tensor's size, and with it the batch.
 //
 // tfdet checks the bits against the composition when it loads the library
 // and uses the op only when they agree.
@@ -22,6 +27,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "tensorflow/core/framework/op.h"
@@ -147,24 +153,34 @@ inline void ForEach(Eigen::Index first, Eigen::Index last, Lanes lanes,
   for (; i < last; ++i) scalar(i);
 }
 
+// The pad of the whole-packets mode: a multiple of every float32 packet
+// Eigen uses (tfdet.patches._whole_packets.PACKET).
+constexpr Eigen::Index kWholePacket = 16;
+
 // A cost per element for Eigen's thread pool (bytes in, bytes out, cycles).
 const Eigen::TensorOpCost kCost(8, 4, 20);
 
 class PortableErfcOp : public OpKernel {
  public:
-  explicit PortableErfcOp(OpKernelConstruction* context) : OpKernel(context) {}
+  explicit PortableErfcOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("whole_packets", &whole_packets_));
+  }
 
   void Compute(OpKernelContext* context) override {
     const Tensor& input = context->input(0);
     Tensor* output = nullptr;
     OP_REQUIRES_OK(context,
                    context->allocate_output(0, input.shape(), &output));
-    Tensor negated_square;
-    OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DT_FLOAT,
-                                                   input.shape(),
-                                                   &negated_square));
     const Eigen::Index size = input.NumElements();
     if (size == 0) return;
+    const Eigen::Index padded =
+        whole_packets_ ? (size + kWholePacket - 1) / kWholePacket * kWholePacket
+                       : size;
+    Tensor negated_square;
+    OP_REQUIRES_OK(context,
+                   context->allocate_temp(tensorflow::DT_FLOAT,
+                                          tensorflow::TensorShape({padded}),
+                                          &negated_square));
     const float* x = input.flat<float>().data();
     float* exp_term = negated_square.flat<float>().data();
     float* y = output->flat<float>().data();
@@ -179,6 +195,7 @@ class PortableErfcOp : public OpKernel {
           },
           [&](Eigen::Index i) { exp_term[i] = NegatedSquare(x[i]); });
     });
+    std::fill(exp_term + size, exp_term + padded, 0.0f);
     auto exp_flat = negated_square.flat<float>();
     exp_flat.device(device) = exp_flat.exp();
 
@@ -192,6 +209,9 @@ class PortableErfcOp : public OpKernel {
           [&](Eigen::Index i) { y[i] = Erfc(x[i], exp_term[i]); });
     });
   }
+
+ private:
+  bool whole_packets_;
 };
 
 }  // namespace
@@ -200,6 +220,7 @@ class PortableErfcOp : public OpKernel {
 REGISTER_OP("TfdetPortableErfc")
     .Input("x: float")
     .Output("y: float")
+    .Attr("whole_packets: bool = false")
     .SetShapeFn([](::tensorflow::shape_inference::InferenceContext* context) {
       context->set_output(0, context->input(0));
       return ::tensorflow::OkStatus();

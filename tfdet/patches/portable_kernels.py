@@ -25,12 +25,16 @@ bits), so the SavedModel loads and serves where tfdet is not installed. A
 `tf.function` the program traced itself before saving it may still hold
 `TfdetPortableErfc` (the exports do not trace it again).
 
+Beside `pool_size_free_products`, whose element-wise functions run on
+whole packets (an element's bits then do not follow its tensor's size, nor
+the batch), the kernel runs its exp on whole packets too (`whole_packets`:
+the tensor padded with zeros to a multiple of 16), so it keeps the bits of
+the composition there, which the same check shows.
+
 Opt-in, never installed by "auto": it needs a C++ compiler at first use,
 or a cached build (`TFDET_KERNEL_CACHE`). Where `portable_erfc` is not
 installed (TensorFlow before 2.20, whose Erfc needs no replacement), it
-does nothing; nor beside `pool_size_free_products`, whose promise (any
-batch) the kernel's Exp, scalar on a tensor's last `size % 8` elements,
-would not keep.
+does nothing.
 Cost: `benchmarks/portable_kernels.py`.
 """
 
@@ -56,9 +60,10 @@ LIBRARY = _kernel_library.KernelLibrary(
     fallback="the portable functions run as compositions of TensorFlow's ops "
     "instead (the same bits, slower)",
 )
-# Whether the kernel gave the composition's bits on `probe_inputs()`:
-# checked once a process, at the first use.
-_verdict: dict[str, bool] = {}
+# Whether the kernel gave the composition's bits on `probe_inputs()`, by
+# whether its exp ran on whole packets: checked once a process for each, at
+# the first use.
+_verdict: dict[bool, bool] = {}
 # How many exports are tracing now: while any is, the composition is traced
 # (the same bits, and ops any TensorFlow can load). Not per thread: another
 # thread's step then takes the composition too, with the same bits.
@@ -90,25 +95,31 @@ def probe_inputs() -> Any:
     )
 
 
-def _agrees(library: Any) -> bool:
-    """Whether the kernel gives the composition's bits on `probe_inputs()`."""
+def _agrees(library: Any, whole_packets: bool) -> bool:
+    """Whether the kernel gives the composition's bits on `probe_inputs()`
+    (the composition's Exp on whole packets where `whole_packets`: the
+    pool-size-free products have made it so)."""
     import numpy as np
     import tensorflow as tf
 
     with tf.init_scope():  # Eagerly, also when first called while tracing.
         x = tf.constant(probe_inputs())
-        found = library.tfdet_portable_erfc(x).numpy().view(np.uint32)
-        expected = portable_erfc.erfc_float32(x).numpy().view(np.uint32)
-    return bool(np.array_equal(found, expected))
+        found = library.tfdet_portable_erfc(x, whole_packets=whole_packets)
+        expected = portable_erfc.erfc_float32(x)
+        return bool(
+            np.array_equal(
+                found.numpy().view(np.uint32), expected.numpy().view(np.uint32)
+            )
+        )
 
 
-# Where this patch is installed, its `exp(-x^2)`, like TensorFlow's Exp,
-# takes Eigen's scalar path for the tensor's last `size % 8` elements, so
-# an element's bits follow the tensor's size, and with it the batch. Under
-# it the composition's Exp runs on whole packets (any batch): there the
-# composition is kept. (An exact GELU at batch 5 of 96 rows of 1023 gave
-# one row other bits with the kernel, none with the composition; 2-core
-# AMD EPYC Zen 5, TF 2.21.)
+# Where this patch is installed, TensorFlow's Exp, and the kernel's exp
+# like it, take Eigen's scalar path for a tensor's last `size % 8` elements,
+# so an element's bits follow the tensor's size, and with it the batch; the
+# pool-size-free products run Exp on whole packets (their any-batch
+# promise), and beside them the kernel does too. (An exact GELU at batch 5
+# of 96 rows of 1023 gave one row other bits with the kernel's scalar tail,
+# none on whole packets; 2-core AMD EPYC Zen 5, TF 2.21.)
 _WHOLE_PACKETS = "pool_size_free_products"
 
 
@@ -122,21 +133,17 @@ def erfc(x: Any) -> Any:
     found to agree with the composition in this process; else the
     composition."""
     library = LIBRARY.load()
-    if library is not None and "agrees" not in _verdict:
-        _verdict["agrees"] = _agrees(library)
-        if not _verdict["agrees"]:
+    whole_packets = _beside_whole_packets()
+    if library is not None and whole_packets not in _verdict:
+        _verdict[whole_packets] = _agrees(library, whole_packets)
+        if not _verdict[whole_packets]:
             _LOG.warning(
                 "tfdet: the portable_kernels Erfc kernel gave other bits than the "
                 "composition on its probe inputs; the composition is used."
             )
-    if (
-        library is None
-        or not _verdict["agrees"]
-        or _exporting[0]
-        or _beside_whole_packets()
-    ):
+    if library is None or not _verdict[whole_packets] or _exporting[0]:
         return portable_erfc.erfc_float32(x)
-    return library.tfdet_portable_erfc(x)
+    return library.tfdet_portable_erfc(x, whole_packets=whole_packets)
 
 
 def _without_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -165,10 +172,6 @@ def _apply(swap: Any) -> None:
         # portable and enable() keeps it. Not loaded, so the profile's
         # `kernels` does not name a library no op uses (a machine without a
         # compiler would otherwise differ in its profile, not its bits).
-        return
-    if _beside_whole_packets():
-        # Installed before this patch (the registry installs by name): the
-        # composition is kept (see `erfc`), so, likewise, nothing is loaded.
         return
     # Built (or found in the cache) now, so the first step does not pay for
     # the compiler, and a missing compiler is said at enable().
