@@ -1206,11 +1206,15 @@ void DepthwiseScalar(const DepthwiseTask& t, float* out) {
 
 #ifdef TFDET_X86
 // The same chains for kDepthwiseLanes channels, two 8-lane FMAs a term.
+// kWidth > 0: the filter's width known when compiled (3, the common one),
+// so the accumulators stay in registers; 0: g.filter_w.
+template <int kWidth>
 __attribute__((target("avx2,fma"))) void DepthwiseAvx2(const DepthwiseTask& t,
                                                        float* out) {
   const Geometry& g = t.g;
+  const int64 width = kWidth > 0 ? kWidth : g.filter_w;
   __m256 low[kDepthwiseColumns], high[kDepthwiseColumns];
-  for (int64 column = 0; column < g.filter_w; ++column)
+  for (int64 column = 0; column < width; ++column)
     low[column] = high[column] = _mm256_setzero_ps();
   int64 row_offset;
   for (int64 image = 0; image < g.batch; ++image)
@@ -1220,7 +1224,7 @@ __attribute__((target("avx2,fma"))) void DepthwiseAvx2(const DepthwiseTask& t,
         const float* b =
             t.dy + ((image * g.out_h + oh) * g.out_w + ow) * g.channels + t.c0;
         const __m256 b_low = _mm256_loadu_ps(b), b_high = _mm256_loadu_ps(b + 8);
-        for (int64 column = 0; column < g.filter_w; ++column) {
+        for (int64 column = 0; column < width; ++column) {
           const int64 iw = DepthwiseColumn(g, ow, column);
           if (iw < 0) continue;
           const float* a = t.x + (row_offset + iw) * g.channels + t.c0;
@@ -1230,18 +1234,21 @@ __attribute__((target("avx2,fma"))) void DepthwiseAvx2(const DepthwiseTask& t,
         }
       }
     }
-  for (int64 column = 0; column < g.filter_w; ++column) {
+  for (int64 column = 0; column < width; ++column) {
     _mm256_storeu_ps(out + column * g.channels, low[column]);
     _mm256_storeu_ps(out + column * g.channels + 8, high[column]);
   }
 }
 
-// The same chains for kDepthwiseLanes channels, one 16-lane FMA a term.
+// The same chains for kDepthwiseLanes channels, one 16-lane FMA a term
+// (kWidth as DepthwiseAvx2's).
+template <int kWidth>
 __attribute__((target("avx512f"))) void DepthwiseAvx512(const DepthwiseTask& t,
                                                         float* out) {
   const Geometry& g = t.g;
+  const int64 width = kWidth > 0 ? kWidth : g.filter_w;
   __m512 acc[kDepthwiseColumns];
-  for (int64 column = 0; column < g.filter_w; ++column)
+  for (int64 column = 0; column < width; ++column)
     acc[column] = _mm512_setzero_ps();
   int64 row_offset;
   for (int64 image = 0; image < g.batch; ++image)
@@ -1250,7 +1257,7 @@ __attribute__((target("avx512f"))) void DepthwiseAvx512(const DepthwiseTask& t,
       for (int64 ow = 0; ow < g.out_w; ++ow) {
         const __m512 b = _mm512_loadu_ps(
             t.dy + ((image * g.out_h + oh) * g.out_w + ow) * g.channels + t.c0);
-        for (int64 column = 0; column < g.filter_w; ++column) {
+        for (int64 column = 0; column < width; ++column) {
           const int64 iw = DepthwiseColumn(g, ow, column);
           if (iw < 0) continue;
           acc[column] = _mm512_fmadd_ps(
@@ -1259,8 +1266,43 @@ __attribute__((target("avx512f"))) void DepthwiseAvx512(const DepthwiseTask& t,
         }
       }
     }
-  for (int64 column = 0; column < g.filter_w; ++column)
+  for (int64 column = 0; column < width; ++column)
     _mm512_storeu_ps(out + column * g.channels, acc[column]);
+}
+
+// A 3x3 filter's three rows in one task (t.row is 0): each position's
+// gradient is read once for the nine taps, their accumulators in registers.
+// The same chains as three DepthwiseAvx512<3> tasks, so the same bits.
+__attribute__((target("avx512f"))) void DepthwiseAvx512Whole3x3(
+    const DepthwiseTask& t, float* out) {
+  const Geometry& g = t.g;
+  __m512 acc[9];
+  for (int tap = 0; tap < 9; ++tap) acc[tap] = _mm512_setzero_ps();
+  for (int64 image = 0; image < g.batch; ++image)
+    for (int64 oh = 0; oh < g.out_h; ++oh) {
+      int64 row_offset[3];
+      bool row_read[3];
+      for (int row = 0; row < 3; ++row) {
+        const DepthwiseTask row_task{g, t.x, t.dy, row, t.c0, t.lanes};
+        row_read[row] = DepthwiseRow(row_task, image, oh, &row_offset[row]);
+      }
+      for (int64 ow = 0; ow < g.out_w; ++ow) {
+        const __m512 b = _mm512_loadu_ps(
+            t.dy + ((image * g.out_h + oh) * g.out_w + ow) * g.channels + t.c0);
+        for (int column = 0; column < 3; ++column) {
+          const int64 iw = DepthwiseColumn(g, ow, column);
+          if (iw < 0) continue;
+          for (int row = 0; row < 3; ++row) {
+            if (!row_read[row]) continue;
+            acc[row * 3 + column] = _mm512_fmadd_ps(
+                _mm512_loadu_ps(t.x + (row_offset[row] + iw) * g.channels + t.c0),
+                b, acc[row * 3 + column]);
+          }
+        }
+      }
+    }
+  for (int tap = 0; tap < 9; ++tap)
+    _mm512_storeu_ps(out + tap * g.channels, acc[tap]);
 }
 #endif
 
@@ -1296,22 +1338,38 @@ class FixedOrderDepthwiseBackpropFilterOp : public tensorflow::OpKernel {
     auto* workers = context->device()->tensorflow_cpu_worker_threads();
     const int64 threads = ThreadsFor(g.filter_h * g.filter_w * g.channels * terms,
                                      workers->num_threads);
+    // With channel blocks enough for the threads, a 3x3 filter's rows go in
+    // one task on the AVX-512 path (the gradient read once, not thrice).
+    const bool whole_3x3 = path == "avx512" && g.filter_h == 3 &&
+                           g.filter_w == 3 && blocks >= threads;
+    const int64 rows_a_task = whole_3x3 ? 3 : 1;
     tensorflow::Shard(
-        threads, workers->workers, g.filter_h * blocks,
-        std::max<int64>(1, g.filter_w * kDepthwiseLanes * terms),
+        threads, workers->workers, g.filter_h / rows_a_task * blocks,
+        std::max<int64>(1, rows_a_task * g.filter_w * kDepthwiseLanes * terms),
         [&](int64 begin, int64 end) {
           for (int64 task = begin; task < end; ++task) {
             const int64 c0 = (task % blocks) * kDepthwiseLanes;
-            const DepthwiseTask t{g,  x,  dy, task / blocks,
+            const DepthwiseTask t{g,  x,  dy, task / blocks * rows_a_task,
                                   c0, std::min(kDepthwiseLanes, g.channels - c0)};
             float* dst = out + t.row * g.filter_w * g.channels + c0;
 #ifdef TFDET_X86
+            if (whole_3x3 && t.lanes == kDepthwiseLanes) {
+              DepthwiseAvx512Whole3x3(t, dst);
+              continue;
+            }
+            if (whole_3x3) {  // the tail channels: their three rows, scalar
+              for (int64 row = 0; row < 3; ++row)
+                DepthwiseScalar({g, x, dy, row, c0, t.lanes},
+                                out + row * 3 * g.channels + c0);
+              continue;
+            }
             if (vectors && t.lanes == kDepthwiseLanes && path == "avx512") {
-              DepthwiseAvx512(t, dst);
+              g.filter_w == 3 ? DepthwiseAvx512<3>(t, dst)
+                              : DepthwiseAvx512<0>(t, dst);
               continue;
             }
             if (vectors && t.lanes == kDepthwiseLanes && path == "avx2") {
-              DepthwiseAvx2(t, dst);
+              g.filter_w == 3 ? DepthwiseAvx2<3>(t, dst) : DepthwiseAvx2<0>(t, dst);
               continue;
             }
 #endif
