@@ -23,7 +23,7 @@ import sys
 
 import pytest
 
-from tests.conftest import clean_env, last_json_line
+from tests.conftest import clean_env, last_json_line, run_python
 from tfdet.patches import _kernel_library
 
 TRAIN = """
@@ -117,3 +117,38 @@ def test_training_bits_do_not_follow_the_pool_size_only_with_the_patch():
     assert kernel_ops <= both, both
     assert "Conv2D" not in both, both
     assert results[1]["both"] == results[2]["both"], results
+
+
+_OTHER_DTYPE = """
+import json
+import numpy as np
+import tfdet
+tfdet.enable(patches=["auto", "fixed_order_convolutions"])
+import tensorflow as tf
+
+x = tf.constant(np.random.default_rng(0).normal(size=(2, 6, 6, 3)), tf.float64)
+same = {}
+for name, conv, w in (
+    ("conv2d", lambda x, w: tf.nn.conv2d(x, w, 1, "SAME"), tf.ones((3, 3, 3, 4), tf.float64)),
+    ("depthwise", lambda x, w: tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], "SAME"),
+     tf.ones((3, 3, 3, 1), tf.float64)),
+):
+    with tf.GradientTape() as tape:
+        tape.watch([x, w])
+        y = conv(x, w)
+    same[name] = [g.dtype.name for g in tape.gradient(y, [x, w])]
+print(json.dumps(same))
+"""
+
+
+def test_what_neither_kernel_nor_composition_takes_goes_to_tensorflow():
+    # float64, with the kernels' patch alone: its fallback, the pool-size-free
+    # products' composition, leaves it to TensorFlow's op although its own
+    # patch is not installed (before, the convolution's gradients raised
+    # "'NoneType' object is not callable").
+    result = run_python(_OTHER_DTYPE, env=clean_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert last_json_line(result.stdout) == {
+        "conv2d": ["float64", "float64"],
+        "depthwise": ["float64", "float64"],
+    }

@@ -578,7 +578,7 @@ def _row(setting: Setting, figures: _Figures, baseline: str) -> _cost_report.Cos
     digests, unknown = _repeat(figures.digests.get(name, []))
     profile, ops = ready["profile"], figures.ops.get(name, {})
     # What the profile promises, less what the profiled steps ran against it.
-    left = _timed_settings.pool_size_ops_left(profile, ops) if profile else ()
+    left = _timed_settings.pool_size_ops_left(profile, ops)
     return _cost_report.CostRow(
         setting=setting,
         **dataclasses.asdict(timing),
@@ -588,5 +588,5 @@ def _row(setting: Setting, figures: _Figures, baseline: str) -> _cost_report.Cos
         digests=digests,
         same_bits_unknown=unknown,
         ops=_shares(ops, timing.ms_per_step),
-        note=_timed_settings.not_as_asked(setting, ready["profile"], xla),
+        note=_timed_settings.not_as_asked(setting, profile, xla),
     )

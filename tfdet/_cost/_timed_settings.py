@@ -73,7 +73,8 @@ KERNEL_PATCHES = (
 
 
 def kernel_patches() -> tuple[str, ...]:
-    """Those of `KERNEL_PATCHES` with ops to compute on this TensorFlow."""
+    """Those of `KERNEL_PATCHES` with ops to compute on this TensorFlow (the
+    GELU's kernel has none before 2.20, whose own Erfc is portable)."""
     patches = _registry.available()
     return tuple(name for name in KERNEL_PATCHES if patches[name].needed())
 
@@ -89,7 +90,8 @@ def settings_for(cores: int, xla: bool = True, kernels: bool = False) -> list[Se
       instructions, op determinism and seeds (this machine only);
     - the pool-size-free products at N threads (any x86 CPU, any batch);
     - with `kernels` (a C++ compiler builds tfdet's kernels here): the same
-      with tfdet's own product and convolution kernels (`kernel_patches()`);
+      with tfdet's own product, convolution and GELU kernels
+      (`kernel_patches()`);
     - XLA (`xla=False` leaves it out: a script compiles its own models).
 
     With one core, `threads=N` is `enable()` itself and is left out.

@@ -35,22 +35,37 @@ from tfdet.patches._swap import Swap
 FLOATS = ("bfloat16", "float16", "float32", "float64")
 
 
+# The wrappers as TensorFlow defined them, by (module, function), recorded
+# by the first patch that replaced each: where one patch's replacement calls
+# another's composition (fixed_order_convolutions falls back to
+# pool_size_free_products' for what its kernel cannot take), that
+# composition reaches TensorFlow's wrapper whether or not its own patch is
+# installed.
+_TENSORFLOWS: dict[tuple[str, str], Callable[..., Any]] = {}
+
+
 class GeneratedOp:
     """A generated op wrapper (`gen_math_ops.rsqrt`) that a patch replaces.
 
     Attributes:
-        original: The wrapper as TensorFlow defined it, once `replace` ran:
-            the replacement calls it for the inputs it leaves alone.
+        original: The wrapper this patch's `replace` found bound (another
+            patch's replacement where one came first), or, before it ran,
+            TensorFlow's own where any patch replaced it; the replacement
+            calls it for the inputs it leaves alone. None before any did.
     """
 
     def __init__(self, module: str, function: str) -> None:
-        self._module = module
-        self._function = function
-        self.original: Callable[..., Any] | None = None
+        self._key = (module, function)
+        self._found: Callable[..., Any] | None = None
+
+    @property
+    def original(self) -> Callable[..., Any] | None:
+        return self._found or _TENSORFLOWS.get(self._key)
 
     def replace(self, swap: Swap, replacement: Callable[..., Any]) -> None:
         """Binds `replacement` wherever TensorFlow binds the wrapper."""
-        self.original = swap_everywhere(swap, self._module, self._function, replacement)
+        self._found = swap_everywhere(swap, *self._key, replacement)
+        _TENSORFLOWS.setdefault(self._key, self._found)
 
 
 def swap_everywhere(

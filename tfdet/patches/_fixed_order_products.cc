@@ -1143,8 +1143,9 @@ class FixedOrderConv2DBackpropFilterOp : public tensorflow::OpKernel {
 // there (a position whose tap reads padding adds no term) times the output
 // gradient. A vector's lanes are channels, each lane its own chain, so the
 // AVX-512, AVX2 and scalar paths give the same bits; the work is split over
-// (filter row, block of channels) only, never over the positions. TensorFlow's own
-// kernel gives each thread a share of the images and adds the shares.
+// (filter row, block of channels) only, never over the positions.
+// TensorFlow's own kernel gives each thread a share of the images and adds
+// the shares.
 
 constexpr int64 kDepthwiseLanes = 16;  // the channels of a task's chains
 constexpr int64 kDepthwiseColumns = 8;  // filter columns the vector paths take
@@ -1152,8 +1153,7 @@ constexpr int64 kDepthwiseColumns = 8;  // filter columns the vector paths take
 // What one task computes: filter row `row`, every column of it, `lanes`
 // channels from c0. Each output position's gradient is read once for all
 // the row's taps, so the gradient is read filter_h times in all, not once
-// per tap. The row's accumulators live in `acc` (column by column, 16
-// lanes each).
+// per tap.
 struct DepthwiseTask {
   const Geometry& g;
   const float* x;
@@ -1163,13 +1163,20 @@ struct DepthwiseTask {
 
 // The input row that filter row `row` reads at output row oh (of image
 // `image`), as the offset of its first pixel; false where it reads padding.
-inline bool DepthwiseRow(const DepthwiseTask& t, int64 image, int64 oh,
+inline bool DepthwiseRow(const Geometry& g, int64 row, int64 image, int64 oh,
                          int64* row_offset) {
-  const Geometry& g = t.g;
-  const int64 ih = oh * g.stride_h + t.row * g.dilation_h - g.pad_top;
+  const int64 ih = oh * g.stride_h + row * g.dilation_h - g.pad_top;
   if (ih < 0 || ih >= g.height) return false;
   *row_offset = (image * g.height + ih) * g.width;
   return true;
+}
+
+// The task's channels of the output gradient at output position (image,
+// oh, ow).
+inline const float* DepthwiseGradient(const DepthwiseTask& t, int64 image,
+                                      int64 oh, int64 ow) {
+  const Geometry& g = t.g;
+  return t.dy + ((image * g.out_h + oh) * g.out_w + ow) * g.channels + t.c0;
 }
 
 // The input column that filter column `column` reads at output column ow;
@@ -1186,10 +1193,9 @@ void DepthwiseScalar(const DepthwiseTask& t, float* out) {
   int64 row_offset;
   for (int64 image = 0; image < g.batch; ++image)
     for (int64 oh = 0; oh < g.out_h; ++oh) {
-      if (!DepthwiseRow(t, image, oh, &row_offset)) continue;
+      if (!DepthwiseRow(g, t.row, image, oh, &row_offset)) continue;
       for (int64 ow = 0; ow < g.out_w; ++ow) {
-        const float* b =
-            t.dy + ((image * g.out_h + oh) * g.out_w + ow) * g.channels + t.c0;
+        const float* b = DepthwiseGradient(t, image, oh, ow);
         for (int64 column = 0; column < g.filter_w; ++column) {
           const int64 iw = DepthwiseColumn(g, ow, column);
           if (iw < 0) continue;
@@ -1219,10 +1225,9 @@ __attribute__((target("avx2,fma"))) void DepthwiseAvx2(const DepthwiseTask& t,
   int64 row_offset;
   for (int64 image = 0; image < g.batch; ++image)
     for (int64 oh = 0; oh < g.out_h; ++oh) {
-      if (!DepthwiseRow(t, image, oh, &row_offset)) continue;
+      if (!DepthwiseRow(g, t.row, image, oh, &row_offset)) continue;
       for (int64 ow = 0; ow < g.out_w; ++ow) {
-        const float* b =
-            t.dy + ((image * g.out_h + oh) * g.out_w + ow) * g.channels + t.c0;
+        const float* b = DepthwiseGradient(t, image, oh, ow);
         const __m256 b_low = _mm256_loadu_ps(b), b_high = _mm256_loadu_ps(b + 8);
         for (int64 column = 0; column < width; ++column) {
           const int64 iw = DepthwiseColumn(g, ow, column);
@@ -1253,10 +1258,9 @@ __attribute__((target("avx512f"))) void DepthwiseAvx512(const DepthwiseTask& t,
   int64 row_offset;
   for (int64 image = 0; image < g.batch; ++image)
     for (int64 oh = 0; oh < g.out_h; ++oh) {
-      if (!DepthwiseRow(t, image, oh, &row_offset)) continue;
+      if (!DepthwiseRow(g, t.row, image, oh, &row_offset)) continue;
       for (int64 ow = 0; ow < g.out_w; ++ow) {
-        const __m512 b = _mm512_loadu_ps(
-            t.dy + ((image * g.out_h + oh) * g.out_w + ow) * g.channels + t.c0);
+        const __m512 b = _mm512_loadu_ps(DepthwiseGradient(t, image, oh, ow));
         for (int64 column = 0; column < width; ++column) {
           const int64 iw = DepthwiseColumn(g, ow, column);
           if (iw < 0) continue;
@@ -1282,13 +1286,10 @@ __attribute__((target("avx512f"))) void DepthwiseAvx512Whole3x3(
     for (int64 oh = 0; oh < g.out_h; ++oh) {
       int64 row_offset[3];
       bool row_read[3];
-      for (int row = 0; row < 3; ++row) {
-        const DepthwiseTask row_task{g, t.x, t.dy, row, t.c0, t.lanes};
-        row_read[row] = DepthwiseRow(row_task, image, oh, &row_offset[row]);
-      }
+      for (int row = 0; row < 3; ++row)
+        row_read[row] = DepthwiseRow(g, row, image, oh, &row_offset[row]);
       for (int64 ow = 0; ow < g.out_w; ++ow) {
-        const __m512 b = _mm512_loadu_ps(
-            t.dy + ((image * g.out_h + oh) * g.out_w + ow) * g.channels + t.c0);
+        const __m512 b = _mm512_loadu_ps(DepthwiseGradient(t, image, oh, ow));
         for (int column = 0; column < 3; ++column) {
           const int64 iw = DepthwiseColumn(g, ow, column);
           if (iw < 0) continue;
@@ -1334,13 +1335,14 @@ class FixedOrderDepthwiseBackpropFilterOp : public tensorflow::OpKernel {
     const int64 blocks = (g.channels + kDepthwiseLanes - 1) / kDepthwiseLanes;
     const int64 terms = g.batch * g.out_h * g.out_w;
     const std::string path = ChooseKernels().name;
+    const bool avx512 = path == "avx512", avx2 = path == "avx2";
     const bool vectors = g.filter_w <= kDepthwiseColumns;
     auto* workers = context->device()->tensorflow_cpu_worker_threads();
     const int64 threads = ThreadsFor(g.filter_h * g.filter_w * g.channels * terms,
                                      workers->num_threads);
     // With channel blocks enough for the threads, a 3x3 filter's rows go in
     // one task on the AVX-512 path (the gradient read once, not thrice).
-    const bool whole_3x3 = path == "avx512" && g.filter_h == 3 &&
+    const bool whole_3x3 = avx512 && g.filter_h == 3 &&
                            g.filter_w == 3 && blocks >= threads;
     const int64 rows_a_task = whole_3x3 ? 3 : 1;
     tensorflow::Shard(
@@ -1363,12 +1365,12 @@ class FixedOrderDepthwiseBackpropFilterOp : public tensorflow::OpKernel {
                                 out + row * 3 * g.channels + c0);
               continue;
             }
-            if (vectors && t.lanes == kDepthwiseLanes && path == "avx512") {
+            if (vectors && t.lanes == kDepthwiseLanes && avx512) {
               g.filter_w == 3 ? DepthwiseAvx512<3>(t, dst)
                               : DepthwiseAvx512<0>(t, dst);
               continue;
             }
-            if (vectors && t.lanes == kDepthwiseLanes && path == "avx2") {
+            if (vectors && t.lanes == kDepthwiseLanes && avx2) {
               g.filter_w == 3 ? DepthwiseAvx2<3>(t, dst) : DepthwiseAvx2<0>(t, dst);
               continue;
             }

@@ -203,11 +203,9 @@ def depthwise_conv2d_native_backprop_filter(
     sizes = pool_size_free_products._static_filter_shape(filter_sizes)
     one_per_channel = sizes is not None and sizes[3] == 1
     if not _kernel_takes(data_format, (x, upstream), one_per_channel):
-        # The composition for float32 NHWC; it leaves the rest to TensorFlow.
         return pool_size_free_products.depthwise_conv2d_native_backprop_filter(
             input, filter_sizes, out_backprop, strides, padding,
             explicit_paddings, data_format, dilations, name,
-            original=_CONVOLUTIONS["depthwise_conv2d_native_backprop_filter"].original,
         )  # fmt: skip
     with tf.name_scope(name or "FixedOrderDepthwiseConv2dNativeBackpropFilter"):
         return _fixed_order_kernels.depthwise_conv2d_backprop_filter(

@@ -66,8 +66,8 @@ another order). float32 only (NHWC for convolutions); anything else, and
 what the replacements cannot compute (a product with an empty dimension, a
 grouped convolution's gradients, an `Einsum` with a diagonal such as
 "ii->i"), goes to the original op. Not covered (still following the pool
-size with the patch): 3-D convolution filter gradients, and a full `Sum` or `Mean` large enough for Eigen to split it
-into one block per thread (of 256x4096 elements; a training step's loss, a
+size with the patch): 3-D convolution filter gradients, and a full `Sum`
+or `Mean` large enough for Eigen to split it into one block per thread (of 256x4096 elements; a training step's loss, a
 mean over one batch, stays on one thread). Cost:
 `benchmarks/patch_cost.py --patch pool_size_free_products`,
 `benchmarks/cost_of_determinism.py` and `benchmarks/batch_invariance.py`.
@@ -466,11 +466,9 @@ def depthwise_conv2d_native_backprop_filter(
     data_format: str = "NHWC",
     dilations: Any = (1, 1, 1, 1),
     name: str | None = None,
-    original: Any = None,
 ) -> Any:
     """`tf.raw_ops.DepthwiseConv2dNativeBackpropFilter`, bits independent of
-    the pool size (`original`, TensorFlow's op where another patch replaced
-    it, for what this leaves to it).
+    the pool size.
 
     TensorFlow's kernel gives each thread a share of the images and adds the
     threads' partial sums; here each filter position's gradient is a `Sum`
@@ -487,18 +485,16 @@ def depthwise_conv2d_native_backprop_filter(
         _exact_math.attribute_text(data_format, "NHWC"),
         _exact_math.attribute_text(padding, "VALID"),
     )
-    unsupported = (
-        data_format
-        if data_format != "NHWC"
-        else None
-        if sizes
-        else "an unknown filter shape"
-    )
+    unsupported = None
+    if data_format != "NHWC":
+        unsupported = data_format
+    elif sizes is None:
+        unsupported = "an unknown filter shape"
     if x.dtype != tf.float32 or unsupported is not None:
         _whole_packets.left_to_tensorflow(
             "DepthwiseConv2dNativeBackpropFilter", x.dtype, unsupported
         )
-        return (original or _DEPTHWISE_FILTER_GRAD.original)(
+        return _DEPTHWISE_FILTER_GRAD.original(
             input,
             filter_sizes,
             out_backprop,
