@@ -41,8 +41,16 @@ def _bits(tensor) -> bytes:
     return np.ascontiguousarray(np.asarray(tensor)).tobytes()
 
 
-# (m, k, n): one micro-tile, edges in every direction, K over one K block.
-SHAPES = ((1, 1, 1), (7, 13, 17), (6, 16, 16), (97, 300, 50), (32, 1000, 70))
+# (m, k, n): one micro-tile, edges in every direction, K over one K block;
+# 96 columns, which the kernel reads in place.
+SHAPES = (
+    (1, 1, 1),
+    (7, 13, 17),
+    (6, 16, 16),
+    (97, 300, 50),
+    (32, 1000, 70),
+    (64, 300, 96),
+)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -391,6 +399,11 @@ def _path_results(kernels, monkeypatch, path):
     # micro-tiles, a lone micro-tile beside them, and edges of each.
     a = tf.constant(rng.normal(size=(50, 700)), tf.float32)
     b = tf.constant(rng.normal(size=(700, 77)), tf.float32)
+    # 96 columns, read in place (a pair and a lone micro-tile); 48 columns
+    # of a transposed operand, packed 8x8 at a time with a 4-term tail of
+    # the last K block (700 = 256 + 256 + 188).
+    b_in_place = tf.constant(rng.normal(size=(700, 96)), tf.float32)
+    b_transposed = tf.constant(rng.normal(size=(48, 700)), tf.float32)
     x = tf.constant(rng.normal(size=(3, 9, 20)), tf.float32)
     y = tf.constant(rng.normal(size=(3, 20, 40)), tf.float32)
 
@@ -404,6 +417,8 @@ def _path_results(kernels, monkeypatch, path):
     results = [
         kernels.matmul(a, b),
         kernels.matmul(b, a, transpose_a=True, transpose_b=True),
+        kernels.matmul(a, b_in_place),
+        kernels.matmul(a, b_transposed, transpose_b=True),
         kernels.batch_matmul(x, y),
         kernels.conv2d(images, w, **attributes),
         kernels.conv2d_backprop_input(tf.shape(images), w, upstream, **attributes),
