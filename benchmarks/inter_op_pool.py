@@ -1,22 +1,27 @@
-"""Whether the inter-op pool's size decides the bits: first steps in fresh processes.
+"""Whether the inter-op pool's size decides the bits: gradients in fresh processes.
 
 Each process builds keras.applications.MobileNetV2 (96x96 images, 10
 classes, weights=None), computes the gradients of one batch of 32 seeded
-images once (the first call, where oneDNN creates its primitives), and
-prints a digest of them. Settings, each in `--processes` fresh processes,
-one after the other:
+images `--calls` times (the first call is where oneDNN creates its
+primitives), and prints a digest of each call's. Settings, each in
+`--processes` fresh processes, one after the other:
 
 - `inter=2`: TensorFlow with op determinism, seeds, oneDNN on and capped at
   AVX2 as tfdet's profile sets them, intra-op pool 2, inter-op pool 2 (what
   `tfdet.enable(threads=2)` pinned before it kept the inter-op pool at 1);
 - `inter=1`: the same with an inter-op pool of 1;
-- `tfdet.enable(threads=2)`.
+- `tfdet.enable(threads=2)`;
+- `kernels, inter=2`: `tfdet.enable(threads=2)` with tfdet's kernels and
+  pool-size-free products (whose bits follow no pool size), its inter-op
+  pool forced to 2 (a probe: tfdet does not offer it).
 
-One digest per setting means its first step repeated; more than one, that
-it followed something else than the inputs (here: which threads oneDNN
-found free when its first call ran).
+One digest per setting means its gradients repeated; more than one, that
+they followed something else than the inputs (which threads oneDNN found
+free when its first call ran; which ops ran side by side). `--onednn off`
+runs every setting with TF_ENABLE_ONEDNN_OPTS=0.
 
     python benchmarks/inter_op_pool.py --processes 6
+    python benchmarks/inter_op_pool.py --processes 2 --calls 4 --onednn off
 """
 
 from __future__ import annotations
@@ -30,9 +35,16 @@ import sys
 CHILD = """
 import hashlib, sys
 import numpy as np
-if sys.argv[1] == "tfdet":
+if sys.argv[1].startswith("tfdet"):
     import tfdet
-    tfdet.enable(threads=2)
+    if sys.argv[1] == "tfdet-kernels":
+        from tfdet._setup import _enable
+        _enable.INTER_OP_THREADS = 2
+        tfdet.enable(threads=2, onednn=None, patches=[
+            "auto", "pool_size_free_products", "fixed_order_products",
+            "fixed_order_convolutions", "portable_kernels"])
+    else:
+        tfdet.enable(threads=2, onednn=None)
     import keras
     import tensorflow as tf
 else:
@@ -56,36 +68,46 @@ def gradients():
         value = loss(y, model(x, training=True))
     return tape.gradient(value, model.trainable_variables)
 
-digest = hashlib.sha256(b"".join(np.asarray(g).tobytes() for g in gradients()))
-print("DIGEST", digest.hexdigest()[:16])
+for _ in range(int(sys.argv[2])):
+    digest = hashlib.sha256(b"".join(np.asarray(g).tobytes() for g in gradients()))
+    print("DIGEST", digest.hexdigest()[:16])
 """
 
-SETTINGS = {"inter=2": "2", "inter=1": "1", "tfdet.enable(threads=2)": "tfdet"}
+SETTINGS = {
+    "inter=2": "2",
+    "inter=1": "1",
+    "tfdet.enable(threads=2)": "tfdet",
+    "kernels, inter=2": "tfdet-kernels",
+}
 
 
-def _first_step(argument: str) -> str:
-    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1", ONEDNN_MAX_CPU_ISA="AVX2")
+def _gradient_digests(argument: str, calls: int, onednn: str) -> list[str]:
+    env = dict(
+        os.environ,
+        TF_ENABLE_ONEDNN_OPTS="1" if onednn == "on" else "0",
+        ONEDNN_MAX_CPU_ISA="AVX2",
+    )
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, argument],
+        [sys.executable, "-c", CHILD, argument, str(calls)],
         env=env,
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    return next(
-        line.split()[1] for line in out.splitlines() if line.startswith("DIGEST")
-    )
+    return [line.split()[1] for line in out.splitlines() if line.startswith("DIGEST")]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=6)
+    parser.add_argument("--calls", type=int, default=1)
+    parser.add_argument("--onednn", choices=("on", "off"), default="on")
     args = parser.parse_args()
     for name, argument in SETTINGS.items():
-        digests = collections.Counter(
-            _first_step(argument) for _ in range(args.processes)
-        )
+        digests = collections.Counter()
+        for _ in range(args.processes):
+            digests.update(_gradient_digests(argument, args.calls, args.onednn))
         print(f"{name:26s} {len(digests)} digest(s): {dict(digests)}")
 
 
