@@ -74,33 +74,16 @@ struct View {
   float at(int64 r, int64 c) const { return data[r * rows + c * cols]; }
 };
 
-// Rows [i0, i0 + kMR) of a, columns [k0, k0 + kc), as one panel: for each
-// k, the panel's kMR rows side by side (zeros past m).
-void PackRows(const View& a, int64 m, int64 i0, int64 k0, int64 kc,
-              float* dst) {
-  const int64 rows = std::min(kMR, m - i0);
-  if (rows < kMR) std::memset(dst, 0, sizeof(float) * kMR * kc);
-  if (a.cols == 1) {
-    for (int64 r = 0; r < rows; ++r) {
-      const float* src = a.data + (i0 + r) * a.rows + k0;
-      for (int64 x = 0; x < kc; ++x) dst[x * kMR + r] = src[x];
-    }
-  } else {
-    for (int64 x = 0; x < kc; ++x) {
-      const float* src = a.data + i0 * a.rows + (k0 + x) * a.cols;
-      for (int64 r = 0; r < rows; ++r) dst[x * kMR + r] = src[r * a.rows];
-    }
-  }
-}
-
 #ifdef TFDET_X86
-// Eight rows of eight floats (row i at src + i * stride) written as their
-// transpose: column x of the rows, eight floats, at dst + x * ldd.
-__attribute__((target("avx2"))) void Transpose8x8(const float* src,
-                                                  int64 stride, float* dst,
+// Eight floats from each of eight rows (row i's at rows[i] + x) written as
+// their transpose: the rows' x-th floats at dst, the (x + 1)-th at dst +
+// ldd, and so on, stored in that order, so that where ldd < 8 each store's
+// last floats are overwritten by the next one's.
+__attribute__((target("avx2"))) void Transpose8x8(const float* const* rows,
+                                                  int64 x, float* dst,
                                                   int64 ldd) {
   __m256 r[8], t[8], u[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * stride);
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows[i] + x);
   for (int i = 0; i < 8; i += 2) {
     t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -111,22 +94,59 @@ __attribute__((target("avx2"))) void Transpose8x8(const float* src,
     u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
     u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
   }
+  __m256 columns[8];
   for (int i = 0; i < 4; ++i) {
-    _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
-    _mm256_storeu_ps(dst + (i + 4) * ldd,
-                     _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+    columns[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    columns[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
   }
+  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + i * ldd, columns[i]);
 }
 #endif  // TFDET_X86
 
 bool CpuHasAvx2Fma();
 
+// Packing copies and never computes, so the vector transposes below give
+// the scalar loops' panels; where the CPU has AVX2 they replace a scalar
+// copy per element, which cost as much as a recurrent layer's whole product
+// (2-core AMD EPYC Zen 5, 64x512 @ (128x512)^T: 59 us a call, 41 without
+// packing B) and 15% of a 4096x512 @ 512x512 product's time (A).
+
+// Rows [i0, i0 + kMR) of a, columns [k0, k0 + kc), as one panel: for each
+// k, the panel's kMR rows side by side (zeros past m).
+void PackRows(const View& a, int64 m, int64 i0, int64 k0, int64 kc,
+              float* dst) {
+  const int64 rows = std::min(kMR, m - i0);
+  if (rows < kMR) std::memset(dst, 0, sizeof(float) * kMR * kc);
+  if (a.cols == 1) {
+    int64 done = 0;  // terms packed by the vector transpose
+#ifdef TFDET_X86
+    static const bool avx2 = CpuHasAvx2Fma();
+    if (avx2 && rows == kMR) {
+      // Eight rows read, the last twice; each group's eighth store spills
+      // two floats into the next term's slots, so the last term (which
+      // has no next inside the panel) is left to the loop below.
+      const float* sources[8];
+      for (int64 i = 0; i < 8; ++i)
+        sources[i] = a.data + (i0 + std::min(i, kMR - 1)) * a.rows + k0;
+      done = ((kc - 1) / 8) * 8;
+      for (int64 x = 0; x < done; x += 8)
+        Transpose8x8(sources, x, dst + x * kMR, kMR);
+    }
+#endif
+    for (int64 r = 0; r < rows; ++r) {
+      const float* src = a.data + (i0 + r) * a.rows + k0;
+      for (int64 x = done; x < kc; ++x) dst[x * kMR + r] = src[x];
+    }
+  } else {
+    for (int64 x = 0; x < kc; ++x) {
+      const float* src = a.data + i0 * a.rows + (k0 + x) * a.cols;
+      for (int64 r = 0; r < rows; ++r) dst[x * kMR + r] = src[r * a.rows];
+    }
+  }
+}
+
 // Columns [j0, j0 + kNR) of b, rows [k0, k0 + kc), as one panel: for each
-// k, the panel's kNR columns side by side (zeros past n). A column read
-// along memory (b transposed, as a product's dA = dC @ B^T reads B) is
-// transposed eight by eight where the CPU has AVX2: the scalar loop cost
-// as much as a recurrent layer's whole product (2-core AMD EPYC Zen 5,
-// 64x512 @ 512x128: 59 us a call, 41 without the packing).
+// k, the panel's kNR columns side by side (zeros past n).
 void PackColumns(const View& b, int64 n, int64 j0, int64 k0, int64 kc,
                  float* dst) {
   const int64 cols = std::min(kNR, n - j0);
@@ -141,11 +161,13 @@ void PackColumns(const View& b, int64 n, int64 j0, int64 k0, int64 kc,
 #ifdef TFDET_X86
   static const bool avx2 = CpuHasAvx2Fma();
   if (avx2 && b.rows == 1 && cols == kNR) {
+    // Columns read along memory (b transposed, as dA = dC @ B^T reads B).
+    const float* sources[kNR];
+    for (int64 c = 0; c < kNR; ++c) sources[c] = b.data + (j0 + c) * b.cols + k0;
     done = kc - kc % 8;
-    const float* src = b.data + j0 * b.cols + k0;
     for (int64 x = 0; x < done; x += 8)
       for (int64 c = 0; c < kNR; c += 8)
-        Transpose8x8(src + c * b.cols + x, b.cols, dst + x * kNR + c, kNR);
+        Transpose8x8(sources + c, x, dst + x * kNR + c, kNR);
   }
 #endif
   for (int64 c = 0; c < cols; ++c) {
