@@ -138,7 +138,16 @@ void PackRows(const View& a, int64 m, int64 i0, int64 k0, int64 kc,
       for (int64 x = done; x < kc; ++x) dst[x * kMR + r] = src[x];
     }
   } else {
-    for (int64 x = 0; x < kc; ++x) {
+    int64 x = 0;
+    if (a.rows == 1 && rows == kMR && i0 + 8 <= a.cols) {
+      // A term's rows lie side by side: eight floats copied a term (a
+      // vector's load and store), the next term's copy overwriting the two
+      // beyond this one's six; the last term is left to the loop below.
+      for (; x + 1 < kc; ++x)
+        std::memcpy(dst + x * kMR, a.data + i0 + (k0 + x) * a.cols,
+                    8 * sizeof(float));
+    }
+    for (; x < kc; ++x) {
       const float* src = a.data + i0 * a.rows + (k0 + x) * a.cols;
       for (int64 r = 0; r < rows; ++r) dst[x * kMR + r] = src[r * a.rows];
     }
