@@ -48,6 +48,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tensorflow/core/framework/common_shape_fns.h"
@@ -475,6 +476,27 @@ void ComputeMicroTile(const MicroKernels& kernels, int64 kc,
     std::memcpy(out + x * n, edge + x * width, sizeof(float) * nr);
 }
 
+// Whether operands pack a tile's rows of A at once (`PackATile`), rather
+// than one micro-panel at a time (`PackA`).
+template <typename Operands, typename = void>
+struct PacksTiles : std::false_type {};
+template <typename Operands>
+struct PacksTiles<Operands, std::void_t<decltype(&Operands::PackATile)>>
+    : std::true_type {};
+
+// Rows [i0, i0 + rows) of product `p`'s A, terms [k0, k0 + kc), as the
+// tile's micro-panels at a_block (each kMR x kc).
+template <typename Operands>
+void PackTileRows(const Operands& operands, int64 p, int64 i0, int64 rows,
+                  int64 k0, int64 kc, float* a_block) {
+  if constexpr (PacksTiles<Operands>::value) {
+    operands.PackATile(p, i0, rows, k0, kc, a_block);
+  } else {
+    for (int64 r = 0; r < rows; r += kMR)
+      operands.PackA(p, i0 + r, k0, kc, a_block + r * kc);
+  }
+}
+
 // Tile (i0.., j0..) of product `p` through `kernels`, whose B panels are
 // packed in `b_pack` (each k x kNR), or read in place from B (the
 // operands' `InPlaceB`), or, with `own_b` (the operands' `PackBInTasks`:
@@ -499,8 +521,7 @@ void ComputeTile(const Operands& operands, const MicroKernels& kernels,
   }
   for (int64 k0 = 0; k0 < k; k0 += kKC) {
     const int64 kc = std::min(kKC, k - k0);
-    for (int64 r = 0; r < rows; r += kMR)
-      operands.PackA(p, i0 + r, k0, kc, a_block + r * kc);
+    PackTileRows(operands, p, i0, rows, k0, kc, a_block);
     if (own_b)
       for (int64 q = 0; q < cols; q += kNR)
         operands.PackB(p, j0 + q, k0, kc, b_block + q * kc);
@@ -549,6 +570,7 @@ int64 ThreadsFor(int64 work, int64 pool) {
 // goes:
 //   void PackA(int64 product, int64 i0, int64 k0, int64 kc, float* dst)
 //       const;  // rows [i0, i0 + kMR), terms [k0, k0 + kc): kMR x kc
+//       // (or PackATile, a tile's rows at once: see PackTileRows)
 //   void PackB(int64 product, int64 j0, int64 k0, int64 kc, float* dst)
 //       const;  // terms [k0, k0 + kc), columns [j0, j0 + kNR): kc x kNR
 //   float* Output(int64 product) const;  // m x n, row-major
@@ -849,9 +871,20 @@ constexpr float kZeros[kKC] = {};
 
 // Terms [x, x + run) of kMR rows, from each row's source (kZeros where a
 // row reads none), into a panel: for each term, the kMR rows side by side.
-// Row by row within a term, so the panel is written in order.
+// Eight terms at a time by the vector transpose where the CPU has AVX2
+// (its spill lands in the run's own next term, so the last term is left
+// to the loop), the rest row by row within a term.
 void Interleave(const float* const* sources, int64 run, float* dst) {
-  for (int64 c = 0; c < run; ++c, dst += kMR)
+  int64 c = 0;
+#ifdef TFDET_X86
+  static const bool avx2 = CpuHasAvx2Fma();
+  if (avx2 && run > 8) {
+    const float* eight[8];
+    for (int64 i = 0; i < 8; ++i) eight[i] = sources[std::min(i, kMR - 1)];
+    for (; c + 8 < run; c += 8) Transpose8x8(eight, c, dst + c * kMR, kMR);
+  }
+#endif
+  for (dst += c * kMR; c < run; ++c, dst += kMR)
     for (int64 r = 0; r < kMR; ++r) dst[r] = sources[r][c];
 }
 
@@ -1050,39 +1083,66 @@ struct FilterGradientDirectOperands {
   int64 m() const { return g.filter_h * g.filter_w * g.channels; }
   int64 k() const { return g.batch * g.out_h * g.out_w; }
   int64 n() const { return g.filters; }
-  // Rows [i0, i0 + kMR) ((tap, channel)), terms [k0, k0 + kc) (output
-  // positions): for each position, the rows' image values side by side.
-  void PackA(int64, int64 i0, int64 k0, int64 kc, float* dst) const {
-    const int64 rows = std::min(kMR, m() - i0);
-    if (rows < kMR) std::memset(dst, 0, sizeof(float) * kMR * kc);
-    int64 top[kMR], left[kMR], channel[kMR];
-    for (int64 r = 0; r < rows; ++r) {
-      const int64 tap = (i0 + r) / g.channels;
-      channel[r] = (i0 + r) % g.channels;
-      top[r] = (tap / g.filter_w) * g.dilation_h - g.pad_top;
-      left[r] = (tap % g.filter_w) * g.dilation_w - g.pad_left;
+  // Rows [i0, i0 + rows) ((tap, channel)), terms [k0, k0 + kc) (output
+  // positions), as the tile's panels (each kMR x kc, the rows of a term
+  // side by side, zeros past m): one walk over the positions for the whole
+  // tile, each position's pixel read once per tap as a run of channels.
+  // Per panel, each panel's walk recomputed the positions and, where a
+  // panel spanned taps (a 3-channel first layer's always do), checked the
+  // image's bounds per value: the filter gradients' packing took 17% of the
+  // built-in CNN's step (2-core AMD EPYC Zen 5).
+  void PackATile(int64, int64 i0, int64 rows, int64 k0, int64 kc,
+                 float* dst) const {
+    if (rows % kMR != 0)
+      std::memset(dst + (rows / kMR) * kMR * kc, 0, sizeof(float) * kMR * kc);
+    // The rows as runs of channels of one tap each, and each run as pieces
+    // that lie side by side in one panel.
+    struct Run {
+      int64 top, left, channel;
+    };
+    struct Piece {
+      int64 run, channel, length;  // channels [channel, + length) of run
+      float* slots;                // the first row's slot at term 0
+    };
+    std::vector<Run> runs;
+    std::vector<Piece> pieces;
+    for (int64 r = 0; r < rows;) {
+      const int64 tap = (i0 + r) / g.channels, channel = (i0 + r) % g.channels;
+      const int64 length = std::min(g.channels - channel, rows - r);
+      runs.push_back({(tap / g.filter_w) * g.dilation_h - g.pad_top,
+                      (tap % g.filter_w) * g.dilation_w - g.pad_left, channel});
+      for (int64 c = 0; c < length;) {
+        const int64 row = r + c;
+        const int64 piece = std::min(kMR - row % kMR, length - c);
+        pieces.push_back({static_cast<int64>(runs.size()) - 1, c, piece,
+                          dst + (row / kMR) * kMR * kc + row % kMR});
+        c += piece;
+      }
+      r += length;
     }
-    // Whole panels within one tap read a run of channels at each position.
-    const bool one_tap = rows == kMR && channel[0] + kMR - 1 == channel[kMR - 1];
+    std::vector<const float*> sources(runs.size());
     OutputPosition at(g, k0);
     for (int64 x = 0; x < kc; ++x, at.Next(g)) {
-      const int64 oh = at.oh, ow = at.ow;
       const float* pixels = input + at.image * g.height * g.width * g.channels;
-      float* d = dst + x * kMR;
-      if (one_tap) {
-        const int64 ih = oh * g.stride_h + top[0], iw = ow * g.stride_w + left[0];
-        if (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width)
-          std::memset(d, 0, sizeof(float) * kMR);
-        else
-          std::memcpy(d, pixels + (ih * g.width + iw) * g.channels + channel[0],
-                      sizeof(float) * kMR);
-      } else {
-        for (int64 r = 0; r < rows; ++r) {
-          const int64 ih = oh * g.stride_h + top[r];
-          const int64 iw = ow * g.stride_w + left[r];
-          d[r] = (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width)
-                     ? 0.0f
-                     : pixels[(ih * g.width + iw) * g.channels + channel[r]];
+      for (size_t i = 0; i < runs.size(); ++i) {
+        const int64 ih = at.oh * g.stride_h + runs[i].top;
+        const int64 iw = at.ow * g.stride_w + runs[i].left;
+        sources[i] = (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width)
+                         ? nullptr  // padding
+                         : pixels + (ih * g.width + iw) * g.channels +
+                               runs[i].channel;
+      }
+      for (const Piece& piece : pieces) {
+        float* d = piece.slots + x * kMR;
+        if (sources[piece.run] == nullptr) {
+          std::fill(d, d + piece.length, 0.0f);
+          continue;
+        }
+        const float* src = sources[piece.run] + piece.channel;
+        if (piece.length == kMR) {
+          std::memcpy(d, src, sizeof(float) * kMR);
+        } else {
+          for (int64 c = 0; c < piece.length; ++c) d[c] = src[c];
         }
       }
     }
