@@ -871,17 +871,21 @@ constexpr float kZeros[kKC] = {};
 
 // Terms [x, x + run) of kMR rows, from each row's source (kZeros where a
 // row reads none), into a panel: for each term, the kMR rows side by side.
-// Eight terms at a time by the vector transpose where the CPU has AVX2
-// (its spill lands in the run's own next term, so the last term is left
-// to the loop), the rest row by row within a term.
-void Interleave(const float* const* sources, int64 run, float* dst) {
+// Eight terms at a time by the vector transpose where the CPU has AVX2,
+// the rest row by row within a term. The transpose's last store spills
+// two floats past its eighth term: into this run's next term, or, where
+// `more` (the panel's terms go on after this run, and are packed later),
+// past the run; otherwise the last term is left to the loop.
+void Interleave(const float* const* sources, int64 run, bool more,
+                float* dst) {
   int64 c = 0;
 #ifdef TFDET_X86
   static const bool avx2 = CpuHasAvx2Fma();
-  if (avx2 && run > 8) {
+  if (avx2 && run >= 8) {
     const float* eight[8];
     for (int64 i = 0; i < 8; ++i) eight[i] = sources[std::min(i, kMR - 1)];
-    for (; c + 8 < run; c += 8) Transpose8x8(eight, c, dst + c * kMR, kMR);
+    const int64 vectors = more ? run : run - 1;
+    for (; c + 8 <= vectors; c += 8) Transpose8x8(eight, c, dst + c * kMR, kMR);
   }
 #endif
   for (dst += c * kMR; c < run; ++c, dst += kMR)
@@ -923,7 +927,7 @@ struct ForwardOperands {
                       ((image[r] * g.height + ih) * g.width + iw) * g.channels +
                       c0;
       }
-      Interleave(sources, run, dst + (x - k0) * kMR);
+      Interleave(sources, run, x + run < k0 + kc, dst + (x - k0) * kMR);
       x += run;
     }
   }
@@ -974,7 +978,7 @@ struct InputGradientOperands {
         sources[r] = out_backprop +
                      ((image[r] * g.out_h + oh) * g.out_w + ow) * g.filters + o0;
       }
-      Interleave(sources, run, dst + (x - k0) * kMR);
+      Interleave(sources, run, x + run < k0 + kc, dst + (x - k0) * kMR);
       x += run;
     }
   }
