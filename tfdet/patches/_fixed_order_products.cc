@@ -106,11 +106,17 @@ __attribute__((target("avx2"))) void Transpose8x8(const float* const* rows,
 
 bool CpuHasAvx2Fma();
 
-// Packing copies and never computes, so the vector transposes below give
-// the scalar loops' panels; where the CPU has AVX2 they replace a scalar
-// copy per element, which cost as much as a recurrent layer's whole product
-// (2-core AMD EPYC Zen 5, 64x512 @ (128x512)^T: 59 us a call, 41 without
-// packing B) and 15% of a 4096x512 @ 512x512 product's time (A).
+// Whether packing may use the AVX2 transposes: wherever the CPU has AVX2,
+// whatever TFDET_FIXED_ORDER_ISA asks of the micro-kernels, since packing
+// copies and never computes, so the transposes give the scalar loops'
+// panels. They replace a scalar copy per element, which cost as much as a
+// recurrent layer's whole product (2-core AMD EPYC Zen 5, 64x512 @
+// (128x512)^T: 59 us a call, 41 without packing B) and 15% of a 4096x512 @
+// 512x512 product's time (A).
+bool PackWithAvx2() {
+  static const bool avx2 = CpuHasAvx2Fma();
+  return avx2;
+}
 
 // Rows [i0, i0 + kMR) of a, columns [k0, k0 + kc), as one panel: for each
 // k, the panel's kMR rows side by side (zeros past m).
@@ -121,8 +127,7 @@ void PackRows(const View& a, int64 m, int64 i0, int64 k0, int64 kc,
   if (a.cols == 1) {
     int64 done = 0;  // terms packed by the vector transpose
 #ifdef TFDET_X86
-    static const bool avx2 = CpuHasAvx2Fma();
-    if (avx2 && rows == kMR) {
+    if (PackWithAvx2() && rows == kMR) {
       // Eight rows read, the last twice; each group's eighth store spills
       // two floats into the next term's slots, so the last term (which
       // has no next inside the panel) is left to the loop below.
@@ -169,8 +174,7 @@ void PackColumns(const View& b, int64 n, int64 j0, int64 k0, int64 kc,
   }
   int64 done = 0;  // terms packed by the vector transpose
 #ifdef TFDET_X86
-  static const bool avx2 = CpuHasAvx2Fma();
-  if (avx2 && b.rows == 1 && cols == kNR) {
+  if (PackWithAvx2() && b.rows == 1 && cols == kNR) {
     // Columns read along memory (b transposed, as dA = dC @ B^T reads B).
     const float* sources[kNR];
     for (int64 c = 0; c < kNR; ++c) sources[c] = b.data + (j0 + c) * b.cols + k0;
@@ -880,8 +884,7 @@ void Interleave(const float* const* sources, int64 run, bool more,
                 float* dst) {
   int64 c = 0;
 #ifdef TFDET_X86
-  static const bool avx2 = CpuHasAvx2Fma();
-  if (avx2 && run >= 8) {
+  if (PackWithAvx2() && run >= 8) {
     const float* eight[8];
     for (int64 i = 0; i < 8; ++i) eight[i] = sources[std::min(i, kMR - 1)];
     const int64 vectors = more ? run : run - 1;
@@ -1091,10 +1094,10 @@ struct FilterGradientDirectOperands {
   // positions), as the tile's panels (each kMR x kc, the rows of a term
   // side by side, zeros past m): one walk over the positions for the whole
   // tile, each position's pixel read once per tap as a run of channels.
-  // Per panel, each panel's walk recomputed the positions and, where a
-  // panel spanned taps (a 3-channel first layer's always do), checked the
-  // image's bounds per value: the filter gradients' packing took 17% of the
-  // built-in CNN's step (2-core AMD EPYC Zen 5).
+  // Packed panel by panel, each position was found again for every panel,
+  // and where a panel spans taps (a 3-channel first layer's all do) the
+  // image's bounds were checked value by value: 17% of the built-in CNN's
+  // step (2-core AMD EPYC Zen 5).
   void PackATile(int64, int64 i0, int64 rows, int64 k0, int64 kc,
                  float* dst) const {
     if (rows % kMR != 0)
