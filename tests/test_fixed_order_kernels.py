@@ -140,6 +140,12 @@ CONVOLUTIONS = (
     # its panels of (tap, channel) rows within one tap and across taps.
     ((2, 12, 12, 3), (3, 3, 48), (1, 1), "SAME", 2),
     ((2, 9, 9, 12), (3, 3, 64), (2, 2), [0, 0, 1, 0, 2, 1, 0, 0], 1),
+    # Fewer channels than a panel's rows: a filter row's taps read as one
+    # span of neighbouring pixels, assembled tap by tap where it hangs over
+    # the image's side (a first layer's 7x7 at stride 2, explicit padding).
+    ((2, 11, 11, 3), (7, 7, 32), (2, 2), "SAME", 1),
+    ((2, 9, 9, 2), (3, 3, 40), (1, 1), [0, 0, 1, 2, 2, 0, 0, 0], 1),
+    ((2, 8, 8, 4), (3, 3, 32), (1, 2), "VALID", 1),
 )
 
 

@@ -1115,21 +1115,33 @@ struct FilterGradientDirectOperands {
     if (rows % kMR != 0)
       std::memset(dst + (rows / kMR) * kMR * kc, 0, sizeof(float) * kMR * kc);
     // The rows as runs of channels of one tap each, and each run as pieces
-    // that lie side by side in one panel.
+    // that lie side by side in one panel. With fewer channels than a panel
+    // has rows (a first layer's 3), whole taps of one filter row form one
+    // run where the filter's columns read neighbouring pixels (no column
+    // dilation): their channels lie side by side in the image, so the run
+    // is read as one span unless the filter row hangs over the image's side.
+    const bool span_taps = g.channels < kMR && g.dilation_w == 1;
     struct Run {
-      int64 top, left, channel;
+      int64 top, left, channel, taps, length;
     };
     struct Piece {
-      int64 run, channel, length;  // channels [channel, + length) of run
-      float* slots;                // the first row's slot at term 0
+      int64 run, offset, length;  // floats [offset, + length) of the run
+      float* slots;               // the first row's slot at term 0
     };
     std::vector<Run> runs;
     std::vector<Piece> pieces;
+    int64 longest = 0;
     for (int64 r = 0; r < rows;) {
       const int64 tap = (i0 + r) / g.channels, channel = (i0 + r) % g.channels;
-      const int64 length = std::min(g.channels - channel, rows - r);
+      const int64 column = tap % g.filter_w;
+      const int64 taps =
+          span_taps && channel == 0
+              ? std::max<int64>(1, std::min(g.filter_w - column, (rows - r) / g.channels))
+              : 1;
+      const int64 length = std::min(taps * g.channels - channel, rows - r);
       runs.push_back({(tap / g.filter_w) * g.dilation_h - g.pad_top,
-                      (tap % g.filter_w) * g.dilation_w - g.pad_left, channel});
+                      column * g.dilation_w - g.pad_left, channel, taps, length});
+      longest = std::max(longest, length);
       for (int64 c = 0; c < length;) {
         const int64 row = r + c;
         const int64 piece = std::min(kMR - row % kMR, length - c);
@@ -1139,17 +1151,34 @@ struct FilterGradientDirectOperands {
       }
       r += length;
     }
+    // A spanning run whose taps partly read padding, assembled tap by tap.
+    std::vector<float> partial(runs.size() * longest);
     std::vector<const float*> sources(runs.size());
     OutputPosition at(g, k0);
     for (int64 x = 0; x < kc; ++x, at.Next(g)) {
       const float* pixels = input + at.image * g.height * g.width * g.channels;
       for (size_t i = 0; i < runs.size(); ++i) {
-        const int64 ih = at.oh * g.stride_h + runs[i].top;
-        const int64 iw = at.ow * g.stride_w + runs[i].left;
-        sources[i] = (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width)
-                         ? nullptr  // padding
-                         : pixels + (ih * g.width + iw) * g.channels +
-                               runs[i].channel;
+        const Run& run = runs[i];
+        const int64 ih = at.oh * g.stride_h + run.top;
+        const int64 iw = at.ow * g.stride_w + run.left;
+        sources[i] = nullptr;  // padding
+        if (ih < 0 || ih >= g.height || iw + run.taps <= 0 || iw >= g.width)
+          continue;
+        const float* row = pixels + ih * g.width * g.channels;
+        if (iw >= 0 && iw + run.taps <= g.width) {
+          sources[i] = row + iw * g.channels + run.channel;
+          continue;
+        }
+        float* assembled = partial.data() + i * longest;
+        for (int64 t = 0; t < run.taps; ++t) {
+          float* d = assembled + t * g.channels;
+          if (iw + t < 0 || iw + t >= g.width) {
+            std::fill(d, d + g.channels, 0.0f);
+          } else {
+            std::memcpy(d, row + (iw + t) * g.channels, sizeof(float) * g.channels);
+          }
+        }
+        sources[i] = assembled + run.channel;
       }
       for (const Piece& piece : pieces) {
         float* d = piece.slots + x * kMR;
@@ -1157,7 +1186,7 @@ struct FilterGradientDirectOperands {
           std::fill(d, d + piece.length, 0.0f);
           continue;
         }
-        const float* src = sources[piece.run] + piece.channel;
+        const float* src = sources[piece.run] + piece.offset;
         if (piece.length == kMR) {
           std::memcpy(d, src, sizeof(float) * kMR);
         } else {
