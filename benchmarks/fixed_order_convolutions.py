@@ -2,7 +2,9 @@
 
 The built-in CNN's four convolutions (3x3 filters), or with `--layers
 resnet50` nine of the zoo's ResNet-50's (64x64 images: 1x1 and 3x3 filters,
-stride 2 where the model has it), at batch `--batch`, each as forward,
+stride 2 where the model has it), or with `--layers first` the first
+layers of the CNN, the zoo's MobileNetV2 and ResNet-50 (3 channels: few
+weights, many positions), at batch `--batch`, each as forward,
 input gradient and filter gradient: ms per call (median of
 `--repeats` after one warm-up call) of tfdet's kernel and of TensorFlow's op
 in one process, alternately, each in a `tf.function`, at `--threads`
@@ -12,6 +14,7 @@ found in the cache) first.
 
     python benchmarks/fixed_order_convolutions.py [--batch 64] [--threads 2]
     python benchmarks/fixed_order_convolutions.py --layers resnet50
+    python benchmarks/fixed_order_convolutions.py --layers first
 """
 
 from __future__ import annotations
@@ -39,6 +42,11 @@ LAYERS = {
         ((4, 4, 1024), 1, 2048, 2, "SAME"),
         ((2, 2, 512), 3, 512, 1, "SAME"),
         ((2, 2, 512), 1, 2048, 1, "SAME"),
+    ),
+    "first": (  # first layers: builtin:cnn's, the zoo's MobileNetV2's, ResNet-50's
+        ((32, 32, 3), 3, 32, 1, "SAME"),
+        ((96, 96, 3), 3, 32, 2, "SAME"),
+        ((64, 64, 3), 7, 64, 2, "SAME"),
     ),
 }
 
