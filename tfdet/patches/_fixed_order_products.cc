@@ -1082,7 +1082,15 @@ struct FilterGradientOperands {
   // few columns each task would pack again, stays packed once: 12 ms
   // against 20).
   bool PackBInTasks() const { return k() * n() >= (int64{1} << 22); }
-  const float* InPlaceB(int64) const { return nullptr; }
+  // A 1x1 filter at stride 1 without padding reads each pixel once, at its
+  // own position: the image, positions x channels, is B as it lies.
+  const float* InPlaceB(int64) const {
+    const bool pointwise = g.filter_h == 1 && g.filter_w == 1 &&
+                           g.stride_h == 1 && g.stride_w == 1 &&
+                           g.pad_top == 0 && g.pad_left == 0 &&
+                           g.out_h == g.height && g.out_w == g.width;
+    return pointwise ? InPlace(input, g.channels) : nullptr;
+  }
 };
 
 // The filter gradient as a product in the filter's own layout: the image
