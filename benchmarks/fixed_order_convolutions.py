@@ -4,7 +4,9 @@ The built-in CNN's four convolutions (3x3 filters), or with `--layers
 resnet50` nine of the zoo's ResNet-50's (64x64 images: 1x1 and 3x3 filters,
 stride 2 where the model has it), or with `--layers first` the first
 layers of the CNN, the zoo's MobileNetV2 and ResNet-50 (3 channels: few
-weights, many positions), at batch `--batch`, each as forward,
+weights, many positions), or with `--layers pointwise` the zoo's
+MobileNetV2's 1x1 projections (few filters, many channels), at batch
+`--batch`, each as forward,
 input gradient and filter gradient: ms per call (median of
 `--repeats` after one warm-up call) of tfdet's kernel and of TensorFlow's op
 in one process, alternately, each in a `tf.function`, at `--threads`
@@ -15,6 +17,7 @@ found in the cache) first.
     python benchmarks/fixed_order_convolutions.py [--batch 64] [--threads 2]
     python benchmarks/fixed_order_convolutions.py --layers resnet50
     python benchmarks/fixed_order_convolutions.py --layers first
+    python benchmarks/fixed_order_convolutions.py --layers pointwise
 """
 
 from __future__ import annotations
@@ -47,6 +50,12 @@ LAYERS = {
         ((32, 32, 3), 3, 32, 1, "SAME"),
         ((96, 96, 3), 3, 32, 2, "SAME"),
         ((64, 64, 3), 7, 64, 2, "SAME"),
+    ),
+    "pointwise": (  # the zoo's MobileNetV2's 1x1 projections
+        ((48, 48, 96), 1, 24, 1, "SAME"),
+        ((24, 24, 144), 1, 24, 1, "SAME"),
+        ((12, 12, 192), 1, 32, 1, "SAME"),
+        ((6, 6, 384), 1, 64, 1, "SAME"),
     ),
 }
 
