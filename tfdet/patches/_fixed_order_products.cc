@@ -523,14 +523,14 @@ void ComputeTile(const Operands& operands, const MicroKernels& kernels,
       std::fill(c + (i0 + r) * n + j0, c + (i0 + r) * n + j0 + cols, 0.0f);
     return;
   }
+  const float* in_place = operands.InPlaceB(p);
+  const int64 ldb = in_place != nullptr ? n : kNR;
   for (int64 k0 = 0; k0 < k; k0 += kKC) {
     const int64 kc = std::min(kKC, k - k0);
     PackTileRows(operands, p, i0, rows, k0, kc, a_block);
     if (own_b)
       for (int64 q = 0; q < cols; q += kNR)
         operands.PackB(p, j0 + q, k0, kc, b_block + q * kc);
-    const float* in_place = operands.InPlaceB(p);
-    const int64 ldb = in_place != nullptr ? n : kNR;
     auto b_panel = [&](int64 q) -> const float* {
       if (in_place != nullptr) return in_place + k0 * n + j0 + q;
       return own_b ? b_block + q * kc
@@ -1160,7 +1160,7 @@ struct FilterGradientDirectOperands {
       r += length;
     }
     // A spanning run whose taps partly read padding, assembled tap by tap.
-    std::vector<float> partial(runs.size() * longest);
+    std::vector<float> partial(span_taps ? runs.size() * longest : 0);
     std::vector<const float*> sources(runs.size());
     OutputPosition at(g, k0);
     for (int64 x = 0; x < kc; ++x, at.Next(g)) {

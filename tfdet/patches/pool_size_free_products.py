@@ -67,8 +67,9 @@ what the replacements cannot compute (a product with an empty dimension, a
 grouped convolution's gradients, an `Einsum` with a diagonal such as
 "ii->i"), goes to the original op. Not covered (still following the pool
 size with the patch): 3-D convolution filter gradients, and a full `Sum`
-or `Mean` large enough for Eigen to split it into one block per thread (of 256x4096 elements; a training step's loss, a
-mean over one batch, stays on one thread). Cost:
+or `Mean` large enough for Eigen to split it into one block per thread
+(of 256x4096 elements; a training step's loss, a mean over one batch,
+stays on one thread). Cost:
 `benchmarks/patch_cost.py --patch pool_size_free_products`,
 `benchmarks/cost_of_determinism.py` and `benchmarks/batch_invariance.py`.
 
