@@ -37,12 +37,16 @@ DETERMINISTIC = "deterministic"
 # tfdet's profile pins the pool size (`enable(threads=...)`), so these rows
 # only name the ops when a check finds that the pool size separates two runs.
 POOL_SIZE_DEPENDENT = "pool_size_dependent"
+# The kernel's bits follow the executor's schedule (which ops ran side by
+# side). Not a hazard: tfdet's profile keeps one inter-op thread, under which
+# the schedule repeats; these rows name the ops that forbid more.
+SCHEDULE_DEPENDENT = "schedule_dependent"
 
 # Behaviours that make an op a hazard.
 HAZARDOUS = frozenset(
     {RAISES, HOST_FALLBACK, NONDETERMINISTIC, XLA_COMPILE_ERROR, MACHINE_DEPENDENT}
 )
-BEHAVIOURS = HAZARDOUS | {DETERMINISTIC, POOL_SIZE_DEPENDENT}
+BEHAVIOURS = HAZARDOUS | {DETERMINISTIC, POOL_SIZE_DEPENDENT, SCHEDULE_DEPENDENT}
 
 # Pseudo-attribute in `when`: the node is inside an XLA-compiled function.
 XLA_CONDITION = "_xla"

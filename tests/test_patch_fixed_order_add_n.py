@@ -1,0 +1,91 @@
+"""`fixed_order_add_n`: an `AddN` of three or more sums in its inputs' order.
+
+TensorFlow's `AddN` moves the input whose buffer it reuses to the front of
+its sum, so the same inputs give other bits when another op still holds a
+buffer: the control runs the same function without the patch and shows
+both sums. Each case runs in a fresh process (the patch binds TensorFlow's
+modules process-wide).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import clean_env, last_json_line, run_python
+
+CODE = """
+import json, sys
+import tfdet
+patches = ["auto", "fixed_order_add_n"] if sys.argv[1] == "patched" else ["auto"]
+tfdet.enable(seed=1, patches=patches)
+import numpy as np
+import tensorflow as tf
+
+# (a + b) + c is 0 in float32 (1 + 1e8 rounds to 1e8); (c + b) + a is 1.
+a, b, d, one = (tf.constant([v] * 16) for v in (1.0, 1e8, -1e8, 1.0))
+
+@tf.function
+def reusable(a, b, d, one):
+    c = d * one  # only AddN reads it: its buffer may hold the sum
+    return tf.math.add_n([a, b, c])
+
+@tf.function
+def held(a, b, d, one):
+    c = d * one
+    return tf.math.add_n([a, b, c]), c  # returned too: its buffer is not free
+
+x = tf.constant([[1.0, 2.0]])
+
+@tf.function
+def gradient(x):
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = tf.reduce_sum(tf.sin(x) + tf.cos(x) + tf.exp(x))  # x read thrice
+    return tape.gradient(y, x)
+
+def widest_add_n(function, *args):
+    graph = function.get_concrete_function(*args).graph
+    return max(
+        [len(op.inputs) for op in graph.get_operations() if op.type == "AddN"],
+        default=0,
+    )
+
+print(json.dumps({
+    "reusable": float(reusable(a, b, d, one).numpy()[0]),
+    "held": float(held(a, b, d, one)[0].numpy()[0]),
+    "widest_add_n": widest_add_n(reusable, a, b, d, one),
+    "gradient_add_n": widest_add_n(gradient, x),
+    "gradient": gradient(x).numpy()[0].tolist(),
+    "expected_gradient": (np.cos([1.0, 2.0]) - np.sin([1.0, 2.0])
+                          + np.exp([1.0, 2.0])).tolist(),
+    "integers": tf.math.add_n([tf.constant([1]), tf.constant([2]),
+                               tf.constant([3])]).numpy().tolist(),
+    "pair": float(tf.math.add_n([a, b]).numpy()[0]),
+}))
+"""
+
+
+def _sums(mode: str) -> dict:
+    result = run_python(
+        "import sys; sys.argv[1:] = [" + repr(mode) + "]\n" + CODE, env=clean_env()
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return last_json_line(result.stdout)
+
+
+def test_without_the_patch_add_n_sums_from_the_buffer_it_reuses():
+    sums = _sums("unpatched")
+    # The same inputs, the same op: the order follows which buffer was free.
+    assert (sums["reusable"], sums["held"]) == (1.0, 0.0)
+    assert sums["widest_add_n"] == 3 and sums["gradient_add_n"] == 3
+
+
+def test_with_the_patch_add_n_sums_in_input_order_whatever_buffer_is_free():
+    sums = _sums("patched")
+    assert (sums["reusable"], sums["held"]) == (0.0, 0.0)
+    # No AddN of three inputs is left, neither tf.math.add_n's nor the
+    # gradient tape's sum of x's three gradients.
+    assert sums["widest_add_n"] == 0 and sums["gradient_add_n"] == 0
+    assert sums["gradient"] == pytest.approx(sums["expected_gradient"], rel=1e-6)
+    # Integers and two inputs keep TensorFlow's op.
+    assert sums["integers"] == [6] and sums["pair"] == 1e8
