@@ -89,3 +89,75 @@ def test_with_the_patch_add_n_sums_in_input_order_whatever_buffer_is_free():
     assert sums["gradient"] == pytest.approx(sums["expected_gradient"], rel=1e-6)
     # Integers and two inputs keep TensorFlow's op.
     assert sums["integers"] == [6] and sums["pair"] == 1e8
+
+
+RACE = """
+import collections, hashlib, json, sys
+import tfdet
+from tfdet._setup import _enable
+threads, patched = int(sys.argv[1]), sys.argv[2] == "patched"
+if not patched:
+    _enable.INTER_OP_THREADS = threads  # the control: AddN with both pools
+profile = tfdet.enable(
+    seed=1, threads=threads,
+    patches=["auto", "fixed_order_add_n"] if patched else ["auto"],
+)
+import numpy as np
+import tensorflow as tf
+
+@tf.function
+def step(x, a, b):
+    # c is read by the AddN and by a reduction that may run beside it: c's
+    # buffer is free for the AddN only when the reduction finished first.
+    c = x * 3.0
+    return tf.math.add_n([a, b, c]), tf.reduce_sum(tf.sin(c))
+
+sums = {}
+rng = np.random.default_rng(0)
+for size in (10_000, 100_000, 300_000, 1_000_000):
+    x, a, b = (tf.constant(rng.normal(size=size).astype("float32") * scale)
+               for scale in (1.0, 1.0, 1e3))
+    found = collections.Counter(
+        hashlib.sha256(step(x, a, b)[0].numpy().tobytes()).hexdigest()[:16]
+        for _ in range(100)
+    )
+    sums[size] = sorted(found)
+print(json.dumps({
+    "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+    "profile_inter_op": profile.inter_op_threads,
+    "sums": sums,
+}))
+"""
+
+
+def _race(threads: int, mode: str) -> dict:
+    result = run_python(
+        f"import sys; sys.argv[1:] = [{str(threads)!r}, {mode!r}]\n" + RACE,
+        env=clean_env(),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return last_json_line(result.stdout)
+
+
+def _sums_by_size(*races: dict) -> dict[str, set[str]]:
+    """Each size's sums over every call of every race."""
+    return {
+        size: {found for race in races for found in race["sums"][size]}
+        for size in races[0]["sums"]
+    }
+
+
+def test_two_inter_op_threads_give_add_n_one_sum_only_with_the_patch():
+    control = [_race(1, "unpatched"), _race(2, "unpatched")]
+    assert [race["inter_op"] for race in control] == [1, 2]
+    # Without the patch the same AddN gives other sums from call to call
+    # or from pool to pool: whether the reduction beside it had finished.
+    assert any(len(sums) > 1 for sums in _sums_by_size(*control).values()), control
+    patched = [_race(1, "patched"), _race(2, "patched")]
+    # The patch sizes the inter-op pool with `threads`, and the profile says so.
+    assert [(race["inter_op"], race["profile_inter_op"]) for race in patched] == [
+        (1, 1),
+        (2, 2),
+    ]
+    # One sum a size, every call, with either pool: the schedule decides no bit.
+    assert all(len(sums) == 1 for sums in _sums_by_size(*patched).values()), patched

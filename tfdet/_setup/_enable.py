@@ -217,22 +217,33 @@ def _seed_everything(seed: int) -> None:
         tf_keras.utils.set_random_seed(seed)
 
 
-# The inter-op pool's size whatever `threads` is. With two inter-op threads
-# (intra-op 2, oneDNN on, AVX2 cap; 2-core AMD EPYC Zen 5, TF 2.21), the
-# first training step of keras.applications.MobileNetV2 gave other bits from
-# process to process: oneDNN's filter gradient of a 1x1 convolution ran on
-# as many threads as it found free when its first call was scheduled, and
-# summed its partial results accordingly. With one, every process gave the
-# same bits; so did oneDNN off. An op still runs on the intra-op pool's
-# threads; only independent ops no longer run side by side.
+# The inter-op pool's size, unless the patch below is installed. With two
+# inter-op threads (2-core AMD EPYC Zen 5, TF 2.21), keras.applications.
+# MobileNetV2's gradients of one batch gave other bits from call to call and
+# from process to process, with oneDNN on or off: each BatchNormalization's
+# input gradient is an `AddN` of three, and TensorFlow's AddN sums from the
+# input whose buffer it may reuse, which depends on whether the other ops
+# reading that input, side by side, have finished. With one inter-op thread
+# the schedule repeats, and so do the bits; an op still runs on the intra-op
+# pool's threads, only independent ops no longer run side by side.
 INTER_OP_THREADS = 1
 
+# The opt-in patch that folds AddN in input order: with it the schedule
+# decides no bit (measured: 1 digest in 40 calls and in 6 processes where
+# AddN gave 2-3 in 12), so the inter-op pool gets `threads` threads too.
+SCHEDULE_FREE_PATCH = "fixed_order_add_n"
 
-def _pin_threads(threads: int, started: bool) -> tuple[int, int]:
+
+def inter_op_threads(threads: int, patches: Any) -> int:
+    """The inter-op pool's size for `threads` and the selected patch names."""
+    return threads if SCHEDULE_FREE_PATCH in patches else INTER_OP_THREADS
+
+
+def _pin_threads(threads: int, inter: int, started: bool) -> tuple[int, int]:
     import tensorflow as tf
 
     threading = tf.config.threading
-    pinned = (threads, INTER_OP_THREADS)
+    pinned = (threads, inter)
     current = (
         threading.get_intra_op_parallelism_threads(),
         threading.get_inter_op_parallelism_threads(),
@@ -279,9 +290,10 @@ def _guard_thread_setters(threading: Any, intra: int, inter: int) -> None:
                     f"pass threads={num_threads!r} to enable() (or --threads "
                     f"{num_threads!r} to tfdet run / tfdet check --script) instead."
                     if _name == "set_intra_op_parallelism_threads"
-                    else f"tfdet keeps the inter-op pool at {_threads}: with more, "
-                    "oneDNN's first calls can give other bits from process to "
-                    "process; `threads` sizes the intra-op pool."
+                    else f"tfdet keeps the inter-op pool at {_threads}: with more "
+                    "than one, TensorFlow's AddN gives other bits from run to "
+                    f"run unless the {SCHEDULE_FREE_PATCH!r} patch is installed, "
+                    "which sizes it with `threads`."
                 )
                 raise ProfileMismatchError(
                     f"Expected the thread pools tfdet.enable() pinned ({_threads}). "
@@ -335,8 +347,11 @@ def enable(
             (the default) is portable to any machine; any fixed N gives the
             same bits on machines with any core count and is faster on N
             cores. The inter-op pool keeps one thread whatever N is (with
-            more, oneDNN's first calls gave other bits from process to
-            process).
+            more, TensorFlow's AddN sums in an order that follows which ops
+            ran side by side), unless `patches` includes the opt-in
+            "fixed_order_add_n", which sums it in a fixed order: then the
+            inter-op pool has N threads too, and independent ops (a
+            bidirectional layer's two directions) run side by side.
         cpu_isa: Cap on the instruction set of oneDNN and of XLA:CPU's
             generated code on x86-64 (oneDNN's names, e.g. "AVX2",
             "AVX512_CORE"; None leaves it uncapped). Ignored elsewhere. The
@@ -404,7 +419,10 @@ def enable(
         started = _runtime_started()
         # Threads first: once the runtime started they always change the
         # bits, so they are the setting a TooLateError should name.
-        threads_in_force = _pin_threads(threads, started)
+        selected = _registry.resolve(request["patches"])
+        threads_in_force = _pin_threads(
+            threads, inter_op_threads(threads, selected), started
+        )
         isa_cap = _resolve_isa(request["cpu_isa"], strict, started)
 
         import tensorflow as tf
@@ -412,7 +430,7 @@ def enable(
         tf.config.experimental.enable_op_determinism()
         _pin_variables(seed, threads, isa_cap)
         _seed_everything(seed)
-        installed = _registry.install(_registry.resolve(request["patches"]))
+        installed = _registry.install(selected)
 
     profile = Profile(
         seed=seed,

@@ -23,10 +23,13 @@ the chain back into one `AddN`, so the patch turns it off (as
 `portable_sqrt_division` does). Non-float inputs (TensorList variants,
 integers) and `IndexedSlices` keep the original op.
 
-Opt-in: under one inter-op thread (every setting tfdet offers) the sum
-already repeats, and the patch would change the bits of models whose `AddN`
-reused a later input's buffer (the digests recorded for them).
-`benchmarks/inter_op_pool.py --add-n` measures it with two inter-op threads.
+Opt-in: under one inter-op thread (tfdet's default) the sum already
+repeats, and the patch changes the bits of models whose `AddN` reused a
+later input's buffer (the digests recorded for them). With it installed,
+`enable(threads=N)` gives the inter-op pool N threads too, so that
+independent ops (a bidirectional layer's two directions) run side by side:
+`benchmarks/inter_op_pool.py` measures the bits with both pools, with and
+without the patch.
 """
 
 from __future__ import annotations
