@@ -249,7 +249,12 @@ def test_the_settings_a_user_would_try_are_timed():
             *gelu,
         ],
     }
-    assert kernels[6:] == settings_for(4)[5:]
+    # The same with AddN in input order, whose inter-op pool has 4 threads too.
+    assert kernels[6].enable == {
+        **kernels[5].enable,
+        "patches": [*kernels[5].enable["patches"], "fixed_order_add_n"],
+    }
+    assert kernels[7:] == settings_for(4)[5:]
 
 
 def test_a_kernel_row_whose_kernels_did_not_load_says_so_and_is_not_advised():

@@ -7,7 +7,7 @@ from typing import Any
 
 from tfdet._pin import _tiers
 from tfdet._pin._tiers import POOL_SIZE_FREE
-from tfdet.patches import _registry
+from tfdet.patches import _registry, fixed_order_add_n
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +91,9 @@ def settings_for(cores: int, xla: bool = True, kernels: bool = False) -> list[Se
     - the pool-size-free products at N threads (any x86 CPU, any batch);
     - with `kernels` (a C++ compiler builds tfdet's kernels here): the same
       with tfdet's own product, convolution and GELU kernels
-      (`kernel_patches()`);
+      (`kernel_patches()`), and those with AddN summed in input order
+      (`fixed_order_add_n`), which gives the inter-op pool N threads too, so
+      independent ops run side by side (the same tiers, other speed);
     - XLA (`xla=False` leaves it out: a script compiles its own models).
 
     With one core, `threads=N` is `enable()` itself and is left out.
@@ -105,7 +107,8 @@ def settings_for(cores: int, xla: bool = True, kernels: bool = False) -> list[Se
     )
     patch_sets = [["auto", POOL_SIZE_FREE]]
     if kernels:
-        patch_sets.append(["auto", POOL_SIZE_FREE, *kernel_patches()])
+        with_kernels = ["auto", POOL_SIZE_FREE, *kernel_patches()]
+        patch_sets += [with_kernels, [*with_kernels, fixed_order_add_n.PATCH.name]]
     for patches in patch_sets:
         listed = ", ".join(f'"{name}"' for name in patches)
         found.append(
