@@ -1,7 +1,7 @@
 """`AddN` of three or more tensors summed in the order of its inputs (opt-in).
 
-TensorFlow's CPU and GPU `AddN` kernel writes its sum into one of its input
-buffers when it may (the first input, in order, that no other op still
+TensorFlow's `AddN` kernel (the CPU's; the GPU's is the same code, not
+measured there) writes its sum into one of its input buffers when it may (the first input, in order, that no other op still
 holds), and then moves that input to the front of the sum: `AddN(a, b, c)`
 is `(a + b) + c` when it reuses `a`'s buffer or none, but `(c + b) + a`
 when it reuses `c`'s. So its bits follow whether the ops that also read `c`
