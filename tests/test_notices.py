@@ -74,3 +74,29 @@ def test_what_a_crash_says_while_hidden_still_gets_out():
     assert result.returncode < 0
     assert "the reason" in result.stderr
     assert "oneDNN notice" not in result.stderr
+
+
+_PROBED_IMPORT = """
+import importlib.util, sys
+from tfdet import _notices
+if sys.argv[1] == "hidden":
+    _notices.hide_at_import()
+# A probe that asks for TensorFlow without importing it (tfdet's cache-size
+# pin locates the library so), then the import.
+assert importlib.util.find_spec("tensorflow") is not None
+import tensorflow as tf
+print("sum", int(tf.reduce_sum(tf.ones(3))))
+"""
+
+
+def test_a_probe_before_the_import_leaves_the_import_hidden():
+    stderr = {}
+    for mode in ("hidden", "shown"):
+        result = run_python(
+            f"import sys; sys.argv[1:] = [{mode!r}]\n" + _PROBED_IMPORT,
+            env=clean_env(TF_ENABLE_ONEDNN_OPTS="1"),  # a notice on every CPU
+        )
+        assert result.returncode == 0 and "sum 3" in result.stdout, result.stderr
+        stderr[mode] = result.stderr
+    assert "absl::InitializeLog" in stderr["shown"]
+    assert "absl::InitializeLog" not in stderr["hidden"]

@@ -103,14 +103,17 @@ def hidden() -> Iterator[None]:
 class _QuietLoader(importlib.abc.Loader):
     """Runs the real loader of `tensorflow` inside `hidden()`."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, finder: _Finder) -> None:
         self._loader = loader
+        self._finder = finder
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
         spec = module.__spec__
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self._finder)
         try:
             with hidden():
                 self._loader.exec_module(module)
@@ -120,16 +123,20 @@ class _QuietLoader(importlib.abc.Loader):
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Wraps the first import of `tensorflow` in `hidden()`, then leaves."""
+    """Wraps the first import of `tensorflow` in `hidden()`, then leaves.
+
+    It leaves when the import runs, not when it is first asked: a probe such
+    as `importlib.util.find_spec("tensorflow")` (tfdet's cache-size pin
+    locates the library so) asks without importing, and a finder gone by
+    then would leave the import that follows loud.
+    """
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != "tensorflow":
             return None
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None:
-            spec.loader = _QuietLoader(spec.loader)
+            spec.loader = _QuietLoader(spec.loader, self)
         return spec
 
 
