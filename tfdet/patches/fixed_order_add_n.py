@@ -1,18 +1,18 @@
 """`AddN` of three or more tensors summed in the order of its inputs (opt-in).
 
 TensorFlow's `AddN` kernel (the CPU's; the GPU's is the same code, not
-measured there) writes its sum into one of its input buffers when it may (the first input, in order, that no other op still
-holds), and then moves that input to the front of the sum: `AddN(a, b, c)`
-is `(a + b) + c` when it reuses `a`'s buffer or none, but `(c + b) + a`
-when it reuses `c`'s. So its bits follow whether the ops that also read `c`
-have finished, which is the executor's schedule, not the graph. With one
-inter-op thread the schedule repeats from process to process; with more,
-ops run side by side and it does not: keras.applications.MobileNetV2's
-gradients of one batch differed in about 1 of 12 calls under op
-determinism, oneDNN off, intra-op pool 2, inter-op pool 2, each
-BatchNormalization's input gradient being an `AddN` of three
-(docs/measurements.md, "The inter-op pool"). Two inputs are safe:
-`a + b` is `b + a` exactly.
+measured there) writes its sum into one of its input buffers when it may
+(the first input, in order, that no other op still holds), and then moves
+that input to the front of the sum: `AddN(a, b, c)` is `(a + b) + c` when
+it reuses `a`'s buffer or none, but `(c + b) + a` when it reuses `c`'s.
+So its bits follow whether the ops that also read `c` have finished, which
+is the executor's schedule, not the graph. With one inter-op thread the
+schedule repeats from process to process; with more, ops run side by side
+and it does not: keras.applications.MobileNetV2's gradients of one batch
+gave 2-3 digests in 12 calls under op determinism, oneDNN on or off,
+intra-op pool 2, inter-op pool 2, each BatchNormalization's input gradient
+being an `AddN` of three (docs/measurements.md, "The inter-op pool"). Two
+inputs are safe: `a + b` is `b + a` exactly.
 
 This patch replaces `gen_math_ops.add_n` (every binding: `tf.math.add_n`
 and the gradient tape's aggregation of a tensor's gradients call it) with
@@ -49,7 +49,9 @@ def add_n(inputs: Any, name: str | None = None) -> Any:
 
     Example:
 
-    >>> add_n([[1.0], [1e8], [-1e8]]).numpy().tolist()
+    >>> import tensorflow as tf
+    >>> a, b, c = (tf.constant([value]) for value in (1.0, 1e8, -1e8))
+    >>> add_n([a, b, c]).numpy().tolist()  # (1 + 1e8) rounds to 1e8
     [0.0]
 
     Args:
