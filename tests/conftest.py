@@ -287,6 +287,15 @@ def last_json_line(stdout: str) -> dict:
     raise AssertionError(f"no JSON line in output:\n{stdout}")
 
 
+def run_json(code: str, *arguments: str, **env: str) -> dict:
+    """`code` with `sys.argv[1:] = arguments` in a fresh process (`env` added
+    to its clean environment), which must succeed; its last JSON line."""
+    argv = f"import sys; sys.argv = ['run', *{list(arguments)!r}]\n"
+    result = run_python(argv + code, env=clean_env(**env))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return last_json_line(result.stdout)
+
+
 @pytest.fixture
 def two_cpus() -> tuple[int, int]:
     """Two CPUs this process may use, or skip (affinity tests need two)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import clean_env, last_json_line, run_python
+from tests.conftest import run_json
 
 CODE = """
 import json, sys
@@ -66,11 +66,7 @@ print(json.dumps({
 
 
 def _sums(mode: str) -> dict:
-    result = run_python(
-        "import sys; sys.argv[1:] = [" + repr(mode) + "]\n" + CODE, env=clean_env()
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return last_json_line(result.stdout)
+    return run_json(CODE, mode)
 
 
 def test_without_the_patch_add_n_sums_from_the_buffer_it_reuses():
@@ -131,12 +127,7 @@ print(json.dumps({
 
 
 def _race(threads: int, mode: str) -> dict:
-    result = run_python(
-        f"import sys; sys.argv[1:] = [{str(threads)!r}, {mode!r}]\n" + RACE,
-        env=clean_env(),
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return last_json_line(result.stdout)
+    return run_json(RACE, str(threads), mode)
 
 
 def _sums_by_size(*races: dict) -> dict[str, set[str]]:

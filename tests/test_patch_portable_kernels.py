@@ -17,7 +17,7 @@ import logging
 import numpy as np
 import pytest
 
-from tests.conftest import ERFC_FOLLOWS_THE_CPU, clean_env, last_json_line, run_python
+from tests.conftest import ERFC_FOLLOWS_THE_CPU, run_json
 from tfdet.patches import _kernel_library, portable_erfc, portable_kernels
 
 
@@ -101,15 +101,6 @@ def test_a_kernel_that_disagrees_is_not_used_and_says_so_once(
     ) == 1
 
 
-def _run(code: str, *arguments: str, **env: str) -> dict:
-    """`code` with `sys.argv[1:] = arguments` in a fresh process (`env` added
-    to its environment); its JSON line."""
-    argv = f"import sys; sys.argv = ['run', *{list(arguments)!r}]\n"
-    result = run_python(argv + code, env=clean_env(**env))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return last_json_line(result.stdout)
-
-
 # The exact GELU as TensorFlow 2.19+ writes it (before, tf.nn.gelu used Erf),
 # so that the model reaches Erfc on every TensorFlow.
 _GELU = "lambda v: 0.5 * v * tf.math.erfc(-v * 0.7071067811865476)"
@@ -145,8 +136,8 @@ print(json.dumps({"digest": digest.hexdigest()[:16],
 
 @pytest.mark.slow
 def test_training_with_the_kernel_gives_the_default_profiles_weights(library):
-    default = _run(_TRAIN, json.dumps([]))
-    with_kernel = _run(_TRAIN, json.dumps(["auto", "portable_kernels"]))
+    default = run_json(_TRAIN, json.dumps([]))
+    with_kernel = run_json(_TRAIN, json.dumps(["auto", "portable_kernels"]))
     # Where TensorFlow's own Erfc is portable (before 2.20), enable() keeps
     # it, and the kernel has no composition to stand for.
     assert with_kernel["kernel"] == ERFC_FOLLOWS_THE_CPU and not default["kernel"]
@@ -200,7 +191,7 @@ def test_an_exported_model_loads_and_serves_the_same_bits_without_tfdet(
     # Exported while the kernel runs the model's steps, the SavedModel holds
     # the composition (before, loading it without tfdet failed: "Op type not
     # registered 'TfdetPortableErfc'"), and serves the kernel's bits.
-    exported = _run(_EXPORT, str(tmp_path / "model"))
+    exported = run_json(_EXPORT, str(tmp_path / "model"))
     # It never imports tfdet. What decides the Dense layers' products is set
     # as tfdet's profile sets it (oneDNN on, its AVX2 cap, one thread), so the
     # comparison is the GELU's: under TensorFlow's defaults on an AVX-512 CPU
@@ -211,7 +202,7 @@ def test_an_exported_model_loads_and_serves_the_same_bits_without_tfdet(
     }  # fmt: skip
     assert exported["kernel"] == ERFC_FOLLOWS_THE_CPU
     if ERFC_FOLLOWS_THE_CPU:
-        served = _run(_SERVE, str(tmp_path / "model"), **profile_env)
+        served = run_json(_SERVE, str(tmp_path / "model"), **profile_env)
         assert served["y"] == exported["y"]
         return
     # Before 2.20 the SavedModel holds TensorFlow's own Erfc, and a server's
@@ -219,7 +210,7 @@ def test_an_exported_model_loads_and_serves_the_same_bits_without_tfdet(
     # layer's product and this GELU into oneDNN's fused op (TF 2.19.1: other
     # bits). tfdet's processes keep that optimizer off (portable_sqrt_division),
     # and so must the server.
-    served = _run(
+    served = run_json(
         _SERVE, str(tmp_path / "model"), "arithmetic_optimization", **profile_env
     )
     assert served["y"] == exported["y"]
@@ -254,17 +245,17 @@ def test_with_pool_size_free_products_the_gelu_keeps_its_bits_in_any_batch(libra
     tensor's last `size % 8` elements, so its bits follow the batch; under
     `pool_size_free_products` (whose promise is any batch) it runs on whole
     packets, as the composition's Exp does there, and the kernel is kept."""
-    kept = _run(
+    kept = run_json(
         _BATCHES, json.dumps(["auto", "pool_size_free_products", "portable_kernels"])
     )
     assert kept["kernel"] is True
     assert set(kept["rows"].values()) == {0}, kept
     # The same bits as the composition under the same patches.
-    composed = _run(_BATCHES, json.dumps(["auto", "pool_size_free_products"]))
+    composed = run_json(_BATCHES, json.dumps(["auto", "pool_size_free_products"]))
     assert composed["kernel"] is False
     assert kept["y"] == composed["y"], (kept, composed)
     # The control: the kernel alone (the default profile's promise has no
     # batch in it) gives a row of a batch of 5 other bits.
-    alone = _run(_BATCHES, json.dumps(["auto", "portable_kernels"]))
+    alone = run_json(_BATCHES, json.dumps(["auto", "portable_kernels"]))
     assert alone["kernel"] is True
     assert any(alone["rows"].values()), alone

@@ -62,14 +62,12 @@ def add_n(inputs: Any, name: str | None = None) -> Any:
     import tensorflow as tf
     from tensorflow.python.ops import gen_math_ops
 
-    values = list(inputs) if isinstance(inputs, (list, tuple)) else None
+    values = list(inputs) if isinstance(inputs, (list, tuple)) else []
     if (
-        values is None
-        or len(values) < 3
+        len(values) < 3
         or not all(isinstance(value, tf.Tensor) for value in values)
+        or values[0].dtype.name not in _exact_math.FLOATS
     ):
-        return _ADD_N.original(inputs, name=name)
-    if values[0].dtype.name not in _exact_math.FLOATS:
         return _ADD_N.original(inputs, name=name)
     with tf.name_scope(name or "DeterministicAddN"):
         return functools.reduce(gen_math_ops.add_v2, values)
