@@ -39,6 +39,7 @@ from typing import Any
 
 from tfdet._child import _ops, _start, _xla
 from tfdet._protocol._spec import WorkerSpec
+from tfdet._target import _feeding
 
 
 def digest(variables: Iterable[Any]) -> str:
@@ -81,9 +82,10 @@ def ready(spec: WorkerSpec, xla: bool) -> dict[str, Any]:
 class _Stepper:
     """Trains the built TARGET one `train_on_batch` step at a time."""
 
-    def __init__(self, built: Any) -> None:
+    def __init__(self, built: Any, target: str) -> None:
         self._built = built
         self.steps = 0
+        _feeding.feed_as_fit(built.model, target)
 
     def step(self) -> None:
         x, y = self._built.batch(self.steps)
@@ -124,7 +126,7 @@ def _run_target(spec: WorkerSpec) -> int:
         # Under op determinism Keras keeps True only where a deterministic
         # XLA lowering exists for every layer.
         model.jit_compile = spec.jit_compile
-    stepper = _Stepper(built)
+    stepper = _Stepper(built, spec.target)
     stepper.timed(spec.warmup)
     _start.answer(ready(spec, bool(getattr(model, "jit_compile", False))))
     answered = 0

@@ -24,6 +24,7 @@ from typing import Any
 from tfdet._graph import _layers
 from tfdet._protocol._spec import WorkerSpec
 from tfdet._record import _layer_walk, _trace
+from tfdet._target import _feeding
 
 _PLUMBING_OPS = frozenset(
     {"Placeholder", "Const", "NoOp", "Identity", "IdentityN", "ReadVariableOp"}
@@ -171,16 +172,6 @@ def _fingerprints(tensors: list[Any]) -> list[str]:
     return result
 
 
-def _custom_train_step(model: Any) -> str | None:
-    """The class that overrides Keras's `train_step`, or None."""
-    for klass in type(model).__mro__:
-        if "train_step" in vars(klass):
-            if klass.__module__.split(".")[0] in ("keras", "tf_keras", "tensorflow"):
-                return None
-            return f"{klass.__module__}.{klass.__qualname__}"
-    return None
-
-
 def _build_model(model: Any, x: Any) -> None:
     if not getattr(model, "built", False):
         # A subclassed model creates its weights on its first call.
@@ -270,7 +261,7 @@ def run(spec: WorkerSpec) -> None:
             "check` for tf.compat.v1 graph-mode targets."
         )
     model = built.model
-    custom = _custom_train_step(model)
+    custom = _feeding.custom_train_step(model)
     if custom is not None:
         raise TargetError(
             f"Expected TARGET {spec.target!r} to train with Keras's own train_step. "

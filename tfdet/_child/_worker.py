@@ -18,6 +18,7 @@ from typing import Any
 from tfdet._child import _start
 from tfdet._protocol import _spec
 from tfdet._protocol._spec import WorkerSpec
+from tfdet._target import _feeding
 
 
 def _strategy(spec: WorkerSpec) -> Any:
@@ -162,6 +163,7 @@ def _train_on_batches(built: Any, spec: WorkerSpec) -> None:
     from tfdet._setup import _enable
 
     model = built.model
+    _feeding.feed_as_fit(model, spec.target)
     resumable = _Resumable(built, spec) if spec.resume_dir else None
     first = 0
     if resumable is not None and _spec.resumed_after() is not None:

@@ -31,7 +31,7 @@ import numpy as np
 
 from tfdet._errors import TargetError
 from tfdet._graph import _layers
-from tfdet._target import _builtins
+from tfdet._target import _builtins, _feeding
 
 DEFAULT_TARGET = "builtin:cnn"
 DEFAULT_BATCH_SIZE = 32
@@ -459,10 +459,16 @@ def build(text: str | None, seed: int = 0) -> Built:
             f"Expected TARGET {spec.text!r} to return a compiled model. Call "
             "`model.compile(optimizer=..., loss=...)` before returning it."
         )
-    if getattr(model, "loss", None) is None:
+    # A model whose own train_step computes its loss (keras.io's "going
+    # lower-level" example) compiles without one, as `fit` allows.
+    if (
+        getattr(model, "loss", None) is None
+        and _feeding.custom_train_step(model) is None
+    ):
         raise TargetError(
             f"Expected TARGET {spec.text!r} to return a model compiled with a "
-            "loss. Received: loss=None. Pass `loss=...` to `model.compile`."
+            "loss. Received: loss=None. Pass `loss=...` to `model.compile`, or "
+            "compute the loss in the model's own `train_step`."
         )
     if dataset is not None:
         return Built(model, None, None, None, synthesized=False, dataset=dataset)
