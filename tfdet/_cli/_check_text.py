@@ -238,6 +238,8 @@ def format_script_report(report: ScriptCheckReport) -> str:
     ]
     for run in report.run_reports:
         lines.extend(_script_run_lines(run))
+    if report.isolation:
+        lines.append(f"  {report.isolation}")
     for name, reason in report.perturbations_skipped.items():
         lines.append(f"  perturbation {name} not applied: {reason}")
     for notice in report.notices:
@@ -245,8 +247,8 @@ def format_script_report(report: ScriptCheckReport) -> str:
     divergence = report.divergence
     if report.shared_writes:
         lines.append(
-            "  files the runs all share (linked, not copied, into each run's "
-            "directory) changed while they ran: "
+            "  files the runs all share (linked into each run's copy, or beside "
+            "the working directory) changed while they ran: "
             + ", ".join(report.shared_writes)
             + ". A run wrote them, or another process did (a log another job "
             "appends to, say): either way the runs were not isolated from them. "

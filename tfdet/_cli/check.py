@@ -95,6 +95,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="With --script: stop each run after N recorded training steps "
         "(default: let the script finish).",
     )
+    parser.add_argument(
+        "--copies",
+        action="store_true",
+        help="With --script: give each run a copy of the working directory "
+        "(small files copied, the rest linked and watched) instead of an "
+        "overlay of its own, which is used where Linux allows it.",
+    )
 
 
 def _execute_script(args: argparse.Namespace) -> int:
@@ -130,6 +137,7 @@ def _execute_script(args: argparse.Namespace) -> int:
                 control=args.control,
             ),
             max_steps=args.max_steps,
+            overlay=not args.copies,
         )
     result = _script_check.check_script(options, progress=_training_flags.progress)
     # The file first: a closed stdout must not lose the machine-readable report.
@@ -142,14 +150,17 @@ def _execute_script(args: argparse.Namespace) -> int:
 def execute(args: argparse.Namespace) -> int:
     if getattr(args, "script", None) is not None:
         return _execute_script(args)
-    if getattr(args, "max_steps", None) is not None or getattr(
-        args, "script_args", None
+    if (
+        getattr(args, "max_steps", None) is not None
+        or getattr(args, "script_args", None)
+        or getattr(args, "copies", False)
     ):
         from absl import app
 
         raise app.UsageError(
-            "Expected --script with --max-steps or script arguments. Received: "
-            "no --script. Use `tfdet check --script train.py --max-steps N`."
+            "Expected --script with --max-steps, --copies or script arguments. "
+            "Received: no --script. Use `tfdet check --script train.py "
+            "--max-steps N`."
         )
     options = _training_flags.options(
         args,

@@ -736,6 +736,8 @@ class ScriptCheckReport:
         nothing_trained: Whether the runs finished without training a step.
         shared_writes: Files outside the runs' own directories that they
             changed (their bits were not compared in isolation).
+        isolation: How the runs were kept from the user's files: an overlay
+            each, or a copy each and why (`tfdet._runner._isolation`).
         notices: Keras's notices (a dropped `jit_compile=True`), once each.
         exit_code: 0, 1 or 3.
         control: With `control=True`, what the same runs without tfdet
@@ -758,6 +760,7 @@ class ScriptCheckReport:
     notices: tuple[str, ...]
     exit_code: int
     control: Control | None = None
+    isolation: str = ""
 
     @property
     def verdict(self) -> str:
@@ -808,6 +811,7 @@ class ScriptCheckReport:
             else self.divergence.to_dict(),
             "nothing_trained": self.nothing_trained,
             "shared_writes": list(self.shared_writes),
+            "isolation": self.isolation,
             "notices": list(self.notices),
             "verdict": self.verdict,
             "exit_code": self.exit_code,

@@ -36,7 +36,7 @@ from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, TraceFormatEr
 from tfdet._pin import _isa, _settings
 from tfdet._protocol import _perturb, _spec
 from tfdet._record import _diff, _trace
-from tfdet._runner import _spawn, _workdir
+from tfdet._runner import _isolation, _spawn, _workdir
 from tfdet._runner._spawn import ProgressFn
 from tfdet._setup import _enable
 from tfdet._target import _load
@@ -53,6 +53,8 @@ class ScriptOptions:
             cpu_isa, timeout; `target` and `steps` are unused).
         max_steps: Stop each run after this many recorded training steps
             (None: let the script finish).
+        overlay: Give each run an overlay of the working directory where
+            this machine allows (`_isolation`); False: copies.
 
     Raises:
         ValueError: no such script, or `max_steps` < 1.
@@ -62,6 +64,7 @@ class ScriptOptions:
     args: tuple[str, ...] = ()
     run: RunOptions = dataclasses.field(default_factory=RunOptions)
     max_steps: int | None = None
+    overlay: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.script, str) or not os.path.isfile(self.script):
@@ -270,23 +273,22 @@ def check_script(
     setups = plan.setups
 
     with tempfile.TemporaryDirectory(prefix="tfdet-script-") as workdir:
+        isolation = _isolation.choose(launched_in, workdir, overlay=options.overlay)
         if progress is not None:
-            progress(f"giving each of {len(setups)} runs a copy of {launched_in}")
-
-        # Each run's mirror keeps the original's name, in a parent of the
-        # run's own (where `..` resolves).
-        def run_in_mirrors(planned: Sequence[_perturb.RunSetup]) -> list[_ScriptRun]:
-            name = os.path.basename(launched_in.rstrip(os.sep)) or "root"
-            mirrors.update(
-                {
-                    setup.index: _workdir.mirror(
-                        launched_in,
-                        os.path.join(workdir, f"{setup.file_stem}-parent", name),
-                        workdir,
-                    )
-                    for setup in planned
-                }
+            progress(
+                f"{len(setups)} runs: "
+                + (
+                    "each in an overlay of its own of "
+                    if isolation.kind == _isolation.OVERLAY
+                    else "giving each a copy of "
+                )
+                + launched_in
             )
+        placements: list[_isolation.Placement] = []
+
+        def run_in_mirrors(planned: Sequence[_perturb.RunSetup]) -> list[_ScriptRun]:
+            placement = _isolation.place(isolation, launched_in, workdir, planned)
+            placements.append(placement)
             outcomes = _spawn.run_all(
                 planned,
                 plan.spec,
@@ -294,11 +296,11 @@ def check_script(
                 base_env=plan.environment,
                 timeout=run.timeout,
                 progress=_spawn.step_lines(progress, "script"),
-                directory=lambda setup: mirrors[setup.index].path,
+                directory=placement.directory,
+                prefix=placement.prefix,
             )
             return [_read(outcome) for outcome in outcomes]
 
-        mirrors: dict[int, _workdir.Mirror] = {}
         runs = run_in_mirrors(setups)
         divergence = None
         if all(r.outcome.ok for r in runs):
@@ -313,7 +315,7 @@ def check_script(
                             ),
                         )
                     break
-        shared = _workdir.shared_writes(list(mirrors.values()))
+        shared = sorted({path for p in placements for path in p.shared_writes()})
     finished = all(r.outcome.ok for r in runs)
     nothing_trained = finished and not any(_trained(r) for r in runs)
     if not finished or shared or nothing_trained:
@@ -355,6 +357,7 @@ def check_script(
         # Files outside the runs' own directories that the runs changed:
         # they shared them, so their bits were not compared in isolation.
         shared_writes=tuple(shared),
+        isolation=isolation.describe(),
         notices=tuple(sorted(notices - {None})),
         exit_code=code,
     )

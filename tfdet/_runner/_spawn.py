@@ -609,6 +609,7 @@ def _run_one(
     group: _ProcessGroup,
     cwd: str | None = None,
     conversation: Conversation | None = None,
+    prefix: Sequence[str] = (),
 ) -> RunOutcome:
     stem = os.path.join(workdir, setup.file_stem)
     spec = dataclasses.replace(
@@ -628,6 +629,7 @@ def _run_one(
             else process_setup.threads,
         )
         command = [
+            *prefix,
             *process_setup.launcher,
             sys.executable,
             "-m",
@@ -782,6 +784,7 @@ def run_jobs(
     timeout: float,
     progress: Callable[[int, int, int], None] | None = None,
     directory: Callable[[RunSetup], str] | None = None,
+    prefix: Callable[[RunSetup], list[str]] | None = None,
     conversations: Callable[[RunSetup], Conversation] | None = None,
 ) -> list[list[RunOutcome]]:
     """Starts every process of every run at once and waits for all of them.
@@ -806,6 +809,8 @@ def run_jobs(
         progress: Called as `progress(run_index, steps_done, steps_total)`,
             from the first process of each run.
         directory: The working directory of a process (None: this one's).
+        prefix: The command a run's processes are started through (an
+            overlay's launcher, `_isolation`), before its own launcher.
         conversations: The `Conversation` of each run, whose process the
             parent asks for answers while it runs (`tfdet cost`), or None:
             runs that go to their end unasked.
@@ -835,6 +840,7 @@ def run_jobs(
                 group,
                 None if directory is None else directory(setup),
                 None if conversations is None else conversations(setup),
+                () if prefix is None else prefix(setup),
             )
         except Exception as error:  # noqa: BLE001 - reported as a failed run
             failed = _failed(setup, error)

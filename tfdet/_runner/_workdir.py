@@ -58,7 +58,8 @@ class Mirror:
     linked: dict[str, tuple[int, int]]
 
 
-def _linked_whole(path: str, name: str) -> bool:
+def linked_whole(path: str, name: str) -> bool:
+    """Whether directory `path` (named `name`) is not the script's data."""
     return name in _LINKED_WHOLE or os.path.exists(os.path.join(path, "pyvenv.cfg"))
 
 
@@ -112,7 +113,7 @@ def mirror(source: str, destination: str, exclude: str) -> Mirror:
                     # An alias inside the tree: the same alias in the copy.
                     relative = os.path.relpath(real, real_source)
                     os.symlink(os.path.join(destination, relative), target)
-                elif _linked_whole(path, entry.name) or (
+                elif linked_whole(path, entry.name) or (
                     not entry.is_symlink() and entry.stat().st_dev != device
                 ):
                     # Not the script's (.git, caches), or another file system
@@ -121,7 +122,7 @@ def mirror(source: str, destination: str, exclude: str) -> Mirror:
                 elif real in seen:
                     # A loop: shared, watched for new entries.
                     os.symlink(path, target)
-                    linked[path] = _stamp(path)
+                    linked[path] = stamp(path)
                 else:
                     seen.add(real)
                     os.mkdir(target)
@@ -142,7 +143,8 @@ def mirror(source: str, destination: str, exclude: str) -> Mirror:
     return Mirror(destination, linked)
 
 
-def _stamp(path: str) -> tuple[int, int]:
+def stamp(path: str) -> tuple[int, int]:
+    """`(size, mtime_ns)` of `path`, as `Mirror.linked` records it."""
     info = os.stat(path)
     return info.st_size, info.st_mtime_ns
 
