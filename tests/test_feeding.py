@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import REPO, run_tfdet
+
 from tfdet._target import _feeding
 
 GUIDE = str(REPO / "tests" / "targets" / "guide_models.py")
