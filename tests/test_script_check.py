@@ -504,3 +504,37 @@ def test_a_script_checked_without_tfdet_imports_tensorflow_itself(tmp_path, sett
     assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
     report = json.loads(report_path.read_text())
     assert [run["steps_recorded"] for run in report["run_reports"]] == [2, 2]
+
+
+@pytest.mark.slow
+def test_processes_a_run_spawns_get_its_profile_and_are_said_not_recorded(
+    tmp_path, tmp_path_factory
+):
+    # Before: a "spawn" or "forkserver" child of a check's run was a fresh
+    # interpreter without enable(): its unseeded draw followed the clock
+    # (or raised under TF_DETERMINISTIC_OPS). The control, without tfdet,
+    # shows that the draws differ between runs when nothing seeds them.
+    def children(*flags):
+        out = tmp_path_factory.mktemp("children")
+        code, report, output = _check_script(
+            "spawned_search.py", "--perturb", "none", *flags, "--", str(out),
+            tmp_path=tmp_path,
+        )  # fmt: skip
+        seen = [json.loads(p.read_text()) for p in sorted(out.iterdir())]
+        return code, report, output, seen
+
+    code, report, output, seen = children()
+    assert code == EXIT_OK, output
+    assert len(seen) == 2  # One file per run.
+    assert [c["method"] for c in seen[0]] == ["spawn", "forkserver"]
+    assert {c["seed"] for run in seen for c in run} == {report["seed"]}
+    assert seen[0] == seen[1]  # The same draws in both runs' children.
+    assert [r["spawned"] for r in report["run_reports"]] == [2, 2]
+    assert "started 2 processes with multiprocessing" in output
+    assert "each enabled with the run's settings" in output
+
+    code, _, output, seen = children("--no-enable", "--no-attribute")
+    assert code == EXIT_DIVERGED, output  # Its parent's fit is seeded by no one...
+    assert {c["seed"] for run in seen for c in run} == {None}
+    assert seen[0] != seen[1]  # ...and its children draw what they like.
+    assert "without tfdet, as the run" in output

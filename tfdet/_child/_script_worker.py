@@ -31,6 +31,7 @@ the parent reports the run as failed with its stderr tail.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import runpy
@@ -42,6 +43,7 @@ from typing import Any
 from tfdet._child import _start
 from tfdet._protocol import _spec
 from tfdet._protocol._spec import WorkerSpec
+from tfdet._setup import _spawned
 
 FIT = "fit"
 TRAIN_ON_BATCH = "train_on_batch"
@@ -632,6 +634,20 @@ def run(spec: WorkerSpec) -> int:
     started = time.perf_counter()
     run_directory = os.getcwd()
     _start.child_start(spec)
+    # Its multiprocessing children start as `tfdet run`'s do: enabled with
+    # the run's settings before the script's code runs in them.
+    _spawned.give_spawned_children_the_profile(
+        json.dumps(
+            {
+                "seed": spec.seed,
+                "threads": spec.threads,
+                "cpu_isa": spec.cpu_isa,
+                "patches": list(spec.patches),
+            }
+        )
+        if spec.enable
+        else None
+    )
     recorder = Recorder(spec.trace, spec.max_steps)
     if spec.enable:
         install(recorder)
@@ -729,6 +745,7 @@ def _write_result(
         "final_weights": final_digests(recorder),
         "xla": _xla.facts(recorder.models),
         "own_copies": dict(own_copies),
+        "spawned": _spawned.started,
         "seconds": seconds,
     }
     _start.write_result(result)

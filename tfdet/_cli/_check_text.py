@@ -202,7 +202,7 @@ def format_report(report: CheckReport) -> str:
     return "\n".join(lines)
 
 
-def _script_run_lines(run: ScriptRunReport) -> list[str]:
+def _script_run_lines(run: ScriptRunReport, enable: bool) -> list[str]:
     facts, trained = run.facts, run.trained
     labels = _labels(facts.perturbations)
     if trained is None:
@@ -224,6 +224,18 @@ def _script_run_lines(run: ScriptRunReport) -> list[str]:
             else f"{training['steps']} steps"
         )
         lines.append(f"    {training['name']}: {counted}")
+    if trained.spawned:
+        enabled = (
+            "each enabled with the run's settings"
+            if enable
+            else "without tfdet, as the run"
+        )
+        lines.append(
+            f"    started {trained.spawned} process"
+            f"{'es' if trained.spawned != 1 else ''} with multiprocessing "
+            f"(spawn or forkserver), {enabled}; what they trained is not "
+            "recorded: only this process's training is compared"
+        )
     return lines
 
 
@@ -237,7 +249,7 @@ def format_script_report(report: ScriptCheckReport) -> str:
         + (f", at most {report.max_steps} steps" if report.max_steps else "")
     ]
     for run in report.run_reports:
-        lines.extend(_script_run_lines(run))
+        lines.extend(_script_run_lines(run, report.enable))
     if report.isolation:
         lines.append(f"  {report.isolation}")
     for name, reason in report.perturbations_skipped.items():

@@ -640,6 +640,9 @@ class ScriptTraining:
             `jit_compile=True` that Keras dropped (`notice`, or None).
         own_copies: `{file outside the runs' directories: the run's own copy
             of it}` (training state a resume reads back).
+        spawned: The processes the script started with multiprocessing's
+            "spawn" or "forkserver" (enabled as the run was, or not at all
+            without tfdet); their training is not recorded.
     """
 
     end: str
@@ -649,6 +652,7 @@ class ScriptTraining:
     trainings: tuple[dict[str, Any], ...]
     xla: dict[str, Any]
     own_copies: dict[str, str]
+    spawned: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -659,6 +663,7 @@ class ScriptTraining:
             "trainings": list(self.trainings),
             "xla": self.xla,
             "own_copies": dict(self.own_copies),
+            "spawned": self.spawned,
         }
 
 

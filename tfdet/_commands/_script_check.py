@@ -234,6 +234,7 @@ def _run_report(run: _ScriptRun) -> ScriptRunReport:
             trainings=result.traces,
             xla=result.xla,
             own_copies=result.own_copies,
+            spawned=result.spawned,
         ),
     )
 

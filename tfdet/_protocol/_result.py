@@ -100,6 +100,9 @@ class ScriptResult(WorkerResult):
         final_weights: `{training: {variable: exact digest}}`.
         xla: Whether XLA compiled its steps (`on`), and Keras's notice.
         own_copies: `{file outside the run's directory: the run's copy}`.
+        spawned: The processes the script started with multiprocessing's
+            "spawn" or "forkserver" (enabled as the run was; what they
+            trained is not recorded).
     """
 
     profile: dict[str, Any] | None = None
@@ -111,6 +114,7 @@ class ScriptResult(WorkerResult):
     final_weights: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     xla: dict[str, Any] = dataclasses.field(default_factory=dict)
     own_copies: dict[str, str] = dataclasses.field(default_factory=dict)
+    spawned: int = 0
 
     REQUIRED: ClassVar[tuple[str, ...]] = (
         "end",

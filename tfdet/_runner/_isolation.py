@@ -20,9 +20,9 @@ log appended to, Keras's backup. Two ways keep each run's writes its own:
   instead of comparing runs that were not isolated.
 
 `choose` takes the overlay where it can be made here (it tries it once, in
-a process of its own) and says why not otherwise. In both, the directory
-above the tree (`..`) and absolute paths elsewhere are the user's: a run
-that changes the entries of `..` is found, as a linked file is.
+a process of its own) and says why not otherwise. The overlay covers the
+tree's parent too where it can (`_layers`), as the copies give each run a
+parent of its own; absolute paths elsewhere are the user's in both.
 """
 
 from __future__ import annotations
@@ -63,13 +63,10 @@ class Isolation:
     def describe(self) -> str:
         """One line for the report."""
         if self.kind == OVERLAY:
-            extra = len(self.layers) - 1
-            more = f" and {extra} linked director{'y' if extra == 1 else 'ies'}" * bool(
-                extra
-            )
             return (
-                f"each run wrote into an overlay of the working directory{more} "
-                "of its own; the files there kept every byte"
+                "each run wrote into overlays of its own of "
+                + ", ".join(self.layers)
+                + ": the files there kept every byte"
             )
         return f"each run got a copy of the working directory ({self.reason})"
 
@@ -128,30 +125,50 @@ def _linked_outside(tree: str) -> tuple[set[str], str | None]:
     return outside, None
 
 
+def _not_overlaid(directory: str, runs: str, points: Sequence[str]) -> str | None:
+    """Why `directory` cannot be overlaid for the runs, or None."""
+    if directory == os.sep:
+        return "it is /"
+    if _inside(runs, directory):
+        return f"the runs' own directory {runs} lies inside {directory}"
+    if _inside(directory, runs):
+        return f"{directory} lies inside the runs' own directory"
+    # An overlay shows one file system: one mounted inside would vanish.
+    mounted = [p for p in points if p != directory and _inside(p, directory)]
+    if mounted:
+        return f"a file system is mounted inside {directory}, at {mounted[0]}"
+    return None
+
+
 def _layers(tree: str, runs: str) -> tuple[tuple[str, ...], str | None]:
-    """The directories to overlay, or why the overlay cannot cover them."""
+    """The directories to overlay, or why the overlay cannot cover them.
+
+    The tree's parent too (so that `../outputs` is the run's), where it can
+    be: not where it holds the home directory, whose caches (Keras's
+    downloaded data sets, tfdet's kernels) each run would fill anew.
+    """
     tree = os.path.realpath(tree)
-    if tree == os.sep:
-        return (), "started from /"
+    runs = os.path.realpath(runs)
+    points = _mount_points()
+    why = _not_overlaid(tree, runs, points)
+    if why:
+        return (), why
     linked, why = _linked_outside(tree)
     if why:
         return (), why
+    parent = os.path.dirname(tree)
+    home = os.path.realpath(os.path.expanduser("~"))
+    base = tree
+    if not _inside(home, parent) and _not_overlaid(parent, runs, points) is None:
+        base = parent
     # A directory inside another is covered by it.
-    layers = [tree]
+    layers = [base]
     for directory in sorted(linked, key=len):
         if not any(_inside(directory, layer) for layer in layers):
+            why = _not_overlaid(directory, runs, points)
+            if why:
+                return (), f"the tree links to {directory}, and {why}"
             layers.append(directory)
-    runs = os.path.realpath(runs)
-    points = _mount_points()
-    for layer in layers:
-        if _inside(runs, layer):
-            return (), f"the runs' own directory {runs} lies inside {layer}"
-        if _inside(layer, runs):
-            return (), f"{layer} lies inside the runs' own directory"
-        # An overlay shows one file system: one mounted inside would vanish.
-        mounted = [p for p in points if p != layer and _inside(p, layer)]
-        if mounted:
-            return (), f"a file system is mounted inside it, at {mounted[0]}"
     return tuple(layers), None
 
 
@@ -215,7 +232,7 @@ class Placement:
         directory: A run's working directory.
         prefix: The command a run's own command is started through ([]: none).
         watched: `_workdir.Mirror`s whose linked files are watched
-            (`shared_writes`): the copies, and the directory above the tree.
+            (`shared_writes`): the copies' (none for the overlay).
     """
 
     isolation: Isolation
@@ -251,7 +268,6 @@ def place(
             prefix=lambda setup: [],
             watched=list(mirrors.values()),
         )
-    parent = os.path.dirname(os.path.realpath(tree))
     return Placement(
         isolation,
         directory=lambda setup: tree,
@@ -262,6 +278,5 @@ def place(
             _LAUNCHER,
             _config(isolation.layers, os.path.join(runs, f"{setup.file_stem}.overlay")),
         ],  # fmt: skip
-        # An entry created, removed or renamed in `..` changes its mtime.
-        watched=[_workdir.Mirror(tree, {parent: _workdir.stamp(parent)})],
+        watched=[],
     )

@@ -9,6 +9,10 @@ worker whose error does not pickle. Each such child enables tfdet with the
 launcher's settings before any of the script's code runs in it. A forked
 child is a copy of its parent, enabled already.
 
+The runs of `tfdet check --script` and `cost --script` do the same, and
+count the children they start (`started`): a child's training is not
+recorded, and the report says so.
+
 A module of its own, not the launcher's: the launcher runs as `__main__`,
 and a spawned child finds `enable_in_spawned_child` by its module's name.
 """
@@ -34,8 +38,16 @@ class _EnableWhenUnpickled:
         return enable_in_spawned_child, (self.settings,)
 
 
-def give_spawned_children_the_profile(settings: str) -> None:
+# How many "spawn" or "forkserver" children this process has started since
+# `give_spawned_children_the_profile`.
+started = 0
+
+
+def give_spawned_children_the_profile(settings: str | None) -> None:
     """Makes every "spawn" or "forkserver" child of this process enable tfdet.
+
+    With `settings` None (a run without tfdet), the children are only
+    counted (`started`).
 
     Such a child first reads the preparation data its parent sends
     (`multiprocessing.spawn.get_preparation_data`: sys.path, the main
@@ -54,8 +66,13 @@ def give_spawned_children_the_profile(settings: str) -> None:
     original = spawn.get_preparation_data
 
     def get_preparation_data(name: str) -> dict:
+        global started
         data = original(name)
-        data[_PREPARATION_KEY] = _EnableWhenUnpickled(settings)
+        # A forkserver asks once for itself ("ignore"), then once a child.
+        if name != "ignore":
+            started += 1
+        if settings is not None:
+            data[_PREPARATION_KEY] = _EnableWhenUnpickled(settings)
         return data
 
     spawn.get_preparation_data = get_preparation_data
