@@ -107,11 +107,20 @@ _REFUSED = pytest.StashKey[bool]()
 _REFUSED_IN_MODULES = pytest.StashKey[set]()
 
 
+# Runs every case of tests/test_world.py, not only CI's (marked `world`).
+WORLD = "--world"
+
+
 def pytest_addoption(parser) -> None:
     parser.addoption(
         FAST_LOOP,
         action="store_true",
         help="The fast loop: skip each test when it would start a Python process.",
+    )
+    parser.addoption(
+        WORLD,
+        action="store_true",
+        help="Run every published program of tests/world/, not only CI's cases.",
     )
 
 
@@ -172,8 +181,9 @@ def _shares_a_module_fixture(item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Skips the tests marked `gpu` on a machine without an NVIDIA GPU, and
-    those marked `tf_keras` where tf_keras is not installed (the oldest
+    """Skips the tests marked `gpu` on a machine without an NVIDIA GPU, those
+    marked `world` without `--world`, and those marked `tf_keras` where
+    tf_keras is not installed (the oldest
     combination of the version matrix has none).
 
     Puts the tests that share one of their module's module-scoped fixtures
@@ -189,6 +199,11 @@ def pytest_collection_modifyitems(config, items) -> None:
         skip = pytest.mark.skip(reason="needs an NVIDIA GPU (nvidia-smi lists none)")
         for item in gpu_tests:
             item.add_marker(skip)
+    if not config.getoption(WORLD):
+        skip = pytest.mark.skip(reason=f"one of tests/world/'s cases that {WORLD} runs")
+        for item in items:
+            if "world" in item.keywords:
+                item.add_marker(skip)
     if importlib.util.find_spec("tf_keras") is None:
         skip = pytest.mark.skip(reason="tf_keras is not installed")
         for item in items:

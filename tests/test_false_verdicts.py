@@ -200,9 +200,12 @@ def test_a_projects_layout_reads_its_siblings_and_keeps_its_outputs_own(tmp_path
 def test_a_change_to_a_linked_file_fails_the_check_naming_it_and_who_may_have(
     tmp_path,
 ):
-    # A large file is linked, not copied: appending to it from the script
-    # (or from another job, which tfdet cannot tell apart) is shared by the
-    # runs. The report names the file and says both possible writers.
+    # With copies (`--copies`, or where Linux gives no overlay), a large file
+    # is linked, not copied: appending to it from the script (or from
+    # another job, which tfdet cannot tell apart) is shared by the runs. The
+    # report names the file and says both possible writers. In an overlay
+    # (the default where Linux allows one), the append is each run's own and
+    # the user's file keeps its bytes.
     project = tmp_path / "project"
     project.mkdir()
     (project / "big.log").write_bytes(b"x" * (2 << 20))
@@ -210,7 +213,16 @@ def test_a_change_to_a_linked_file_fails_the_check_naming_it_and_who_may_have(
         (SCRIPTS / "no_backup_fit.py").read_text()
         + "\nwith open('big.log', 'a') as log:\n    log.write('trained\\n')\n"
     )
-    proc = run_tfdet("check", "--script", "train.py", "--perturb", "none", cwd=project)
+    proc = run_tfdet(
+        "check", "--script", "train.py", "--perturb", "none", "--copies", cwd=project
+    )
     assert proc.returncode == EXIT_RUN_FAILED, proc.stdout + proc.stderr
     assert "big.log" in proc.stdout and "changed while they ran" in proc.stdout
     assert "or another process did" in proc.stdout
+    (project / "big.log").write_bytes(b"x" * (2 << 20))
+    proc = run_tfdet("check", "--script", "train.py", "--perturb", "none", cwd=project)
+    if "overlays of its own" in proc.stdout:
+        assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
+        assert (project / "big.log").read_bytes() == b"x" * (2 << 20)
+    else:  # No overlay here: copies, as above.
+        assert proc.returncode == EXIT_RUN_FAILED, proc.stdout + proc.stderr

@@ -338,6 +338,7 @@ def test_a_script_reports_json_keeps_its_fields_and_their_order():
             "trainings": [{"name": "fit #1", "steps": 2}],
             "xla": {"on": False, "notice": None},
             "own_copies": {},
+            "spawned": 0,
         }.items()
     )
     failed = ScriptRunReport(

@@ -14,8 +14,8 @@ type (first round only).
 The processes are children of the `cost` kind (`tfdet._child._cost_worker`),
 started by the runner as `tfdet check`'s are (`_spawn.run_all`), each with a
 `Conversation` the parent asks over pipes of tfdet's own; a script's each
-in a mirror of the working directory of its own (`_workdir`), as under
-`tfdet check --script`.
+in an overlay or a copy of the working directory of its own (`_isolation`),
+as under `tfdet check --script`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from tfdet._pin import _devices, _environment, _isa
 from tfdet._protocol import _spec
 from tfdet._protocol._perturb import RunSetup
 from tfdet._protocol._result import CostResult
-from tfdet._runner import _spawn, _workdir
+from tfdet._runner import _isolation, _spawn, _workdir
 from tfdet._runner._conversation import Conversation
 from tfdet.patches import _kernel_library
 
@@ -168,12 +168,10 @@ class _Processes:
         first_index: int,
         workdir: str,
         env: dict[str, str],
-        directories: list[str] | None,
+        placement: _isolation.Placement | None,
         part: slice = slice(None),
     ) -> None:
         workers, specs = workers[part], specs[part]
-        if directories is not None:
-            directories = directories[part]
         first_index += part.start or 0
         self.workers = workers
         self.outcomes: list[_spawn.RunOutcome] = []
@@ -190,9 +188,8 @@ class _Processes:
                 base_env=env,
                 # Unused: a conversation's run is timed per answer.
                 timeout=DEFAULT_TIMEOUT,
-                directory=None
-                if directories is None
-                else lambda setup: directories[slot(setup)],
+                directory=None if placement is None else placement.directory,
+                prefix=None if placement is None else placement.prefix,
                 conversations=lambda setup: workers[slot(setup)].conversation,
             )
 
@@ -437,6 +434,9 @@ def measure(
         ) and _advice.undecided(report().advice())
 
     with tempfile.TemporaryDirectory(prefix="tfdet-cost-") as workdir:
+        isolation = (
+            None if workload.script is None else _isolation.choose(launched_in, workdir)
+        )
         for round_ in range(rounds):
             say(
                 f"round {round_ + 1}/{rounds}: starting TensorFlow in "
@@ -444,26 +444,23 @@ def measure(
                 + (" (the first alone, until it has built)" if round_ == 0 else "")
             )
             first = round_ * len(settings)
-            directories = None
-            if workload.script is not None:
-                # As `tfdet check --script`: a copy of the working directory
-                # each, so no two settings share a file.
-                name = os.path.basename(launched_in.rstrip(os.sep)) or "root"
-                directories = [
-                    _workdir.mirror(
-                        launched_in,
-                        os.path.join(workdir, f"run{first + k}-parent", name),
-                        workdir,
-                    ).path
-                    for k in range(len(settings))
-                ]
+            placement = None
+            if isolation is not None:
+                # As `tfdet check --script`: an overlay or a copy of the
+                # working directory each, so no two settings share a file.
+                placement = _isolation.place(
+                    isolation,
+                    launched_in,
+                    workdir,
+                    [RunSetup(first + k) for k in range(len(settings))],
+                )
             workers = [_Worker(setting, timeout) for setting in settings]
 
             # The first round's first setting starts alone: a TARGET that
             # cannot be built, a script that fails or a run that hangs is
             # then said from one process, not after TensorFlow started in
             # one per setting. Once it has built, the others start.
-            group = (workers, specs, first, workdir, env, directories)
+            group = (workers, specs, first, workdir, env, placement)
             processes = [
                 _Processes(*group, slice(0, 1) if round_ == 0 else slice(None))
             ]
