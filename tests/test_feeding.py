@@ -70,3 +70,12 @@ def test_a_train_step_that_cannot_take_the_batch_is_named_with_exit_2(tmp_path):
     assert "Received: (float32 (32, 64), float32 (32, 1))" in output
     assert "tfdet check --script" in output
     assert "Traceback" not in output
+
+
+@pytest.mark.slow
+def test_scan_traces_a_guide_models_own_train_step():
+    # Before: "Tracing the training step ... failed: ValueError('too many
+    # values to unpack (expected 2)')", from scan's warm-up train_on_batch.
+    proc = run_tfdet("scan", f"{GUIDE}:compute_loss_model")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "GPU hazards under op determinism: none" in proc.stdout

@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--script",
         metavar="SCRIPT",
         help="Time this training script instead, run whole and unchanged in each "
-        "setting's process (from a copy of the working directory of its own), "
+        "setting's process (in an overlay or a copy of the working directory of its own), "
         "paused between blocks; its steps are fit batches, train_on_batch calls "
         "and eager optimizer updates. Arguments after `--` are the script's: "
         "tfdet cost --script train.py -- --epochs 1. XLA is the script's own "
