@@ -58,6 +58,9 @@ def test_the_keras_io_guide_models_train_under_check_and_their_control_differs(
     assert report["verdict"] == "identical"
     assert report["control"]["verdict"] == "diverged", output
     assert "Traceback" not in output
+    # The report says what the model's own step was fed.
+    assert "into the train_step of " in output
+    assert "given (x, y) as fit gives it" in output
 
 
 @pytest.mark.slow

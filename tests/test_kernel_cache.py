@@ -11,8 +11,10 @@ product's bits (the control: the bits do differ, so the field is needed).
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -196,3 +198,81 @@ def test_a_cache_that_cannot_be_made_falls_back_as_a_missing_compiler_does(
     with caplog.at_level("WARNING", logger="tfdet"):
         assert library.load() is None
     assert "the composition instead" in caplog.text
+
+
+@pytest.mark.slow
+def test_a_damaged_cached_library_is_refused_with_a_message_not_a_sigbus(
+    cached_build, tmp_path
+):
+    # A cached library cut short (an interrupted copy, a full disk): before,
+    # an entry was trusted because its file existed, and every later process
+    # died with SIGBUS inside tf.load_op_library. The control shows that
+    # loading such a file does kill the process.
+    cache = tmp_path / "cache"
+    shutil.copytree(cached_build.parent, cache / cached_build.parent.name)
+    damaged = cache / cached_build.parent.name / cached_build.name
+    with open(damaged, "r+b") as library:
+        library.truncate(damaged.stat().st_size // 2)
+    control = subprocess.run(
+        [sys.executable, "-c",
+         f"import tensorflow as tf; tf.load_op_library({str(damaged)!r})"],
+        env=clean_env(), capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert control.returncode != 0  # -SIGBUS, or an error where mmap holds.
+
+    process = subprocess.run(
+        [sys.executable, "-c", PRODUCT],
+        env=_without_compiler(tmp_path, cache),
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert process.returncode == 0, process.stderr[-3000:]
+    assert Profile.from_dict(last_json_line(process.stdout)["profile"]).kernels == ()
+    assert "is damaged (its SHA-256 is" in process.stderr
+    assert "delete" in process.stderr
+
+
+def test_a_damaged_library_is_built_again_and_its_checksum_recorded(
+    tmp_path, monkeypatch
+):
+    pytest.importorskip("tensorflow")
+    monkeypatch.setenv(_kernel_library.CACHE_VARIABLE, str(tmp_path / "cache"))
+    monkeypatch.setattr(_kernel_library, "compiler", lambda: "/usr/bin/fake-c++")
+    builds = []
+
+    def fake_compiler(command, **kwargs):  # Writes what `-o` names.
+        builds.append(command)
+        Path(command[command.index("-o") + 1]).write_bytes(b"\x7fELF whole library")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(_kernel_library.subprocess, "run", fake_compiler)
+    library = _kernel_library.KernelLibrary(
+        _fixed_order_kernels.LIBRARY.source, (), fallback="-"
+    )
+    path = library.build()
+    assert _kernel_library.damage(path) is None and len(builds) == 1
+    # Whole: found, not built again.
+    assert _kernel_library.KernelLibrary(library.source, (), "-").build() == path
+    assert len(builds) == 1
+    path.write_bytes(b"\x7fELF who")  # Cut short.
+    assert "SHA-256" in _kernel_library.damage(path)
+    assert _kernel_library.KernelLibrary(library.source, (), "-").build() == path
+    assert len(builds) == 2 and _kernel_library.damage(path) is None
+    # An entry from before checksums were recorded is not trusted either.
+    _kernel_library.digest_path(path).unlink()
+    assert "no checksum" in _kernel_library.damage(path)
+
+
+def test_a_compiler_that_writes_nothing_is_named_as_not_a_compiler(
+    tmp_path, monkeypatch
+):
+    # Before: CXX=/bin/true "built" nothing, and the move into the cache
+    # said "No such file or directory".
+    pytest.importorskip("tensorflow")
+    monkeypatch.setenv(_kernel_library.CACHE_VARIABLE, str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", "/bin/true")
+    library = _kernel_library.KernelLibrary(
+        _fixed_order_kernels.LIBRARY.source, (), fallback="-"
+    )
+    with pytest.raises(RuntimeError, match="exited 0 but wrote no library") as error:
+        library.build()
+    assert "is it a C++ compiler?" in str(error.value)

@@ -127,7 +127,9 @@ def test_cost_of_a_published_model_measures_every_setting(name, project):
         "--blocks", "1", "--steps", "1", "--warmup", "1",
     )  # fmt: skip
     assert code == 0, output
-    assert report["rows"] and all(row["ms_per_step"] > 0 for row in report["rows"]), output
+    assert report["rows"] and all(row["ms_per_step"] > 0 for row in report["rows"]), (
+        output
+    )
     assert "Traceback" not in output
     assert _tree_digest(project.parent) == before
     assert os.listdir(project.parent) == ["project"]

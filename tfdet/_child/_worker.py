@@ -281,6 +281,15 @@ def run(spec: WorkerSpec) -> None:
     else:
         _train_on_batches(built, spec)
         entry_point = "train_on_batch"
+        custom = _feeding.custom_train_step(model)
+        if custom is not None:
+            # What it fed the model's own step, which `fit` would feed it.
+            batch = (
+                "(x, y)" if built.sample_weight(0) is None else "(x, y, sample_weight)"
+            )
+            entry_point += (
+                f" into the train_step of {custom}, given {batch} as fit gives it"
+            )
     final = model.get_weights()
     final_weights = _bits.weights_digests(model.weights, final)
     predicted = {}

@@ -16,6 +16,13 @@ the sources fix their own arithmetic: no `-ffast-math`, no contraction of
 the code's multiplications and additions, the kernels' FMAs written as
 intrinsics, so a conforming compiler gives the same bits.
 
+A library is loaded only when it is whole: a build records the library's
+SHA-256 beside it (`NAME.so.sha256`, written before the library is moved
+into place), and an entry whose digest is missing or differs (a copy cut
+short, a full disk) is built again where a compiler is found, and refused
+with a message where none is: `tf.load_op_library` on a truncated file
+kills the process with SIGBUS.
+
 Where the library is neither cached nor buildable (no compiler, a failed
 build) `load()` returns None and says why once: the caller computes the
 same thing as a composition of TensorFlow's ops. `pip install` never
@@ -56,6 +63,31 @@ def cache_dir() -> Path:
     if chosen:
         return Path(chosen)
     return _user_cache.directory() / "kernels"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def digest_path(library: Path) -> Path:
+    """Where a built library's SHA-256 is recorded."""
+    return library.with_name(library.name + ".sha256")
+
+
+def damage(library: Path) -> str | None:
+    """Why the cached `library` cannot be trusted, or None when it is whole."""
+    try:
+        recorded = digest_path(library).read_text().strip()
+    except OSError:
+        return f"no checksum was recorded beside it ({digest_path(library).name})"
+    found = _sha256(library)
+    if found != recorded:
+        return f"its SHA-256 is {found[:16]}..., not the {recorded[:16]}... its build recorded"
+    return None
 
 
 def compiler() -> str | None:
@@ -150,15 +182,23 @@ class KernelLibrary:
         import tensorflow as tf
 
         target = self.library_path()
-        if target.exists():
+        if target.exists() and damage(target) is None:
             return target
         found = compiler()
         if found is None:
+            if target.exists():
+                raise RuntimeError(
+                    f"the library in {target.parent} is damaged ({damage(target)}), "
+                    "and no C++ compiler (set CXX or install g++) can build it "
+                    f"again: delete {target.parent}, or build it where a "
+                    "compiler is and copy it whole"
+                )
             raise RuntimeError(
                 f"no C++ compiler (set CXX or install g++) and no build in {target.parent}"
             )
         with _locked(target.parent):
-            if target.exists():  # Another process built it while we waited.
+            # Another process may have built it while we waited.
+            if target.exists() and damage(target) is None:
                 return target
             with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
                 built = Path(scratch) / target.name
@@ -178,6 +218,15 @@ class KernelLibrary:
                         f"the build failed ({' '.join(command)}):\n"
                         f"{done.stderr[-2000:]}"
                     )
+                if not built.is_file() or built.stat().st_size == 0:
+                    raise RuntimeError(
+                        f"{found} exited 0 but wrote no library ({' '.join(command)}): "
+                        "is it a C++ compiler? Set CXX to one (g++, clang++)"
+                    )
+                # The digest first: a library in place always has one.
+                checksum = Path(scratch) / digest_path(target).name
+                checksum.write_text(_sha256(built) + "\n")
+                os.replace(checksum, digest_path(target))
                 os.replace(built, target)
         return target
 
