@@ -133,3 +133,17 @@ def test_cost_of_a_published_model_measures_every_setting(name, project):
     assert "Traceback" not in output
     assert _tree_digest(project.parent) == before
     assert os.listdir(project.parent) == ["project"]
+
+
+@pytest.mark.parametrize("name", _cases("cost", ["dcgan", "vae"]))
+def test_cost_script_of_a_published_program_without_a_target(name, project):
+    # The GAN and the VAE train on images alone: no TARGET, their script.
+    before = _tree_digest(project.parent)
+    code, report, output = _run(
+        project, "cost", "--script", f"{name}.py", "--rounds", "1", "--blocks", "1",
+        "--steps", "1", "--warmup", "1",
+    )  # fmt: skip
+    assert code == 0, output
+    assert report["rows"] and all(row["ms_per_step"] > 0 for row in report["rows"])
+    assert "Traceback" not in output
+    assert _tree_digest(project.parent) == before

@@ -23,9 +23,9 @@ import warnings
 from tfdet._cli import _output, usage_errors, write_json
 from tfdet._cli._training_flags import TARGET_HELP
 from tfdet._commands import _options
-from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError
+from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError, TargetError
 from tfdet._runner import _spawn
-from tfdet._target import _load
+from tfdet._target import _feeding, _load
 
 _BEHAVIOUR = {
     "raises": "raises on GPU",
@@ -179,8 +179,13 @@ def execute(args: argparse.Namespace) -> int:
         warnings.filterwarnings("ignore", message="Model doesn't support `jit_compile")
         built = _load.build(spec.text, seed=args.seed)
     xla_dropped = _xla.facts()["dropped_by_determinism"]
+    # Its warm-up step gives a model's own train_step the batch as `fit`
+    # would, as `check` does.
+    _feeding.feed_as_fit(built.model, spec.text)
     try:
         report = _scan.scan(built, spec.text, xla_dropped=xla_dropped)
+    except TargetError:  # Its own train_step cannot take the batch: exit 2.
+        raise
     except Exception as error:  # The target's own training step failed.
         raise RunFailedError(
             f"Tracing the training step of TARGET {spec.text!r} failed: {error!r}"

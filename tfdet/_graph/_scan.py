@@ -523,11 +523,8 @@ def _keras_of(model: Any) -> str:
     return "tf_keras" if type(model).__module__.startswith("tf_keras") else "keras3"
 
 
-def _warm_up(built: Any, target: str) -> None:
+def _warm_up(built: Any) -> None:
     """Runs one real step so the optimizer and metric variables exist."""
-    from tfdet._target import _feeding
-
-    _feeding.feed_as_fit(built.model, target)
     x, y = built.batch(0)
     built.model.train_on_batch(x, y)
 
@@ -559,7 +556,7 @@ def scan(
 
     version = tf.__version__
     model = built.model
-    _warm_up(built, target)
+    _warm_up(built)
     x, y = built.batch(0)
     calls = _layers.CallRecord()
     graph_def, xla = trace_train_step(model, x, y, calls, xla=xla_dropped or None)
