@@ -7,6 +7,7 @@ that touch it spawn `sys.executable` here instead of mutating the test process.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -291,6 +292,15 @@ def run_checks_side_by_side(
         for name in variants
     }
     return outputs, codes, found
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every regular file under `root` (links not followed): its SHA-256."""
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and not path.is_symlink()
+    }
 
 
 def last_json_line(stdout: str) -> dict:

@@ -8,7 +8,6 @@ copies' tests are in test_workdir.py.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -16,22 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_tfdet
+from conftest import run_tfdet, tree_digest
 
 from tfdet._runner import _isolation
-
-
-def _tree_digest(root: Path) -> dict[str, str]:
-    """Every file under `root` (not following links): its SHA-256."""
-    digests = {}
-    for directory, _, files in os.walk(root):
-        for name in files:
-            path = Path(directory, name)
-            if not path.is_symlink():
-                digests[str(path.relative_to(root))] = hashlib.sha256(
-                    path.read_bytes()
-                ).hexdigest()
-    return digests
 
 
 @pytest.fixture
@@ -114,7 +100,7 @@ def test_a_command_in_the_overlay_rewrites_creates_and_removes_only_its_own(
     (tree / "ckpt.bin").write_bytes(b"\0" * 4096)
     (tree / "old.log").write_text("user's\n")
     runs = tmp_path / "runs"
-    before = _tree_digest(tree)
+    before = tree_digest(tree)
     config = _isolation._config([str(tree)], str(runs / "run0.overlay"))
     code = (
         "import os\n"
@@ -133,7 +119,7 @@ def test_a_command_in_the_overlay_rewrites_creates_and_removes_only_its_own(
     # The command saw its own writes...
     assert process.stdout.strip() == "['ckpt.bin', 'new.txt'] b'run'"
     # ...and the user's tree kept every byte.
-    assert _tree_digest(tree) == before
+    assert tree_digest(tree) == before
     assert sorted(os.listdir(tree)) == ["ckpt.bin", "old.log"]
     upper = runs / "run0.overlay" / "0" / "upper"
     assert (upper / "ckpt.bin").read_bytes()[:3] == b"run"
@@ -186,7 +172,7 @@ def test_a_script_that_rewrites_large_and_deep_files_leaves_the_tree_byte_identi
     (data / "zz").mkdir()
     (data / "zz" / "train.log").write_text("user's log\n")
     (project / "train.py").write_text(_REWRITING_SCRIPT)
-    before = _tree_digest(tmp_path / "work")
+    before = tree_digest(tmp_path / "work")
     report_path = tmp_path / "report.json"
 
     proc = run_tfdet(
@@ -198,7 +184,7 @@ def test_a_script_that_rewrites_large_and_deep_files_leaves_the_tree_byte_identi
     report = json.loads(report_path.read_text())
     assert report["isolation"].startswith("each run wrote into overlays of its own")
     assert report["shared_writes"] == []
-    assert _tree_digest(tmp_path / "work") == before
+    assert tree_digest(tmp_path / "work") == before
     assert sorted(os.listdir(tmp_path / "work")) == ["project"]
 
     # The control: the same check with copies writes the user's checkpoint
@@ -210,4 +196,4 @@ def test_a_script_that_rewrites_large_and_deep_files_leaves_the_tree_byte_identi
     assert proc.returncode == 3, proc.stdout + proc.stderr
     report = json.loads(report_path.read_text())
     assert str(project / "ckpt" / "model.ckpt") in report["shared_writes"]
-    assert _tree_digest(tmp_path / "work") != before
+    assert tree_digest(tmp_path / "work") != before

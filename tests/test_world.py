@@ -13,14 +13,13 @@ cores); `pytest --world` runs them all.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_tfdet
+from conftest import REPO, run_tfdet, tree_digest
 
 WORLD = REPO / "tests" / "world"
 # Modules with a `build()` TARGET; the GAN and the VAE train on images
@@ -63,14 +62,6 @@ def _cases(kind: str, names: list[str]) -> list:
     ]
 
 
-def _tree_digest(root: Path) -> dict[str, str]:
-    return {
-        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(root.rglob("*"))
-        if path.is_file() and not path.is_symlink()
-    }
-
-
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A copy of tests/world/ with a log the user keeps, in a tree of its own."""
@@ -89,7 +80,7 @@ def _run(project: Path, *args: str) -> tuple[int, dict, str]:
 
 @pytest.mark.parametrize("name", _cases("check", TARGETS))
 def test_check_of_a_published_model_is_identical_and_its_control_is_said(name, project):
-    before = _tree_digest(project.parent)
+    before = tree_digest(project.parent)
     code, report, output = _run(
         project, "check", f"{name}.py:build", "--device", "cpu", "--steps", "2",
         "--no-attribute", "--control",
@@ -98,7 +89,7 @@ def test_check_of_a_published_model_is_identical_and_its_control_is_said(name, p
     assert report["verdict"] == "identical"
     assert report["control"]["verdict"] in ("identical", "diverged")
     assert "Traceback" not in output
-    assert _tree_digest(project.parent) == before
+    assert tree_digest(project.parent) == before
 
 
 @pytest.mark.parametrize("name", _cases("script", SCRIPTS))
@@ -107,7 +98,7 @@ def test_check_script_of_a_published_program_is_identical_and_writes_nothing_of_
 ):
     # The control: without tfdet, nothing seeds these scripts, so their runs
     # differ; the check must say so (it can fail).
-    before = _tree_digest(project.parent)
+    before = tree_digest(project.parent)
     code, report, output = _run(
         project, "check", "--script", f"{name}.py", "--max-steps", "3",
         "--no-attribute", "--control",
@@ -116,12 +107,12 @@ def test_check_script_of_a_published_program_is_identical_and_writes_nothing_of_
     assert report["isolation"], output
     assert report["control"]["verdict"] == "diverged", output
     assert "Traceback" not in output
-    assert _tree_digest(project.parent) == before
+    assert tree_digest(project.parent) == before
 
 
 @pytest.mark.parametrize("name", _cases("cost", TARGETS))
 def test_cost_of_a_published_model_measures_every_setting(name, project):
-    before = _tree_digest(project.parent)
+    before = tree_digest(project.parent)
     code, report, output = _run(
         project, "cost", f"{name}.py:build", "--device", "cpu", "--rounds", "1",
         "--blocks", "1", "--steps", "1", "--warmup", "1",
@@ -131,14 +122,14 @@ def test_cost_of_a_published_model_measures_every_setting(name, project):
         output
     )
     assert "Traceback" not in output
-    assert _tree_digest(project.parent) == before
+    assert tree_digest(project.parent) == before
     assert os.listdir(project.parent) == ["project"]
 
 
 @pytest.mark.parametrize("name", _cases("cost", ["dcgan", "vae"]))
 def test_cost_script_of_a_published_program_without_a_target(name, project):
     # The GAN and the VAE train on images alone: no TARGET, their script.
-    before = _tree_digest(project.parent)
+    before = tree_digest(project.parent)
     code, report, output = _run(
         project, "cost", "--script", f"{name}.py", "--rounds", "1", "--blocks", "1",
         "--steps", "1", "--warmup", "1",
@@ -146,4 +137,4 @@ def test_cost_script_of_a_published_program_without_a_target(name, project):
     assert code == 0, output
     assert report["rows"] and all(row["ms_per_step"] > 0 for row in report["rows"])
     assert "Traceback" not in output
-    assert _tree_digest(project.parent) == before
+    assert tree_digest(project.parent) == before
