@@ -197,3 +197,21 @@ def test_a_script_that_rewrites_large_and_deep_files_leaves_the_tree_byte_identi
     report = json.loads(report_path.read_text())
     assert str(project / "ckpt" / "model.ckpt") in report["shared_writes"]
     assert tree_digest(tmp_path / "work") != before
+
+
+def test_mount_points_read_escaped_names_as_they_are(tmp_path, monkeypatch):
+    # /proc/self/mountinfo escapes a space as \040; other characters (UTF-8)
+    # come as they are.
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "36 35 98:0 / /mnt/my\\040disk/ü rw,noatime master:1 - ext3 /dev/root rw\n",
+        encoding="utf-8",
+    )
+    real_open = open
+    monkeypatch.setattr(
+        "builtins.open",
+        lambda path, *a, **k: real_open(
+            mountinfo if path == "/proc/self/mountinfo" else path, *a, **k
+        ),
+    )
+    assert _isolation._mount_points() == ["/mnt/my disk/ü"]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -79,12 +80,16 @@ def _mount_points() -> list[str]:
     """Every mount point this process sees (`/proc/self/mountinfo`)."""
     points = []
     try:
-        with open("/proc/self/mountinfo") as mountinfo:
+        with open(
+            "/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape"
+        ) as mountinfo:
             for line in mountinfo:
-                # Field 5 is the mount point, with spaces and such escaped
-                # as octal (\040).
+                # Field 5 is the mount point, with a space, tab, newline or
+                # backslash escaped as three octal digits (\040).
                 point = line.split()[4]
-                points.append(point.encode().decode("unicode_escape"))
+                points.append(
+                    re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point)
+                )
     except OSError:
         return []
     return points
