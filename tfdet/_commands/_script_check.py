@@ -184,7 +184,7 @@ def first_script_divergence(a: _ScriptRun, b: _ScriptRun) -> ScriptDivergence | 
 def _attribute(
     baseline: _ScriptRun,
     other: _ScriptRun,
-    run_in_mirrors: Callable[[Sequence[_perturb.RunSetup]], list[_ScriptRun]],
+    run_isolated: Callable[[Sequence[_perturb.RunSetup]], list[_ScriptRun]],
     progress: ProgressFn | None,
 ) -> Attribution:
     """Re-runs the baseline with each of `other`'s perturbations alone.
@@ -202,7 +202,7 @@ def _attribute(
             "to find the perturbation responsible"
         )
     alone: dict[str, str] = {}
-    for name, rerun in zip(candidates, run_in_mirrors(setups), strict=True):
+    for name, rerun in zip(candidates, run_isolated(setups), strict=True):
         key = RERUN if name is None else name
         if not rerun.outcome.ok:
             alone[key] = f"run failed ({rerun.outcome.reason})"
@@ -287,7 +287,7 @@ def check_script(
             )
         placements: list[_isolation.Placement] = []
 
-        def run_in_mirrors(planned: Sequence[_perturb.RunSetup]) -> list[_ScriptRun]:
+        def run_isolated(planned: Sequence[_perturb.RunSetup]) -> list[_ScriptRun]:
             placement = _isolation.place(isolation, launched_in, workdir, planned)
             placements.append(placement)
             outcomes = _spawn.run_all(
@@ -302,7 +302,7 @@ def check_script(
             )
             return [_read(outcome) for outcome in outcomes]
 
-        runs = run_in_mirrors(setups)
+        runs = run_isolated(setups)
         divergence = None
         if all(r.outcome.ok for r in runs):
             for other in runs[1:]:
@@ -312,7 +312,7 @@ def check_script(
                         divergence = dataclasses.replace(
                             divergence,
                             attribution=_attribute(
-                                runs[0], other, run_in_mirrors, progress
+                                runs[0], other, run_isolated, progress
                             ),
                         )
                     break
