@@ -637,16 +637,7 @@ def run(spec: WorkerSpec) -> int:
     # Its multiprocessing children start as `tfdet run`'s do: enabled with
     # the run's settings before the script's code runs in them.
     _spawned.give_spawned_children_the_profile(
-        json.dumps(
-            {
-                "seed": spec.seed,
-                "threads": spec.threads,
-                "cpu_isa": spec.cpu_isa,
-                "patches": list(spec.patches),
-            }
-        )
-        if spec.enable
-        else None
+        json.dumps(_start.enable_settings(spec)) if spec.enable else None
     )
     recorder = Recorder(spec.trace, spec.max_steps)
     if spec.enable:

@@ -254,6 +254,17 @@ def _enable_op_determinism() -> None:
     tf.config.experimental.enable_op_determinism()
 
 
+def enable_settings(spec: WorkerSpec) -> dict[str, Any]:
+    """`enable()`'s keyword arguments for a run: its seed, threads, ISA cap
+    and patches (also what its multiprocessing children are enabled with)."""
+    return {
+        "seed": spec.seed,
+        "threads": spec.threads,
+        "cpu_isa": spec.cpu_isa,
+        "patches": list(spec.patches),
+    }
+
+
 def _enable(spec: WorkerSpec) -> None:
     """`tfdet.enable()` with the run's seed, threads and ISA cap."""
     from tfdet._setup._enable import enable
@@ -263,12 +274,7 @@ def _enable(spec: WorkerSpec) -> None:
         # the perturbations); the warning would fill the stderr tail a failed
         # run is reported with.
         warnings.filterwarnings("ignore", "PYTHONHASHSEED", UserWarning)
-        enable(
-            spec.seed,
-            threads=spec.threads,
-            cpu_isa=spec.cpu_isa,
-            patches=list(spec.patches),
-        )
+        enable(**enable_settings(spec))
 
 
 def _apply_perturbations() -> None:

@@ -72,10 +72,6 @@ class Isolation:
         return f"each run got a copy of the working directory ({self.reason})"
 
 
-def _inside(path: str, directory: str) -> bool:
-    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
-
-
 def _mount_points() -> list[str]:
     """Every mount point this process sees (`/proc/self/mountinfo`)."""
     points = []
@@ -117,7 +113,7 @@ def _linked_outside(tree: str) -> tuple[set[str], str | None]:
         for entry in scanned:
             if entry.is_symlink():
                 real = os.path.realpath(entry.path)
-                if _inside(real, tree) or not os.path.exists(real):
+                if _workdir.within(real, tree) or not os.path.exists(real):
                     continue
                 target = real if os.path.isdir(real) else os.path.dirname(real)
                 if target == os.sep:
@@ -134,12 +130,12 @@ def _not_overlaid(directory: str, runs: str, points: Sequence[str]) -> str | Non
     """Why `directory` cannot be overlaid for the runs, or None."""
     if directory == os.sep:
         return "it is /"
-    if _inside(runs, directory):
+    if _workdir.within(runs, directory):
         return f"the runs' own directory {runs} lies inside {directory}"
-    if _inside(directory, runs):
+    if _workdir.within(directory, runs):
         return f"{directory} lies inside the runs' own directory"
     # An overlay shows one file system: one mounted inside would vanish.
-    mounted = [p for p in points if p != directory and _inside(p, directory)]
+    mounted = [p for p in points if p != directory and _workdir.within(p, directory)]
     if mounted:
         return f"a file system is mounted inside {directory}, at {mounted[0]}"
     return None
@@ -164,12 +160,15 @@ def _layers(tree: str, runs: str) -> tuple[tuple[str, ...], str | None]:
     parent = os.path.dirname(tree)
     home = os.path.realpath(os.path.expanduser("~"))
     base = tree
-    if not _inside(home, parent) and _not_overlaid(parent, runs, points) is None:
+    if (
+        not _workdir.within(home, parent)
+        and _not_overlaid(parent, runs, points) is None
+    ):
         base = parent
     # A directory inside another is covered by it.
     layers = [base]
     for directory in sorted(linked, key=len):
-        if not any(_inside(directory, layer) for layer in layers):
+        if not any(_workdir.within(directory, layer) for layer in layers):
             why = _not_overlaid(directory, runs, points)
             if why:
                 return (), f"the tree links to {directory}, and {why}"
@@ -233,14 +232,12 @@ class Placement:
     """Where each run starts, and what it is started through.
 
     Attributes:
-        isolation: The way chosen.
         directory: A run's working directory.
         prefix: The command a run's own command is started through ([]: none).
         watched: `_workdir.Mirror`s whose linked files are watched
             (`shared_writes`): the copies' (none for the overlay).
     """
 
-    isolation: Isolation
     directory: Callable[[RunSetup], str]
     prefix: Callable[[RunSetup], list[str]]
     watched: list[_workdir.Mirror]
@@ -268,13 +265,11 @@ def place(
             for setup in setups
         }
         return Placement(
-            isolation,
             directory=lambda setup: mirrors[setup.index].path,
             prefix=lambda setup: [],
             watched=list(mirrors.values()),
         )
     return Placement(
-        isolation,
         directory=lambda setup: tree,
         prefix=lambda setup: [
             sys.executable,

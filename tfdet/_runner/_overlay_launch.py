@@ -20,8 +20,9 @@ their owner; a file whose owner or group is someone else's cannot be
 copied up, and a write to it fails (EOVERFLOW).
 
 CONFIG_JSON: `{"layers": [[directory, upper, work], ...]}`. With `--probe`,
-it mounts and exits 0 (or exits 1 saying why) without running anything.
-Exit 125 and a line on stderr when the overlays cannot be made.
+it mounts and exits 0 without running anything. Exit 125 and a line on
+stderr (this is a process's entry point, before any logging exists) when
+the overlays cannot be made.
 """
 
 from __future__ import annotations

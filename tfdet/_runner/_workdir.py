@@ -63,8 +63,9 @@ def linked_whole(path: str, name: str) -> bool:
     return name in _LINKED_WHOLE or os.path.exists(os.path.join(path, "pyvenv.cfg"))
 
 
-def _inside(path: str, directory: str) -> bool:
-    return path == directory or path.startswith(directory + os.sep)
+def within(path: str, directory: str) -> bool:
+    """Whether `path` is `directory` or lies inside it (both real paths)."""
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
 
 def mirror(source: str, destination: str, exclude: str) -> Mirror:
@@ -109,7 +110,7 @@ def mirror(source: str, destination: str, exclude: str) -> Mirror:
                 continue
             entries += 1
             if entry.is_dir():  # Follows a link.
-                if entry.is_symlink() and _inside(real, real_source):
+                if entry.is_symlink() and within(real, real_source):
                     # An alias inside the tree: the same alias in the copy.
                     relative = os.path.relpath(real, real_source)
                     os.symlink(os.path.join(destination, relative), target)
@@ -122,7 +123,7 @@ def mirror(source: str, destination: str, exclude: str) -> Mirror:
                 elif real in seen:
                     # A loop: shared, watched for new entries.
                     os.symlink(path, target)
-                    linked[path] = stamp(path)
+                    linked[path] = _stamp(path)
                 else:
                     seen.add(real)
                     os.mkdir(target)
@@ -143,7 +144,7 @@ def mirror(source: str, destination: str, exclude: str) -> Mirror:
     return Mirror(destination, linked)
 
 
-def stamp(path: str) -> tuple[int, int]:
+def _stamp(path: str) -> tuple[int, int]:
     """`(size, mtime_ns)` of `path`, as `Mirror.linked` records it."""
     info = os.stat(path)
     return info.st_size, info.st_mtime_ns

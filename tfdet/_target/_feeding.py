@@ -27,27 +27,36 @@ from typing import Any
 from tfdet._errors import TargetError
 
 
-def custom_train_step(model: Any) -> str | None:
+def overriding_class(model: Any) -> type | None:
     """The class that overrides Keras's `train_step`, or None.
 
     Keras's own classes (keras.Model, Sequential, Functional, tf_keras's) do
     not count: their step is the one `compile` configures.
-
-    Returns:
-        The class's name and where it is defined, as
-        `Class (file.py, line N)` where the source is known.
     """
     for klass in type(model).__mro__:
         if "train_step" in vars(klass):
             if klass.__module__.split(".")[0] in ("keras", "tf_keras", "tensorflow"):
                 return None
-            try:
-                where = inspect.getsourcefile(klass)
-                line = inspect.getsourcelines(klass)[1]
-            except (OSError, TypeError):
-                return klass.__qualname__
-            return f"{klass.__qualname__} ({os.path.basename(where)}, line {line})"
+            return klass
     return None
+
+
+def custom_train_step(model: Any) -> str | None:
+    """`overriding_class` named with where it is defined, or None.
+
+    Returns:
+        `Class (file.py, line N)`, or the class's name where its source is
+        not known.
+    """
+    klass = overriding_class(model)
+    if klass is None:
+        return None
+    try:
+        where = inspect.getsourcefile(klass)
+        line = inspect.getsourcelines(klass)[1]
+    except (OSError, TypeError):
+        return klass.__qualname__
+    return f"{klass.__qualname__} ({os.path.basename(where)}, line {line})"
 
 
 def _as_fit_packs(data: Any) -> Any:
@@ -99,11 +108,11 @@ def feed_as_fit(model: Any, target: str) -> None:
     @functools.wraps(step)
     def train_step(data: Any) -> Any:
         data = _as_fit_packs(data)
-        if custom is None:
-            return step(data)
         try:
             return step(data)
         except (TypeError, ValueError, KeyError, IndexError) as error:
+            if custom is None:  # Keras's own step: its error as it is.
+                raise
             raise TargetError(
                 f"Expected the train_step of {custom}, TARGET {target!r}, to "
                 "take a batch as `fit` gives it. Received: "

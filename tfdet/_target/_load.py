@@ -463,7 +463,7 @@ def build(text: str | None, seed: int = 0) -> Built:
     # lower-level" example) compiles without one, as `fit` allows.
     if (
         getattr(model, "loss", None) is None
-        and _feeding.custom_train_step(model) is None
+        and _feeding.overriding_class(model) is None
     ):
         raise TargetError(
             f"Expected TARGET {spec.text!r} to return a model compiled with a "

@@ -182,13 +182,14 @@ class KernelLibrary:
         import tensorflow as tf
 
         target = self.library_path()
-        if target.exists() and damage(target) is None:
+        damaged = damage(target) if target.exists() else None
+        if target.exists() and damaged is None:
             return target
         found = compiler()
         if found is None:
-            if target.exists():
+            if damaged is not None:
                 raise RuntimeError(
-                    f"the library in {target.parent} is damaged ({damage(target)}), "
+                    f"the library in {target.parent} is damaged ({damaged}), "
                     "and no C++ compiler (set CXX or install g++) can build it "
                     f"again: delete {target.parent}, or build it where a "
                     "compiler is and copy it whole"
