@@ -115,7 +115,7 @@ def main() -> None:
     import numpy as np
     import tensorflow as tf
 
-    from tfdet.patches import _fixed_order_kernels as kernels
+    from tfdet._kernels import fixed_order as kernels
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)

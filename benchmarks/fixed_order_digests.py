@@ -50,7 +50,7 @@ def digests() -> dict[str, dict[str, str]]:
     import numpy as np
     import tensorflow as tf
 
-    from tfdet.patches import _fixed_order_kernels as kernels
+    from tfdet._kernels import fixed_order as kernels
 
     if kernels.load() is None:
         raise RuntimeError("the fixed-order kernel cannot be built here")

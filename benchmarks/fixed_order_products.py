@@ -54,7 +54,7 @@ def _child(setting: str, repeats: int) -> None:
 
     if setting == "1_thread":
         tf.config.threading.set_intra_op_parallelism_threads(1)
-    from tfdet.patches import _fixed_order_kernels as kernels
+    from tfdet._kernels import fixed_order as kernels
 
     assert kernels.load() is not None, "the kernel did not build"
     rng = np.random.default_rng(0)

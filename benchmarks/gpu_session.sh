@@ -76,7 +76,7 @@ zoo16)
   end=$(( $(date +%s) + budget ))
   {
     date -u; lscpu; python3 -m tfdet env
-    python3 -c "from tfdet.patches import _fixed_order_kernels as k; print('vector path:', k.vector_path())"
+    python3 -c "from tfdet._kernels import fixed_order as k; print('vector path:', k.vector_path())"
   } >"$out/device.txt" 2>&1
   {
     timeout 60 python3 benchmarks/fixed_order_digests.py; echo "exit $?"

@@ -93,7 +93,7 @@ def main() -> None:
     import tensorflow as tf
 
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    from tfdet.patches import _fixed_order_kernels as kernels
+    from tfdet._kernels import fixed_order as kernels
 
     assert kernels.load() is not None, "the kernel did not build"
     rng = np.random.default_rng(0)

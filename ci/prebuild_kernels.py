@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import sys
 
-from tfdet.patches import _kernel_library, _registry
+from tfdet._kernels import library as kernel_library
+from tfdet.patches import _registry
 
 
 def main() -> int:
     # Every patch's kernel (two patches share the fixed-order library).
     libraries = [p.kernel for p in _registry.available().values() if p.kernel]
     failed = False
-    for built in _kernel_library.build_together(libraries).values():
+    for built in kernel_library.build_together(libraries).values():
         if isinstance(built, Exception):
             print(f"kernels not built ahead: {built}", file=sys.stderr)
             failed = True

@@ -24,17 +24,18 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, clean_env, last_json_line
+from tfdet._kernels import fixed_order
+from tfdet._kernels import library as kernel_library
 from tfdet._pin import _isa
-from tfdet.patches import _fixed_order_kernels, _kernel_library
 
 
 @pytest.fixture(scope="session")
 def kernels():
     """The loaded kernel module, built once (conftest's shared cache)."""
-    if _kernel_library.compiler() is None:
+    if kernel_library.compiler() is None:
         pytest.skip("no C++ compiler: the kernel cannot be built")
-    assert _fixed_order_kernels.load() is not None
-    return _fixed_order_kernels
+    assert fixed_order.load() is not None
+    return fixed_order
 
 
 def _bits(tensor) -> bytes:
@@ -400,9 +401,9 @@ def _path_results(kernels, monkeypatch, path):
     import tensorflow as tf
 
     if path:
-        monkeypatch.setenv(_fixed_order_kernels.ISA_VARIABLE, path)
+        monkeypatch.setenv(fixed_order.ISA_VARIABLE, path)
     else:
-        monkeypatch.delenv(_fixed_order_kernels.ISA_VARIABLE, raising=False)
+        monkeypatch.delenv(fixed_order.ISA_VARIABLE, raising=False)
     rng = np.random.default_rng(3)
     # Widths of 40, 18, 19 and 77 columns: whole AVX-512 pairs of 16-column
     # micro-tiles, a lone micro-tile beside them, and edges of each.
@@ -457,9 +458,9 @@ def test_the_avx512_path_runs_by_default_where_the_cpu_has_it(kernels, monkeypat
     name the variable gives is the path that runs.
     """
     assert kernels.vector_path() == "avx512"
-    monkeypatch.setenv(_fixed_order_kernels.ISA_VARIABLE, "avx2")
+    monkeypatch.setenv(fixed_order.ISA_VARIABLE, "avx2")
     assert kernels.vector_path() == "avx2"
-    monkeypatch.setenv(_fixed_order_kernels.ISA_VARIABLE, "scalar")
+    monkeypatch.setenv(fixed_order.ISA_VARIABLE, "scalar")
     assert kernels.vector_path() == "scalar"
 
 
@@ -493,15 +494,15 @@ def test_the_kernels_bits_are_every_architectures_recorded_ones(kernels):
 def test_a_missing_compiler_is_said_once_and_load_gives_none(
     monkeypatch, caplog, tmp_path
 ):
-    monkeypatch.setattr(_kernel_library, "compiler", lambda: None)
+    monkeypatch.setattr(kernel_library, "compiler", lambda: None)
     # An empty cache: a cached build would load without a compiler.
-    monkeypatch.setenv(_kernel_library.CACHE_VARIABLE, str(tmp_path))
-    monkeypatch.setattr(_fixed_order_kernels.LIBRARY, "_state", {})
+    monkeypatch.setenv(kernel_library.CACHE_VARIABLE, str(tmp_path))
+    monkeypatch.setattr(fixed_order.LIBRARY, "_state", {})
     with caplog.at_level("WARNING", logger="tfdet"):
-        assert _fixed_order_kernels.load() is None
-        assert _fixed_order_kernels.load() is None
+        assert fixed_order.load() is None
+        assert fixed_order.load() is None
     warnings = [
-        r for r in caplog.records if "_fixed_order_products.cc" in r.getMessage()
+        r for r in caplog.records if "fixed_order_products.cc" in r.getMessage()
     ]
     assert len(warnings) == 1
     assert "no C++ compiler" in warnings[0].getMessage()
@@ -520,7 +521,7 @@ import numpy as np
 import tfdet
 tfdet.enable(seed=0, threads=int(sys.argv[1]), cpu_isa=sys.argv[2])
 import tensorflow as tf
-from tfdet.patches import _fixed_order_kernels as kernels
+from tfdet._kernels import fixed_order as kernels
 
 def digest(tensors):
     sha = hashlib.sha256()
@@ -613,9 +614,7 @@ def test_bits_follow_neither_pool_nor_batch_where_tensorflows_ops_do(kernels):
     processes = {
         setting: subprocess.Popen(
             [sys.executable, "-c", PRODUCTS, str(setting[0]), setting[1]],
-            env=clean_env(
-                **{_fixed_order_kernels.ISA_VARIABLE: KERNEL_PATH.get(setting[1])}
-            ),
+            env=clean_env(**{fixed_order.ISA_VARIABLE: KERNEL_PATH.get(setting[1])}),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -20,7 +20,9 @@ import pytest
 
 from tests.conftest import clean_env, last_json_line
 from tfdet import Profile
-from tfdet.patches import _fixed_order_kernels, _kernel_library
+from tfdet._kernels import build as kernel_build
+from tfdet._kernels import fixed_order
+from tfdet._kernels import library as kernel_library
 
 # A product whose bits the kernel and the pool-size-free composition give
 # differently (K of 4096: oneDNN's convolution splits the sum; shapes whose K
@@ -43,9 +45,9 @@ print(json.dumps({"digest": hashlib.sha256(c.tobytes()).hexdigest()[:16],
 @pytest.fixture(scope="module")
 def cached_build():
     """The fixed-order kernel built into the suite's shared cache."""
-    if _kernel_library.compiler() is None:
+    if kernel_library.compiler() is None:
         pytest.skip("no C++ compiler: nothing can be built into the cache")
-    return _fixed_order_kernels.LIBRARY.build()
+    return fixed_order.LIBRARY.build()
 
 
 def _without_compiler(tmp_path, cache) -> dict[str, str]:
@@ -94,11 +96,11 @@ def test_without_a_compiler_the_cached_kernel_runs_and_the_profile_says_which(
 
 def test_the_cache_key_follows_the_architecture_not_the_compiler(monkeypatch):
     pytest.importorskip("tensorflow")
-    library = _fixed_order_kernels.LIBRARY
+    library = fixed_order.LIBRARY
     here = library.library_path()
     monkeypatch.setenv("CXX", "/opt/another/clang++")
     assert library.library_path() == here
-    monkeypatch.setattr(_kernel_library.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(kernel_library.platform, "machine", lambda: "aarch64")
     assert library.library_path() != here
 
 
@@ -133,20 +135,20 @@ def _a_profile_dict() -> dict:
 
 
 def test_a_failed_build_is_said_by_load_and_not_run_again(tmp_path, monkeypatch):
-    if _kernel_library.compiler() is None:
+    if kernel_library.compiler() is None:
         pytest.skip("no C++ compiler: nothing can fail to build")
     source = tmp_path / "_broken.cc"
     source.write_text("this is not C++;\n")
-    monkeypatch.setenv(_kernel_library.CACHE_VARIABLE, str(tmp_path / "cache"))
-    broken = _kernel_library.KernelLibrary(source, (), fallback="the composition")
-    (failure,) = _kernel_library.build_together([broken, broken]).values()
+    monkeypatch.setenv(kernel_library.CACHE_VARIABLE, str(tmp_path / "cache"))
+    broken = kernel_library.KernelLibrary(source, fallback="the composition")
+    (failure,) = kernel_library.build_together([broken, broken]).values()
     assert isinstance(failure, RuntimeError)
     assert "the build failed" in str(failure)
 
     def no_compiler_again(*args, **kwargs):
         raise AssertionError("the compiler ran a second time")
 
-    monkeypatch.setattr(_kernel_library.subprocess, "run", no_compiler_again)
+    monkeypatch.setattr(kernel_build.subprocess, "run", no_compiler_again)
     with pytest.raises(RuntimeError) as again:
         broken.build()
     assert again.value is failure
@@ -156,9 +158,7 @@ def test_a_failed_build_is_said_by_load_and_not_run_again(tmp_path, monkeypatch)
 def test_install_builds_the_kernels_of_the_patches_it_installs_first(monkeypatch):
     from tfdet.patches import _registry
 
-    library = _kernel_library.KernelLibrary(
-        _fixed_order_kernels.LIBRARY.source, (), fallback="-"
-    )
+    library = kernel_library.KernelLibrary(fixed_order.LIBRARY.source, fallback="-")
     order = []
     fake = _registry.Patch(
         name="fake_kernel_patch",
@@ -169,7 +169,7 @@ def test_install_builds_the_kernels_of_the_patches_it_installs_first(monkeypatch
     )
     monkeypatch.setattr(_registry, "available", lambda: {fake.name: fake})
     monkeypatch.setattr(
-        _kernel_library,
+        kernel_library,
         "build_together",
         lambda libraries: order.append(("built", list(libraries))),
     )
@@ -189,11 +189,11 @@ def test_a_cache_that_cannot_be_made_falls_back_as_a_missing_compiler_does(
     pytest.importorskip("tensorflow")
     in_the_way = tmp_path / "a-file"
     in_the_way.write_text("")
-    monkeypatch.setenv(_kernel_library.CACHE_VARIABLE, str(in_the_way))
-    library = _kernel_library.KernelLibrary(
-        _fixed_order_kernels.LIBRARY.source, (), fallback="the composition instead"
+    monkeypatch.setenv(kernel_library.CACHE_VARIABLE, str(in_the_way))
+    library = kernel_library.KernelLibrary(
+        fixed_order.LIBRARY.source, fallback="the composition instead"
     )
-    (failure,) = _kernel_library.build_together([library]).values()
+    (failure,) = kernel_library.build_together([library]).values()
     assert isinstance(failure, OSError)
     with caplog.at_level("WARNING", logger="tfdet"):
         assert library.load() is None
@@ -235,8 +235,8 @@ def test_a_damaged_library_is_built_again_and_its_checksum_recorded(
     tmp_path, monkeypatch
 ):
     pytest.importorskip("tensorflow")
-    monkeypatch.setenv(_kernel_library.CACHE_VARIABLE, str(tmp_path / "cache"))
-    monkeypatch.setattr(_kernel_library, "compiler", lambda: "/usr/bin/fake-c++")
+    monkeypatch.setenv(kernel_library.CACHE_VARIABLE, str(tmp_path / "cache"))
+    monkeypatch.setattr(kernel_library, "compiler", lambda: "/usr/bin/fake-c++")
     builds = []
 
     def fake_compiler(command, **kwargs):  # Writes what `-o` names.
@@ -244,22 +244,20 @@ def test_a_damaged_library_is_built_again_and_its_checksum_recorded(
         Path(command[command.index("-o") + 1]).write_bytes(b"\x7fELF whole library")
         return subprocess.CompletedProcess(command, 0, "", "")
 
-    monkeypatch.setattr(_kernel_library.subprocess, "run", fake_compiler)
-    library = _kernel_library.KernelLibrary(
-        _fixed_order_kernels.LIBRARY.source, (), fallback="-"
-    )
+    monkeypatch.setattr(kernel_build.subprocess, "run", fake_compiler)
+    library = kernel_library.KernelLibrary(fixed_order.LIBRARY.source, fallback="-")
     path = library.build()
-    assert _kernel_library.damage(path) is None and len(builds) == 1
+    assert kernel_build.damage(path) is None and len(builds) == 1
     # Whole: found, not built again.
-    assert _kernel_library.KernelLibrary(library.source, (), "-").build() == path
+    assert kernel_library.KernelLibrary(library.source, "-").build() == path
     assert len(builds) == 1
     path.write_bytes(b"\x7fELF who")  # Cut short.
-    assert "SHA-256" in _kernel_library.damage(path)
-    assert _kernel_library.KernelLibrary(library.source, (), "-").build() == path
-    assert len(builds) == 2 and _kernel_library.damage(path) is None
+    assert "SHA-256" in kernel_build.damage(path)
+    assert kernel_library.KernelLibrary(library.source, "-").build() == path
+    assert len(builds) == 2 and kernel_build.damage(path) is None
     # An entry from before checksums were recorded is not trusted either.
-    _kernel_library.digest_path(path).unlink()
-    assert "no checksum" in _kernel_library.damage(path)
+    kernel_build.digest_path(path).unlink()
+    assert "no checksum" in kernel_build.damage(path)
 
 
 def test_a_compiler_that_writes_nothing_is_named_as_not_a_compiler(
@@ -268,11 +266,9 @@ def test_a_compiler_that_writes_nothing_is_named_as_not_a_compiler(
     # Before: CXX=/bin/true "built" nothing, and the move into the cache
     # said "No such file or directory".
     pytest.importorskip("tensorflow")
-    monkeypatch.setenv(_kernel_library.CACHE_VARIABLE, str(tmp_path / "cache"))
+    monkeypatch.setenv(kernel_library.CACHE_VARIABLE, str(tmp_path / "cache"))
     monkeypatch.setenv("CXX", "/bin/true")
-    library = _kernel_library.KernelLibrary(
-        _fixed_order_kernels.LIBRARY.source, (), fallback="-"
-    )
+    library = kernel_library.KernelLibrary(fixed_order.LIBRARY.source, fallback="-")
     with pytest.raises(RuntimeError, match="exited 0 but wrote no library") as error:
         library.build()
     assert "is it a C++ compiler?" in str(error.value)

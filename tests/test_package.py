@@ -189,6 +189,7 @@ LAYERS = {
     "tfdet._setup": 3,
     "tfdet.patches": 2,
     "tfdet._pin": 1,
+    "tfdet._kernels": 1,  # tfdet's C++ ops: sources, shipped libraries, loading.
     "tfdet._resume": 1,  # Exact resume, installed by a patch.
     "tfdet._errors": 0,
     "tfdet._variables": 0,

@@ -24,7 +24,7 @@ import sys
 import pytest
 
 from tests.conftest import clean_env, last_json_line, run_python
-from tfdet.patches import _kernel_library
+from tfdet._kernels import library as kernel_library
 
 TRAIN = """
 import hashlib, json, sys
@@ -82,7 +82,7 @@ print(json.dumps({"plain": plain, "patched": patched, "ops": ops, "both": both,
 
 @pytest.mark.slow
 def test_training_bits_do_not_follow_the_pool_size_only_with_the_patch():
-    if _kernel_library.compiler() is None:
+    if kernel_library.compiler() is None:
         pytest.skip("no C++ compiler: the patch falls back to the composition")
     processes = {
         threads: subprocess.Popen(

@@ -18,13 +18,14 @@ import numpy as np
 import pytest
 
 from tests.conftest import ERFC_FOLLOWS_THE_CPU, run_json
-from tfdet.patches import _kernel_library, portable_erfc, portable_kernels
+from tfdet._kernels import library as kernel_library
+from tfdet.patches import portable_erfc, portable_kernels
 
 
 @pytest.fixture(scope="module")
 def library():
     """The loaded library, built once (conftest's shared kernel cache)."""
-    if _kernel_library.compiler() is None:
+    if kernel_library.compiler() is None:
         pytest.skip("no C++ compiler: the kernel cannot be built")
     loaded = portable_kernels.LIBRARY.load()
     assert loaded is not None

@@ -33,13 +33,13 @@ from tfdet._commands._options import DEFAULT_TIMEOUT, RunOptions
 from tfdet._cost import _advice, _cost_report, _timed_settings
 from tfdet._cost._timed_settings import Setting
 from tfdet._errors import RunFailedError, TargetError
+from tfdet._kernels import library as kernel_library
 from tfdet._pin import _devices, _environment, _isa
 from tfdet._protocol import _spec
 from tfdet._protocol._perturb import RunSetup
 from tfdet._protocol._result import CostResult
 from tfdet._runner import _isolation, _spawn, _workdir
 from tfdet._runner._conversation import Conversation
-from tfdet.patches import _kernel_library
 
 # The schedule's defaults (the CLI's too): about a minute on the built-in CNN
 # on 2 cores.
@@ -396,7 +396,7 @@ def measure(
         settings = (
             # tfdet's kernels where a compiler can build them here.
             _timed_settings.settings_for(
-                available, xla, kernels=_kernel_library.compiler() is not None
+                available, xla, kernels=kernel_library.compiler() is not None
             )
             if device == "cpu"
             else _timed_settings.gpu_settings_for(available, xla)

@@ -51,6 +51,13 @@ class Profile:
             composition of TensorFlow's ops: for `fixed_order_products` and
             `fixed_order_convolutions`, other bits. None in profiles
             recorded before it existed.
+        kernel_origins: Where each loaded kernel library came from, as
+            `(library, origin)` pairs sorted: "wheel" (shipped in tfdet's
+            wheel), "install" (built when tfdet was installed from source)
+            or "cache" (built at first use). It decides no bit (the same
+            sources and flags; the compiler fixes no order the sources
+            leave open), so `differences` leaves it out. Empty where none
+            loaded, and in profiles recorded before it existed.
     """
 
     seed: int
@@ -70,12 +77,14 @@ class Profile:
     distribution: tuple[tuple[str, str], ...] = ()
     xla_cpu_isa: str | None = None
     kernels: tuple[str, ...] | None = None
+    kernel_origins: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (tuples become lists)."""
         data = dataclasses.asdict(self)
         data["patches"] = list(self.patches)
         data["distribution"] = dict(self.distribution)
+        data["kernel_origins"] = dict(self.kernel_origins)
         if self.kernels is not None:
             data["kernels"] = list(self.kernels)
         return data
@@ -103,18 +112,18 @@ class Profile:
         values["patches"] = tuple(values["patches"])
         if values.get("kernels") is not None:
             values["kernels"] = tuple(values["kernels"])
-        values["distribution"] = tuple(
-            sorted(dict(data.get("distribution", {})).items())
-        )
+        for pairs in ("distribution", "kernel_origins"):
+            values[pairs] = tuple(sorted(dict(data.get(pairs, {})).items()))
         return cls(**values)
 
     def differences(self, other: Profile) -> dict[str, tuple[Any, Any]]:
-        """`{field: (self value, other value)}` for every field that differs."""
+        """`{field: (self value, other value)}` for every field that differs
+        (but `kernel_origins`, which decides no bit)."""
         mine, theirs = self.to_dict(), other.to_dict()
         return {
             name: (mine[name], theirs[name])
             for name in mine
-            if mine[name] != theirs[name]
+            if mine[name] != theirs[name] and name != "kernel_origins"
         }
 
     def tiers(self, xla: bool = False, device: str = "cpu") -> tuple[str, ...]:

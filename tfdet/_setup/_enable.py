@@ -572,6 +572,7 @@ def _software_facts(installed: tuple[str, ...]) -> dict[str, Any]:
     return {
         "patches": installed,
         "kernels": _registry.on_kernels(installed),
+        "kernel_origins": _registry.kernel_origins(installed),
         "distribution": _distribution.pinned(
             (patches[name] for name in installed), flavor
         ),

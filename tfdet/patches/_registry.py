@@ -22,9 +22,10 @@ import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from tfdet._kernels import library as kernel_library
+from tfdet._kernels.library import KernelLibrary
 from tfdet._pin import _versions
-from tfdet.patches import _hazards, _import_hook, _kernel_library
-from tfdet.patches._kernel_library import KernelLibrary
+from tfdet.patches import _hazards, _import_hook
 from tfdet.patches._swap import Swap
 
 _LOG = logging.getLogger("tfdet")
@@ -250,6 +251,21 @@ def installed() -> tuple[str, ...]:
     return tuple(name for name, patch in available().items() if patch.installed)
 
 
+def kernel_origins(names: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """`(library, origin)` for each library that the named patches loaded:
+    shipped with a wheel, built at install, or from the cache; sorted."""
+    patches = available()
+    return tuple(
+        sorted(
+            {
+                (patches[name].kernel.name, patches[name].kernel.origin())
+                for name in names
+                if patches[name].kernel is not None and patches[name].kernel.loaded()
+            }
+        )
+    )
+
+
 def on_kernels(names: Iterable[str]) -> tuple[str, ...]:
     """Those of the named patches whose compiled kernel loaded, sorted."""
     patches = available()
@@ -307,7 +323,7 @@ def install(names: Iterable[str]) -> tuple[str, ...]:
     """
     patches = available()
     names = list(names)
-    _kernel_library.build_together(
+    kernel_library.build_together(
         patches[name].kernel
         for name in names
         if patches[name].kernel is not None and not patches[name].installed

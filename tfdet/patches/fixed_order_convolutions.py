@@ -3,7 +3,7 @@
 `Conv2D`, `Conv2DBackpropInput` and `Conv2DBackpropFilter` of NHWC float32
 (Keras's Conv1D and Conv2D, their gradients, Conv2DTranspose's forward)
 are computed by tfdet's fixed-order product kernel
-(`tfdet/patches/_fixed_order_kernels.py`) as products over the image's
+(`tfdet/_kernels/fixed_order.py`) as products over the image's
 patches, packed from the image itself: every output element (an output
 pixel's filter, an input pixel's channel, a weight) is one chain of fused
 multiply-adds over its terms in an order fixed by the shapes, and the work
@@ -39,7 +39,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet.patches import _exact_math, _fixed_order_kernels, pool_size_free_products
+from tfdet._kernels import fixed_order
+from tfdet.patches import _exact_math, pool_size_free_products
 from tfdet.patches._registry import Patch
 
 _CONVOLUTIONS = {
@@ -73,7 +74,7 @@ def _kernel_takes(data_format: Any, tensors: Any, ungrouped: bool) -> bool:
     return (
         unsupported is None
         and all(tensor.dtype == tf.float32 for tensor in tensors)
-        and _fixed_order_kernels.load() is not None
+        and fixed_order.load() is not None
     )
 
 
@@ -112,7 +113,7 @@ def conv2d(
             explicit_paddings, data_format, dilations, name,
         )  # fmt: skip
     with tf.name_scope(name or "FixedOrderConv2D"):
-        return _fixed_order_kernels.conv2d(
+        return fixed_order.conv2d(
             x, kernel, **_attributes(strides, padding, explicit_paddings, dilations)
         )
 
@@ -143,7 +144,7 @@ def conv2d_backprop_input(
             explicit_paddings, data_format, dilations, name,
         )  # fmt: skip
     with tf.name_scope(name or "FixedOrderConv2DBackpropInput"):
-        return _fixed_order_kernels.conv2d_backprop_input(
+        return fixed_order.conv2d_backprop_input(
             tf.cast(input_sizes, tf.int32),
             kernel,
             upstream,
@@ -175,7 +176,7 @@ def conv2d_backprop_filter(
             explicit_paddings, data_format, dilations, name,
         )  # fmt: skip
     with tf.name_scope(name or "FixedOrderConv2DBackpropFilter"):
-        return _fixed_order_kernels.conv2d_backprop_filter(
+        return fixed_order.conv2d_backprop_filter(
             x,
             tf.cast(filter_sizes, tf.int32),
             upstream,
@@ -208,7 +209,7 @@ def depthwise_conv2d_native_backprop_filter(
             explicit_paddings, data_format, dilations, name,
         )  # fmt: skip
     with tf.name_scope(name or "FixedOrderDepthwiseConv2dNativeBackpropFilter"):
-        return _fixed_order_kernels.depthwise_conv2d_backprop_filter(
+        return fixed_order.depthwise_conv2d_backprop_filter(
             x,
             tf.cast(filter_sizes, tf.int32),
             upstream,
@@ -228,7 +229,7 @@ COVERED = (
 def _apply(swap: Any) -> None:
     # Built (or found in the cache) now, so the first convolution does not
     # pay for the compiler, and a missing compiler is said at enable().
-    _fixed_order_kernels.load()
+    fixed_order.load()
     _CONVOLUTIONS["conv2d"].replace(swap, conv2d)
     _CONVOLUTIONS["conv2d_backprop_input"].replace(swap, conv2d_backprop_input)
     _CONVOLUTIONS["conv2d_backprop_filter"].replace(swap, conv2d_backprop_filter)
@@ -245,5 +246,5 @@ PATCH = Patch(
     upstream="https://github.com/uxlfoundation/oneDNN/issues/1443",
     apply=_apply,
     opt_in=True,
-    kernel=_fixed_order_kernels.LIBRARY,
+    kernel=fixed_order.LIBRARY,
 )

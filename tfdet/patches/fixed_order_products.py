@@ -3,7 +3,7 @@
 `MatMul`, `BatchMatMulV2/V3` and `Einsum` (through TensorFlow's Python
 decomposition into transposes, reshapes and those products) of float32
 are computed by tfdet's fixed-order product kernel
-(`tfdet/patches/_fixed_order_kernels.py`): every output element is one
+(`tfdet/_kernels/fixed_order.py`): every output element is one
 chain of fused multiply-adds over k in order, and the work is split over
 output tiles only. So a product's bits follow neither the pool size, nor
 the number of rows (a sample's bits do not follow its batch), nor the
@@ -44,7 +44,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet.patches import _exact_math, _fixed_order_kernels, pool_size_free_products
+from tfdet._kernels import fixed_order
+from tfdet.patches import _exact_math, pool_size_free_products
 from tfdet.patches._registry import Patch
 
 _MAT_MUL = _exact_math.GeneratedOp("tensorflow.python.ops.gen_math_ops", "mat_mul")
@@ -61,8 +62,8 @@ def _left_to_tensorflow(op_type: str, dtype: Any, reason: str | None = None) -> 
 
 def _batch_product(a: Any, b: Any, adj_x: bool, adj_y: bool) -> Any:
     """`a @ b` (batch dims broadcast): the kernel, or the composition."""
-    if _fixed_order_kernels.load() is not None:
-        return _fixed_order_kernels.batch_matmul(a, b, adj_x=adj_x, adj_y=adj_y)
+    if fixed_order.load() is not None:
+        return fixed_order.batch_matmul(a, b, adj_x=adj_x, adj_y=adj_y)
     import tensorflow as tf
 
     # The composition wants one batch axis, broadcast already.
@@ -97,8 +98,8 @@ def mat_mul(
             a, b, transpose_a=transpose_a, transpose_b=transpose_b, name=name, **flags
         )
     with tf.name_scope(name or "PortableFixedOrderMatMul"):
-        if _fixed_order_kernels.load() is not None:
-            return _fixed_order_kernels.matmul(
+        if fixed_order.load() is not None:
+            return fixed_order.matmul(
                 a_tensor, b_tensor, transpose_a=transpose_a, transpose_b=transpose_b
             )
         return pool_size_free_products.mat_mul(
@@ -169,7 +170,7 @@ COVERED = ("MatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum")
 def _apply(swap: Any) -> None:
     # Built (or found in the cache) now, so the first product does not
     # pay for the compiler, and a missing compiler is said at enable().
-    _fixed_order_kernels.load()
+    fixed_order.load()
     _MAT_MUL.replace(swap, mat_mul)
     for version, op in _BATCH_MAT_MUL.items():
         op.replace(swap, _batch_mat_mul(version))
@@ -183,5 +184,5 @@ PATCH = Patch(
     upstream="https://github.com/uxlfoundation/oneDNN/issues/1443",
     apply=_apply,
     opt_in=True,
-    kernel=_fixed_order_kernels.LIBRARY,
+    kernel=fixed_order.LIBRARY,
 )

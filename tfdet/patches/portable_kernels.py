@@ -3,7 +3,7 @@
 `portable_erfc` makes `Erfc` (and with it the exact GELU, Keras 3's `gelu`)
 portable as a composition of about 25 TensorFlow ops, one pass over the
 data each. This patch computes that composition in one op of tfdet's own
-(`TfdetPortableErfc`, `_portable_functions.cc`), step for step, with the
+(`TfdetPortableErfc`, `portable_functions.cc`), step for step, with the
 same bits: every step is one correctly rounded float32 operation, and its
 `exp(-x^2)` is TensorFlow's own Exp kernel's code (Eigen's functor over the
 whole tensor on the op's thread pool, compiled for AVX as the TensorFlow
@@ -11,7 +11,7 @@ wheels are). So the weights, the digests and every tier stay what
 `enable()` gives; only the time changes.
 
 The library is compiled at first use against the installed TensorFlow and
-cached (`tfdet.patches._kernel_library`; about 30 s once). Before its first
+installed with tfdet (`tfdet._kernels`; built at first use where it was not). Before its first
 use in a process, its results are compared bit for bit with the
 composition's on a fixed set of inputs (every kind of float32, the clamp's
 edges, both branches, tensor lengths that end off a packet); where no
@@ -44,22 +44,15 @@ import functools
 import logging
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from tfdet.patches import _exact_math, _kernel_library, _registry, portable_erfc
+from tfdet._kernels import portable
+from tfdet.patches import _exact_math, _registry, portable_erfc
 from tfdet.patches._registry import Patch
 
 _LOG = logging.getLogger("tfdet")
 
-LIBRARY = _kernel_library.KernelLibrary(
-    Path(__file__).with_name("_portable_functions.cc"),
-    # The packet width of TensorFlow's own element-wise kernels (its wheels
-    # are built for AVX): the Exp step takes the same path per element.
-    flags=("-mavx",),
-    fallback="the portable functions run as compositions of TensorFlow's ops "
-    "instead (the same bits, slower)",
-)
+LIBRARY = portable.LIBRARY
 # Whether the kernel gave the composition's bits on `probe_inputs()`, by
 # whether its exp ran on whole packets: checked once a process for each, at
 # the first use.

@@ -1,6 +1,6 @@
 """tfdet's own matrix products and convolutions, bits fixed by the shapes alone.
 
-The kernel (`_fixed_order_products.cc`, beside this module) sums every output
+The kernel (`fixed_order_products.cc`, beside this module) sums every output
 element's K terms in one chain of fused multiply-adds, k = 0 .. K-1, and
 splits the work over output tiles only, so its bits do not follow the
 thread count, the row count (a sample's batch) or the vector width (its
@@ -9,7 +9,7 @@ float32) and its two gradients are the same product over the image's
 patches, packed from the image itself. See the source's header.
 
 It is a TensorFlow custom op built at first use and cached
-(`tfdet.patches._kernel_library`); where it cannot be built, `load()`
+(`tfdet._kernels.library`); where it cannot be built, `load()`
 returns None and says so once, and the callers compute the products as the
 pool-size-free composition. The AVX2 and AVX-512 micro-kernels are
 compiled by target attributes and chosen by CPUID at run time, so the rest
@@ -21,10 +21,9 @@ narrower path on any CPU that has it (the tests compare the paths).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from tfdet.patches import _kernel_library
+from tfdet._kernels import build, library
 
 # "avx2" or "scalar" asks for that micro-kernel rather than the CPU's widest
 # (read by the kernel at each call).
@@ -42,9 +41,8 @@ def _register_gradients(tf: Any) -> None:
     )
 
 
-LIBRARY = _kernel_library.KernelLibrary(
-    Path(__file__).with_name("_fixed_order_products.cc"),
-    flags=(),
+LIBRARY = library.KernelLibrary(
+    build.SOURCES / "fixed_order_products.cc",
     fallback="products and convolutions use the slower pool-size-free "
     "composition instead, with other bits (the profile's `kernels` lists the "
     "patches whose kernel ran)",
