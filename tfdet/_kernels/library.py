@@ -43,7 +43,6 @@ import hashlib
 import logging
 import os
 import platform
-import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -70,7 +69,7 @@ def cache_dir() -> Path:
 
 def compiler() -> str | None:
     """The C++ compiler tfdet builds with (`CXX`, else g++ or c++), or None."""
-    return shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    return _build.find_compiler()
 
 
 @contextlib.contextmanager
