@@ -11,6 +11,7 @@ product's bits (the control: the bits do differ, so the field is needed).
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -272,3 +273,58 @@ def test_a_compiler_that_writes_nothing_is_named_as_not_a_compiler(
     with pytest.raises(RuntimeError, match="exited 0 but wrote no library") as error:
         library.build()
     assert "is it a C++ compiler?" in str(error.value)
+
+
+def test_the_flags_a_wheel_is_built_with_are_tensorflows_own():
+    # The wheel's build reads no TensorFlow through Python: its flags are
+    # what the installed TensorFlow's sysconfig says, but for the paths.
+    tf = pytest.importorskip("tensorflow")
+    compile_flags = [
+        f for f in tf.sysconfig.get_compile_flags() if not f.startswith("-I")
+    ]
+    assert tuple(compile_flags) == kernel_build.TENSORFLOW_COMPILE_FLAGS
+    assert f"-l:{kernel_build.FRAMEWORK_LIBRARY}" in tf.sysconfig.get_link_flags()
+    site = Path(tf.sysconfig.get_lib()).parent
+    assert kernel_build.find_tensorflow(site) == (tf.__version__, site / "tensorflow")
+
+
+def _ship(shipped: Path, library, origin: str = "wheel") -> Path:
+    """A shipped directory for this TensorFlow holding a copy of `library`'s
+    cached build, as a wheel's build lays it out."""
+    import tensorflow as tf
+
+    directory = shipped / kernel_build.shipped_directory(tf.__version__).name
+    directory.mkdir(parents=True)
+    target = directory / f"{library.name}.so"
+    built = library.build()
+    shutil.copy(built, target)
+    shutil.copy(kernel_build.digest_path(built), kernel_build.digest_path(target))
+    manifest = {
+        "origin": origin,
+        "sources": {library.name: kernel_build.source_key(library.source)},
+    }
+    (directory / kernel_build.MANIFEST).write_text(json.dumps(manifest))
+    return target
+
+
+def test_a_shipped_library_is_taken_first_and_only_when_whole_and_current(
+    cached_build, tmp_path, monkeypatch, caplog
+):
+    monkeypatch.setattr(kernel_build, "SHIPPED", tmp_path / "lib")
+    target = _ship(tmp_path / "lib", fixed_order.LIBRARY, origin="install")
+    library = kernel_library.KernelLibrary(fixed_order.LIBRARY.source, fallback="-")
+    assert library.build() == target and library.origin() == "install"
+    assert library.where() == f"install {target}"
+    # Damaged (cut short): not loaded, said once; the cache serves instead.
+    target.write_bytes(target.read_bytes()[:1000])
+    library = kernel_library.KernelLibrary(fixed_order.LIBRARY.source, fallback="-")
+    with caplog.at_level("WARNING", logger="tfdet"):
+        assert library.build() == cached_build and library.origin() == "cache"
+        library.shipped()
+    assert caplog.text.count("is not used: its SHA-256 is") == 1
+    # Built from other sources (a checkout edited since): quietly not used.
+    manifest = target.parent / kernel_build.MANIFEST
+    manifest.write_text(
+        json.dumps({"origin": "wheel", "sources": {"fixed_order_products": "0"}})
+    )
+    assert kernel_library.KernelLibrary(library.source, "-").shipped() is None

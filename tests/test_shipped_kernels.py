@@ -13,6 +13,7 @@ environment without the wheel's kernels, must give other bits.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from tests.conftest import REPO, clean_env, last_json_line
 from tfdet._kernels import build as kernel_build
@@ -192,3 +194,39 @@ def test_the_wheels_kernel_digests_equal_the_x86_64_record(wheel, tmp_path):
             "x86_64"
         ]["digests"]["kernel"]
     )
+
+
+def _runtime_needs(library: Path) -> dict[str, Version]:
+    """The newest version of each of glibc, libstdc++ and the C++ ABI that
+    `library` asks for, by `objdump -T`."""
+    table = subprocess.run(
+        ["objdump", "-T", str(library)], capture_output=True, text=True, check=True
+    ).stdout
+    newest: dict[str, Version] = {}
+    for name, version in re.findall(r"\b(GLIBC|GLIBCXX|CXXABI)_([0-9.]+)\b", table):
+        newest[name] = max(newest.get(name, Version("0")), Version(version))
+    return newest
+
+
+def test_the_wheels_libraries_need_no_newer_runtime_than_tensorflow(wheel, tmp_path):
+    # Built here by GCC 12 without src/runtime_floor.h, they needed
+    # GLIBCXX_3.4.29 and 3.4.30, where TensorFlow 2.21 needs 3.4.22.
+    if shutil.which("objdump") is None:
+        pytest.skip("no objdump (binutils)")
+    import tensorflow as tf
+
+    theirs = _runtime_needs(
+        Path(tf.sysconfig.get_lib()) / kernel_build.FRAMEWORK_LIBRARY
+    )
+    with zipfile.ZipFile(wheel) as archive:
+        libraries = [n for n in archive.namelist() if n.endswith(".so")]
+        archive.extractall(tmp_path, libraries)
+    assert len(libraries) == len(kernel_build.OWN_FLAGS)
+    for name in libraries:
+        mine = _runtime_needs(tmp_path / name)
+        newer = {
+            runtime: (str(version), str(theirs[runtime]))
+            for runtime, version in mine.items()
+            if version > theirs[runtime]
+        }
+        assert newer == {}, f"{name} needs a newer runtime than TensorFlow: {newer}"

@@ -155,14 +155,12 @@ class KernelLibrary:
             )
             if not flag.startswith(("-I", "-L"))
         ]
-        digest = hashlib.sha256(self.source.read_bytes())
         key = [
+            _build.source_key(self.source),
             tf.version.GIT_VERSION,
             platform.machine(),
-            *_build.COMMON_FLAGS,
-            *_build.own_flags(self.name),
         ]
-        digest.update("\0".join([*key, *tf_flags]).encode())
+        digest = hashlib.sha256("\0".join([*key, *tf_flags]).encode())
         return (
             cache_dir()
             / f"tf{tf.__version__}-{digest.hexdigest()[:16]}"

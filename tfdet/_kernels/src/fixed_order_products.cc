@@ -58,6 +58,8 @@
 #include "tensorflow/core/util/matmul_bcast.h"
 #include "tensorflow/core/util/work_sharder.h"
 
+#include "runtime_floor.h"
+
 namespace tfdet {
 namespace {
 

@@ -35,6 +35,8 @@
 #include "tensorflow/core/framework/shape_inference.h"
 #include "unsupported/Eigen/CXX11/Tensor"
 
+#include "runtime_floor.h"
+
 namespace tfdet {
 namespace {
 
