@@ -2,22 +2,23 @@
 
 Everything else about the package is in pyproject.toml. The kernels (C++
 TensorFlow ops, `tfdet/_kernels/src/`) are bound to the TensorFlow minor
-they are built against, so a wheel's build compiles them, once per
-TensorFlow it is given, into `tfdet/_kernels/lib/tf<minor>-<machine>/`:
+they are built against, so a wheel carries them one directory per minor and
+machine, `tfdet/_kernels/lib/tf<minor>-<machine>/`:
 
-- `TFDET_TENSORFLOW_SITES`: directories (separated by `:`) that TensorFlow
-  wheels are unpacked into, one per minor: a release's wheel, origin
-  "wheel" (`ci/build_wheel.py` makes it);
-- otherwise the TensorFlow installed where tfdet is being installed (a
-  source install, `pip install .`: origin "install"), or, where none is
-  installed yet, the one `tfdet_build_backend.py` asked pip to put in the
-  build environment, the newest that the `cpu` extra admits.
+- a release's wheel (`ci/build_wheel.py`): `TFDET_SHIPPED_KERNELS` names a
+  directory of such directories, built beforehand against every minor's own
+  TensorFlow wheel (origin "wheel"), copied in whole; `TFDET_WHEEL_PLATFORM`
+  is the wheel's platform tag (say `manylinux_2_27_x86_64`);
+- a source install (`pip install .`): the kernels are built here against
+  the TensorFlow installed where tfdet goes (origin "install"), or, where
+  none is installed yet, against the one `tfdet_build_backend.py` asked pip
+  to put in the build environment, the newest the `cpu` extra admits.
 
-`TFDET_BUILD_KERNELS=0` builds no kernel (a wheel for another machine).
-An editable install builds none: a checkout builds its kernels at first
-use, into the cache. Where no C++ compiler is found, the wheel holds no
-kernel, the build says so, and tfdet builds them at first use where a
-compiler is, or computes the compositions.
+`TFDET_BUILD_KERNELS=0` builds none (a wheel for another machine). An
+editable install builds none: a checkout builds its kernels at first use,
+into the cache. Where no C++ compiler is found, the wheel holds no kernel,
+the build says so, and tfdet builds them at first use where a compiler is,
+or computes the compositions.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import importlib.util
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -74,13 +76,9 @@ def build_environments_site() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations))).parent
 
 
-def tensorflow_sites() -> list[tuple[Path, str]]:
-    """The TensorFlows to build the kernels against, each with its origin."""
-    listed = os.environ.get("TFDET_TENSORFLOW_SITES")
-    if listed:
-        return [(Path(site), "wheel") for site in listed.split(os.pathsep) if site]
-    site = installing_interpreters_site() or build_environments_site()
-    return [] if site is None else [(site, "install")]
+def tensorflow_site() -> Path | None:
+    """Where the TensorFlow to build the kernels against is installed."""
+    return installing_interpreters_site() or build_environments_site()
 
 
 class build_py_with_kernels(build_py):
@@ -93,10 +91,16 @@ class build_py_with_kernels(build_py):
             or os.environ.get("TFDET_BUILD_KERNELS") == "0"
         ):
             return
+        destination = Path(self.build_lib) / "tfdet" / "_kernels" / "lib"
+        prebuilt = os.environ.get("TFDET_SHIPPED_KERNELS")
+        if prebuilt:
+            for directory in sorted(Path(prebuilt).glob("tf*-*")):
+                shutil.copytree(directory, destination / directory.name)
+            return
         build = kernel_build()
         compiler = build.find_compiler()
-        sites = tensorflow_sites()
-        if compiler is None or not sites:
+        site = tensorflow_site()
+        if compiler is None or site is None:
             print(
                 "tfdet: no kernels built into this wheel ("
                 + ("no C++ compiler" if compiler is None else "no TensorFlow found")
@@ -104,11 +108,8 @@ class build_py_with_kernels(build_py):
                 file=sys.stderr,
             )
             return
-        destination = Path(self.build_lib) / "tfdet" / "_kernels" / "lib"
-        for site, origin in sites:
-            directory = build.build_shipped(compiler, site, origin, destination)
-            print(f"tfdet: kernels built into {directory.name}", file=sys.stderr)
-        self.distribution.tfdet_kernels = True
+        directory = build.build_shipped(compiler, site, "install", destination)
+        print(f"tfdet: kernels built into {directory.name}", file=sys.stderr)
 
 
 def bdist_wheel_command():
@@ -130,7 +131,7 @@ def bdist_wheel_command():
             python, abi, plat = super().get_tag()
             if self.root_is_pure:
                 return python, abi, plat
-            return "py3", "none", plat
+            return "py3", "none", os.environ.get("TFDET_WHEEL_PLATFORM", plat)
 
     return bdist_wheel_with_kernels
 

@@ -7,7 +7,8 @@ this asks pip for one in the build environment: `tensorflow-cpu` with the
 `cpu` extra's bounds, which pip resolves to the same release it then
 installs (it takes the second from its cache). Only where kernels will be
 built: a C++ compiler is found, `TFDET_BUILD_KERNELS` is not "0", and
-neither TFDET_TENSORFLOW_SITES nor an installed TensorFlow serves.
+neither prebuilt kernels (TFDET_SHIPPED_KERNELS) nor an installed
+TensorFlow serve.
 Editable installs build no kernel and ask for nothing more.
 """
 
@@ -26,7 +27,7 @@ import setup as _setup_module  # noqa: E402  (only reads; setup() is guarded)
 
 def _tensorflow_for_the_build() -> list[str]:
     if os.environ.get("TFDET_BUILD_KERNELS") == "0" or os.environ.get(
-        "TFDET_TENSORFLOW_SITES"
+        "TFDET_SHIPPED_KERNELS"
     ):
         return []
     if _setup_module.kernel_build().find_compiler() is None:

@@ -41,6 +41,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CONSTRAINTS = REPO / "ci" / "constraints.txt"
 EMULATOR = "qemu-aarch64"
+# Debian's g++-aarch64-linux-gnu: builds tfdet's kernels for the emulated venv.
+CROSS_COMPILER = "aarch64-linux-gnu-g++"
 # The distribution's default Python (`python3`) and the C++ runtime that
 # TensorFlow's libraries need beside what Python pulls in.
 PACKAGES = ("python3", "libstdc++6", "libgomp1")
@@ -180,17 +182,35 @@ def build(directory: Path) -> Path:
 
 
 def install_checkout(python: Path) -> None:
-    """Installs this checkout's tfdet into the emulated venv: a wheel built
-    here (pure Python, the same on every platform), as a copy."""
+    """Installs this checkout's tfdet into the emulated venv, as a wheel built
+    here: with the kernels compiled by the cross compiler
+    (aarch64-linux-gnu-g++) against the venv's own aarch64 TensorFlow, as a
+    source install on an ARM machine would build them; without kernels
+    where there is no cross compiler."""
     site = next((python.parent.parent / "lib").glob("python3.*/site-packages"))
     version = site.parent.name.removeprefix("python")
-    with tempfile.TemporaryDirectory() as wheels:
+    with tempfile.TemporaryDirectory() as scratch:
+        env = {**os.environ, "TFDET_BUILD_KERNELS": "0"}
+        cross = shutil.which(CROSS_COMPILER)
+        if cross is not None:
+            from build_wheel import kernel_build  # Here: it imports matrix.
+
+            directory = kernel_build().build_shipped(
+                cross, site, "install", Path(scratch) / "lib", "aarch64"
+            )
+            print(f"ci/aarch64.py: kernels cross-compiled into {directory.name}")
+            env = {
+                **os.environ,
+                "TFDET_SHIPPED_KERNELS": str(directory.parent),
+                "TFDET_WHEEL_PLATFORM": "manylinux_2_27_aarch64",
+            }
+        wheels = Path(scratch) / "wheels"
         subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-             "--disable-pip-version-check", "--wheel-dir", wheels, str(REPO)],
-            check=True,
+             "--disable-pip-version-check", "--wheel-dir", str(wheels), str(REPO)],
+            env=env, check=True,
         )  # fmt: skip
-        (wheel,) = Path(wheels).glob("tfdet-*.whl")
+        (wheel,) = wheels.glob("tfdet-*.whl")
         _pip_aarch64(site, version, "--no-deps", str(wheel))
 
 

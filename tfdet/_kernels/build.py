@@ -2,7 +2,7 @@
 
 Standard library only: `setup.py` runs this module in pip's build
 environment, where neither tfdet's dependencies nor TensorFlow may be
-importable, and `ci/build_kernels.py` builds with it against TensorFlow
+importable, and `ci/build_wheel.py` builds with it against TensorFlow
 wheels that are unpacked, not installed. Both need only what a TensorFlow
 wheel holds on disk: its C++ headers (`tensorflow/include`) and its
 framework library (`libtensorflow_framework.so.2`).
@@ -35,8 +35,18 @@ SHIPPED = Path(__file__).with_name("lib")
 MANIFEST = "BUILD.json"
 # Never -ffast-math: a kernel's order of operations is its bits.
 # -ffp-contract=off keeps the compiler from fusing the code's own
-# multiplications and additions into FMAs.
-COMMON_FLAGS = ("-std=c++17", "-shared", "-fPIC", "-O3", "-ffp-contract=off", "-w")
+# multiplications and additions into FMAs. -fno-sized-deallocation keeps
+# the libraries off a C++ ABI newer than TensorFlow 2.16's (see
+# src/runtime_floor.h).
+COMMON_FLAGS = (
+    "-std=c++17",
+    "-shared",
+    "-fPIC",
+    "-O3",
+    "-ffp-contract=off",
+    "-fno-sized-deallocation",
+    "-w",
+)
 # Each library's own flags, by machine. The portable functions' exp step is
 # TensorFlow's own Exp functor at the packet width of TensorFlow's x86-64
 # wheels (AVX), so that it takes the same path per element.

@@ -1,13 +1,16 @@
 // No newer C++ runtime than TensorFlow's own.
 //
-// TensorFlow 2.16-2.21's wheels need libstdc++'s GLIBCXX_3.4.22 at most, so
-// they load on any system with GCC 6's runtime or newer. Compiled by a newer
-// GCC, tfdet's kernels would need more: GCC 11's headers throw
-// std::bad_array_new_length through a function first exported in
-// GLIBCXX_3.4.29, and GCC 12's bind condition_variable::wait to its
-// GLIBCXX_3.4.30 version. A wheel built here would then fail to load where
-// TensorFlow itself loads. The two below keep the kernels to the older
-// symbols (the build's test reads `objdump -T` to hold them there).
+// TensorFlow 2.16's wheels (manylinux2014) ask for glibc 2.16, libstdc++'s
+// GLIBCXX_3.4.19 and the C++ ABI's CXXABI_1.3.7 at most; 2.21's for 2.27,
+// 3.4.22 and 1.3.11. Compiled by GCC 12 on glibc 2.36, tfdet's kernels asked
+// for more: GCC 11's headers throw std::bad_array_new_length through a
+// function first exported in GLIBCXX_3.4.29 (its type info: CXXABI_1.3.8),
+// GCC 12's bind condition_variable::wait to its GLIBCXX_3.4.30 version, and
+// glibc 2.27 gave expf a new version. A wheel built here would then fail to
+// load where TensorFlow itself loads. What follows keeps the kernels to the
+// older symbols, and `-fno-sized-deallocation` (build.py) keeps them off
+// GCC 5's sized delete (CXXABI_1.3.9); the tests and ci/build_wheel.py read
+// `objdump -T` to hold them there.
 //
 // Included by every kernel source after its other headers.
 #ifndef TFDET_KERNELS_RUNTIME_FLOOR_H_
@@ -24,13 +27,22 @@ __asm__(
 
 namespace std {
 // A local definition (not exported: the kernels export only their ops'
-// registrations) that throws what libstdc++'s own throws (its type info is
-// in the C++ ABI since GCC 4.9, CXXABI_1.3.8).
-// (The header declared it with default visibility, which a later attribute
-// cannot change; the assembler's directive can.)
-[[noreturn]] void __throw_bad_array_new_length() { throw bad_array_new_length(); }
+// registrations) that throws std::bad_alloc, the base of what libstdc++'s own
+// throws (whose type info needs CXXABI_1.3.8); reached only by an array
+// size past the address space. (The header declared it with default
+// visibility, which a later attribute cannot change; the assembler's
+// directive can.)
+[[noreturn]] void __throw_bad_array_new_length() { throw bad_alloc(); }
 }  // namespace std
 __asm__(".hidden _ZSt28__throw_bad_array_new_lengthv");
 #endif  // __GLIBCXX__
+
+// glibc's expf under its first version (2.27 added a second with other
+// error handling; the values are the same function's).
+#if defined(__GLIBC__) && defined(__x86_64__)
+__asm__(".symver expf,expf@GLIBC_2.2.5");
+#elif defined(__GLIBC__) && defined(__aarch64__)
+__asm__(".symver expf,expf@GLIBC_2.17");
+#endif
 
 #endif  // TFDET_KERNELS_RUNTIME_FLOOR_H_
