@@ -86,12 +86,13 @@ class build_py_with_kernels(build_py):
 
     def run(self) -> None:
         super().run()
-        if (
-            getattr(self, "editable_mode", False)
-            or os.environ.get("TFDET_BUILD_KERNELS") == "0"
-        ):
+        if getattr(self, "editable_mode", False):
             return
         destination = Path(self.build_lib) / "tfdet" / "_kernels" / "lib"
+        # Exactly what this build makes: an earlier build's in build/ stays out.
+        shutil.rmtree(destination, ignore_errors=True)
+        if os.environ.get("TFDET_BUILD_KERNELS") == "0":
+            return
         prebuilt = os.environ.get("TFDET_SHIPPED_KERNELS")
         if prebuilt:
             for directory in sorted(Path(prebuilt).glob("tf*-*")):

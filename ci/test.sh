@@ -54,14 +54,19 @@ kernels=$!
   --disable-pip-version-check -c ci/constraints.txt --target "$venv/plot-only" matplotlib
 
 # QEMU's user-mode emulator: the emulated-CPU tests run a process on another
-# vendor's x86 CPU model. Installed where this can (root with apt-get);
-# elsewhere those tests skip and pytest's summary says why.
-if ! command -v qemu-x86_64 >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
+# vendor's x86 CPU model and on aarch64; Debian's aarch64 cross compiler
+# builds tfdet's kernels into the emulated aarch64 environment's wheel (as a
+# source install on an ARM machine builds them). Installed where this can
+# (root with apt-get); elsewhere those tests skip and pytest's summary says why.
+packages=()
+command -v qemu-x86_64 >/dev/null 2>&1 || packages+=(qemu-user)
+command -v aarch64-linux-gnu-g++ >/dev/null 2>&1 || packages+=(g++-aarch64-linux-gnu)
+if [ "${#packages[@]}" -gt 0 ] && command -v apt-get >/dev/null 2>&1 \
   && [ "$(id -u)" = 0 ]; then
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q qemu-user >/dev/null 2>&1 \
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${packages[@]}" >/dev/null 2>&1 \
     || { apt-get update -q >/dev/null 2>&1 \
-      && DEBIAN_FRONTEND=noninteractive apt-get install -y -q qemu-user >/dev/null 2>&1; } \
-    || echo "ci/test.sh: qemu-user could not be installed; emulated-CPU tests will skip"
+      && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${packages[@]}" >/dev/null 2>&1; } \
+    || echo "ci/test.sh: ${packages[*]} could not be installed; emulated-CPU tests will skip"
 fi
 
 "$venv/bin/ruff" check .

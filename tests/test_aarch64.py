@@ -74,32 +74,57 @@ def test_env_names_the_vector_unit_and_an_emulator(tmp_path):
         assert facts["cpu_emulated"] is None
 
 
-def test_the_fixed_order_kernel_gives_the_bits_recorded_on_x86_64(monkeypatch):
+# The kernel digests of the installed tfdet (not the checkout's: `-I` keeps
+# the checkout off sys.path, and tfdet is imported before the benchmark
+# puts it there), and where the library came from.
+INSTALLED_DIGESTS = """
+import importlib.util, json, sys
+from tfdet._kernels import fixed_order
+spec = importlib.util.spec_from_file_location("digests", sys.argv[1])
+digests = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(digests)
+try:
+    found = digests.digests()
+except RuntimeError as error:  # No kernel: none shipped, no compiler.
+    print(json.dumps({"unavailable": str(error)}))
+    sys.exit(0)
+print(json.dumps({"found": found, "origin": fixed_order.LIBRARY.origin(),
+                  "recorded": digests.recorded()["x86_64"]["digests"]}))
+"""
+
+
+def test_the_fixed_order_kernel_gives_the_bits_recorded_on_x86_64(tmp_path):
     """tfdet's kernel computes here the products and convolution x86-64 did.
 
     Its chains are fixed by the shapes alone, so its scalar path on this
     ARM core gives the digests recorded with the AVX2 path on an x86-64 CPU
     (`benchmarks/fixed_order_digests.json`); TensorFlow's own ops, the
-    control, give others here. An emulated process on an x86-64 host builds
-    the kernel with the cross compiler (aarch64-linux-gnu-g++).
+    control, give others here. Run by the tfdet installed here, with the
+    kernels its wheel holds: in CI's emulated environment, the ones the
+    cross compiler built (ci/aarch64.py), with no compiler of its own.
     """
-    import importlib.util
     import shutil
+    import subprocess
+    import sys
 
-    from tfdet._protocol import _emulation
+    from tests.conftest import clean_env, last_json_line
 
-    if _emulation.already_emulated():
-        cross = shutil.which("aarch64-linux-gnu-g++")
-        if cross is None:
-            pytest.skip("an emulated aarch64 process needs aarch64-linux-gnu-g++")
-        monkeypatch.setenv("CXX", cross)
-    spec = importlib.util.spec_from_file_location(
-        "fixed_order_digests", REPO / "benchmarks" / "fixed_order_digests.py"
-    )
-    digests = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(digests)
-    x86 = digests.recorded()["x86_64"]["digests"]
-    found = digests.digests()
+    env = clean_env(PYTHONPATH=None)
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", INSTALLED_DIGESTS,
+         str(REPO / "benchmarks" / "fixed_order_digests.py")],
+        env=env, cwd=tmp_path, capture_output=True, text=True,
+        timeout=RUN_TIMEOUT, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = last_json_line(done.stdout)
+    if "unavailable" in result and shutil.which("aarch64-linux-gnu-g++") is None:
+        pytest.skip(
+            "no kernels in the installed wheel: ci/aarch64.py builds them "
+            "with aarch64-linux-gnu-g++, which is not installed"
+        )
+    found, x86 = result["found"], result["recorded"]
+    assert result["origin"] in ("wheel", "install"), result
     assert found["kernel"] == x86["kernel"], (found, x86)
     for op in ("matmul", "conv2d"):
         assert found["tensorflow"][op] != x86["tensorflow"][op], (found, x86)

@@ -221,7 +221,7 @@ def test_the_wheels_libraries_need_no_newer_runtime_than_tensorflow(wheel, tmp_p
     with zipfile.ZipFile(wheel) as archive:
         libraries = [n for n in archive.namelist() if n.endswith(".so")]
         archive.extractall(tmp_path, libraries)
-    assert len(libraries) == len(kernel_build.OWN_FLAGS)
+    assert len(libraries) == len(kernel_build.libraries_for())
     for name in libraries:
         mine = _runtime_needs(tmp_path / name)
         newer = {

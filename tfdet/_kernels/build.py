@@ -47,13 +47,22 @@ COMMON_FLAGS = (
     "-fno-sized-deallocation",
     "-w",
 )
-# Each library's own flags, by machine. The portable functions' exp step is
-# TensorFlow's own Exp functor at the packet width of TensorFlow's x86-64
-# wheels (AVX), so that it takes the same path per element.
+# Each library's own flags on each machine it is built for. The portable
+# functions' exp step is TensorFlow's own Exp functor at the packet width of
+# TensorFlow's x86-64 wheels (AVX), so that it takes the same path per
+# element: x86-64 only.
 OWN_FLAGS = {
-    "fixed_order_products": {},
+    "fixed_order_products": {"x86_64": (), "aarch64": ()},
     "portable_functions": {"x86_64": ("-mavx",)},
 }
+
+
+def libraries_for(machine: str | None = None) -> tuple[str, ...]:
+    """The libraries built for `machine` (this one)."""
+    machine = machine or platform.machine()
+    return tuple(name for name, flags in OWN_FLAGS.items() if machine in flags)
+
+
 # What a TensorFlow 2.16-2.21 wheel's `tf.sysconfig` adds to the include
 # and library directories (checked against the installed TensorFlow's by
 # the tests): the C++11 ABI of its manylinux builds, its C++ standard and
@@ -258,7 +267,7 @@ def build_shipped(
                 link_flags,
                 machine,
             )
-            for name in OWN_FLAGS
+            for name in libraries_for(machine)
         ]
     for finished in builds:
         finished.result()  # Raises the first failure.
@@ -271,7 +280,8 @@ def build_shipped(
         "machine": machine,
         "compiler": version_line[0] if version_line else compiler,
         "sources": {
-            name: source_key(SOURCES / f"{name}.cc", machine) for name in OWN_FLAGS
+            name: source_key(SOURCES / f"{name}.cc", machine)
+            for name in libraries_for(machine)
         },
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")

@@ -8,8 +8,8 @@ AVX-512, AVX2 and scalar paths give the same bits). A 2-D convolution (NHWC,
 float32) and its two gradients are the same product over the image's
 patches, packed from the image itself. See the source's header.
 
-It is a TensorFlow custom op built at first use and cached
-(`tfdet._kernels.library`); where it cannot be built, `load()`
+It is a TensorFlow custom op, installed with tfdet or built at first use
+and cached (`tfdet._kernels.library`); where it cannot be had, `load()`
 returns None and says so once, and the callers compute the products as the
 pool-size-free composition. The AVX2 and AVX-512 micro-kernels are
 compiled by target attributes and chosen by CPUID at run time, so the rest

@@ -23,7 +23,8 @@ the built-in CNN's layers, batch 64: forward 1.1-1.7x, input gradient
 what the kernel cannot take (another dtype or layout, a grouped convolution,
 channels unknown when traced) goes to that patch's composition, which
 leaves what it cannot take to TensorFlow, saying so once. Where the kernel
-is neither cached nor buildable (no C++ compiler), tfdet says so once, the
+is neither installed with tfdet, cached nor buildable (no C++ compiler),
+tfdet says so once, the
 composition computes every convolution (other bits), and the profile's
 `kernels` leaves this patch out. Values agree with TensorFlow's to float32
 rounding. A SavedModel traced while it is installed holds tfdet's ops: export

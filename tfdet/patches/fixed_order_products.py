@@ -23,10 +23,11 @@ Installed together with `pool_size_free_products`
 the products are this kernel's and that patch computes the rest: a whole
 model apart from the pool size and the batch, its products one op each.
 
-The kernel is compiled at first use against the installed TensorFlow and
-cached (about a minute once; `TFDET_KERNEL_CACHE` chooses the cache, which a
-process without a compiler also reads). Where it is neither cached nor
-buildable, tfdet says so once and computes the products as
+The kernel is installed with tfdet (compiled into its wheel, one library
+per TensorFlow minor), else compiled at first use against the installed
+TensorFlow and cached (`TFDET_KERNEL_CACHE` chooses the cache, which a
+process without a compiler also reads). Where it is neither installed,
+cached nor buildable, tfdet says so once and computes the products as
 `pool_size_free_products` does, slower and with other bits; the profile's
 `kernels` then leaves this patch out. Values agree with
 TensorFlow's to float32 rounding. Other dtypes, and products with an empty

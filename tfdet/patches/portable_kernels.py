@@ -10,8 +10,9 @@ whole tensor on the op's thread pool, compiled for AVX as the TensorFlow
 wheels are). So the weights, the digests and every tier stay what
 `enable()` gives; only the time changes.
 
-The library is compiled at first use against the installed TensorFlow and
-installed with tfdet (`tfdet._kernels`; built at first use where it was not). Before its first
+The library is installed with tfdet on x86-64 (compiled into its wheel,
+one per TensorFlow minor), else compiled at first use against the installed
+TensorFlow and cached (`tfdet._kernels`). Before its first
 use in a process, its results are compared bit for bit with the
 composition's on a fixed set of inputs (every kind of float32, the clamp's
 edges, both branches, tensor lengths that end off a packet); where no
@@ -31,8 +32,8 @@ the batch), the kernel runs its exp on whole packets too (`whole_packets`:
 the tensor padded with zeros to a multiple of 16), so it keeps the bits of
 the composition there, which the same check shows.
 
-Opt-in, never installed by "auto": it needs a C++ compiler at first use,
-or a cached build (`TFDET_KERNEL_CACHE`). Where `portable_erfc` is not
+Opt-in, never installed by "auto": it needs its library, installed with
+tfdet or built at first use by a C++ compiler. Where `portable_erfc` is not
 installed (TensorFlow before 2.20, whose Erfc needs no replacement), it
 does nothing.
 Cost: `benchmarks/portable_kernels.py`.
