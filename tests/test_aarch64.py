@@ -78,7 +78,7 @@ def test_env_names_the_vector_unit_and_an_emulator(tmp_path):
 # the checkout off sys.path, and tfdet is imported before the benchmark
 # puts it there), and where the library came from.
 INSTALLED_DIGESTS = """
-import importlib.util, json, sys
+import importlib.util, json, os, sys
 from tfdet._kernels import fixed_order
 spec = importlib.util.spec_from_file_location("digests", sys.argv[1])
 digests = importlib.util.module_from_spec(spec)
@@ -88,7 +88,11 @@ try:
 except RuntimeError as error:  # No kernel: none shipped, no compiler.
     print(json.dumps({"unavailable": str(error)}))
     sys.exit(0)
-print(json.dumps({"found": found, "origin": fixed_order.LIBRARY.origin(),
+path = fixed_order.vector_path()
+os.environ[fixed_order.ISA_VARIABLE] = "scalar"  # Read at each call.
+scalar = digests.digests()["kernel"]
+print(json.dumps({"found": found, "path": path, "scalar": scalar,
+                  "origin": fixed_order.LIBRARY.origin(),
                   "recorded": digests.recorded()["x86_64"]["digests"]}))
 """
 
@@ -96,8 +100,9 @@ print(json.dumps({"found": found, "origin": fixed_order.LIBRARY.origin(),
 def test_the_fixed_order_kernel_gives_the_bits_recorded_on_x86_64(tmp_path):
     """tfdet's kernel computes here the products and convolution x86-64 did.
 
-    Its chains are fixed by the shapes alone, so its scalar path on this
-    ARM core gives the digests recorded with the AVX2 path on an x86-64 CPU
+    Its chains are fixed by the shapes alone, so its NEON and scalar paths
+    on this ARM core give the digests recorded with the AVX2 path on an
+    x86-64 CPU
     (`benchmarks/fixed_order_digests.json`); TensorFlow's own ops, the
     control, give others here. Run by the tfdet installed here, with the
     kernels its wheel holds: in CI's emulated environment, the ones the
@@ -125,6 +130,9 @@ def test_the_fixed_order_kernel_gives_the_bits_recorded_on_x86_64(tmp_path):
         )
     found, x86 = result["found"], result["recorded"]
     assert result["origin"] in ("wheel", "install"), result
+    # Its NEON path, and its scalar path, give x86-64's AVX bits.
+    assert result["path"] == "neon", result
     assert found["kernel"] == x86["kernel"], (found, x86)
+    assert result["scalar"] == x86["kernel"], result
     for op in ("matmul", "conv2d"):
         assert found["tensorflow"][op] != x86["tensorflow"][op], (found, x86)

@@ -52,7 +52,7 @@ load = LIBRARY.load
 
 
 def vector_path() -> str:
-    """The kernel's vector path in this process now: avx512, avx2 or scalar.
+    """The kernel's vector path in this process now: avx512, avx2, neon or scalar.
 
     The widest the CPU has, or the narrower one `TFDET_FIXED_ORDER_ISA`
     names; every path gives the same bits.

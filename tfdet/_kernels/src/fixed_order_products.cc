@@ -31,13 +31,19 @@
 // and input gradient do not follow the batch.
 //
 // The AVX2 and AVX-512 paths are compiled with target attributes and chosen
-// by CPUID at run time; the scalar path runs elsewhere (any other CPU,
-// aarch64 too). TFDET_FIXED_ORDER_ISA set to "avx2" or "scalar" asks for a
+// by CPUID at run time; on aarch64 the NEON micro-kernel (four 4-lane
+// vectors a row, every aarch64 CPU has them) does the same chains with
+// vfmaq_f32, which rounds once as std::fma does; the scalar path runs
+// elsewhere. TFDET_FIXED_ORDER_ISA set to "avx2" or "scalar" asks for a
 // narrower path than the CPU's widest (the tests compare them all).
 
 #if defined(__x86_64__) || defined(__i386__)
 #define TFDET_X86 1
 #include <immintrin.h>
+#endif
+#if defined(__aarch64__)
+#define TFDET_NEON 1
+#include <arm_neon.h>
 #endif
 
 #include <algorithm>
@@ -303,6 +309,33 @@ __attribute__((target("avx512f"))) void Avx512PairKernel(
 }
 #endif  // TFDET_X86
 
+#ifdef TFDET_NEON
+// The micro-tile in NEON registers: kMR rows of four 4-lane vectors, 24
+// accumulators of the 32 registers, one output element per lane.
+void NeonKernel(int64 kc, const float* a, const float* b, int64 ldb, float* c,
+                int64 ldc, bool accumulate) {
+  float32x4_t acc[kMR][4];
+  for (int64 r = 0; r < kMR; ++r)
+    for (int64 v = 0; v < 4; ++v)
+      acc[r][v] = accumulate ? vld1q_f32(c + r * ldc + 4 * v) : vdupq_n_f32(0.0f);
+  for (int64 k = 0; k < kc; ++k) {
+    const float32x4_t b0 = vld1q_f32(b), b1 = vld1q_f32(b + 4);
+    const float32x4_t b2 = vld1q_f32(b + 8), b3 = vld1q_f32(b + 12);
+    for (int64 r = 0; r < kMR; ++r) {
+      const float32x4_t x = vdupq_n_f32(a[r]);
+      acc[r][0] = vfmaq_f32(acc[r][0], x, b0);
+      acc[r][1] = vfmaq_f32(acc[r][1], x, b1);
+      acc[r][2] = vfmaq_f32(acc[r][2], x, b2);
+      acc[r][3] = vfmaq_f32(acc[r][3], x, b3);
+    }
+    a += kMR;
+    b += ldb;
+  }
+  for (int64 r = 0; r < kMR; ++r)
+    for (int64 v = 0; v < 4; ++v) vst1q_f32(c + r * ldc + 4 * v, acc[r][v]);
+}
+#endif  // TFDET_NEON
+
 bool CpuHasAvx2Fma() {
 #ifdef TFDET_X86
   __builtin_cpu_init();
@@ -334,7 +367,7 @@ using PairKernel = void (*)(int64 kc, const float* a, const float* b0,
 struct MicroKernels {
   MicroKernel single;
   PairKernel pair;
-  const char* name;  // "avx512", "avx2" or "scalar"
+  const char* name;  // "avx512", "avx2", "neon" or "scalar"
 };
 
 // The micro-kernels of this process: the widest vectors the CPU has (AVX-512
@@ -351,6 +384,9 @@ MicroKernels ChooseKernels() {
   if (avx512 && wanted != "avx2")
     return {Avx2Kernel, Avx512PairKernel, "avx512"};
   if (avx2) return {Avx2Kernel, nullptr, "avx2"};
+#endif
+#ifdef TFDET_NEON
+  return {NeonKernel, nullptr, "neon"};
 #endif
   return {ScalarKernel, nullptr, "scalar"};
 }
