@@ -105,8 +105,9 @@ def source_key(source: Path, machine: str | None = None) -> str:
     """What a library's code follows from us: its source, the headers beside
     it, and its flags."""
     digest = hashlib.sha256(source.read_bytes())
-    for header in sorted(source.parent.glob("*.h")):
-        digest.update(header.name.encode() + b"\0" + header.read_bytes())
+    for header in sorted(source.parent.rglob("*.h")):
+        name = header.relative_to(source.parent).as_posix()
+        digest.update(name.encode() + b"\0" + header.read_bytes())
     digest.update("\0".join([*COMMON_FLAGS, *own_flags(source.stem, machine)]).encode())
     return digest.hexdigest()
 

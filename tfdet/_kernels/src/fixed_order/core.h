@@ -1,0 +1,664 @@
+// The shared core: operand views, packing, the micro-kernels of every vector
+// path and their choice, the tiling, scratch memory, and the driver that
+// computes a batch of products over output tiles (ComputeProducts).
+//
+// Part of tfdet's fixed-order library: included once, by
+// fixed_order_products.cc, into its one translation unit (the library is one
+// TensorFlow op library, built from that file; see its header for the bits).
+#ifndef TFDET_KERNELS_FIXED_ORDER_CORE_H_
+#define TFDET_KERNELS_FIXED_ORDER_CORE_H_
+
+#if defined(__x86_64__) || defined(__i386__)
+#define TFDET_X86 1
+#include <immintrin.h>
+#endif
+#if defined(__aarch64__)
+#define TFDET_NEON 1
+#include <arm_neon.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/util/matmul_bcast.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+#include "../runtime_floor.h"
+
+namespace tfdet {
+namespace {
+
+using int64 = std::int64_t;
+
+constexpr int64 kMR = 6;    // rows of the micro-tile
+constexpr int64 kNR = 16;   // columns of the micro-tile (two AVX2 vectors)
+constexpr int64 kKC = 256;  // K per packed block (cache, never the bits)
+
+// A matrix read through strides: element (r, c) is data[r * rows + c * cols].
+struct View {
+  const float* data;
+  int64 rows;
+  int64 cols;
+  float at(int64 r, int64 c) const { return data[r * rows + c * cols]; }
+};
+
+#ifdef TFDET_X86
+// Eight floats from each of eight rows (row i's at rows[i] + x) written as
+// their transpose: the rows' x-th floats at dst, the (x + 1)-th at dst +
+// ldd, and so on, stored in that order, so that where ldd < 8 each store's
+// last floats are overwritten by the next one's.
+__attribute__((target("avx2"))) void Transpose8x8(const float* const* rows,
+                                                  int64 x, float* dst,
+                                                  int64 ldd) {
+  __m256 r[8], t[8], u[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows[i] + x);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  __m256 columns[8];
+  for (int i = 0; i < 4; ++i) {
+    columns[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    columns[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + i * ldd, columns[i]);
+}
+#endif  // TFDET_X86
+
+bool CpuHasAvx2Fma();
+
+// Whether packing may use the AVX2 transposes: wherever the CPU has AVX2,
+// whatever TFDET_FIXED_ORDER_ISA asks of the micro-kernels, since packing
+// copies and never computes, so the transposes give the scalar loops'
+// panels. They replace a scalar copy per element, which cost as much as a
+// recurrent layer's whole product (2-core AMD EPYC Zen 5, 64x512 @
+// (128x512)^T: 59 us a call, 41 without packing B) and 15% of a 4096x512 @
+// 512x512 product's time (A).
+bool PackWithAvx2() {
+  static const bool avx2 = CpuHasAvx2Fma();
+  return avx2;
+}
+
+// Rows [i0, i0 + kMR) of a, columns [k0, k0 + kc), as one panel: for each
+// k, the panel's kMR rows side by side (zeros past m).
+void PackRows(const View& a, int64 m, int64 i0, int64 k0, int64 kc,
+              float* dst) {
+  const int64 rows = std::min(kMR, m - i0);
+  if (rows < kMR) std::memset(dst, 0, sizeof(float) * kMR * kc);
+  if (a.cols == 1) {
+    int64 done = 0;  // terms packed by the vector transpose
+#ifdef TFDET_X86
+    if (PackWithAvx2() && rows == kMR) {
+      // Eight rows read, the last twice; each group's eighth store spills
+      // two floats into the next term's slots, so the last term (which
+      // has no next inside the panel) is left to the loop below.
+      const float* sources[8];
+      for (int64 i = 0; i < 8; ++i)
+        sources[i] = a.data + (i0 + std::min(i, kMR - 1)) * a.rows + k0;
+      done = ((kc - 1) / 8) * 8;
+      for (int64 x = 0; x < done; x += 8)
+        Transpose8x8(sources, x, dst + x * kMR, kMR);
+    }
+#endif
+    for (int64 r = 0; r < rows; ++r) {
+      const float* src = a.data + (i0 + r) * a.rows + k0;
+      for (int64 x = done; x < kc; ++x) dst[x * kMR + r] = src[x];
+    }
+  } else {
+    int64 x = 0;
+    if (a.rows == 1 && rows == kMR && i0 + 8 <= a.cols) {
+      // A term's rows lie side by side: eight floats copied a term (a
+      // vector's load and store), the next term's copy overwriting the two
+      // beyond this one's six; the last term is left to the loop below.
+      for (; x + 1 < kc; ++x)
+        std::memcpy(dst + x * kMR, a.data + i0 + (k0 + x) * a.cols,
+                    8 * sizeof(float));
+    }
+    for (; x < kc; ++x) {
+      const float* src = a.data + i0 * a.rows + (k0 + x) * a.cols;
+      for (int64 r = 0; r < rows; ++r) dst[x * kMR + r] = src[r * a.rows];
+    }
+  }
+}
+
+// Columns [j0, j0 + kNR) of b, rows [k0, k0 + kc), as one panel: for each
+// k, the panel's kNR columns side by side (zeros past n).
+void PackColumns(const View& b, int64 n, int64 j0, int64 k0, int64 kc,
+                 float* dst) {
+  const int64 cols = std::min(kNR, n - j0);
+  if (cols < kNR) std::memset(dst, 0, sizeof(float) * kNR * kc);
+  if (b.cols == 1) {
+    for (int64 x = 0; x < kc; ++x)
+      std::memcpy(dst + x * kNR, b.data + (k0 + x) * b.rows + j0,
+                  sizeof(float) * cols);
+    return;
+  }
+  int64 done = 0;  // terms packed by the vector transpose
+#ifdef TFDET_X86
+  if (PackWithAvx2() && b.rows == 1 && cols == kNR) {
+    // Columns read along memory (b transposed, as dA = dC @ B^T reads B).
+    const float* sources[kNR];
+    for (int64 c = 0; c < kNR; ++c) sources[c] = b.data + (j0 + c) * b.cols + k0;
+    done = kc - kc % 8;
+    for (int64 x = 0; x < done; x += 8)
+      for (int64 c = 0; c < kNR; c += 8)
+        Transpose8x8(sources + c, x, dst + x * kNR + c, kNR);
+  }
+#endif
+  for (int64 c = 0; c < cols; ++c) {
+    const float* src = b.data + (j0 + c) * b.cols + k0 * b.rows;
+    for (int64 x = done; x < kc; ++x) dst[x * kNR + c] = src[x * b.rows];
+  }
+}
+
+// c (kMR x kNR, row stride ldc) = (accumulate ? c : 0) + a-panel x b-panel,
+// each element one FMA chain over k in order. The b-panel's rows (one per
+// k) lie ldb floats apart: kNR where it was packed, B's own row stride
+// where the kernel reads B in place.
+using MicroKernel = void (*)(int64 kc, const float* a, const float* b,
+                             int64 ldb, float* c, int64 ldc, bool accumulate);
+
+void ScalarKernel(int64 kc, const float* a, const float* b, int64 ldb,
+                  float* c, int64 ldc, bool accumulate) {
+  for (int64 r = 0; r < kMR; ++r) {
+    for (int64 j = 0; j < kNR; ++j) {
+      float acc = accumulate ? c[r * ldc + j] : 0.0f;
+      for (int64 k = 0; k < kc; ++k)
+        acc = std::fma(a[k * kMR + r], b[k * ldb + j], acc);
+      c[r * ldc + j] = acc;
+    }
+  }
+}
+
+#ifdef TFDET_X86
+__attribute__((target("avx2,fma"))) void Avx2Kernel(int64 kc, const float* a,
+                                                     const float* b, int64 ldb,
+                                                     float* c, int64 ldc,
+                                                     bool accumulate) {
+  __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
+  if (accumulate) {
+    c00 = _mm256_loadu_ps(c + 0 * ldc), c01 = _mm256_loadu_ps(c + 0 * ldc + 8);
+    c10 = _mm256_loadu_ps(c + 1 * ldc), c11 = _mm256_loadu_ps(c + 1 * ldc + 8);
+    c20 = _mm256_loadu_ps(c + 2 * ldc), c21 = _mm256_loadu_ps(c + 2 * ldc + 8);
+    c30 = _mm256_loadu_ps(c + 3 * ldc), c31 = _mm256_loadu_ps(c + 3 * ldc + 8);
+    c40 = _mm256_loadu_ps(c + 4 * ldc), c41 = _mm256_loadu_ps(c + 4 * ldc + 8);
+    c50 = _mm256_loadu_ps(c + 5 * ldc), c51 = _mm256_loadu_ps(c + 5 * ldc + 8);
+  } else {
+    c00 = c01 = c10 = c11 = c20 = c21 = _mm256_setzero_ps();
+    c30 = c31 = c40 = c41 = c50 = c51 = _mm256_setzero_ps();
+  }
+  for (int64 k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(b);
+    const __m256 b1 = _mm256_loadu_ps(b + 8);
+    __m256 x;
+    x = _mm256_broadcast_ss(a + 0);
+    c00 = _mm256_fmadd_ps(x, b0, c00), c01 = _mm256_fmadd_ps(x, b1, c01);
+    x = _mm256_broadcast_ss(a + 1);
+    c10 = _mm256_fmadd_ps(x, b0, c10), c11 = _mm256_fmadd_ps(x, b1, c11);
+    x = _mm256_broadcast_ss(a + 2);
+    c20 = _mm256_fmadd_ps(x, b0, c20), c21 = _mm256_fmadd_ps(x, b1, c21);
+    x = _mm256_broadcast_ss(a + 3);
+    c30 = _mm256_fmadd_ps(x, b0, c30), c31 = _mm256_fmadd_ps(x, b1, c31);
+    x = _mm256_broadcast_ss(a + 4);
+    c40 = _mm256_fmadd_ps(x, b0, c40), c41 = _mm256_fmadd_ps(x, b1, c41);
+    x = _mm256_broadcast_ss(a + 5);
+    c50 = _mm256_fmadd_ps(x, b0, c50), c51 = _mm256_fmadd_ps(x, b1, c51);
+    a += kMR;
+    b += ldb;
+  }
+  _mm256_storeu_ps(c + 0 * ldc, c00), _mm256_storeu_ps(c + 0 * ldc + 8, c01);
+  _mm256_storeu_ps(c + 1 * ldc, c10), _mm256_storeu_ps(c + 1 * ldc + 8, c11);
+  _mm256_storeu_ps(c + 2 * ldc, c20), _mm256_storeu_ps(c + 2 * ldc + 8, c21);
+  _mm256_storeu_ps(c + 3 * ldc, c30), _mm256_storeu_ps(c + 3 * ldc + 8, c31);
+  _mm256_storeu_ps(c + 4 * ldc, c40), _mm256_storeu_ps(c + 4 * ldc + 8, c41);
+  _mm256_storeu_ps(c + 5 * ldc, c50), _mm256_storeu_ps(c + 5 * ldc + 8, c51);
+}
+
+// Two micro-tiles side by side (kMR x 2 kNR), b0's columns then b1's, with
+// one AVX-512 vector per micro-tile row: twice the AVX2 kernel's work per
+// instruction, each lane still one element's chain over k in order, and
+// vfmadd231ps rounds each lane as the AVX2 and scalar fma do.
+__attribute__((target("avx512f"))) void Avx512PairKernel(
+    int64 kc, const float* a, const float* b0, const float* b1, int64 ldb,
+    float* c, int64 ldc, bool accumulate) {
+  __m512 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
+  if (accumulate) {
+    c00 = _mm512_loadu_ps(c + 0 * ldc), c01 = _mm512_loadu_ps(c + 0 * ldc + 16);
+    c10 = _mm512_loadu_ps(c + 1 * ldc), c11 = _mm512_loadu_ps(c + 1 * ldc + 16);
+    c20 = _mm512_loadu_ps(c + 2 * ldc), c21 = _mm512_loadu_ps(c + 2 * ldc + 16);
+    c30 = _mm512_loadu_ps(c + 3 * ldc), c31 = _mm512_loadu_ps(c + 3 * ldc + 16);
+    c40 = _mm512_loadu_ps(c + 4 * ldc), c41 = _mm512_loadu_ps(c + 4 * ldc + 16);
+    c50 = _mm512_loadu_ps(c + 5 * ldc), c51 = _mm512_loadu_ps(c + 5 * ldc + 16);
+  } else {
+    c00 = c01 = c10 = c11 = c20 = c21 = _mm512_setzero_ps();
+    c30 = c31 = c40 = c41 = c50 = c51 = _mm512_setzero_ps();
+  }
+  for (int64 k = 0; k < kc; ++k) {
+    const __m512 v0 = _mm512_loadu_ps(b0);
+    const __m512 v1 = _mm512_loadu_ps(b1);
+    __m512 x;
+    x = _mm512_set1_ps(a[0]);
+    c00 = _mm512_fmadd_ps(x, v0, c00), c01 = _mm512_fmadd_ps(x, v1, c01);
+    x = _mm512_set1_ps(a[1]);
+    c10 = _mm512_fmadd_ps(x, v0, c10), c11 = _mm512_fmadd_ps(x, v1, c11);
+    x = _mm512_set1_ps(a[2]);
+    c20 = _mm512_fmadd_ps(x, v0, c20), c21 = _mm512_fmadd_ps(x, v1, c21);
+    x = _mm512_set1_ps(a[3]);
+    c30 = _mm512_fmadd_ps(x, v0, c30), c31 = _mm512_fmadd_ps(x, v1, c31);
+    x = _mm512_set1_ps(a[4]);
+    c40 = _mm512_fmadd_ps(x, v0, c40), c41 = _mm512_fmadd_ps(x, v1, c41);
+    x = _mm512_set1_ps(a[5]);
+    c50 = _mm512_fmadd_ps(x, v0, c50), c51 = _mm512_fmadd_ps(x, v1, c51);
+    a += kMR;
+    b0 += ldb;
+    b1 += ldb;
+  }
+  _mm512_storeu_ps(c + 0 * ldc, c00), _mm512_storeu_ps(c + 0 * ldc + 16, c01);
+  _mm512_storeu_ps(c + 1 * ldc, c10), _mm512_storeu_ps(c + 1 * ldc + 16, c11);
+  _mm512_storeu_ps(c + 2 * ldc, c20), _mm512_storeu_ps(c + 2 * ldc + 16, c21);
+  _mm512_storeu_ps(c + 3 * ldc, c30), _mm512_storeu_ps(c + 3 * ldc + 16, c31);
+  _mm512_storeu_ps(c + 4 * ldc, c40), _mm512_storeu_ps(c + 4 * ldc + 16, c41);
+  _mm512_storeu_ps(c + 5 * ldc, c50), _mm512_storeu_ps(c + 5 * ldc + 16, c51);
+}
+#endif  // TFDET_X86
+
+#ifdef TFDET_NEON
+// The micro-tile in NEON registers: kMR rows of four 4-lane vectors, 24
+// accumulators of the 32 registers, one output element per lane.
+void NeonKernel(int64 kc, const float* a, const float* b, int64 ldb, float* c,
+                int64 ldc, bool accumulate) {
+  float32x4_t acc[kMR][4];
+  for (int64 r = 0; r < kMR; ++r)
+    for (int64 v = 0; v < 4; ++v)
+      acc[r][v] = accumulate ? vld1q_f32(c + r * ldc + 4 * v) : vdupq_n_f32(0.0f);
+  for (int64 k = 0; k < kc; ++k) {
+    const float32x4_t b0 = vld1q_f32(b), b1 = vld1q_f32(b + 4);
+    const float32x4_t b2 = vld1q_f32(b + 8), b3 = vld1q_f32(b + 12);
+    for (int64 r = 0; r < kMR; ++r) {
+      const float32x4_t x = vdupq_n_f32(a[r]);
+      acc[r][0] = vfmaq_f32(acc[r][0], x, b0);
+      acc[r][1] = vfmaq_f32(acc[r][1], x, b1);
+      acc[r][2] = vfmaq_f32(acc[r][2], x, b2);
+      acc[r][3] = vfmaq_f32(acc[r][3], x, b3);
+    }
+    a += kMR;
+    b += ldb;
+  }
+  for (int64 r = 0; r < kMR; ++r)
+    for (int64 v = 0; v < 4; ++v) vst1q_f32(c + r * ldc + 4 * v, acc[r][v]);
+}
+#endif  // TFDET_NEON
+
+bool CpuHasAvx2Fma() {
+#ifdef TFDET_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+// Whether the CPU, and the operating system's saved state, have AVX-512
+// (libgcc's check reads both).
+bool CpuHasAvx512() {
+#ifdef TFDET_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f");
+#else
+  return false;
+#endif
+}
+
+// Two micro-tiles side by side, b0's columns then b1's (kMR x 2 kNR, row
+// stride ldc), each element one FMA chain over k in order.
+using PairKernel = void (*)(int64 kc, const float* a, const float* b0,
+                            const float* b1, int64 ldb, float* c, int64 ldc,
+                            bool accumulate);
+
+// The micro-kernels of a call: `single` for one micro-tile, and `pair`,
+// where the CPU has a wider vector, for two side by side (null otherwise).
+struct MicroKernels {
+  MicroKernel single;
+  PairKernel pair;
+  const char* name;  // "avx512", "avx2", "neon" or "scalar"
+};
+
+// The micro-kernels of this process: the widest vectors the CPU has (AVX-512
+// pairs, AVX2), unless TFDET_FIXED_ORDER_ISA asks for a narrower path,
+// "avx2" or "scalar" (read at each call, so a test can compare the paths in
+// one process). Every path gives the same bits.
+MicroKernels ChooseKernels() {
+  static const bool avx2 = CpuHasAvx2Fma();
+  static const bool avx512 = avx2 && CpuHasAvx512();
+  const char* variable = std::getenv("TFDET_FIXED_ORDER_ISA");
+  const std::string wanted = variable == nullptr ? "" : variable;
+  if (wanted == "scalar") return {ScalarKernel, nullptr, "scalar"};
+#ifdef TFDET_X86
+  if (avx512 && wanted != "avx2")
+    return {Avx2Kernel, Avx512PairKernel, "avx512"};
+  if (avx2) return {Avx2Kernel, nullptr, "avx2"};
+#endif
+#ifdef TFDET_NEON
+  return {NeonKernel, nullptr, "neon"};
+#endif
+  return {ScalarKernel, nullptr, "scalar"};
+}
+
+// The output tiles. Each element's chain is the same in any tile, so the
+// tiling may follow the pool size without changing a bit: tiles as large
+// as the cache allows (so packing is amortized over many products), cut
+// evenly until each thread has about two of them.
+struct Tiling {
+  int64 tm, tn, row_tiles, col_tiles;
+  Tiling(int64 batch, int64 m, int64 n, int64 threads) {
+    const int64 micro_rows = (m + kMR - 1) / kMR;
+    const int64 micro_cols = (n + kNR - 1) / kNR;
+    row_tiles = (micro_rows + 15) / 16;  // tm <= 96 rows
+    col_tiles = (micro_cols + 15) / 16;  // tn <= 256 columns
+    const int64 wanted = 2 * threads;
+    while (batch * row_tiles * col_tiles < wanted) {
+      // Cut the side whose tiles are longer, down to 2 micro-tiles.
+      const int64 rows_each = (micro_rows + row_tiles - 1) / row_tiles;
+      const int64 cols_each = (micro_cols + col_tiles - 1) / col_tiles;
+      if (cols_each >= rows_each && cols_each > 2) {
+        ++col_tiles;
+      } else if (rows_each > 2) {
+        ++row_tiles;
+      } else {
+        break;
+      }
+    }
+    tm = ((micro_rows + row_tiles - 1) / row_tiles) * kMR;
+    tn = ((micro_cols + col_tiles - 1) / col_tiles) * kNR;
+    row_tiles = (m + tm - 1) / tm;
+    col_tiles = (n + tn - 1) / tn;
+  }
+};
+
+// Memory for packed panels, 64-byte aligned, grown as needed.
+class Scratch {
+ public:
+  float* Get(int64 floats) {
+    if (floats > size_) {
+      // Whole 64-byte lines, as aligned_alloc wants.
+      const int64 bytes = ((std::max<int64>(floats, 1) * 4 + 63) / 64) * 64;
+      data_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+      size_ = floats;
+    }
+    return data_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, Free> data_;
+  int64 size_ = 0;
+};
+
+// The process's scratch blocks, lent to one call at a time. A fresh
+// allocation of a large block costs its page faults at every call, and a
+// block kept by each op would hold every layer's packed panels at once;
+// the pool keeps as many blocks as calls ever ran at the same time.
+class ScratchLease {
+ public:
+  ScratchLease() {
+    std::lock_guard<std::mutex> lock(Mutex());
+    auto& free = Free();
+    if (free.empty()) {
+      scratch_ = std::make_unique<Scratch>();
+    } else {
+      scratch_ = std::move(free.back());
+      free.pop_back();
+    }
+  }
+  ~ScratchLease() {
+    std::lock_guard<std::mutex> lock(Mutex());
+    Free().push_back(std::move(scratch_));
+  }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  Scratch* get() { return scratch_.get(); }
+
+ private:
+  static std::mutex& Mutex() {
+    static auto* mutex = new std::mutex;
+    return *mutex;
+  }
+  static std::vector<std::unique_ptr<Scratch>>& Free() {
+    static auto* free = new std::vector<std::unique_ptr<Scratch>>;
+    return *free;
+  }
+  std::unique_ptr<Scratch> scratch_;
+};
+
+// A block of floats aligned for the micro-kernel's aligned loads.
+struct AlignedFloats {
+  explicit AlignedFloats(int64 floats)
+      : data(static_cast<float*>(std::aligned_alloc(
+            64, ((std::max<int64>(floats, 1) * 4 + 63) / 64) * 64))) {}
+  ~AlignedFloats() { std::free(data); }
+  AlignedFloats(const AlignedFloats&) = delete;
+  AlignedFloats& operator=(const AlignedFloats&) = delete;
+  float* data;
+};
+
+// One micro-tile (mr x nr of its kMR x kNR real) at `out`, or with `b1` a
+// pair of them (mr x nr of kMR x 2 kNR): in place, or on a full-size copy
+// at an edge.
+void ComputeMicroTile(const MicroKernels& kernels, int64 kc,
+                      const float* a_panel, const float* b_panel,
+                      const float* b1_panel, int64 ldb, float* out, int64 n,
+                      int64 mr, int64 nr, bool accumulate) {
+  const int64 width = b1_panel == nullptr ? kNR : 2 * kNR;
+  auto run = [&](float* c, int64 ldc) {
+    if (b1_panel == nullptr) {
+      kernels.single(kc, a_panel, b_panel, ldb, c, ldc, accumulate);
+    } else {
+      kernels.pair(kc, a_panel, b_panel, b1_panel, ldb, c, ldc, accumulate);
+    }
+  };
+  if (mr == kMR && nr == width) {
+    run(out, n);
+    return;
+  }
+  alignas(64) float edge[kMR * 2 * kNR];
+  if (accumulate)
+    for (int64 x = 0; x < mr; ++x)
+      std::memcpy(edge + x * width, out + x * n, sizeof(float) * nr);
+  run(edge, width);
+  for (int64 x = 0; x < mr; ++x)
+    std::memcpy(out + x * n, edge + x * width, sizeof(float) * nr);
+}
+
+// Whether operands pack a tile's rows of A at once (`PackATile`), rather
+// than one micro-panel at a time (`PackA`).
+template <typename Operands, typename = void>
+struct PacksTiles : std::false_type {};
+template <typename Operands>
+struct PacksTiles<Operands, std::void_t<decltype(&Operands::PackATile)>>
+    : std::true_type {};
+
+// Rows [i0, i0 + rows) of product `p`'s A, terms [k0, k0 + kc), as the
+// tile's micro-panels at a_block (each kMR x kc).
+template <typename Operands>
+void PackTileRows(const Operands& operands, int64 p, int64 i0, int64 rows,
+                  int64 k0, int64 kc, float* a_block) {
+  if constexpr (PacksTiles<Operands>::value) {
+    operands.PackATile(p, i0, rows, k0, kc, a_block);
+  } else {
+    for (int64 r = 0; r < rows; r += kMR)
+      operands.PackA(p, i0 + r, k0, kc, a_block + r * kc);
+  }
+}
+
+// Tile (i0.., j0..) of product `p` through `kernels`, whose B panels are
+// packed in `b_pack` (each k x kNR), or read in place from B (the
+// operands' `InPlaceB`), or, with `own_b` (the operands' `PackBInTasks`:
+// B is the image's patches, too large to pack whole), packed here one K
+// block at a time into `b_block` (kKC x tn): for
+// each K block in order, the tile's rows of A for that block packed (into
+// `a_block`, tm x kKC floats, where they stay in cache), then the
+// micro-kernel over the tile's micro-tiles, continuing each chain from C.
+template <typename Operands>
+void ComputeTile(const Operands& operands, const MicroKernels& kernels,
+                 bool own_b,
+                 int64 p, float* a_block, const float* b_pack, float* b_block,
+                 int64 m, int64 n, int64 k, int64 i0, int64 j0, int64 tm,
+                 int64 tn) {
+  const int64 rows = std::min(tm, m - i0);
+  const int64 cols = std::min(tn, n - j0);
+  float* c = operands.Output(p);
+  if (k == 0) {
+    for (int64 r = 0; r < rows; ++r)
+      std::fill(c + (i0 + r) * n + j0, c + (i0 + r) * n + j0 + cols, 0.0f);
+    return;
+  }
+  const float* in_place = operands.InPlaceB(p);
+  const int64 ldb = in_place != nullptr ? n : kNR;
+  for (int64 k0 = 0; k0 < k; k0 += kKC) {
+    const int64 kc = std::min(kKC, k - k0);
+    PackTileRows(operands, p, i0, rows, k0, kc, a_block);
+    if (own_b)
+      for (int64 q = 0; q < cols; q += kNR)
+        operands.PackB(p, j0 + q, k0, kc, b_block + q * kc);
+    auto b_panel = [&](int64 q) -> const float* {
+      if (in_place != nullptr) return in_place + k0 * n + j0 + q;
+      return own_b ? b_block + q * kc
+                   : b_pack + ((j0 + q) / kNR) * kNR * k + k0 * kNR;
+    };
+    for (int64 q = 0; q < cols;) {
+      // Two whole micro-tiles side by side where the kernels pair them.
+      const bool pair = kernels.pair != nullptr && cols - q >= 2 * kNR;
+      const int64 width = pair ? 2 * kNR : kNR;
+      for (int64 r = 0; r < rows; r += kMR)
+        ComputeMicroTile(kernels, kc, a_block + r * kc, b_panel(q),
+                         pair ? b_panel(q + kNR) : nullptr, ldb,
+                         c + (i0 + r) * n + j0 + q, n,
+                         std::min(kMR, rows - r), std::min(width, cols - q),
+                         k0 > 0);
+      q += width;
+    }
+  }
+}
+
+// The threads a call of `work` multiply-adds is split over: the pool's,
+// but one per kMinWorkPerThread at most, so that a small product (a
+// recurrent layer's, 32x128 @ 128x384 at each time step) runs on the
+// calling thread rather than waiting twice on the pool for microseconds of
+// work. 2-core AMD EPYC Zen 5, AVX-512 path: 32x128 @ 128x384 27 us on the
+// calling thread against 52 us over the pool; 64x256 @ 256x512 (8M) 107
+// against 130-169; 128x256 @ 256x512 (16M) 178 against 153-162. The bits
+// never follow it (the tiles never change a chain).
+constexpr int64 kMinWorkPerThread = int64{1} << 23;
+int64 ThreadsFor(int64 work, int64 pool) {
+  return std::max<int64>(1, std::min(pool, work / kMinWorkPerThread));
+}
+
+// A row-major B of n columns (`data`) where the micro-kernel may read it in
+// place: whole micro-tiles (n a multiple of kNR) and rows close enough that
+// a K block's rows share pages. Its rows then need no copy; 2-core AMD EPYC
+// Zen 5, 2 threads: ResNet-50's 16x16x64 -> 256 1x1 filter gradient at batch
+// 64 4.5 -> 2.3 ms, a 4096x512 @ 512x512 product 5.9 -> 5.5, but a 2x2x512
+// -> 2048 1x1 forward (8 KiB rows) 1.5 -> 2.0.
+constexpr int64 kMaxInPlaceColumns = 512;
+const float* InPlace(const float* data, int64 n) {
+  return n % kNR == 0 && n <= kMaxInPlaceColumns ? data : nullptr;
+}
+
+// Computes `batch` products of one shape, c (m x n) = a (m x k) @ b (k x n):
+// packs every B panel once (split over panels; or each task packs its own,
+// see ComputeTile), then splits the (product, row tile, column tile) tasks
+// over TensorFlow's intra-op pool, each packing its rows of A one K block
+// at a time. The micro-kernels are chosen once a call. Packing copies values and
+// does no arithmetic, so where, how often and by whom a value is packed
+// cannot change a bit. `Operands` says how to pack and where each product
+// goes:
+//   void PackA(int64 product, int64 i0, int64 k0, int64 kc, float* dst)
+//       const;  // rows [i0, i0 + kMR), terms [k0, k0 + kc): kMR x kc
+//       // (or PackATile, a tile's rows at once: see PackTileRows)
+//   void PackB(int64 product, int64 j0, int64 k0, int64 kc, float* dst)
+//       const;  // terms [k0, k0 + kc), columns [j0, j0 + kNR): kc x kNR
+//   float* Output(int64 product) const;  // m x n, row-major
+//   bool PackBInTasks() const;  // whether each task packs its B blocks
+//   const float* InPlaceB(int64 product) const;  // B as k x n, row-major,
+//       // where the micro-kernel reads it in place (see InPlace; null where
+//       // B is packed)
+template <typename Operands>
+void ComputeProducts(tensorflow::OpKernelContext* context,
+                     const Operands& operands, int64 batch, int64 m, int64 n,
+                     int64 k) {
+  if (batch == 0 || m == 0 || n == 0) return;
+  auto* workers = context->device()->tensorflow_cpu_worker_threads();
+  const int64 threads = ThreadsFor(batch * m * n * k, workers->num_threads);
+  const Tiling tiling(batch, m, n, threads);
+  const int64 per_product = tiling.row_tiles * tiling.col_tiles;
+  const bool in_place_b = operands.InPlaceB(0) != nullptr;
+  const bool own_b = !in_place_b && operands.PackBInTasks();
+  const MicroKernels kernels = ChooseKernels();
+  const int64 b_panels = own_b || in_place_b ? 0 : (n + kNR - 1) / kNR;
+  const int64 b_size = b_panels * kNR * k;
+  ScratchLease scratch;
+  float* b_pack = scratch.get()->Get(batch * b_size);
+  auto pack_b = [&](int64 p, int64 panel) {
+    operands.PackB(p, panel * kNR, 0, k, b_pack + p * b_size + panel * kNR * k);
+  };
+  // Each shard's own A block, and B block where tasks pack B.
+  auto compute = [&](int64 begin, int64 end, bool pack_own_b) {
+    AlignedFloats a_block(tiling.tm * kKC);
+    AlignedFloats b_block(own_b ? tiling.tn * kKC : 0);
+    for (int64 task = begin; task < end; ++task) {
+      const int64 p = task / per_product;
+      const int64 tile = task % per_product;
+      if (pack_own_b)
+        for (int64 panel = 0; panel < b_panels; ++panel) pack_b(p, panel);
+      ComputeTile(operands, kernels, own_b, p, a_block.data, b_pack + p * b_size,
+                  b_block.data, m, n, k,
+                  (tile / tiling.col_tiles) * tiling.tm,
+                  (tile % tiling.col_tiles) * tiling.tn, tiling.tm, tiling.tn);
+    }
+  };
+  if (per_product == 1) {
+    // Small products, one tile each: one pass over the pool, each task
+    // packing its own product's B panels and computing it.
+    tensorflow::Shard(
+        threads, workers->workers, batch,
+        std::max<int64>(1, m * n * k),
+        [&](int64 begin, int64 end) { compute(begin, end, true); });
+    return;
+  }
+  if (b_panels > 0) {
+    tensorflow::Shard(threads, workers->workers, batch * b_panels,
+                      std::max<int64>(1, 16 * k), [&](int64 begin, int64 end) {
+                        for (int64 unit = begin; unit < end; ++unit)
+                          pack_b(unit / b_panels, unit % b_panels);
+                      });
+  }
+  tensorflow::Shard(
+      threads, workers->workers, batch * per_product,
+      std::max<int64>(1, tiling.tm * tiling.tn * k),
+      [&](int64 begin, int64 end) { compute(begin, end, false); });
+}
+
+}  // namespace
+}  // namespace tfdet
+
+#endif  // TFDET_KERNELS_FIXED_ORDER_CORE_H_
