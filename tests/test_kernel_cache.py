@@ -328,3 +328,19 @@ def test_a_shipped_library_is_taken_first_and_only_when_whole_and_current(
         json.dumps({"origin": "wheel", "sources": {"fixed_order_products": "0"}})
     )
     assert kernel_library.KernelLibrary(library.source, "-").shipped() is None
+
+
+def test_a_shipped_library_is_within_reach_without_a_compiler(
+    cached_build, tmp_path, monkeypatch
+):
+    # `tfdet cost` times the kernels' rows where they are within reach; it
+    # asked for a compiler alone, so an install with the kernels and no
+    # compiler timed no kernel row.
+    tf = pytest.importorskip("tensorflow")
+    assert kernel_library._tensorflow_version() == tf.__version__
+    monkeypatch.setattr(kernel_build, "SHIPPED", tmp_path / "lib")
+    monkeypatch.setattr(kernel_library, "compiler", lambda: None)
+    library = kernel_library.KernelLibrary(fixed_order.LIBRARY.source, "-")
+    assert not library.within_reach()
+    _ship(tmp_path / "lib", fixed_order.LIBRARY)
+    assert library.within_reach()

@@ -33,7 +33,7 @@ from tfdet._commands._options import DEFAULT_TIMEOUT, RunOptions
 from tfdet._cost import _advice, _cost_report, _timed_settings
 from tfdet._cost._timed_settings import Setting
 from tfdet._errors import RunFailedError, TargetError
-from tfdet._kernels import library as kernel_library
+from tfdet._kernels import fixed_order
 from tfdet._pin import _devices, _environment, _isa
 from tfdet._protocol import _spec
 from tfdet._protocol._perturb import RunSetup
@@ -394,9 +394,9 @@ def measure(
     if settings is None:
         xla = xla and workload.script is None
         settings = (
-            # tfdet's kernels where a compiler can build them here.
+            # tfdet's kernels where they are installed or a compiler builds them.
             _timed_settings.settings_for(
-                available, xla, kernels=kernel_library.compiler() is not None
+                available, xla, kernels=fixed_order.LIBRARY.within_reach()
             )
             if device == "cpu"
             else _timed_settings.gpu_settings_for(available, xla)

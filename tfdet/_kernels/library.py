@@ -40,6 +40,7 @@ import concurrent.futures
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import logging
 import os
 import platform
@@ -83,6 +84,20 @@ def _locked(directory: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def _tensorflow_version() -> str:
+    """The installed TensorFlow's version, from its metadata where it can
+    (no import: `tfdet cost`'s parent process asks without TensorFlow)."""
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is not None and spec.submodule_search_locations:
+        package = Path(next(iter(spec.submodule_search_locations)))
+        found = _build.find_tensorflow(package.parent)
+        if found is not None:
+            return found[0]
+    import tensorflow as tf
+
+    return tf.__version__
+
+
 class KernelLibrary:
     """One C++ source of tfdet's ops, found or built, and loaded once a process.
 
@@ -115,9 +130,7 @@ class KernelLibrary:
         machine, and its origin ("wheel" or "install"); None where none is
         shipped, or it was built from other sources or flags (a checkout
         edited since), or it is damaged (said once, as a warning)."""
-        import tensorflow as tf
-
-        directory = _build.shipped_directory(tf.__version__)
+        directory = _build.shipped_directory(_tensorflow_version())
         manifest = _build.read_manifest(directory)
         if manifest is None or manifest.get("origin") not in ORIGINS:
             return None
@@ -224,6 +237,11 @@ class KernelLibrary:
                     tuple(tf.sysconfig.get_link_flags()),
                 )
         return target
+
+    def within_reach(self) -> bool:
+        """Whether a process here can have the library without a cache:
+        shipped with tfdet for this TensorFlow, or a C++ compiler found."""
+        return self.shipped() is not None or compiler() is not None
 
     def where(self) -> str:
         """Where this process would find the library, without building or
