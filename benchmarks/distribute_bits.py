@@ -36,7 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tfdet._runner import _spawn  # noqa: E402
+from tfdet._runner import _cluster  # noqa: E402
 
 SEED = 7
 GLOBAL_BATCH = 24  # Splits evenly among 1, 2, 3 and 4 replicas.
@@ -226,13 +226,13 @@ def _run(config: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
             preexec_fn=pin,
         )
         return _result([proc])
-    ports = _spawn.free_ports(workers)
+    ports = _cluster.free_ports(workers)
     order = list(range(workers))[:: -1 if config["reverse_start"] else 1]
     processes = {}
     for index in order:
         processes[index] = subprocess.Popen(
             command,
-            env={**env, "TF_CONFIG": _spawn.cluster_config(ports, index)},
+            env={**env, "TF_CONFIG": _cluster.cluster_config(ports, index)},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

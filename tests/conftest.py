@@ -27,7 +27,7 @@ from packaging.version import Version
 from tfdet._commands._options import RunOptions
 from tfdet._pin import _versions
 from tfdet._pin._environment import DETERMINISM_VARIABLES
-from tfdet._runner._spawn import child_environment
+from tfdet._runner._process import child_environment
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -183,7 +183,7 @@ print(json.dumps({{"verdict": report.verdict, "target": report.to_dict()["target
 
 
 def test_a_printed_script_report_says_its_verdict_and_cause_first():
-    from tfdet._commands._report import ScriptCheckReport, ScriptDivergence
+    from tfdet._commands._script_report import ScriptCheckReport, ScriptDivergence
 
     divergence = ScriptDivergence(
         training="fit #1 (model sequential)",

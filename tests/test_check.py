@@ -13,7 +13,8 @@ import time
 import pytest
 
 from tests.conftest import REPO, clean_env, run_tfdet
-from tfdet._runner._spawn import NEIGHBOUR_CODE
+from tfdet._runner import _outcome
+from tfdet._runner._process import NEIGHBOUR_CODE
 
 MODELS = f"{REPO / 'tests' / 'targets' / 'check_models.py'}"
 
@@ -399,11 +400,11 @@ def test_module_target_from_the_working_directory_with_the_console_script(tmp_pa
 
 def _fake_report(losses=("0.5", "0.5"), nonfinite=()):
     """A typed report of two finished runs (no process started)."""
-    from tfdet._commands import _report
+    from tfdet._commands import _check_report, _report_common
 
     runs = tuple(
-        _report.RunReport(
-            facts=_report.ProcessFacts(
+        _check_report.RunReport(
+            facts=_report_common.ProcessFacts(
                 index=index,
                 worker=None,
                 name=f"run {index}",
@@ -414,7 +415,7 @@ def _fake_report(losses=("0.5", "0.5"), nonfinite=()):
                 timed_out=False,
                 seconds=1.0,
             ),
-            training=_report.Training(
+            training=_check_report.Training(
                 profile={},
                 steps_recorded=3,
                 final_loss=loss,
@@ -424,7 +425,7 @@ def _fake_report(losses=("0.5", "0.5"), nonfinite=()):
         )
         for index, loss in enumerate(losses)
     )
-    return _report.CheckReport(
+    return _check_report.CheckReport(
         target="builtin:cnn",
         enable=True,
         seed=0,
@@ -435,7 +436,9 @@ def _fake_report(losses=("0.5", "0.5"), nonfinite=()):
         workers=1,
         replicas=1,
         traces=None,
-        devices={"cpu": _report.DeviceReport(status="ran", runs=runs, exit_code=0)},
+        devices={
+            "cpu": _check_report.DeviceReport(status="ran", runs=runs, exit_code=0)
+        },
         imitated={},
         varied={},
         not_imitated={},
@@ -478,7 +481,7 @@ def _controlled_report(verdict, control, imitated=None, patches=("auto",)):
     """`_fake_report` with tfdet's verdict and a control's (no process)."""
     import dataclasses
 
-    from tfdet._commands._report import Control
+    from tfdet._commands._report_common import Control
 
     report = _fake_report()
     code = _VERDICT_CODES[verdict]
@@ -635,7 +638,7 @@ def test_a_target_building_past_the_timeout_names_timeout_then_the_flag(
         # No process: every run was stopped at the timeout, still building.
         return [
             [
-                _spawn.RunOutcome(
+                _outcome.RunOutcome(
                     setup=setup,
                     returncode=None,
                     result=None,

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfdet._commands import _check, _report
+from tfdet._commands import _check, _report_common
 from tfdet._protocol import _perturb
 from tfdet._protocol._result import CheckResult
 from tfdet._record import _bits, _compare, _trace
-from tfdet._runner import _spawn
+from tfdet._runner import _outcome, _spawn
 
 NAMES = ["0:dense/kernel", "1:dense/bias"]
 
 
-def _run(tmp_path, name, losses, checksums, final) -> _spawn.RunOutcome:
+def _run(tmp_path, name, losses, checksums, final) -> _outcome.RunOutcome:
     """A finished run as the runner returns it: its result and its trace read back."""
     weights_file = tmp_path / f"{name}.npz"
     np.savez(weights_file, *final)
@@ -35,7 +35,7 @@ def _run(tmp_path, name, losses, checksums, final) -> _spawn.RunOutcome:
         xla={"on": False, "notice": None},
     )
     setup = _perturb.RunSetup(0)
-    return _spawn.RunOutcome(
+    return _outcome.RunOutcome(
         setup, 0, result, "", False, 1.0, trace=_trace.read(trace_path)
     )
 
@@ -93,7 +93,7 @@ def test_missing_steps_are_a_divergence(tmp_path):
 def test_a_run_whose_trace_is_unreadable_is_a_failure_with_a_reason(tmp_path):
     a = _run(tmp_path, "a", [1.0], SUMS[:1], FINAL)
     (tmp_path / "a.jsonl").write_text("not a trace\n")
-    unread = _spawn.RunOutcome(a.setup, 0, a.result, "", False, 1.0)
+    unread = _outcome.RunOutcome(a.setup, 0, a.result, "", False, 1.0)
     ((run,),) = _spawn.read_traces([[unread]])
     assert not run.ok and "trace is unreadable" in run.reason
 
@@ -107,17 +107,17 @@ def test_nonfinite_losses_are_named_with_their_first_step(tmp_path):
 
 
 def test_verdict_and_exit_code_come_from_one_mapping():
-    assert _report.combined_exit_code([0, 1]) == 1
-    assert _report.combined_exit_code([1, 3, 0]) == 3
-    assert _report.combined_exit_code([]) == 0
-    assert _report.VERDICTS == {
+    assert _report_common.combined_exit_code([0, 1]) == 1
+    assert _report_common.combined_exit_code([1, 3, 0]) == 3
+    assert _report_common.combined_exit_code([]) == 0
+    assert _report_common.VERDICTS == {
         0: "identical",
         1: "diverged",
         3: "failed",
     }
     # A run that exits 0 without a result says so.
     setup = _perturb.RunSetup(0)
-    outcome = _spawn.RunOutcome(setup, 0, None, "", False, 1.0)
+    outcome = _outcome.RunOutcome(setup, 0, None, "", False, 1.0)
     assert outcome.reason == "exited 0 without writing its result"
 
 

@@ -24,7 +24,7 @@ import pytest
 
 from tests.conftest import REPO, clean_env, run_tfdet
 from tfdet._protocol import _spec
-from tfdet._runner._spawn import NEIGHBOUR_CODE
+from tfdet._runner._process import NEIGHBOUR_CODE
 
 FAULTS = str(REPO / "tests" / "targets" / "fault_models.py")
 DEADLINE = 300.0  # Seconds for any awaited condition, for a loaded machine.

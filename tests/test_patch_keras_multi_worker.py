@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from tests.conftest import clean_env, run_python
-from tfdet._runner import _spawn
+from tfdet._runner import _cluster
 
 pytest.importorskip("tensorflow")
 
@@ -67,12 +67,12 @@ def _code(setup: str) -> str:
 
 
 def _two_workers(patch: bool) -> list[subprocess.CompletedProcess]:
-    ports = _spawn.free_ports(2)
+    ports = _cluster.free_ports(2)
     setup = _WORKER.replace("{patch}", _PATCH if patch else "")
     processes = [
         subprocess.Popen(
             [sys.executable, "-c", _code(setup)],
-            env=clean_env(TF_CONFIG=_spawn.cluster_config(ports, index)),
+            env=clean_env(TF_CONFIG=_cluster.cluster_config(ports, index)),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -11,7 +11,7 @@ from tests.conftest import check_options, clean_env, run_tfdet
 from tfdet._pin import _isa
 from tfdet._protocol import _perturb, _spec
 from tfdet._protocol._result import WorkerResult
-from tfdet._runner import _spawn
+from tfdet._runner import _outcome, _spawn
 
 AVX512_SERVER = frozenset(
     {"sse4_1", "avx", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
@@ -181,7 +181,7 @@ def test_spawner_puts_the_threads_override_into_the_worker_spec(tmp_path: Path):
     assert [_seen(tmp_path, o)["threads"] for o in outcomes] == [1, 3]
 
 
-def _seen(directory: Path, outcome: _spawn.RunOutcome) -> dict:
+def _seen(directory: Path, outcome: _outcome.RunOutcome) -> dict:
     """What a stand-in worker of `outcome`'s run saw (it writes it down)."""
     return json.loads((directory / f"run{outcome.setup.index}.json.seen").read_text())
 
@@ -353,13 +353,13 @@ def test_migrate_alone_says_it_resumes_on_the_same_machine_and_replaces_interrup
 
 def test_a_migrate_run_that_was_never_killed_never_moved():
     setup = check_options(perturb=("migrate", "hashseed")).plan().setups[1]
-    outcome = _spawn.RunOutcome(
+    outcome = _outcome.RunOutcome(
         setup, 0, WorkerResult(), "", False, 1.0, interrupted=False
     )
     assert set(outcome.unapplied) == {"migrate", "hashseed"}
     assert "never moved" in outcome.not_applied["hashseed"]
     # A reason given for a perturbation the run did not have is not its own.
-    other = _spawn.RunOutcome(
+    other = _outcome.RunOutcome(
         check_options(perturb=("interrupt",)).plan().setups[1],
         0,
         WorkerResult(

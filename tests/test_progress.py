@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import clean_env, run_tfdet
 from tfdet._cli import _output
+from tfdet._commands import _progress_lines
 
 _CHECK = ("check", "--steps", "2", "--perturb", "none", "--device", "cpu")
 _HEADER = "tfdet check builtin:cnn with tfdet.enable(): 2 runs x 2 steps on cpu"
@@ -119,12 +120,11 @@ def test_check_into_a_pipe_writes_lines_only():
 
 def test_locate_steps_go_through_the_same_display(monkeypatch):
     # check and locate hand their runs' steps to the display as numbers
-    # (`_spawn.steps_to`), never as text parsed back.
-    from tfdet._runner import _spawn
+    # (`_progress_lines.steps_to`), never as text parsed back.
 
     stream = io.StringIO()
     display = _display(monkeypatch, stream)
-    on_step = _spawn.steps_to(display.message, display.step, "cpu")
+    on_step = _progress_lines.steps_to(display.message, display.step, "cpu")
     on_step(0, 1, 30)
     on_step(0, 2, 30)  # Not a tenth of 30: no line in a log.
     on_step(1, 3, 30)
@@ -136,5 +136,5 @@ def test_locate_steps_go_through_the_same_display(monkeypatch):
     ]
     # Without a display, the lines go to `progress`.
     lines = []
-    _spawn.steps_to(lines.append, None, "cpu")(0, 3, 30)
+    _progress_lines.steps_to(lines.append, None, "cpu")(0, 3, 30)
     assert lines == ["[cpu] run 0: step 3/30"]

@@ -11,9 +11,9 @@ import pytest
 
 from tests.conftest import REPO, run_tfdet
 from tfdet._commands import _script_check
-from tfdet._commands._report import (
-    Attribution,
-    ProcessFacts,
+from tfdet._commands._check_report import Attribution
+from tfdet._commands._report_common import ProcessFacts
+from tfdet._commands._script_report import (
     ScriptDivergence,
     ScriptRunReport,
     ScriptTraining,

@@ -15,9 +15,9 @@ import time
 import pytest
 
 from tests.conftest import clean_env
-from tfdet._commands import _options
+from tfdet._commands import _options, _progress_lines
 from tfdet._protocol import _perturb, _spec
-from tfdet._runner import _spawn
+from tfdet._runner import _process, _progress, _spawn
 from tfdet._target import _load
 
 CHILD = textwrap.dedent(
@@ -159,7 +159,7 @@ def test_a_run_trains_from_its_target_built_a_scripts_first_training_or_a_step(
     line, trains
 ):
     called = []
-    _spawn._forward_progress(line, 0, None, [], on_training=lambda: called.append(1))
+    _progress.forward_progress(line, 0, None, [], on_training=lambda: called.append(1))
     assert called == ([1] if trains else [])
 
 
@@ -247,9 +247,9 @@ def test_worker_spec_and_environment_come_from_the_options():
         workers=3,
         replicas=1,
     )
-    cpu = _spawn.run_environment(_load.TargetSpec("x:y", legacy_keras=True), "cpu")
+    cpu = _process.run_environment(_load.TargetSpec("x:y", legacy_keras=True), "cpu")
     assert cpu["CUDA_VISIBLE_DEVICES"] == "-1" and cpu["TF_USE_LEGACY_KERAS"] == "1"
-    gpu = _spawn.run_environment(_load.TargetSpec("x:y"), "gpu")
+    gpu = _process.run_environment(_load.TargetSpec("x:y"), "gpu")
     assert gpu["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
     assert "TF_USE_LEGACY_KERAS" not in gpu or gpu[
         "TF_USE_LEGACY_KERAS"
@@ -259,10 +259,10 @@ def test_worker_spec_and_environment_come_from_the_options():
 def test_gpu_runs_keep_the_cuda_jit_cache_unless_the_user_sized_it(monkeypatch):
     monkeypatch.delenv("CUDA_CACHE_MAXSIZE", raising=False)
     spec = _load.TargetSpec("x:y")
-    assert _spawn.run_environment(spec, "gpu")["CUDA_CACHE_MAXSIZE"] == str(4 * 2**30)
-    assert "CUDA_CACHE_MAXSIZE" not in _spawn.run_environment(spec, "cpu")
+    assert _process.run_environment(spec, "gpu")["CUDA_CACHE_MAXSIZE"] == str(4 * 2**30)
+    assert "CUDA_CACHE_MAXSIZE" not in _process.run_environment(spec, "cpu")
     monkeypatch.setenv("CUDA_CACHE_MAXSIZE", "1000")
-    assert _spawn.run_environment(spec, "gpu")["CUDA_CACHE_MAXSIZE"] == "1000"
+    assert _process.run_environment(spec, "gpu")["CUDA_CACHE_MAXSIZE"] == "1000"
 
 
 def test_the_spec_of_every_run_is_json():
@@ -281,9 +281,9 @@ def test_the_spec_of_every_run_is_json():
 )
 def test_step_lines_say_run_step_and_total(label, total, line):
     lines = []
-    _spawn.step_lines(lines.append, label)(1, 2, total)
+    _progress_lines.step_lines(lines.append, label)(1, 2, total)
     assert lines == [line]
-    assert _spawn.step_lines(None, label) is None
+    assert _progress_lines.step_lines(None, label) is None
 
 
 EXITING_CHILD = textwrap.dedent(

@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import REPO
 from tfdet._errors import RunFailedError, TargetError
-from tfdet._runner import _spawn
+from tfdet._runner import _preflight
 from tfdet._target import _load
 
 MODELS = str(REPO / "tests" / "targets" / "check_models.py")
@@ -148,9 +148,11 @@ def test_preflight_survives_targets_that_exit_hang_or_do_not_fit(
 ):
     spec = _load.parse(f"{FAULTS}:{function}")
     with pytest.raises(error, match=message):
-        _spawn.preflight(spec, timeout=5 if function == "hangs" else 300)
+        _preflight.preflight(spec, timeout=5 if function == "hangs" else 300)
 
 
 def test_preflight_accepts_a_good_target():
     # Preflight raises on a TARGET it refuses; a good one returns None.
-    assert _spawn.preflight(_load.parse(f"{FAULTS}:tf_dataset"), timeout=300) is None
+    assert (
+        _preflight.preflight(_load.parse(f"{FAULTS}:tf_dataset"), timeout=300) is None
+    )

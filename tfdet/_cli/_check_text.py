@@ -10,16 +10,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tfdet._commands import _options
-from tfdet._commands._report import (
+from tfdet._commands._check_report import (
     Attribution,
     CheckReport,
     DeviceReport,
     RunReport,
-    ScriptCheckReport,
-    ScriptRunReport,
     Training,
-    control_line,
 )
+from tfdet._commands._report_common import control_line
+from tfdet._commands._script_report import ScriptCheckReport, ScriptRunReport
 from tfdet._errors import EXIT_OK
 
 

@@ -29,7 +29,7 @@ from tfdet._cli import (
     write_json,
 )
 from tfdet._commands import _locate
-from tfdet._commands._report import LocateReport, RecordReport
+from tfdet._commands._locate_report import LocateReport, RecordReport
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

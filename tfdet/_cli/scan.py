@@ -24,7 +24,7 @@ from tfdet._cli import _output, usage_errors, write_json
 from tfdet._cli._training_flags import TARGET_HELP
 from tfdet._commands import _options
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, RunFailedError, TargetError
-from tfdet._runner import _spawn
+from tfdet._runner import _preflight
 from tfdet._target import _feeding, _load
 
 _BEHAVIOUR = {
@@ -136,7 +136,7 @@ def execute(args: argparse.Namespace) -> int:
     if not spec.text.startswith("builtin:"):
         # Built once in a child first: a TARGET that calls os._exit or hangs
         # cannot end this process with its own status, or stall it.
-        _spawn.preflight(spec, _options.DEFAULT_TIMEOUT)
+        _preflight.preflight(spec, _options.DEFAULT_TIMEOUT)
     if spec.legacy_keras:
         # The CLI process is fresh: tf.keras must resolve to tf_keras before
         # TensorFlow is imported.

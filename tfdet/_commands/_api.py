@@ -37,12 +37,13 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from tfdet._commands import _check, _report
+from tfdet._commands import _check
+from tfdet._commands._check_report import CheckReport, RunFacts  # noqa: F401 - re-exported
 from tfdet._commands._options import RunOptions
-from tfdet._commands._report import CheckReport, RunFacts  # noqa: F401 - re-exported
+from tfdet._commands._progress_lines import ProgressFn, StepFn
+from tfdet._commands._report_common import control_of
 from tfdet._errors import TargetError
 from tfdet._protocol import _perturb
-from tfdet._runner._spawn import ProgressFn
 
 # The file-level name of the callable in the module written for it.
 _ENTRY = "tfdet_target"
@@ -51,7 +52,7 @@ _ENTRY = "tfdet_target"
 def check_with_options(
     options: RunOptions,
     progress: ProgressFn | None = None,
-    on_step: _check.StepFn | None = None,
+    on_step: StepFn | None = None,
 ) -> CheckReport:
     """Runs the check `options` describe; what the CLI and `check()` call.
 
@@ -65,7 +66,7 @@ def check_with_options(
     if progress is not None:
         progress("control: the same runs and perturbations without tfdet")
     plain = _check.check(options.without_tfdet(), progress, on_step)
-    return dataclasses.replace(report, control=_report.control_of(plain))
+    return dataclasses.replace(report, control=control_of(plain))
 
 
 def _option_fields() -> list[dataclasses.Field]:

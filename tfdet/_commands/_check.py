@@ -20,19 +20,20 @@ import shutil
 import tempfile
 from typing import Any
 
-from tfdet._commands._options import RunOptions, RunPlan
-from tfdet._commands._report import (
+from tfdet._commands import _progress_lines
+from tfdet._commands._check_report import (
     Attribution,
     CheckReport,
     DeviceReport,
     DivergenceReport,
-    ProcessFacts,
     RunReport,
     Training,
     attribution_verdict,
-    combined_exit_code,
     responsible_of,
 )
+from tfdet._commands._options import RunOptions, RunPlan
+from tfdet._commands._progress_lines import ProgressFn, StepFn
+from tfdet._commands._report_common import ProcessFacts, combined_exit_code
 from tfdet._errors import (
     EXIT_DIVERGED,
     EXIT_OK,
@@ -42,8 +43,7 @@ from tfdet._errors import (
 from tfdet._pin import _devices
 from tfdet._protocol import _perturb, _spec
 from tfdet._record import _bits, _compare, _diff, _trace
-from tfdet._runner import _spawn
-from tfdet._runner._spawn import ProgressFn
+from tfdet._runner import _outcome, _preflight, _spawn
 from tfdet.patches import pool_size_free_products
 
 RERUN = "none (a re-run of the baseline)"
@@ -64,7 +64,7 @@ def _nonfinite(trace: _trace.Trace) -> list[str]:
     return list(found.values())
 
 
-def _run_report(run: _spawn.RunOutcome, kept_trace: str | None = None) -> RunReport:
+def _run_report(run: _outcome.RunOutcome, kept_trace: str | None = None) -> RunReport:
     """`run`'s report; `kept_trace` is its trace's kept copy (`traces=`)."""
     training = None
     if run.ok and run.trace is not None:
@@ -82,7 +82,7 @@ def _run_report(run: _spawn.RunOutcome, kept_trace: str | None = None) -> RunRep
     return RunReport(
         facts=ProcessFacts.of(run),
         training=training,
-        # Without TensorFlow's start-up notices (`_spawn.stderr_tail`).
+        # Without TensorFlow's start-up notices (`_outcome.stderr_tail`).
         stderr_tail=None if run.ok else run.stderr_tail,
     )
 
@@ -125,7 +125,7 @@ def _attribute(
             f"diverged; re-running {len(setups)} processes at once for "
             f"{spec.steps} step(s) to find the perturbation responsible "
             f"(each stopped after {options.timeout:.0f} s)"
-            f"{_spawn.slow_note(setups, options.timeout)}"
+            f"{_progress_lines.slow_note(setups, options.timeout)}"
         )
     reruns = _spawn.read_traces(
         _spawn.run_jobs(
@@ -164,7 +164,7 @@ def _attribute(
     )
 
 
-def _pool_size_ops(run: _spawn.RunOutcome) -> list[str]:
+def _pool_size_ops(run: _outcome.RunOutcome) -> list[str]:
     return list(run.result.pool_size_ops) if run.ok else []
 
 
@@ -190,7 +190,7 @@ def _pool_size_note(ops: tuple[str, ...]) -> str:
     return note
 
 
-def _keep_trace(run: _spawn.RunOutcome, directory: str | None) -> str | None:
+def _keep_trace(run: _outcome.RunOutcome, directory: str | None) -> str | None:
     """Copies a finished process's trace to `directory/runN[-workerK].jsonl`."""
     if directory is None or not run.ok:
         return None
@@ -199,13 +199,10 @@ def _keep_trace(run: _spawn.RunOutcome, directory: str | None) -> str | None:
     return kept
 
 
-StepFn = _spawn.StepFn
-
-
 def _divergence_report(
     device: str,
-    a: _spawn.RunOutcome,
-    b: _spawn.RunOutcome,
+    a: _outcome.RunOutcome,
+    b: _outcome.RunOutcome,
     divergence: _diff.Divergence,
     worker: int | None,
     **extra: Any,
@@ -242,7 +239,7 @@ def _check_device(
             processes = f"{len(plan.setups)} runs of {options.workers} worker processes"
         progress(
             f"[{device}] starting TensorFlow in {processes} ({options.steps} "
-            f"steps each){_spawn.slow_note(plan.setups, options.timeout)}"
+            f"steps each){_progress_lines.slow_note(plan.setups, options.timeout)}"
         )
     jobs = _spawn.run_jobs(
         plan.setups,
@@ -250,9 +247,9 @@ def _check_device(
         workdir,
         base_env=plan.environment,
         timeout=options.timeout,
-        progress=_spawn.steps_to(progress, step, device),
+        progress=_progress_lines.steps_to(progress, step, device),
     )
-    _spawn.raise_unbuilt_target(
+    _preflight.raise_unbuilt_target(
         [run for job in jobs for run in job],
         options.target_spec.text,
         options.timeout,

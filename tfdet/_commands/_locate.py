@@ -23,26 +23,27 @@ import dataclasses
 import os
 import tempfile
 
-from tfdet._commands._options import RunOptions, RunPlan
-from tfdet._commands._report import (
+from tfdet._commands import _progress_lines
+from tfdet._commands._locate_report import (
     LAYER_FIELDS,
     LocateReport,
     LocateRun,
     RecordReport,
 )
+from tfdet._commands._options import RunOptions, RunPlan
+from tfdet._commands._progress_lines import ProgressFn
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, Error, RunFailedError
 from tfdet._protocol import _emulation, _perturb, _spec
 from tfdet._record import _layer_walk
-from tfdet._runner import _spawn
-from tfdet._runner._spawn import ProgressFn
+from tfdet._runner import _outcome, _preflight, _spawn
 
 
 def _run(
     options: RunOptions,
     plan: RunPlan,
     progress: ProgressFn | None,
-    on_step: _spawn.StepFn | None,
-) -> list[_spawn.RunOutcome]:
+    on_step: _progress_lines.StepFn | None,
+) -> list[_outcome.RunOutcome]:
     """Runs the locate worker in one process per setup; raises if one failed.
 
     Raises:
@@ -56,9 +57,9 @@ def _run(
             workdir,
             base_env=plan.environment,
             timeout=options.timeout,
-            progress=_spawn.steps_to(progress, on_step, "cpu"),
+            progress=_progress_lines.steps_to(progress, on_step, "cpu"),
         )
-    _spawn.raise_unbuilt_target(outcomes, options.target_spec.text, options.timeout)
+    _preflight.raise_unbuilt_target(outcomes, options.target_spec.text, options.timeout)
     failed = [outcome for outcome in outcomes if not outcome.ok]
     if failed:
         outcome = failed[0]
@@ -73,7 +74,7 @@ def record(
     options: RunOptions,
     path: str,
     progress: ProgressFn | None = None,
-    on_step: _spawn.StepFn | None = None,
+    on_step: _progress_lines.StepFn | None = None,
 ) -> RecordReport:
     """Trains TARGET in one unperturbed process that writes its layer record.
 
@@ -121,7 +122,7 @@ def record(
 def locate(
     options: RunOptions,
     progress: ProgressFn | None = None,
-    on_step: _spawn.StepFn | None = None,
+    on_step: _progress_lines.StepFn | None = None,
 ) -> LocateReport:
     """Runs two perturbed processes and finds the first layer that differs.
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from tfdet._pin import _settings
 from tfdet._protocol import _emulation, _perturb, _spec
-from tfdet._runner import _spawn
+from tfdet._runner import _process
 from tfdet._target import _load
 from tfdet.patches._registry import AUTO
 
@@ -301,7 +301,7 @@ class RunOptions:
             runs: How many runs (default: `runs`).
             names: The perturbations (default: `perturb`).
             environment: The processes' base environment (default: the
-                TARGET's on `device`, `_spawn.run_environment`).
+                TARGET's on `device`, `_process.run_environment`).
             **spec_fields: What the worker spec adds for this kind (a
                 script, a record path): see `worker_spec`.
         """
@@ -312,7 +312,7 @@ class RunOptions:
             skipped=_perturb.skipped(context, names),
             spec=self.worker_spec(kind, **spec_fields),
             environment=(
-                _spawn.run_environment(self.target_spec, device)
+                _process.run_environment(self.target_spec, device)
                 if environment is None
                 else environment
             ),

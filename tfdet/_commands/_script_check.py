@@ -20,24 +20,26 @@ import os
 import tempfile
 from collections.abc import Callable, Sequence
 
-from tfdet._commands._options import RunOptions
-from tfdet._commands._report import (
+from tfdet._commands import _progress_lines
+from tfdet._commands._check_report import (
     Attribution,
-    ProcessFacts,
+    attribution_verdict,
+    responsible_of,
+)
+from tfdet._commands._options import RunOptions
+from tfdet._commands._progress_lines import ProgressFn
+from tfdet._commands._report_common import ProcessFacts, control_of
+from tfdet._commands._script_report import (
     ScriptCheckReport,
     ScriptDivergence,
     ScriptRunReport,
     ScriptTraining,
-    attribution_verdict,
-    control_of,
-    responsible_of,
 )
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, TraceFormatError
 from tfdet._pin import _isa, _settings
 from tfdet._protocol import _perturb, _spec
 from tfdet._record import _diff, _trace
-from tfdet._runner import _isolation, _spawn, _workdir
-from tfdet._runner._spawn import ProgressFn
+from tfdet._runner import _isolation, _outcome, _process, _spawn, _workdir
 from tfdet._setup import _enable
 from tfdet._target import _load
 
@@ -91,7 +93,9 @@ def _environment(options: ScriptOptions) -> dict[str, str]:
     """The runs' environment: `tfdet run`'s pins, the script's Keras choice."""
     run = options.run
     legacy = _load.sets_legacy_keras(options.script)
-    env = _spawn.run_environment(_load.TargetSpec("script", legacy_keras=legacy), "cpu")
+    env = _process.run_environment(
+        _load.TargetSpec("script", legacy_keras=legacy), "cpu"
+    )
     if run.enable:
         env.update(
             _enable.pinned_environment(
@@ -106,11 +110,11 @@ def _environment(options: ScriptOptions) -> dict[str, str]:
 
 @dataclasses.dataclass
 class _ScriptRun:
-    outcome: _spawn.RunOutcome
+    outcome: _outcome.RunOutcome
     traces: list[_trace.Trace | None]
 
 
-def _read(outcome: _spawn.RunOutcome) -> _ScriptRun:
+def _read(outcome: _outcome.RunOutcome) -> _ScriptRun:
     traces: list[_trace.Trace | None] = []
     if outcome.ok:
         try:
@@ -296,7 +300,7 @@ def check_script(
                 workdir,
                 base_env=plan.environment,
                 timeout=run.timeout,
-                progress=_spawn.step_lines(progress, "script"),
+                progress=_progress_lines.step_lines(progress, "script"),
                 directory=placement.directory,
                 prefix=placement.prefix,
             )

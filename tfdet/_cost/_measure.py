@@ -38,7 +38,7 @@ from tfdet._pin import _devices, _environment, _isa
 from tfdet._protocol import _spec
 from tfdet._protocol._perturb import RunSetup
 from tfdet._protocol._result import CostResult
-from tfdet._runner import _isolation, _spawn, _workdir
+from tfdet._runner import _isolation, _outcome, _preflight, _process, _spawn, _workdir
 from tfdet._runner._conversation import Conversation
 
 # The schedule's defaults (the CLI's too): about a minute on the built-in CNN
@@ -174,7 +174,7 @@ class _Processes:
         workers, specs = workers[part], specs[part]
         first_index += part.start or 0
         self.workers = workers
-        self.outcomes: list[_spawn.RunOutcome] = []
+        self.outcomes: list[_outcome.RunOutcome] = []
         setups = [RunSetup(first_index + k) for k in range(len(workers))]
 
         def slot(setup: RunSetup) -> int:
@@ -196,7 +196,7 @@ class _Processes:
         self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
 
-    def close(self, stop: bool, grace: float = 0.0) -> list[_spawn.RunOutcome]:
+    def close(self, stop: bool, grace: float = 0.0) -> list[_outcome.RunOutcome]:
         """Ends every process, waits for them, and returns their outcomes.
 
         Without `stop`, each is told there are no more requests and has
@@ -218,7 +218,7 @@ class _Processes:
 
 def _close(
     processes: list[_Processes], stop: bool, grace: float = 0.0
-) -> list[_spawn.RunOutcome]:
+) -> list[_outcome.RunOutcome]:
     """`_Processes.close` of each group; every outcome.
 
     Every process is told to end before any is waited for, and the groups
@@ -253,7 +253,7 @@ def _environment_for_runs(workload: Workload, device: str) -> dict[str, str]:
             "script", legacy_keras=_load.sets_legacy_keras(workload.script)
         )
     )
-    env = _spawn.run_environment(spec, device)
+    env = _process.run_environment(spec, device)
     keras_choice = env.get(_LEGACY_KERAS)
     for name in _environment.DETERMINISM_VARIABLES:
         env.pop(name, None)
@@ -485,7 +485,7 @@ def measure(
                     # A run that timed out (or that this parent stopped) says
                     # nothing about the TARGET: each answer is timed, so it
                     # may have been starting TensorFlow still.
-                    _spawn.raise_unbuilt_target(
+                    _preflight.raise_unbuilt_target(
                         [outcome for outcome in outcomes if not outcome.timed_out],
                         workload.target,
                         timeout,
