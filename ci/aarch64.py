@@ -38,6 +38,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import kernel_build
+
 REPO = Path(__file__).resolve().parents[1]
 CONSTRAINTS = REPO / "ci" / "constraints.txt"
 EMULATOR = "qemu-aarch64"
@@ -193,9 +195,7 @@ def install_checkout(python: Path) -> None:
         env = {**os.environ, "TFDET_BUILD_KERNELS": "0"}
         cross = shutil.which(CROSS_COMPILER)
         if cross is not None:
-            from build_wheel import kernel_build  # Here: it imports matrix.
-
-            directory = kernel_build().build_shipped(
+            directory = kernel_build.load().build_shipped(
                 cross, site, "install", Path(scratch) / "lib", "aarch64"
             )
             print(f"ci/aarch64.py: kernels cross-compiled into {directory.name}")

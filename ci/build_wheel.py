@@ -21,7 +21,6 @@ second run.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import re
 import shutil
@@ -33,6 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "ci"))
+import kernel_build  # noqa: E402
 from matrix import MINORS  # noqa: E402
 
 # The machine's C++ compiler and binutils' prefix, and its TensorFlow.
@@ -41,16 +41,6 @@ DISTRIBUTION = {"x86_64": "tensorflow-cpu", "aarch64": "tensorflow"}
 # The platform tags TensorFlow's wheels carry (2.16-2.20: manylinux2014,
 # 2.21: manylinux_2_27); pip's --platform takes each as it is written.
 PLATFORMS = ("manylinux2014_{}", "manylinux_2_17_{}", "manylinux_2_27_{}")
-
-
-def kernel_build():
-    """tfdet/_kernels/build.py by its path (these scripts run without tfdet)."""
-    spec = importlib.util.spec_from_file_location(
-        "tfdet_kernel_build", REPO / "tfdet" / "_kernels" / "build.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def tensorflow_site(machine: str, minor: str, work: Path) -> Path:
@@ -100,7 +90,7 @@ def runtime_needs(objdump: str, library: Path) -> dict[str, str]:
 
 def build_machine(machine: str, minors: list[str], work: Path, out: Path) -> Path:
     """The kernels for every minor, then the wheel for `machine`; its path."""
-    build = kernel_build()
+    build = kernel_build.load()
     compiler = shutil.which(f"{TOOLCHAIN[machine]}g++")
     objdump = shutil.which(f"{TOOLCHAIN[machine]}objdump")
     if compiler is None or objdump is None:
