@@ -71,6 +71,8 @@ fi
 
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
+# The type checker over the packages [tool.mypy] lists (pyproject.toml).
+"$venv/bin/mypy"
 # The documentation site (docs/, mkdocs.yml): --strict fails on a page missing
 # from the nav or a link to a missing page or heading.
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check mkdocs

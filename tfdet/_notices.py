@@ -88,6 +88,7 @@ def hidden() -> Iterator[None]:
         os.close(saved)
         yield
         return
+    assert filter_.stdin is not None  # stdin=PIPE
     os.dup2(filter_.stdin.fileno(), 2)
     try:
         yield

@@ -51,7 +51,7 @@ COMMON_FLAGS = (
 # functions' exp step is TensorFlow's own Exp functor at the packet width of
 # TensorFlow's x86-64 wheels (AVX), so that it takes the same path per
 # element: x86-64 only.
-OWN_FLAGS = {
+OWN_FLAGS: dict[str, dict[str, tuple[str, ...]]] = {
     "fixed_order_products": {"x86_64": (), "aarch64": ()},
     "portable_functions": {"x86_64": ("-mavx",)},
 }

@@ -64,8 +64,7 @@ def describe(strategy: Any) -> dict[str, Any] | None:
         return None
     workers, worker = 1, None
     resolver = getattr(strategy, "cluster_resolver", None)
-    cluster = resolver.cluster_spec().as_dict() if resolver is not None else {}
-    if cluster:
+    if resolver is not None and (cluster := resolver.cluster_spec().as_dict()):
         workers = sum(len(cluster.get(job, ())) for job in ("chief", "worker"))
         worker = resolver.task_id
     return {

@@ -237,8 +237,9 @@ def xla_cap_in_force(xla_flags: str | None = None) -> str:
     if not applies():
         return NOT_APPLICABLE
     if not _versions.xla_cpu_isa_cap_known():
+        installed = _versions.tensorflow_distribution()
         return (
-            f"none (TensorFlow {_versions.tensorflow_distribution()[1]} has no "
+            f"none (TensorFlow {installed[1] if installed else '(none)'} has no "
             f"{XLA_FLAG}, added in {_versions.XLA_CPU_ISA_CAP_SINCE}: XLA-compiled "
             "code uses this CPU's best instructions)"
         )

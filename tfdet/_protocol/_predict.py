@@ -113,12 +113,13 @@ def first_difference(
     bits. The quantity names the sample and the batch each run put it in.
     """
     digests_a, digests_b = result_a.predictions, result_b.predictions
-    if not digests_a or not digests_b:
+    batches_a, batches_b = result_a.prediction_batches, result_b.prediction_batches
+    if not digests_a or not digests_b or batches_a is None or batches_b is None:
         return None
     for index, (a, b) in enumerate(zip(digests_a, digests_b, strict=False)):
         if a != b:
-            size_a, _ = result_a.prediction_batches[index]
-            size_b, place_b = result_b.prediction_batches[index]
+            size_a, _ = batches_a[index]
+            size_b, place_b = batches_b[index]
             return (
                 f"prediction of sample {index} (in a batch of {size_a}; then of "
                 f"{size_b}, at place {place_b})",

@@ -15,7 +15,6 @@ environment, its arguments), for a person reading the file.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -203,11 +202,18 @@ def read(kind: str, data: Any) -> WorkerResult:
     return record(**values)
 
 
-@functools.cache
+# `{record type's name: {field: its type}}`, resolved once per record type.
+_FIELD_HINTS: dict[str, dict[str, Any]] = {}
+
+
 def _field_hints(record: type[WorkerResult]) -> dict[str, Any]:
-    """`{field: its type}` of a record, resolved once per record type."""
-    hints = typing.get_type_hints(record)
-    return {field.name: hints[field.name] for field in dataclasses.fields(record)}
+    """`{field: its type}` of a record."""
+    if record.__name__ not in _FIELD_HINTS:
+        hints = typing.get_type_hints(record)
+        _FIELD_HINTS[record.__name__] = {
+            field.name: hints[field.name] for field in dataclasses.fields(record)
+        }
+    return _FIELD_HINTS[record.__name__]
 
 
 def _typed(value: Any, hint: Any) -> Any:

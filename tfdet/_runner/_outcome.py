@@ -81,7 +81,7 @@ class RunOutcome:
         if self.interrupted is not False:
             return reasons
         resuming = self.setup.resuming
-        if resuming not in reasons:
+        if resuming is not None and resuming not in reasons:
             # Ended before its kill (a script that failed first): its label
             # must not say it was killed and resumed.
             ended = "timed out" if self.timed_out else describe_exit(self.returncode)

@@ -58,9 +58,9 @@ def _read_result(
         return None, None, None
     except (OSError, ValueError) as error:
         return None, f"exited 0 but its result is unreadable ({error})", None
-    error = data.get("error") if isinstance(data, dict) else None
-    if isinstance(error, dict) and error.get("kind") == _spec.TARGET_ERROR:
-        return None, None, str(error.get("message"))
+    said_error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(said_error, dict) and said_error.get("kind") == _spec.TARGET_ERROR:
+        return None, None, str(said_error.get("message"))
     try:
         result = _result.read(kind, data)
     except ValueError as error:
@@ -108,7 +108,7 @@ def _start_and_wait(
         progress_fd=write_fd,
         requests_fd=requests_read if conversation else None,
     )
-    cpus = set(setup.cpus) if setup.cpus else None
+    cpus = set(setup.cpus or ())  # Empty: the parent's affinity.
 
     def pin_affinity() -> None:  # Runs in the child before exec.
         os.sched_setaffinity(0, cpus)

@@ -11,6 +11,7 @@ is part of what users read, where a scan would sort by name.
 
 from __future__ import annotations
 
+import collections
 import types
 from collections.abc import Mapping, Sequence
 
@@ -58,8 +59,8 @@ IMITATED = {name: record.imitates for name, record in REGISTRY.items()}
 
 
 def _duplicates(names: Sequence[str]) -> list[str]:
-    seen: set[str] = set()
-    return sorted({name for name in names if name in seen or seen.add(name)})
+    counts = collections.Counter(names)
+    return sorted(name for name, count in counts.items() if count > 1)
 
 
 def validate(names: Sequence[str]) -> list[str]:
