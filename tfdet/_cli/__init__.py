@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_subcommand(subparsers: argparse._SubParsersAction, name: str) -> None:
     """Registers `tfdet NAME` from the module `tfdet._cli.NAME`."""
     module = importlib.import_module(f"tfdet._cli.{name}")
-    summary, _, description = module.__doc__.partition("\n\n")
+    summary, _, description = (module.__doc__ or "").partition("\n\n")
     parser = subparsers.add_parser(
         name,
         help=" ".join(summary.split()),

@@ -80,8 +80,8 @@ def _trainings(runs: Iterable[RunReport]) -> list[Training]:
 
 def _xla_notice(runs: tuple[RunReport, ...]) -> list[str]:
     """Once per device: Keras dropped the user's jit_compile=True."""
-    notices = {(t.xla or {}).get("notice") for t in _trainings(runs)} - {None}
-    return [f"  {notice}" for notice in sorted(notices)]
+    notices = {(t.xla or {}).get("notice") for t in _trainings(runs)}
+    return [f"  {notice}" for notice in sorted(n for n in notices if n is not None)]
 
 
 def _unpinned_xla_isa(runs: tuple[RunReport, ...]) -> list[str]:
@@ -179,7 +179,7 @@ def format_report(report: CheckReport) -> str:
         if not result.ran:
             lines.append(f"{device.upper()}: skipped, {result.reason}")
             continue
-        lines.append(f"{device.upper()}: {result.verdict.upper()}")
+        lines.append(f"{device.upper()}: {str(result.verdict).upper()}")
         lines.extend(_device_lines(result, report.traces is not None))
     imitated = ", ".join(report.imitated) or "nothing"
     not_imitated = ", ".join(name.replace("_", " ") for name in report.not_imitated)

@@ -113,6 +113,7 @@ def execute(args: argparse.Namespace) -> int:
     # Steps go to the display as check's do; layer fingerprints are taken
     # on the CPU.
     display = _output.StepsDisplay()
+    report: LocateReport | RecordReport
     try:
         if args.record:
             report = _locate.record(options, args.record, display.message, display.step)

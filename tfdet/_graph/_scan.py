@@ -191,11 +191,11 @@ def walk(graph_def: Any, *, xla: bool = False) -> Iterator[Node]:
         implements = function.attr.get("api_implements")
         if implements is not None:
             twins[implements.s, bool(_BACKWARD.search(name))].append(name)
-    for names in twins.values():
-        called = [name for name in names if name in callers]
-        if called:
-            for name in names:
-                callers.setdefault(name, callers[called[0]])
+    for twin_names in twins.values():
+        called_twins = [name for name in twin_names if name in callers]
+        if called_twins:
+            for name in twin_names:
+                callers.setdefault(name, callers[called_twins[0]])
     prefixes: dict[str, str] = {"": ""}
 
     def prefix(function_name: str, seen: frozenset[str] = frozenset()) -> str:

@@ -56,6 +56,8 @@ def custom_train_step(model: Any) -> str | None:
         line = inspect.getsourcelines(klass)[1]
     except (OSError, TypeError):
         return klass.__qualname__
+    if where is None:  # Defined where no source file is (an exec'd string).
+        return klass.__qualname__
     return f"{klass.__qualname__} ({os.path.basename(where)}, line {line})"
 
 

@@ -166,6 +166,10 @@ def load_function(spec: TargetSpec) -> Callable[[], Any]:
         # PYTHONHASHSEED, one of the perturbations).
         unique = "tfdet_target_" + hashlib.sha256(path.encode()).hexdigest()[:16]
         module_spec = importlib.util.spec_from_file_location(unique, path)
+        if module_spec is None or module_spec.loader is None:
+            raise TargetError(
+                f"Expected TARGET's file to be a Python module. Received: {module_name!r}"
+            )
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[unique] = module
         # As `python file.py` does: the file's siblings are importable, also
@@ -284,6 +288,8 @@ class Built:
 
     def _element(self, step: int) -> tuple[Any, ...]:
         if self.dataset is None:
+            # Arrays always come with their batch size (`build` sets it).
+            assert self.batch_size is not None
             count = num_samples(self.x)
             batches = max(1, count // self.batch_size)
             start = (step % batches) * self.batch_size
@@ -575,7 +581,7 @@ def synthesize(model: Any, seed: int) -> tuple[Any, Any]:
         else:
             xs.append(rng.random(shape, dtype=np.float32).astype(dtype))
     loss = _loss_name(model)
-    ys = []
+    ys: list[np.ndarray] = []
     for tensor in outputs:
         shape = (
             count,
