@@ -487,7 +487,7 @@ def measure(
                     # may have been starting TensorFlow still.
                     _preflight.raise_unbuilt_target(
                         [outcome for outcome in outcomes if not outcome.timed_out],
-                        workload.target,
+                        workload.name,  # The TARGET (no script here).
                         timeout,
                     )
                 raise

@@ -460,7 +460,10 @@ def _with_trace(outcome: RunOutcome) -> RunOutcome:
 
 
 def run_all(
-    setups: Sequence[RunSetup], spec: _spec.WorkerSpec, workdir: str, **options: Any
+    setups: Sequence[RunSetup],
+    spec: _spec.WorkerSpec | Callable[[RunSetup], _spec.WorkerSpec],
+    workdir: str,
+    **options: Any,
 ) -> list[RunOutcome]:
     """`run_jobs` for runs of one process each: one `RunOutcome` per setup.
 
