@@ -116,7 +116,7 @@ def test_tensorflows_erfc_follows_the_cpu_model_from_2_20_only():
         differ = digests["native"][name] != digests["emulated"][name]
         assert differ == ERFC_FOLLOWS_THE_CPU, name
     version = ".".join(map(str, TENSORFLOW_RELEASE))
-    assert _hazards.hazardous_in(("Erfc",), version) == ERFC_FOLLOWS_THE_CPU
+    assert _hazards.needs_patch(("Erfc",), version) == ERFC_FOLLOWS_THE_CPU
 
 
 def test_cpuid_sees_the_emulated_vendor():

@@ -135,13 +135,14 @@ def test_lookup_reads_attributes_and_versions() -> None:
         (("Conv2D", "Bincount"), "2.21.0", True),  # one hazardous op is enough
         (("Conv2D",), "2.21.0", False),  # not in the table
         (("UnsortedSegmentSum",), "2.21.0", False),  # a deterministic row
+        (("BiasAddGrad",), "2.21.0", True),  # follows the pool size
         # Counted although its row holds only for is_training=False nodes.
         (("FusedBatchNormGradV3",), "2.21.0", True),
         ((), "2.21.0", False),
     ],
 )
-def test_hazardous_in(op_types, version: str, expected: bool) -> None:
-    assert _hazards.hazardous_in(op_types, version) is expected
+def test_needs_patch(op_types, version: str, expected: bool) -> None:
+    assert _hazards.needs_patch(op_types, version) is expected
 
 
 def test_importing_the_patches_does_not_import_tensorflow() -> None:
@@ -164,5 +165,11 @@ def test_pool_size_dependent_names_the_ops_whose_cpu_bits_follow_the_pool_size()
         {"MatMul", "Relu", "BiasAddGrad", "Sum", "Einsum"}, "2.21.0"
     )
     assert found == ("BiasAddGrad", "Einsum", "MatMul")
-    # Not a hazard: the profile pins the pool size, so scan does not flag it.
-    assert not _hazards.hazardous_in(["MatMul", "Einsum"], "2.21.0")
+    # Not a hazard (scan does not flag them on one machine), but the
+    # default's pools of every CPU would show them: "auto" answers them.
+    assert not any(
+        _hazards.lookup(op, tensorflow_version="2.21.0").hazardous
+        for op in ("MatMul", "Einsum")
+    )
+    assert _hazards.needs_patch(["MatMul", "Einsum"], "2.21.0")
+    assert _hazards.needs_patch(["AddN"], "2.21.0")  # follows the schedule

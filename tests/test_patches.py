@@ -117,13 +117,19 @@ def test_declaration_names_hazardous_ops_no_other_patch_claims(name: str) -> Non
     # A patch that replaces no op of the hazard table fixes Keras code (it
     # must say for which Keras), decides tf.distribute settings (it must say
     # which), pins a process setting of TensorFlow's libraries (it must say
-    # where it cannot), or is opt-in (it buys a promise beyond the profile's,
-    # and "auto" never installs it).
+    # where it cannot), computes ops apart from the pool size (it must name
+    # them: `COVERED`, ops the hazard table knows, which it leaves out of
+    # `replaces` so that `tfdet scan` names the patch only for hazards), or
+    # is opt-in (it buys a promise beyond the profile's, and "auto" never
+    # installs it).
+    covered = getattr(sys.modules[f"tfdet.patches.{name}"], "COVERED", ())
+    assert all(_hazards.table().rows_for(op) for op in covered), covered
     assert (
         patch.replaces
         or patch.requires
         or patch.distribution
         or patch.unavailable
+        or covered
         or patch.opt_in
     )
     for op_type in patch.replaces:
@@ -134,7 +140,7 @@ def test_declaration_names_hazardous_ops_no_other_patch_claims(name: str) -> Non
         assert _hazards.table().rows_for(op_type), op_type
         if not patch.opt_in:
             first = FIRST_TENSORFLOW.get(name, (2, 16))
-            assert _hazards.hazardous_in((op_type,), "{}.{}.0".format(*first)), op_type
+            assert _hazards.needs_patch((op_type,), "{}.{}.0".format(*first)), op_type
         assert _registry.covering(op_type) == name, op_type
 
 

@@ -321,13 +321,13 @@ def child_start(spec: WorkerSpec) -> None:
 
 def run_facts(spec: WorkerSpec) -> dict[str, Any]:
     """The profile and environment facts every worker result carries."""
-    from tfdet._pin import _environment
+    from tfdet._pin import _cpus, _environment
     from tfdet._setup import _enable
 
     return {
         "profile": _enable.observed_profile(spec.seed).to_dict(),
         "environment": {
-            "affinity": _environment.affinity(),
+            "affinity": _cpus.affinity(),
             "env": {
                 name: os.environ.get(name)
                 for name in _environment.DETERMINISM_VARIABLES

@@ -105,9 +105,9 @@ def add_seed_and_threads(
         "--threads",
         type=int,
         default=_settings.DEFAULT_THREADS,
-        help=f"tfdet.enable(threads=N): intra-op pool size (the inter-op "
-        f"pool's too with --patches ...,fixed_order_add_n), 1 to "
-        f"{_settings.MAX_THREADS} (default {_settings.DEFAULT_THREADS}){threads_note}.",
+        help=f"tfdet.enable(threads=N): the thread pools' size, 1 to "
+        f"{_settings.MAX_THREADS} (default: the CPUs each process may use, "
+        f"which under the default patches decide no bit){threads_note}.",
     )
 
 

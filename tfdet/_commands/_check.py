@@ -181,7 +181,7 @@ def _pool_size_note(ops: tuple[str, ...]) -> str:
     note = f"the thread-pool size decides the bits of {', '.join(ops)} in these runs"
     if covered:
         note += (
-            f"; the opt-in patch {pool_size_free_products.PATCH.name} computes "
+            f"; the patch {pool_size_free_products.PATCH.name} (in the default) computes "
             f"{', '.join(covered)} apart from it"
         )
     others = [op for op in ops if op not in covered]

@@ -109,7 +109,7 @@ class RunOptions:
     perturb: tuple[str, ...] = _perturb.ALL
     enable: bool = True
     seed: int = _settings.DEFAULT_SEED
-    threads: int = _settings.DEFAULT_THREADS
+    threads: int | None = _settings.DEFAULT_THREADS
     cpu_isa: str | None = _settings.DEFAULT_CPU_ISA
     patches: tuple[str, ...] = (DEFAULT_PATCHES,)
     timeout: float = DEFAULT_TIMEOUT

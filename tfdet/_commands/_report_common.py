@@ -27,7 +27,7 @@ class Trained(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
-# The opt-in patch that makes each sample's predictions follow no batch.
+# The patch (in the default) that makes each sample's predictions follow no batch.
 _BATCH_FREE_PATCH = pool_size_free_products.PATCH.name
 
 
@@ -131,8 +131,8 @@ def control_line(
     if _perturb.BATCH in perturbations and _BATCH_FREE_PATCH not in patches:
         line += (
             f"; for {_perturb.BATCH}: under tfdet a prediction's bits follow "
-            "its batch here, and the opt-in patch "
-            f"{_BATCH_FREE_PATCH} (`patches=auto,{_BATCH_FREE_PATCH}`) gives "
+            "its batch here, and the patch "
+            f"{_BATCH_FREE_PATCH} (in the default `patches=auto`) gives "
             "batch-invariant predictions"
         )
     return line

@@ -34,7 +34,7 @@ from tfdet._cost import _advice, _cost_report, _timed_settings
 from tfdet._cost._timed_settings import Setting
 from tfdet._errors import RunFailedError, TargetError
 from tfdet._kernels import fixed_order
-from tfdet._pin import _devices, _environment, _isa
+from tfdet._pin import _cpus, _devices, _environment, _isa
 from tfdet._protocol import _spec
 from tfdet._protocol._perturb import RunSetup
 from tfdet._protocol._result import CostResult
@@ -56,8 +56,8 @@ Progress = Callable[[str], None]
 
 
 def cores() -> int:
-    """The CPUs this process may use."""
-    return len(_environment.affinity() or []) or os.cpu_count() or 1
+    """The CPUs this process may use (affinity and cgroup quota)."""
+    return _cpus.usable_cpus()
 
 
 # `device`'s choices: a GPU where TensorFlow lists one, else the CPU; or one.

@@ -8,6 +8,7 @@ from typing import Any
 
 from tfdet import _variables
 from tfdet._pin import _arm, _cpuid, _isa, _versions
+from tfdet._pin._cpus import affinity
 from tfdet._pin._profile import Profile
 from tfdet._version import __version__
 
@@ -32,14 +33,6 @@ DETERMINISM_VARIABLES = (
     "CUDA_VISIBLE_DEVICES",
     "KERAS_BACKEND",
 )
-
-
-def affinity() -> list[int] | None:
-    """The CPUs this process may run on, or None where the OS cannot say."""
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return None
 
 
 _SYS_CPU = "/sys/devices/system/cpu"

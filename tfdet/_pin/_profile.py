@@ -117,13 +117,18 @@ class Profile:
         return cls(**values)
 
     def differences(self, other: Profile) -> dict[str, tuple[Any, Any]]:
-        """`{field: (self value, other value)}` for every field that differs
-        (but `kernel_origins`, which decides no bit)."""
+        """`{field: (self value, other value)}` for every field that decides
+        bits and differs: all but `kernel_origins` (the same sources and
+        flags), and but the pool sizes where neither profile's bits follow
+        them (the default's: another core count, the same bits)."""
         mine, theirs = self.to_dict(), other.to_dict()
+        free = {"kernel_origins"}
+        if not _tiers.follows_threads(mine) and not _tiers.follows_threads(theirs):
+            free |= {"intra_op_threads", "inter_op_threads"}
         return {
             name: (mine[name], theirs[name])
             for name in mine
-            if mine[name] != theirs[name] and name != "kernel_origins"
+            if mine[name] != theirs[name] and name not in free
         }
 
     def tiers(self, xla: bool = False, device: str = "cpu") -> tuple[str, ...]:

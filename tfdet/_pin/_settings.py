@@ -11,12 +11,15 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from tfdet._pin import _arm, _isa
+from tfdet._pin import _arm, _cpus, _isa
 
 DEFAULT_SEED = 0
 MAX_SEED = 2**32 - 1
-# One thread: the same bits on a machine with any core count.
-DEFAULT_THREADS = 1
+# None: all the CPUs the process may use (`_cpus.usable_cpus()`), decided
+# where the process runs. Under the default patches (tfdet's fixed-order
+# kernels) the pool size decides no bit, so every count gives the bits of
+# one thread; the count is the speed.
+DEFAULT_THREADS = None
 # Far above any core count, far below what makes TensorFlow's thread creation
 # abort the process (pthread_create fails fatally somewhere past ~10 000).
 MAX_THREADS = 1024
@@ -68,9 +71,20 @@ def check_seed(seed: Any) -> int:
     return check_int("seed", seed, 0, MAX_SEED)
 
 
-def check_threads(threads: Any) -> int:
-    """The thread count as an int in `[1, MAX_THREADS]`; ValueError otherwise."""
+def check_threads(threads: Any) -> int | None:
+    """The thread count as an int in `[1, MAX_THREADS]`, or None (the
+    default: the CPUs of the process that runs); ValueError otherwise."""
+    if threads is None:
+        return None
     return check_int("threads", threads, 1, MAX_THREADS)
+
+
+def threads_here(threads: int | None) -> int:
+    """The pool size `threads` asks for in this process: None, the CPUs it
+    may use (capped at `MAX_THREADS`)."""
+    if threads is None:
+        return min(_cpus.usable_cpus(), MAX_THREADS)
+    return threads
 
 
 def check_isa_supported(cpu_isa: str | None) -> str | None:
@@ -95,7 +109,7 @@ def check_isa_supported(cpu_isa: str | None) -> str | None:
 
 def check_settings(
     seed: Any, threads: Any, cpu_isa: str | None
-) -> tuple[int, int, str | None]:
+) -> tuple[int, int | None, str | None]:
     """Validates the three pinned settings together, as `enable()` does.
 
     Returns:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-# The opt-in patch whose products follow neither the pool size nor the batch.
+# The patch whose products follow neither the pool size nor the batch.
 POOL_SIZE_FREE = "pool_size_free_products"
 
 

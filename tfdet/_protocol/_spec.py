@@ -101,7 +101,7 @@ class WorkerSpec:
     kind: str
     seed: int = 0
     enable: bool = True
-    threads: int = DEFAULT_THREADS
+    threads: int | None = DEFAULT_THREADS
     cpu_isa: str | None = None
     patches: tuple[str, ...] = (AUTO,)
     target: str | None = None

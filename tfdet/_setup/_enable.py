@@ -38,6 +38,7 @@ from tfdet._pin._settings import (  # noqa: F401  (re-exported)
     check_isa_supported,
     check_seed,
     check_threads,
+    threads_here,
 )
 from tfdet._setup import _collector
 from tfdet.patches import _registry, fixed_order_add_n
@@ -95,9 +96,10 @@ def _onednn_in_force() -> bool:
 
 def pinned_environment(
     seed: int,
-    threads: int,
+    threads: int | None,
     cpu_isa: str | None,
     onednn: bool | None,
+    inter_op_threads: int | None = None,
 ) -> dict[str, str]:
     """Environment variables that pin the profile in a new process.
 
@@ -106,26 +108,30 @@ def pinned_environment(
 
     Args:
         seed: The profile's seed (becomes PYTHONHASHSEED).
-        threads: Thread-pool size for TF's intra-op pool (the inter-op pool
-            has INTER_OP_THREADS).
+        threads: Thread-pool size for TF's intra-op pool, or None: each
+            process's own CPUs (`enable()`'s default; no pool variable is
+            written).
         cpu_isa: oneDNN ISA cap, canonical name, or None off x86-64; XLA:CPU
             gets the same cap. A lower cap already in `os.environ` is kept
             (not in the returned dict).
         onednn: Requested oneDNN custom-ops state, or None for TF's default.
+        inter_op_threads: The inter-op pool's size; None: `threads`, as the
+            default patches (`fixed_order_add_n` among them) size it.
 
     Returns:
         A dict of variables to set (existing XLA_FLAGS are kept, not clobbered).
     """
     env = {
         "PYTHONHASHSEED": str(seed),
-        "TF_NUM_INTRAOP_THREADS": str(threads),
-        "TF_NUM_INTEROP_THREADS": str(INTER_OP_THREADS),
         "TF_DETERMINISTIC_OPS": "1",
         "TF_CUDNN_DETERMINISTIC": "1",
         "XLA_FLAGS": _isa.with_xla_cap(
             _with_xla_determinism(os.environ.get("XLA_FLAGS", "")), cpu_isa
         ),
     }
+    if threads is not None:
+        env["TF_NUM_INTRAOP_THREADS"] = str(threads)
+        env["TF_NUM_INTEROP_THREADS"] = str(inter_op_threads or threads)
     if cpu_isa is not None:
         existing = _isa.current_cap()
         # A lower cap already set is the machine's ceiling: keep it, as
@@ -311,7 +317,7 @@ def _guard_thread_setters(threading: Any, intra: int, inter: int) -> None:
 def enable(
     seed: int = DEFAULT_SEED,
     *,
-    threads: int = DEFAULT_THREADS,
+    threads: int | None = DEFAULT_THREADS,
     cpu_isa: str | None = DEFAULT_CPU_ISA,
     onednn: bool | None = DEFAULT_ONEDNN,
     patches: str | list[str] | tuple[str, ...] | None = _registry.AUTO,
@@ -322,51 +328,61 @@ def enable(
     Call it at the top of the script, before any model, tensor or dataset is
     built. It seeds Python `random`, NumPy, TensorFlow, Keras 3 (and tf_keras
     when `TF_USE_LEGACY_KERAS=1`), turns on op determinism, pins the thread
-    pools and the oneDNN ISA, and installs tfdet's deterministic patches.
-    Under `tf.distribute` the patches also pin the multi-worker collective
-    (RING), the dataset auto-shard policy (DATA) and per-replica random
-    seeds, and make `ParameterServerStrategy` and the tf.data service's
-    DYNAMIC sharding raise `tfdet.NondeterministicError`; the profile's
-    `distribution` section records which. It imports TensorFlow with the
-    garbage collector paused and then freezes what the import made
-    (`gc.freeze()`): those objects live as long as the process, and the
-    collector's walks over them cost a small Keras fit's process about 1 s
-    of its 7-8 s on a 2-core EPYC (more at a normal exit).
+    pools and the oneDNN ISA, and installs tfdet's deterministic patches:
+    by default its own fixed-order kernels for products, convolutions and
+    their gradients (shipped with the install), whose bits follow neither the
+    thread count, nor the batch, nor the x86 CPU, so that every CPU the
+    process may use works and the bits are those of `threads=1`. Where the
+    kernels cannot load (a TensorFlow newer than the install knows, no
+    compiler), compositions of TensorFlow's ops give the same promise more
+    slowly, and a warning says so. Under `tf.distribute` the patches also
+    pin the multi-worker collective (RING), the dataset auto-shard policy
+    (DATA) and per-replica random seeds, and make `ParameterServerStrategy`
+    and the tf.data service's DYNAMIC sharding raise
+    `tfdet.NondeterministicError`; the profile's `distribution` section
+    records which. It imports TensorFlow with the garbage collector paused
+    and then freezes what the import made (`gc.freeze()`): those objects
+    live as long as the process, and the collector's walks over them cost a
+    small Keras fit's process about 1 s of its 7-8 s on a 2-core EPYC (more
+    at a normal exit).
 
     Example:
 
     >>> import tfdet
     >>> profile = tfdet.enable(seed=42)          # doctest: +SKIP
-    >>> profile.intra_op_threads                 # doctest: +SKIP
-    1
+    >>> profile.tiers()                          # doctest: +SKIP
+    ('this-machine', 'any-thread-count', 'any-x86-cpu', 'any-batch')
 
     Args:
         seed: Seed for every generator, in [0, 2**32 - 1]; any integer type
             (e.g. `numpy.int64`) is accepted, bool is not.
-        threads: Size of TensorFlow's intra-op thread pool, in [1, 1024]. 1
-            (the default) is portable to any machine; any fixed N gives the
-            same bits on machines with any core count and is faster on N
-            cores. The inter-op pool keeps one thread whatever N is (with
-            more, TensorFlow's AddN sums in an order that follows which ops
-            ran side by side), unless `patches` includes the opt-in
-            "fixed_order_add_n", which sums it in a fixed order: then the
-            inter-op pool has N threads too, and independent ops (a
-            bidirectional layer's two directions) run side by side.
+        threads: Size of TensorFlow's intra-op thread pool, in [1, 1024], or
+            None (the default): the CPUs this process may use (its affinity
+            mask, capped by its cgroup's CPU quota). Under the default
+            patches the size decides no bit, only the speed. With patches
+            whose bits follow the pool (`patches=None`, or a list without
+            "pool_size_free_products"), 1 is the count every machine runs
+            alike. The inter-op pool has `threads` threads where the
+            "fixed_order_add_n" patch (in the default) sums AddN in a fixed
+            order, one otherwise (TensorFlow's AddN sums in an order that
+            follows which ops ran side by side).
         cpu_isa: Cap on the instruction set of oneDNN and of XLA:CPU's
             generated code on x86-64 (oneDNN's names, e.g. "AVX2",
             "AVX512_CORE"; None leaves it uncapped). Ignored elsewhere. The
-            AVX2 default costs speed on CPUs with AVX-512 (`tfdet cost` says
-            how much): pass a higher level when every machine has it.
+            AVX2 default holds the ops oneDNN still computes (batch
+            normalization, pooling, softmax, layer normalization) to the
+            bits of every x86-64 CPU from Haswell on; tfdet's kernels use the
+            CPU's best instructions under any cap, with the same bits.
         onednn: Require oneDNN custom ops on (True, the default on x86-64)
             or off (False, the default on aarch64, where oneDNN's kernels
             follow the SVE vector length); None keeps TensorFlow's default,
             which follows the CPU (on only with AVX-512 VNNI/BF16 or AMX, or
             on a Neoverse V1), so the bits then differ between machines. Set before `import tensorflow`: call enable()
             first, or start the script with `tfdet run`.
-        patches: "auto" (the patches these versions need), None (none), or a
-            list of names from `tfdet.patches`, which may include "auto":
-            `["auto", "pool_size_free_products"]` adds the opt-in patch whose
-            bits do not follow `threads` (see its module).
+        patches: "auto" (the default: the patches these versions need,
+            tfdet's kernels among them), None (none), or a list of names from
+            `tfdet.patches`, which may include "auto" (`["auto",
+            "cudnn_rnn"]` adds an opt-in patch).
         strict: True or False (nothing else). When False, two refusals whose outcome may leave the bits
             as the profile says become warnings; everything else is refused
             as with True. Exactly:
@@ -428,7 +444,7 @@ def enable(
         import tensorflow as tf
 
         tf.config.experimental.enable_op_determinism()
-        _pin_variables(seed, threads, isa_cap)
+        _pin_variables(seed, threads_in_force, isa_cap)
         _seed_everything(seed)
         installed = _registry.install(selected)
 
@@ -460,7 +476,9 @@ def _request(
     """`enable()`'s arguments, validated and normalized (ValueError if not)."""
     request = {
         "seed": check_seed(seed),
-        "threads": check_threads(threads),
+        # Resolved here: `enable()` and `enable(threads=N)` on N CPUs ask
+        # for the same pools, and a repeat call compares them so.
+        "threads": threads_here(check_threads(threads)),
         "cpu_isa": check_isa_supported(cpu_isa),
         "onednn": onednn,
         "patches": _normalize_patch_request(patches),
@@ -543,14 +561,14 @@ def _pin_onednn(onednn: bool | None) -> None:
         )
 
 
-def _pin_variables(seed: int, threads: int, isa_cap: str) -> None:
+def _pin_variables(seed: int, threads: tuple[int, int], isa_cap: str) -> None:
     """Writes the pinned environment variables; warns about a late hash seed.
 
     `isa_cap` is the cap `_resolve_isa` decided for oneDNN; here it also
     reaches XLA:CPU. Uncapped ("ALL") or off x86-64, nothing is written.
     """
     cpu_isa = None if isa_cap in (_isa.NOT_APPLICABLE, "ALL") else isa_cap
-    env = pinned_environment(seed, threads, cpu_isa, None)
+    env = pinned_environment(seed, threads[0], cpu_isa, None, threads[1])
     if env["PYTHONHASHSEED"] != _STARTUP_HASH_SEED:
         warnings.warn(
             f"PYTHONHASHSEED was {_STARTUP_HASH_SEED!r} at interpreter start; the "

@@ -6,7 +6,7 @@ CPU ops whose bits depend on the CPU model or on the thread-pool size), which
 TensorFlow versions each row applies to and the Keras entry points that reach
 it: facts about TensorFlow only. Which tfdet patch replaces an op is declared
 by the patch (`tfdet.patches._registry`). `tfdet scan` matches traced ops
-against the table; each patch's `needed()` asks `hazardous_in()` here whether
+against the table; each patch's `needed()` asks `needs_patch()` here whether
 the running TensorFlow has a hazard for its ops. Nothing in this module
 imports TensorFlow.
 """
@@ -33,13 +33,14 @@ XLA_COMPILE_ERROR = "xla_compile_error"
 # instructions), so a run is reproducible on one machine but not portable.
 MACHINE_DEPENDENT = "machine_dependent"
 DETERMINISTIC = "deterministic"
-# Device "CPU": the kernel's bits follow the thread-pool size. Not a hazard:
-# tfdet's profile pins the pool size (`enable(threads=...)`), so these rows
-# only name the ops when a check finds that the pool size separates two runs.
+# Device "CPU": the kernel's bits follow the thread-pool size. Not a hazard
+# on one machine (the profile records the pool size), but the default
+# profile runs a pool of every CPU and promises the bits of one thread, so
+# a patch that replaces these ops is installed by default.
 POOL_SIZE_DEPENDENT = "pool_size_dependent"
 # The kernel's bits follow the executor's schedule (which ops ran side by
-# side). Not a hazard: tfdet's profile keeps one inter-op thread, under which
-# the schedule repeats; these rows name the ops that forbid more.
+# side). Not a hazard under one inter-op thread, where the schedule repeats;
+# the default profile runs more, so its patch is installed by default.
 SCHEDULE_DEPENDENT = "schedule_dependent"
 
 # Behaviours that make an op a hazard.
@@ -47,6 +48,9 @@ HAZARDOUS = frozenset(
     {RAISES, HOST_FALLBACK, NONDETERMINISTIC, XLA_COMPILE_ERROR, MACHINE_DEPENDENT}
 )
 BEHAVIOURS = HAZARDOUS | {DETERMINISTIC, POOL_SIZE_DEPENDENT, SCHEDULE_DEPENDENT}
+# Behaviours whose ops "auto" replaces: the hazards, and the bits that follow
+# the pools, which the default's pools of every CPU would otherwise show.
+PATCHED_BY_DEFAULT = HAZARDOUS | {POOL_SIZE_DEPENDENT, SCHEDULE_DEPENDENT}
 
 # Pseudo-attribute in `when`: the node is inside an XLA-compiled function.
 XLA_CONDITION = "_xla"
@@ -181,16 +185,20 @@ def lookup(
     return None
 
 
-def hazardous_in(
+def needs_patch(
     op_types: tuple[str, ...] | list[str], tensorflow_version: str
 ) -> bool:
-    """Whether a hazardous row for one of `op_types` holds for that version.
+    """Whether a row that "auto" answers (`PATCHED_BY_DEFAULT`) holds for one
+    of `op_types` at that version.
 
     Rows' `when` conditions are not read: an op is counted when any of its
     nodes can be a hazard (a frozen fused batch norm's gradient, say).
     """
     rows = (row for op_type in op_types for row in table().rows_for(op_type))
-    return any(row.hazardous and row.applies_to(tensorflow_version) for row in rows)
+    return any(
+        row.behaviour in PATCHED_BY_DEFAULT and row.applies_to(tensorflow_version)
+        for row in rows
+    )
 
 
 def pool_size_dependent(

@@ -156,7 +156,7 @@ class Patch:
         found = _versions.tensorflow_distribution()
         if found is None:
             return False
-        if self.replaces and not _hazards.hazardous_in(self.replaces, found[1]):
+        if self.replaces and not _hazards.needs_patch(self.replaces, found[1]):
             return False
         if self.unavailable is not None and self.unavailable() is not None:
             return False

@@ -1,4 +1,4 @@
-"""`AddN` of three or more tensors summed in the order of its inputs (opt-in).
+"""`AddN` of three or more tensors summed in the order of its inputs.
 
 TensorFlow's `AddN` kernel (the CPU's; the GPU's is the same code, not
 measured there) writes its sum into one of its input buffers when it may
@@ -23,11 +23,11 @@ the chain back into one `AddN`, so the patch turns it off (as
 `portable_sqrt_division` does). Non-float inputs (TensorList variants,
 integers) and `IndexedSlices` keep the original op.
 
-Opt-in: under one inter-op thread (tfdet's default) the sum already
-repeats, and the patch changes the bits of models whose `AddN` reused a
-later input's buffer (the digests recorded for them). With it installed,
-`enable(threads=N)` gives the inter-op pool N threads too, so that
-independent ops (a bidirectional layer's two directions) run side by side:
+Installed by "auto": with it the inter-op pool has `threads` threads (one
+without it, where the sum repeats only because the schedule does), so that
+independent ops (a bidirectional layer's two directions) run side by side.
+Against one inter-op thread without the patch, it changes the bits of
+models whose `AddN` reused a later input's buffer.
 `benchmarks/inter_op_pool.py` measures the bits with both pools, with and
 without the patch.
 """
@@ -84,5 +84,4 @@ PATCH = Patch(
     "the schedule's choice) -> AddV2s folded in input order",
     upstream="https://github.com/tensorflow/tensorflow/blob/master/tensorflow/core/kernels/aggregate_ops.h",
     apply=_apply,
-    opt_in=True,
 )

@@ -1,4 +1,4 @@
-"""2-D convolutions by tfdet's own kernel, bits fixed by the shapes alone (opt-in).
+"""2-D convolutions by tfdet's own kernel, bits fixed by the shapes alone.
 
 `Conv2D`, `Conv2DBackpropInput` and `Conv2DBackpropFilter` of NHWC float32
 (Keras's Conv1D and Conv2D, their gradients, Conv2DTranspose's forward)
@@ -16,9 +16,9 @@ where `pool_size_free_products` relies on oneDNN's forward convolution
 Slower than oneDNN's own convolutions on an AMD EPYC Zen 3 (AVX2, 2 threads,
 the built-in CNN's layers, batch 64: forward 1.1-1.7x, input gradient
 1.4-2.4x, filter gradient 0.9-1.3x, 3.6x on 3 channels;
-`benchmarks/fixed_order_convolutions.py`), so opt-in:
-`tfdet.enable(threads=N, patches=["auto", "pool_size_free_products",
-"fixed_order_products", "fixed_order_convolutions"])`. Installed with
+`benchmarks/fixed_order_convolutions.py`); whole models run at plain
+TensorFlow's speed all the same (docs/how-to/cost.md), so "auto" installs
+it, with `pool_size_free_products` and `fixed_order_products`. Installed with
 `pool_size_free_products`, that patch leaves the convolutions to this one;
 what the kernel cannot take (another dtype or layout, a grouped convolution,
 channels unknown when traced) goes to that patch's composition, which
@@ -246,6 +246,5 @@ PATCH = Patch(
     "the vector width and oneDNN)",
     upstream="https://github.com/uxlfoundation/oneDNN/issues/1443",
     apply=_apply,
-    opt_in=True,
     kernel=fixed_order.LIBRARY,
 )

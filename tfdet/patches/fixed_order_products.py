@@ -1,4 +1,4 @@
-"""Products by tfdet's own kernel, bits fixed by the shapes alone (opt-in).
+"""Products by tfdet's own kernel, bits fixed by the shapes alone.
 
 `MatMul`, `BatchMatMulV2/V3` and `Einsum` (through TensorFlow's Python
 decomposition into transposes, reshapes and those products) of float32
@@ -34,8 +34,7 @@ TensorFlow's to float32 rounding. Other dtypes, and products with an empty
 dimension known when traced, go to TensorFlow's op. A custom op does not
 compile under XLA (`jit_compile=True`).
 
-Opt-in, never installed by "auto": `tfdet.enable(threads=N, patches=["auto",
-"fixed_order_products"])`. A SavedModel traced while it is installed
+Installed by "auto" (`tfdet.enable()`'s default). A SavedModel traced while it is installed
 (`model.export`, `tf.saved_model.save`) holds tfdet's ops, which a process
 without tfdet's library cannot load: export with it off. Cost:
 `benchmarks/fixed_order_products.py`.
@@ -184,6 +183,5 @@ PATCH = Patch(
     "independent of the pool size, the batch and the vector width)",
     upstream="https://github.com/uxlfoundation/oneDNN/issues/1443",
     apply=_apply,
-    opt_in=True,
     kernel=fixed_order.LIBRARY,
 )

@@ -1,4 +1,4 @@
-"""Bits that follow neither the thread-pool size nor the batch (opt-in).
+"""Bits that follow neither the thread-pool size nor the batch.
 
 With oneDNN on, TensorFlow's CPU `MatMul` is oneDNN's sgemm, whose work is
 split among the pool's threads by output columns (and, with AVX2, capped by
@@ -73,9 +73,9 @@ stays on one thread). Cost:
 `benchmarks/patch_cost.py --patch pool_size_free_products`,
 `benchmarks/cost_of_determinism.py` and `benchmarks/batch_invariance.py`.
 
-Opt-in, never installed by "auto": `tfdet.enable(threads=N, patches=["auto",
-"pool_size_free_products"])`, or `tfdet check --patches
-auto,pool_size_free_products --perturb threads` to show it on a model.
+Installed by "auto" (`tfdet.enable()`'s default), with tfdet's kernels
+computing the products and convolutions where they load; `tfdet check
+--perturb threads` shows it on a model.
 """
 
 from __future__ import annotations
@@ -864,5 +864,4 @@ PATCH = Patch(
     upstream="https://github.com/uxlfoundation/oneDNN/issues/1443",
     apply=_apply,
     after_import=(("tf_keras", _unfused_tf_keras_batch_norm),),
-    opt_in=True,
 )

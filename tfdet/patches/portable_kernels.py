@@ -1,4 +1,4 @@
-"""The portable functions as ops of tfdet's own: the same bits, faster (opt-in).
+"""The portable functions as ops of tfdet's own: the same bits, faster.
 
 `portable_erfc` makes `Erfc` (and with it the exact GELU, Keras 3's `gelu`)
 portable as a composition of about 25 TensorFlow ops, one pass over the
@@ -32,8 +32,8 @@ the batch), the kernel runs its exp on whole packets too (`whole_packets`:
 the tensor padded with zeros to a multiple of 16), so it keeps the bits of
 the composition there, which the same check shows.
 
-Opt-in, never installed by "auto": it needs its library, installed with
-tfdet or built at first use by a C++ compiler. Where `portable_erfc` is not
+Installed by "auto"; it needs its library, installed with tfdet or built
+at first use by a C++ compiler. Where `portable_erfc` is not
 installed (TensorFlow before 2.20, whose Erfc needs no replacement), it
 does nothing.
 Cost: `benchmarks/portable_kernels.py`.
@@ -198,6 +198,5 @@ PATCH = Patch(
     apply=_apply,
     after_import=(("keras", _apply_to_keras),),
     unavailable=_nothing_to_compute,
-    opt_in=True,
     kernel=LIBRARY,
 )

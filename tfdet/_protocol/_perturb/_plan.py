@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from tfdet import _variables
 from tfdet._pin import _isa
-from tfdet._pin._settings import DEFAULT_THREADS
+from tfdet._pin._settings import threads_here
 from tfdet._protocol import _emulation
 from tfdet._protocol._perturb._records import Change, Context, Perturbation
 from tfdet._protocol._perturb._registry import REGISTRY
@@ -231,7 +231,7 @@ def context(
     return Context(
         runs,
         cap,
-        threads or DEFAULT_THREADS,
+        threads_here(threads),
         emulated_model,
         not_emulated=_emulation.why_unavailable(cap),
         workers=workers,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tfdet._pin._environment import affinity
+from tfdet._pin._cpus import affinity
 from tfdet._protocol._perturb._records import Change, Context, Perturbation
 
 AFFINITY = "affinity"
@@ -28,9 +28,9 @@ def _change(index: int, context: Context) -> Change:
 PERTURBATION = Perturbation(
     name=AFFINITY,
     description="a different CPU affinity (core count)",
-    imitates="Fewer CPUs in the affinity mask: what another core count "
-    "does to TensorFlow's default thread pools (pinned by enable(), so "
-    "it matters only without tfdet).",
+    imitates="Fewer CPUs in the affinity mask: another core count, which "
+    "sizes TensorFlow's default thread pools and enable()'s (the CPUs the "
+    "process may use, unless --threads pins a size).",
     unavailable=_unavailable,
     change=_change,
 )

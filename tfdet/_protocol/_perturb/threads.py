@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tfdet._pin._settings import DEFAULT_THREADS
+from tfdet._pin._settings import threads_here
 from tfdet._protocol._perturb._records import Change, Context, Perturbation
 
 THREADS = "threads"
@@ -16,9 +16,10 @@ def other_pool_size(threads: int | None) -> int:
     """The pool size the other runs of a `threads` perturbation get.
 
     3 against a baseline of 1 or 2 (pools of 1 and 2 can give the same bits,
-    where 3 gives other ones), 1 against any larger baseline.
+    where 3 gives other ones), 1 against any larger baseline (None: the
+    CPUs this process may use, the default's pool).
     """
-    return 3 if (threads or DEFAULT_THREADS) < 3 else 1
+    return 3 if threads_here(threads) < 3 else 1
 
 
 def _change(index: int, context: Context) -> Change:
@@ -44,9 +45,10 @@ PERTURBATION = Perturbation(
     "pool size)",
     imitates="Another thread-pool size (opt-in): a different setting "
     "on the same CPU, not another machine.",
-    # Under `enable()` another pool size is another profile, and bits
-    # follow the pool size, so in the default set it would make the
-    # check fail by design.
+    # Another core count (`affinity`, in the default set) already gives
+    # the default profile another pool; this one chooses the size, for a
+    # profile whose bits follow it too (`--patches` without
+    # pool_size_free_products, or without tfdet), where it fails by design.
     default=False,
     other_machine=False,
     change=_change,
