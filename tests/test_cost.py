@@ -19,10 +19,8 @@ from tests.conftest import (
 from tfdet._child import _ops
 from tfdet._cost import _advice, _cost_report, _measure
 from tfdet._cost._timed_settings import (
-    KERNEL_PATCHES,
     OP_DETERMINISM,
     PLAIN,
-    POOL_SIZE_FREE,
     XLA,
     Setting,
     bits_follow,
@@ -35,7 +33,7 @@ from tfdet._cost._timed_settings import (
 )
 from tfdet._pin import _devices, _tiers
 from tfdet._pin._profile import Profile
-from tfdet.patches import portable_kernels
+from tfdet._pin._tiers import POOL_SIZE_FREE
 
 # --- The per-op times, from a profiler trace written here -------------------
 
@@ -219,61 +217,40 @@ def test_the_settings_a_user_would_try_are_timed():
     assert names == [
         "plain TensorFlow",
         "enable()",
-        "enable(threads=4)",
-        "enable(threads=4, cpu_isa=None)",
-        f'enable(threads=4, patches=["auto", "{POOL_SIZE_FREE}"])',
+        "enable(threads=1)",
+        "enable(cpu_isa=None)",
         "enable() + jit_compile=True",
     ]
-    assert settings_for(4)[3].enable == {"threads": 4, "cpu_isa": None}
-    # One core: no thread count to add, but the native and batch-invariant rows.
+    assert settings_for(4)[2].enable == {"threads": 1}
+    assert settings_for(4)[3].enable == {"cpu_isa": None}
+    # One core: one thread is the default's pool, so that row goes.
     assert [setting.enable for setting in settings_for(1, xla=False)] == [
         None,
         {},
         {"cpu_isa": None},
-        {"patches": ["auto", POOL_SIZE_FREE]},
     ]
-    assert settings_for(1)[2].name == "enable(cpu_isa=None)"
-    # Where a compiler builds tfdet's kernels: the pool-size-free products
-    # with them too, beside the composition (the same tiers, other speed);
-    # the GELU's where this TensorFlow has a composition for it to stand for.
-    kernels = settings_for(4, kernels=True)
-    assert [setting.name for setting in kernels[:5]] == names[:5]
-    gelu = ["portable_kernels"] if portable_kernels.PATCH.needed() else []
-    assert kernels[5].enable == {
-        "threads": 4,
-        "patches": [
-            "auto",
-            POOL_SIZE_FREE,
-            "fixed_order_products",
-            "fixed_order_convolutions",
-            *gelu,
-        ],
-    }
-    # The same with AddN in input order, whose inter-op pool has 4 threads too.
-    assert kernels[6].enable == {
-        **kernels[5].enable,
-        "patches": [*kernels[5].enable["patches"], "fixed_order_add_n"],
-    }
-    assert kernels[7:] == settings_for(4)[5:]
 
 
-def test_a_kernel_row_whose_kernels_did_not_load_says_so_and_is_not_advised():
-    kernels = settings_for(4, kernels=True)[5]
-    asked = kernels.enable["patches"]
-    loaded = _profile(patches=asked, kernels=[n for n in asked if n in KERNEL_PATCHES])
-    assert not_as_asked(kernels, loaded, xla=False) is None
-    # No compiler and no cached build: the run computed the compositions.
+def test_a_row_whose_kernels_did_not_load_says_so_and_is_not_advised():
+    default = settings_for(4)[1]
+    # The default asks for every kernel "auto" installs on this TensorFlow.
+    asked = ["auto", *kernel_patches()]
+    loaded = _profile(patches=asked, kernels=list(kernel_patches()))
+    assert not_as_asked(default, loaded, xla=False) is None
+    # None shipped, no compiler and no cached build: the compositions.
     fell_back = _profile(patches=asked, kernels=[])
-    note = not_as_asked(kernels, fell_back, xla=False)
+    note = not_as_asked(default, fell_back, xla=False)
     assert note.startswith(
         f"tfdet's kernels did not load for {', '.join(kernel_patches())} ("
     )
     assert kernel_patches()[:2] == ("fixed_order_products", "fixed_order_convolutions")
     assert note.endswith("timed with the compositions")
-    # A setting without kernels asks for none; a profile from before the
-    # field (None) cannot show them loaded.
-    assert not_as_asked(settings_for(4)[4], fell_back, xla=False) is None
-    assert not_as_asked(kernels, _profile(patches=asked), xla=False) is not None
+    # A list without kernels asks for none; plain TensorFlow for nothing; a
+    # profile from before the field (None) cannot show them loaded.
+    composition = Setting("compositions", {"patches": ["auto", POOL_SIZE_FREE]})
+    assert not_as_asked(composition, fell_back, xla=False) is None
+    assert not_as_asked(settings_for(4)[0], None, xla=False) is None
+    assert not_as_asked(default, _profile(patches=asked), xla=False) is not None
     # XLA that Keras turned off is said first, as before.
     assert not_as_asked(XLA, _profile(), xla=False).startswith("Keras turned")
     row = _row("kernels", 0.5, note=note)
@@ -706,7 +683,7 @@ def test_cost_times_every_setting_and_names_the_op_it_replaces(tmp_path):
     assert not any(row["setting"]["jit_compile"] for row in rows.values())
     assert rows["plain TensorFlow"]["ratio"] == 1.0
     # From each run's own profile: plain TensorFlow's threads follow the
-    # cores, enable()'s one thread and AVX2 cap do not.
+    # cores; enable()'s pools of every core and its AVX2 cap do not.
     assert "the core count" in rows["plain TensorFlow"]["bits_follow"]
     assert rows["enable()"]["portable"]
     for row in rows.values():
@@ -715,24 +692,18 @@ def test_cost_times_every_setting_and_names_the_op_it_replaces(tmp_path):
         if row["setting"]["enable"] is not None:
             # Two fresh processes per setting trained the same steps.
             assert row["repeatable"], row
-    if cores > 1:
-        assert rows[f"enable(threads={cores})"]["bits_follow"] == [f"{cores} threads"]
-        pool_size_free = next(name for name in rows if POOL_SIZE_FREE in name)
-        assert rows[pool_size_free]["portable"]
-        # The op the pool-size-free products replace, by its replacement.
-        grown = [op["op"] for op in rows[pool_size_free]["growing_ops"]]
-        assert "PoolSizeFreeConv2DBackpropFilter" in grown
-    # The tiers, from each run's own profile.
+    every_cpu_tier = ["this-machine", "any-thread-count", "any-x86-cpu", "any-batch"]
     assert rows["plain TensorFlow"]["gives"] == []
-    assert rows["enable()"]["gives"] == [
-        "this-machine",
-        "any-thread-count",
-        "any-x86-cpu",
-    ]
-    native = next(name for name in rows if "cpu_isa=None" in name)
-    assert rows[native]["gives"] == ["this-machine"]
-    assert "the CPU's instruction set" in rows[native]["bits_follow"]
-    assert "any-batch" in rows[next(n for n in rows if POOL_SIZE_FREE in n)]["gives"]
+    assert rows["enable()"]["gives"] == every_cpu_tier
+    assert rows["enable()"]["bits_follow"] == []
+    if cores > 1:
+        # The default's pool of every core gives the bits of one thread.
+        one_thread = rows["enable(threads=1)"]
+        assert one_thread["gives"] == every_cpu_tier
+        assert one_thread["digests"] == rows["enable()"]["digests"]
+    native = rows["enable(cpu_isa=None)"]
+    assert native["gives"] == ["this-machine", "any-thread-count", "any-batch"]
+    assert native["bits_follow"] == ["the CPU's instruction set"]
     assert rows["plain TensorFlow"]["ops"] and rows["enable()"]["ops"]
     # Firm or a tie names a setting; on a noisy machine it may be inconclusive.
     assert report["need"] == ["any-x86-cpu"]

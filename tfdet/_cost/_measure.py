@@ -33,7 +33,6 @@ from tfdet._commands._options import DEFAULT_TIMEOUT, RunOptions
 from tfdet._cost import _advice, _cost_report, _timed_settings
 from tfdet._cost._timed_settings import Setting
 from tfdet._errors import RunFailedError, TargetError
-from tfdet._kernels import fixed_order
 from tfdet._pin import _cpus, _devices, _environment, _isa
 from tfdet._protocol import _spec
 from tfdet._protocol._perturb import RunSetup
@@ -366,7 +365,7 @@ def measure(
         workload: What to train: a `Workload`, or a TARGET string.
         settings: Plain TensorFlow first (the ratios' baseline), then the
             settings to compare; None: `_timed_settings.settings_for(cores())`
-            on the CPU (with tfdet's kernels where a C++ compiler is found),
+            on the CPU,
             `gpu_settings_for` on the GPU (without XLA for a script, which
             compiles its own models).
         rounds: Rounds of fresh processes.
@@ -394,10 +393,7 @@ def measure(
     if settings is None:
         xla = xla and workload.script is None
         settings = (
-            # tfdet's kernels where they are installed or a compiler builds them.
-            _timed_settings.settings_for(
-                available, xla, kernels=fixed_order.LIBRARY.within_reach()
-            )
+            _timed_settings.settings_for(available, xla)
             if device == "cpu"
             else _timed_settings.gpu_settings_for(available, xla)
         )

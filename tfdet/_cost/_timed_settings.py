@@ -6,8 +6,7 @@ import dataclasses
 from typing import Any
 
 from tfdet._pin import _tiers
-from tfdet._pin._tiers import POOL_SIZE_FREE
-from tfdet.patches import _registry, fixed_order_add_n
+from tfdet.patches import _registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,10 +60,11 @@ def _enable_call(threads: dict[str, int], **arguments: str) -> str:
 XLA = Setting("enable() + jit_compile=True", {}, jit_compile=True)
 
 
-# The opt-in patches whose ops are tfdet's own kernels, compiled at first
-# use: beside the pool-size-free products, a model's products and
-# convolutions (and their gradients) are one op each, and the exact GELU's
-# erfc one op whose exp runs on whole packets, as the composition's does.
+# The patches whose ops are tfdet's own kernels (installed with tfdet, or
+# compiled at first use): beside the pool-size-free products, a model's
+# products and convolutions (and their gradients) are one op each, and the
+# exact GELU's erfc one op whose exp runs on whole packets, as the
+# composition's does.
 KERNEL_PATCHES = (
     "fixed_order_products",
     "fixed_order_convolutions",
@@ -79,44 +79,24 @@ def kernel_patches() -> tuple[str, ...]:
     return tuple(name for name in KERNEL_PATCHES if patches[name].needed())
 
 
-def settings_for(cores: int, xla: bool = True, kernels: bool = False) -> list[Setting]:
+def settings_for(cores: int, xla: bool = True) -> list[Setting]:
     """Plain TensorFlow (the baseline, first) and each tfdet setting a user
-    would try on a machine whose process may use `cores` CPUs, one per tier
-    of guarantee (`tfdet._pin._tiers`), cheapest way to each first:
+    would try on a machine whose process may use `cores` CPUs:
 
-    - `enable()`: one thread, AVX2 (any x86 CPU);
-    - `enable(threads=N)`: the cores, AVX2 (bits follow N threads);
-    - `enable(threads=N, cpu_isa=None)`: the cores and the CPU's best
-      instructions, op determinism and seeds (this machine only);
-    - the pool-size-free products at N threads (any x86 CPU, any batch);
-    - with `kernels` (a C++ compiler builds tfdet's kernels here): the same
-      with tfdet's own product, convolution and GELU kernels
-      (`kernel_patches()`), and those with AddN summed in input order
-      (`fixed_order_add_n`), which gives the inter-op pool N threads too, so
-      independent ops run side by side (the same tiers, other speed);
+    - `enable()`: the default, every CPU tier (`tfdet._pin._tiers`): pools
+      of the `cores`, tfdet's kernels where they load (the compositions
+      where they do not: the profile's `kernels` says which), AVX2 for what
+      oneDNN still computes;
+    - `enable(threads=1)`: the same bits on one thread (what the pool buys;
+      left out with one core, where it is `enable()` itself);
+    - `enable(cpu_isa=None)`: oneDNN's ops on the CPU's best instructions
+      (its bits follow the CPU);
     - XLA (`xla=False` leaves it out: a script compiles its own models).
-
-    With one core, `threads=N` is `enable()` itself and is left out.
     """
-    threads = {"threads": cores} if cores > 1 else {}
     found = [PLAIN, Setting("enable()", {})]
     if cores > 1:
-        found.append(Setting(_enable_call(threads), dict(threads)))
-    found.append(
-        Setting(_enable_call(threads, cpu_isa="None"), {**threads, "cpu_isa": None})
-    )
-    patch_sets = [["auto", POOL_SIZE_FREE]]
-    if kernels:
-        with_kernels = ["auto", POOL_SIZE_FREE, *kernel_patches()]
-        patch_sets += [with_kernels, [*with_kernels, fixed_order_add_n.PATCH.name]]
-    for patches in patch_sets:
-        listed = ", ".join(f'"{name}"' for name in patches)
-        found.append(
-            Setting(
-                _enable_call(threads, patches=f"[{listed}]"),
-                {**threads, "patches": patches},
-            )
-        )
+        found.append(Setting(_enable_call({"threads": 1}), {"threads": 1}))
+    found.append(Setting(_enable_call({}, cpu_isa="None"), {"cpu_isa": None}))
     if xla:
         found.append(XLA)
     return found
@@ -229,17 +209,18 @@ def not_as_asked(
             "Keras turned jit_compile off (no deterministic XLA path for a "
             "layer under op determinism): timed without XLA"
         )
-    asked = [
-        name
-        for name in (setting.enable or {}).get("patches", ())
-        if name in KERNEL_PATCHES
-    ]
+    if setting.enable is None:
+        return None
+    # No `patches`: "auto", which installs every kernel these versions need.
+    listed = setting.enable.get("patches", kernel_patches())
+    asked = [name for name in listed if name in KERNEL_PATCHES]
     ran = set((profile or {}).get("kernels") or ())
     missing = [name for name in asked if name not in ran]
     if missing:
         return (
-            f"tfdet's kernels did not load for {', '.join(missing)} (no "
-            "compiler and no cached build, or a failed build: the run's log "
-            "says which): timed with the compositions"
+            f"tfdet's kernels did not load for {', '.join(missing)} (none "
+            "shipped for this TensorFlow and machine, no compiler and no cached "
+            "build, or a failed build: the run's log says which): timed with "
+            "the compositions"
         )
     return None
