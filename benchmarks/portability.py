@@ -5,7 +5,8 @@ Usage:
     python benchmarks/portability.py --across-architectures
 
 Trains a fixed reference set under the default profile (`tfdet.enable(seed=7)`:
-one thread per pool, oneDNN custom ops on and capped at AVX2 on x86-64), each model for 4
+pools of every core, tfdet's kernels, oneDNN custom ops on and capped at AVX2
+on x86-64; the bits of one thread), each model for 4
 `train_on_batch` steps in a fresh `sys.executable` process (tfdet's check
 worker, so the training loop is `tfdet check`'s), and prints the sha256 of
 its final weights' bytes (16 hex digits) with the CPU facts that can decide
@@ -76,6 +77,10 @@ SOFTWARE_KEYS = ("tensorflow", "keras_version", "numpy", "python", "tfdet_patche
 BITS_SOFTWARE_KEYS = ("tensorflow", "keras_version", "tfdet_patches")
 # The CPU facts of an entry recorded on an emulated CPU (see `cpu`).
 EMULATED_KEYS = ("emulated", "emulated_model", "emulator_version", "host")
+# The pool size the default profile's entries are recorded and compared at:
+# its bits are those of one thread whatever pool a run had (`--threads`).
+# Entries at other sizes are history, from profiles whose bits followed it.
+ONE_THREAD = 1
 # Small enough for a test (about 25 s on 2 shared cores, fresh processes).
 TINY = ("bn_gelu", "embedding", "keras_issue")
 SURVEY = REPO / "benchmarks" / "survey_models.py"
@@ -163,7 +168,7 @@ def software() -> dict[str, Any]:
     }
 
 
-def _environment_for(name: str, threads: int = 1) -> dict[str, str]:
+def _environment_for(name: str, threads: int | None = None) -> dict[str, str]:
     env = {
         key: value
         for key, value in os.environ.items()
@@ -487,15 +492,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads",
         type=int,
-        help="Thread-pool size of every run (default: the profile's, 1; 0: every "
-        "core). Recorded and compared beside the profile's entries, never with "
-        "them: the pool size decides the bits.",
-    )
-    parser.add_argument(
-        "--pool-size-free",
-        action="store_true",
-        help="Add the opt-in pool_size_free_products patch, under which the bits "
-        "do not follow the pool size. Not with --record.",
+        help="Thread-pool size of every run (default: the profile's, every core "
+        "the process may use). The default profile's bits do not follow it: "
+        "every size is compared with, and recorded as, the bits of one thread.",
     )
     parser.add_argument(
         "--across-architectures",
@@ -504,24 +503,14 @@ def main(argv: list[str] | None = None) -> int:
         "(x86_64, aarch64) for this TensorFlow and Keras, and whether they agree.",
     )
     args = parser.parse_args(argv)
-    threads = 1
-    if args.threads is not None:
-        if args.threads < 0:
-            parser.error(f"Expected --threads of 0 or more. Received: {args.threads}")
-        threads = args.threads or os.cpu_count() or 1
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"Expected --threads of 1 or more. Received: {args.threads}")
     if args.across_architectures:
-        _print_across_architectures(threads)
+        _print_across_architectures(ONE_THREAD)
         return 0
     if args.jobs < 1:
         parser.error(f"Expected --jobs of at least 1. Received: {args.jobs}")
-    profile: dict[str, Any] = {"threads": threads}
-    if args.pool_size_free:
-        profile["patches"] = (_registry.AUTO, "pool_size_free_products")
-        if args.record:
-            parser.error(
-                "Expected --record without --pool-size-free: the record keeps the "
-                "default patches' digests."
-            )
+    profile: dict[str, Any] = {"threads": args.threads}
     names = expand(args.models.split(",")) if args.models else models()
     known = models()
     unknown = [name for name in names if name not in known]
@@ -551,10 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     digests = {name: result["digest"] for name, result in results.items()}
     table = load_table()
-    if args.pool_size_free:  # The record holds the default patches' digests only.
-        failures, notes = [], ["another profile than the record's: not compared"]
-    else:
-        failures, notes = compare(table, facts, soft, digests, threads)
+    failures, notes = compare(table, facts, soft, digests, ONE_THREAD)
     for line in notes + failures:
         print(line)
     if args.json:
@@ -563,7 +549,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.record:
         TABLE.write_text(
-            json.dumps(record(table, facts, soft, digests, threads), indent=2) + "\n"
+            json.dumps(record(table, facts, soft, digests, ONE_THREAD), indent=2)
+            + "\n"
         )
         print(f"recorded in {TABLE}")
     return 1 if failures else 0

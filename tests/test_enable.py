@@ -14,7 +14,7 @@ import pytest
 
 import tfdet
 from tests.conftest import clean_env, last_json_line, run_python
-from tfdet._pin import _isa, _versions
+from tfdet._pin import _cpus, _isa, _versions
 
 # line. Prepended to each child script.
 _PRELUDE = """
@@ -167,6 +167,7 @@ def test_enable_pins_everything_and_repeat_calls_are_no_ops() -> None:
 import gc
 import random
 import numpy as np
+from tfdet._pin import _cpus
 profile = tfdet.enable()
 out["collector"] = [gc.isenabled(), gc.get_freeze_count()]
 out["profile"] = profile.to_dict()
@@ -187,16 +188,17 @@ from tfdet.patches import _registry
 out["repeat_is_same"] = all(
     tfdet.enable(**kwargs) is profile
     for kwargs in (
-        {}, {"seed": 0, "threads": 1, "cpu_isa": "avx2"}, {"strict": False},
+        {}, {"seed": 0, "threads": _cpus.usable_cpus(), "cpu_isa": "avx2"},
+        {"strict": False},
         # The same patch selection written three ways (check --script pins
         # ("auto",); a script may write "auto" or the names it selects).
         {"patches": ("auto",)}, {"patches": _registry.resolve("auto")},
     )
 )
-attempt("other_threads", threads=2)
+attempt("other_threads", threads=_cpus.usable_cpus() + 1)
 attempt("other_seed_and_isa", seed=1, cpu_isa="SSE41")
-try:  # The inter-op pool stays at one thread whatever `threads` is.
-    tf.config.threading.set_inter_op_parallelism_threads(2)
+try:  # The inter-op pool is pinned too.
+    tf.config.threading.set_inter_op_parallelism_threads(_cpus.usable_cpus() + 1)
     out["inter_op_2"] = None
 except tfdet.ProfileMismatchError as error:
     out["inter_op_2"] = str(error)
@@ -214,8 +216,12 @@ out["jit_result"] = float(jitted(tf.ones([4])))
     collecting, frozen = out["collector"]
     assert collecting and frozen > 100_000
     assert profile["seed"] == 0
-    assert profile["intra_op_threads"] == profile["inter_op_threads"] == 1
-    assert out["tf_threads"] == [1, 1]
+    # Every CPU this process may use, in both pools (AddN sums in a fixed
+    # order, so the inter-op pool may run ops side by side).
+    cpus = _cpus.usable_cpus()
+    assert profile["intra_op_threads"] == profile["inter_op_threads"] == cpus
+    assert out["tf_threads"] == [cpus, cpus]
+    assert {"fixed_order_add_n", "pool_size_free_products"} <= set(profile["patches"])
     assert profile["op_determinism"] is True and out["op_determinism"]
     assert profile["xla_determinism"] is True
     assert profile["python_hash_seed"] is None  # Started without one.
@@ -240,7 +246,7 @@ out["jit_result"] = float(jitted(tf.ones([4])))
     assert (
         out["env"]["TF_NUM_INTRAOP_THREADS"]
         == out["env"]["TF_NUM_INTEROP_THREADS"]
-        == "1"
+        == str(cpus)
     )
     # XLA:CPU's ISA cap exists from TensorFlow 2.19 (earlier XLA aborts on it).
     capped = _isa.applies() and _versions.xla_cpu_isa_cap_known()
@@ -252,9 +258,9 @@ out["jit_result"] = float(jitted(tf.ones([4])))
     assert out["python_random"] and out["numpy_random"]
     assert out["repeat_is_same"] and out["still_same"]
     assert out["other_threads"]["type"] == "ProfileMismatchError"
-    assert out["other_threads"]["differences"] == {"threads": [1, 2]}
+    assert out["other_threads"]["differences"] == {"threads": [cpus, cpus + 1]}
     assert "Call enable() once" in out["other_threads"]["message"]
-    assert "keeps the inter-op pool at 1" in out["inter_op_2"]
+    assert f"sizes the inter-op pool at {cpus}" in out["inter_op_2"]
     assert out["other_seed_and_isa"]["differences"] == {
         "seed": [0, 1],
         "cpu_isa": ["AVX2", "SSE41"],
@@ -443,9 +449,9 @@ tf.config.threading.set_inter_op_parallelism_threads(1)
 weights = tf.Variable(tf.ones([64, 64]))
 from tfdet._setup import _enable
 out["started"] = _enable._runtime_started()
-attempt("strict", cpu_isa="AVX2")
+attempt("strict", threads=1, cpu_isa="AVX2")
 out["env_after_refusal"] = os.environ.get("ONEDNN_MAX_CPU_ISA")
-profile = tfdet.enable(cpu_isa="AVX2", strict=False)
+profile = tfdet.enable(threads=1, cpu_isa="AVX2", strict=False)
 out["profile"] = profile.to_dict()
 out["env"] = os.environ.get("ONEDNN_MAX_CPU_ISA")
 tf.matmul(weights, weights)  # The first oneDNN primitive.
@@ -484,7 +490,7 @@ finish()
 def test_repeat_call_with_other_arguments_warns_with_strict_false() -> None:
     out = _child(
         """
-profile = tfdet.enable()
+profile = tfdet.enable(threads=1)
 attempt("strict", threads=2)
 out["lenient_is_active"] = tfdet.enable(threads=2, seed=5, strict=False) is profile
 out["still_active"] = tfdet.profile() is profile

@@ -221,11 +221,9 @@ def test_model_groups_expand_to_their_models() -> None:
     assert "cnn" in portability.expand(["builtin"])
 
 
-def test_the_pool_size_free_patch_is_measured_beside_the_record_never_recorded() -> (
-    None
-):
+def test_a_pool_of_no_thread_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as exited:
-        portability.main(["--record", "--pool-size-free"])
+        portability.main(["--threads", "0"])
     assert exited.value.code == 2
 
 

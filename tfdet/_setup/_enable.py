@@ -296,10 +296,11 @@ def _guard_thread_setters(threading: Any, intra: int, inter: int) -> None:
                     f"pass threads={num_threads!r} to enable() (or --threads "
                     f"{num_threads!r} to tfdet run / tfdet check --script) instead."
                     if _name == "set_intra_op_parallelism_threads"
-                    else f"tfdet keeps the inter-op pool at {_threads}: with more "
-                    "than one, TensorFlow's AddN gives other bits from run to "
-                    f"run unless the {SCHEDULE_FREE_PATCH!r} patch is installed, "
-                    "which sizes it with `threads`."
+                    else f"tfdet sizes the inter-op pool at {_threads}: at "
+                    f"`threads` where the {SCHEDULE_FREE_PATCH!r} patch (in "
+                    "the default) sums AddN in a fixed order, else at one, "
+                    "since with more TensorFlow's AddN gives other bits from "
+                    "run to run."
                 )
                 raise ProfileMismatchError(
                     f"Expected the thread pools tfdet.enable() pinned ({_threads}). "
