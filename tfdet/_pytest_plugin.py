@@ -268,7 +268,8 @@ def check_or_fail(
         perturb: "all", "none" or a comma-separated list.
         seed: None: the session's `--tfdet-seed` / `tfdet_seed`, else the
             check's default (0).
-        threads: None: the session's `--tfdet-threads`, else 1.
+        threads: None: the session's `--tfdet-threads`, else the check's
+            default (every CPU each run may use).
         attribute: On divergence, re-run to name the perturbation responsible
             (more processes; off by default, `tfdet check TARGET` does it).
         timeout: Seconds per run.
