@@ -63,14 +63,17 @@ def format_header(options: _options.RunOptions) -> str:
 
 
 def _ran_lines(run: RunReport) -> list[str]:
-    """What a finished run exercised: entry point, steps, XLA (and why not)."""
+    """What a finished run exercised: entry point, steps, XLA (and why not),
+    and the pool it trained with (under the default, each run's own CPUs)."""
     training = run.training
     if not run.ok or training is None or training.xla is None:
         return []
     ran = ", ".join(training.entry_points or []) or "nothing"
+    pool = training.profile.get("intra_op_threads") if training.profile else None
     return [
         f"    ran: {training.steps_recorded} steps via {ran}; "
         f"XLA {'on' if training.xla.get('on') else 'off'}"
+        + (f"; pool of {pool} thread{'s' * (pool != 1)}" if pool else "")
     ]
 
 
