@@ -2,7 +2,7 @@
 
 Usage:
     python benchmarks/batch_invariance.py [--batches 1,5,32] [--json FILE]
-        [--settings plain,enable,pool_size_free_products]
+        [--settings plain,enable,tensorflow_ops]
 
 For each setting, a fresh `sys.executable` process builds five small models
 (an MLP with GELU; Conv2D + BatchNormalization + MaxPooling; MultiHeadAttention
@@ -14,11 +14,13 @@ is batch invariance: a sample's bits do not depend on what else was in its
 batch. The settings:
 
 - plain: TensorFlow at its defaults, no tfdet;
-- enable: `tfdet.enable()`;
-- pool_size_free_products: `tfdet.enable(patches=["auto",
-  "pool_size_free_products"])`;
-- pool_size_free_products_all_cores: the same with `threads=os.cpu_count()`
-  (not in the default `--settings`).
+- enable: `tfdet.enable()`, the default (every core, tfdet's kernels and
+  the pool-size-free compositions);
+- tensorflow_ops: `tfdet.enable(threads=1, patches=None)`, TensorFlow's own
+  products and convolutions under op determinism (the control; before
+  2026-12-07 the default's products were these);
+- enable_one_thread: `tfdet.enable(threads=1)` (not in the default
+  `--settings`).
 
 `--cost` times instead `predict_on_batch` of 256 inputs in batches of B =
 1, 32, 256 per model and setting, in one long-lived process per setting,
@@ -46,15 +48,9 @@ SURVEY_ROWS = 32
 SETTINGS = {
     "plain": "",
     "enable": "import tfdet; tfdet.enable(seed=0)",
-    "pool_size_free_products": (
-        "import tfdet; "
-        "tfdet.enable(seed=0, patches=['auto', 'pool_size_free_products'])"
-    ),
-    # The same at a pool of all the cores (the bits do not follow it).
-    "pool_size_free_products_all_cores": (
-        "import os, tfdet; tfdet.enable(seed=0, threads=os.cpu_count(), "
-        "patches=['auto', 'pool_size_free_products'])"
-    ),
+    "tensorflow_ops": "import tfdet; tfdet.enable(seed=0, threads=1, patches=None)",
+    # The default on one thread (the bits do not follow the pool).
+    "enable_one_thread": "import tfdet; tfdet.enable(seed=0, threads=1)",
 }
 
 # What each child process runs after its setting: one JSON line of counts.
@@ -341,7 +337,7 @@ def main() -> None:
         default="1,5,32",
         help="batch sizes, and 'call' for model(x[i:i+5]) eagerly",
     )
-    parser.add_argument("--settings", default="plain,enable,pool_size_free_products")
+    parser.add_argument("--settings", default="plain,enable,tensorflow_ops")
     parser.add_argument("--ops", action="store_true", help="per op, not per model")
     parser.add_argument(
         "--survey",

@@ -549,8 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.record:
         TABLE.write_text(
-            json.dumps(record(table, facts, soft, digests, ONE_THREAD), indent=2)
-            + "\n"
+            json.dumps(record(table, facts, soft, digests, ONE_THREAD), indent=2) + "\n"
         )
         print(f"recorded in {TABLE}")
     return 1 if failures else 0

@@ -48,6 +48,18 @@ TENSORFLOW_RELEASE = Version(_versions.tensorflow_distribution()[1]).release[:2]
 # enable() installs portable_erfc from here (tests/test_emulation.py).
 ERFC_FOLLOWS_THE_CPU_FROM = (2, 20)
 ERFC_FOLLOWS_THE_CPU = TENSORFLOW_RELEASE >= ERFC_FOLLOWS_THE_CPU_FROM
+# `--patches` for the controls: the default less tfdet's products and
+# convolutions (kernels and compositions), so TensorFlow's own compute them,
+# as under the default before 2026-12-07.
+TENSORFLOW_PRODUCTS = ",".join(
+    [
+        "auto",
+        "-pool_size_free_products",
+        "-fixed_order_products",
+        "-fixed_order_convolutions",
+        "-portable_kernels",
+    ]
+)
 
 # Where ci/test.sh installs matplotlib: outside the virtual environment, so
 # that only pytest's own process (where the --plot tests draw) can import it,

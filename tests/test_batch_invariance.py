@@ -1,14 +1,17 @@
 """Batch invariance: a sample's output bits whatever else is in its batch.
 
-Under the opt-in `pool_size_free_products`, each of five small models (an
+Under the default `tfdet.enable()` (tfdet's kernels and the pool-size-free
+compositions), each of five small models (an
 MLP with GELU; Conv2D + BatchNormalization + MaxPooling; MultiHeadAttention +
 LayerNormalization; LSTM; Embedding + pooling) and each of the op survey's
 29 models predicts every input with the bits it gets in one whole batch,
 when predicted in another order in batches of 1, 5 or 32, or eagerly as
-`model(x[i:i + 5])`. The control, on the five: under tfdet's default
-profile the same predictions differ (oneDNN's sgemm and its batch-of-one
-convolution kernel, the scalar tails of element-wise functions). A model exported under the
-patch keeps the property where it is served without tfdet.
+`model(x[i:i + 5])`. The control, on the five: with TensorFlow's own
+products (`enable(threads=1, patches=None)`) the same predictions differ
+(oneDNN's sgemm and its batch-of-one convolution kernel, the scalar tails of
+element-wise functions). A model exported under the default holds
+TensorFlow's ops only and keeps the property where it is served without
+tfdet.
 
 Each setting runs in a fresh process (`benchmarks/batch_invariance.py`, the
 measurement the docs quote).
@@ -42,9 +45,9 @@ def counts(request) -> tuple[str, dict[str, dict]]:
     arguments = SURVEY if models == "survey" else []
     # The control runs on the five: on the survey's 29 it doubled the
     # suite's slowest fixture (its figures: benchmarks/batch_invariance.py).
-    settings = ["pool_size_free_products"]
+    settings = ["enable"]
     if models == "five":
-        settings.append("enable")
+        settings.append("tensorflow_ops")
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         futures = {
             setting: pool.submit(
@@ -59,20 +62,20 @@ def counts(request) -> tuple[str, dict[str, dict]]:
         return models, {key: future.result() for key, future in futures.items()}
 
 
-def test_each_sample_keeps_its_bits_in_any_batch_only_with_the_patch(counts):
+def test_each_sample_keeps_its_bits_in_any_batch_only_under_tfdet_s_products(counts):
     models, measured = counts
-    patched = measured["pool_size_free_products"]
+    patched = measured["enable"]
     nonzero = {
         name: by_batch for name, by_batch in patched.items() if any(by_batch.values())
     }
     assert nonzero == {}
     assert len(patched) == (5 if models == "five" else 29)
-    # The control: under the default profile a sample's bits follow its
+    # The control: with TensorFlow's own products a sample's bits follow its
     # batch, on every one of the five models (and on most of the survey's:
     # all but mixed_bfloat16 and the tf.data model's Dense head on an AMD
     # EPYC Zen 4, measured by the benchmark).
     if models == "five":
-        default = measured["enable"]
+        default = measured["tensorflow_ops"]
         following = [n for n, by_batch in default.items() if any(by_batch.values())]
         assert sorted(following) == sorted(default)
 
@@ -110,8 +113,9 @@ print(json.dumps({"rows": rows, "tfdet": "tfdet" in sys.modules}))
 def test_an_exported_model_keeps_it_where_tfdet_is_not_imported(tmp_path):
     served = {}
     for name, patches in (
-        ("patched", ["auto", "pool_size_free_products"]),
-        ("default", ["auto"]),
+        ("default", "auto"),
+        # The control: TensorFlow's own products and convolutions.
+        ("tensorflow", None),
     ):
         path = str(tmp_path / name)
         exported = run_python(
@@ -129,6 +133,7 @@ def test_an_exported_model_keeps_it_where_tfdet_is_not_imported(tmp_path):
         assert result.returncode == 0, result.stderr[-3000:]
         served[name] = last_json_line(result.stdout)
         assert served[name]["tfdet"] is False
-    # The SavedModel holds the patch's ops: they need no tfdet to run.
-    assert served["patched"]["rows"] == {"1": 0, "5": 0, "32": 0}
-    assert any(served["default"]["rows"].values()), served
+    # Exported under the default, the SavedModel holds the compositions of
+    # TensorFlow's ops (never tfdet's kernels): they need no tfdet to run.
+    assert served["default"]["rows"] == {"1": 0, "5": 0, "32": 0}
+    assert any(served["tensorflow"]["rows"].values()), served

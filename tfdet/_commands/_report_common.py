@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED
 from tfdet._protocol import _perturb
-from tfdet.patches import pool_size_free_products
+from tfdet.patches import _registry, pool_size_free_products
 
 if TYPE_CHECKING:
     from tfdet._runner._outcome import RunOutcome
@@ -128,12 +128,13 @@ def control_line(
         "instructions, among them) follow these perturbations on this model, "
         "and plain TensorFlow's do not"
     )
-    if _perturb.BATCH in perturbations and _BATCH_FREE_PATCH not in patches:
+    if _perturb.BATCH in perturbations and _BATCH_FREE_PATCH not in _registry.resolve(
+        patches
+    ):
         line += (
             f"; for {_perturb.BATCH}: under tfdet a prediction's bits follow "
-            "its batch here, and the patch "
-            f"{_BATCH_FREE_PATCH} (in the default `patches=auto`) gives "
-            "batch-invariant predictions"
+            f"its batch here, where {_BATCH_FREE_PATCH} was left out: the "
+            "default `patches=auto` gives batch-invariant predictions"
         )
     return line
 

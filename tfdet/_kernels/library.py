@@ -21,6 +21,10 @@ the first of:
 3. nowhere: `load()` returns None and says why once, and the caller
    computes the same thing as a composition of TensorFlow's ops.
 
+While a model is exported (`exporting()`), `load()` returns None too, so
+that what is traced then is the compositions: a SavedModel of TensorFlow's
+own ops, which a process without tfdet loads.
+
 The compiler is left out of every key because the sources fix their own
 arithmetic: no `-ffast-math`, no contraction of the code's multiplications
 and additions, the kernels' FMAs written as intrinsics, so a conforming
@@ -96,6 +100,22 @@ def _tensorflow_version() -> str:
     import tensorflow as tf
 
     return tf.__version__
+
+
+# How many exports are tracing now: while any is, every library is out of
+# reach and the callers trace their compositions. A count for the process,
+# not per thread: another thread's step then takes the compositions too.
+_EXPORTS = [0]
+
+
+@contextlib.contextmanager
+def exporting() -> Iterator[None]:
+    """While it lasts, `KernelLibrary.load()` returns None (see the module)."""
+    _EXPORTS[0] += 1
+    try:
+        yield
+    finally:
+        _EXPORTS[0] -= 1
 
 
 class KernelLibrary:
@@ -274,6 +294,8 @@ class KernelLibrary:
         The first failure is logged once (tfdet's logger, a warning) with the
         reason; later calls return None at once.
         """
+        if _EXPORTS[0]:
+            return None
         if "library" in self._state:
             return self._state["library"]
         import tensorflow as tf

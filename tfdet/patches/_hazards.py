@@ -185,9 +185,7 @@ def lookup(
     return None
 
 
-def needs_patch(
-    op_types: tuple[str, ...] | list[str], tensorflow_version: str
-) -> bool:
+def needs_patch(op_types: tuple[str, ...] | list[str], tensorflow_version: str) -> bool:
     """Whether a row that "auto" answers (`PATCHED_BY_DEFAULT`) holds for one
     of `op_types` at that version.
 

@@ -37,6 +37,8 @@ SCOPE_PREFIXES = ("Deterministic", "PoolSizeFree", "Portable")
 
 # The selection of the patches the running versions need.
 AUTO = "auto"
+# Before a name in a selection: leave that patch out (`["auto", "-fixed_order_add_n"]`).
+WITHOUT = "-"
 
 # The package whose public modules are the patches.
 PACKAGE = "tfdet.patches"
@@ -284,7 +286,8 @@ def resolve(selection: str | Iterable[str] | None | bool) -> list[str]:
     Args:
         selection: "auto" (the patches the running versions need, opt-in
             ones excepted), None or False (none), or an iterable of patch
-            names, which may include "auto" (`["auto", "pool_size_free_products"]`).
+            names, which may include "auto" (`["auto", "cudnn_rnn"]`), and
+            names after "-" to leave out (`["auto", "-portable_kernels"]`).
 
     Raises:
         ValueError: an unknown patch name or selection.
@@ -304,15 +307,17 @@ def resolve(selection: str | Iterable[str] | None | bool) -> list[str]:
             f"from {sorted(patches)}. Received: patches={selection!r}"
         )
     names = list(selection)
+    left_out = {name[len(WITHOUT) :] for name in names if name.startswith(WITHOUT)}
+    names = [name for name in names if not name.startswith(WITHOUT)]
     if AUTO in names:
         names = [name for name in names if name != AUTO] + resolve(AUTO)
-    unknown = sorted(set(names) - set(patches))
+    unknown = sorted((set(names) | left_out) - set(patches))
     if unknown:
         raise ValueError(
-            f"Expected `patches` names from {sorted(patches)}. "
-            f"Received unknown: {unknown}"
+            f"Expected `patches` names from {sorted(patches)} (each may follow "
+            f"{WITHOUT!r} to leave it out). Received unknown: {unknown}"
         )
-    return sorted(set(names))
+    return sorted(set(names) - left_out)
 
 
 def install(names: Iterable[str]) -> tuple[str, ...]:

@@ -27,8 +27,8 @@ is neither installed with tfdet, cached nor buildable (no C++ compiler),
 tfdet says so once, the
 composition computes every convolution (other bits), and the profile's
 `kernels` leaves this patch out. Values agree with TensorFlow's to float32
-rounding. A SavedModel traced while it is installed holds tfdet's ops: export
-with it off. A depthwise convolution's filter gradient (one filter per
+rounding. Exports trace the composition instead (`export_without_kernels`),
+so a SavedModel loads without tfdet. A depthwise convolution's filter gradient (one filter per
 channel) is the kernel's too: each weight one chain over the output
 positions in order, the channels in the vectors' lanes. Not covered: the
 depthwise forward and input gradient (TensorFlow's split only over their

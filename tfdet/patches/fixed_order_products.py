@@ -34,9 +34,9 @@ TensorFlow's to float32 rounding. Other dtypes, and products with an empty
 dimension known when traced, go to TensorFlow's op. A custom op does not
 compile under XLA (`jit_compile=True`).
 
-Installed by "auto" (`tfdet.enable()`'s default). A SavedModel traced while it is installed
-(`model.export`, `tf.saved_model.save`) holds tfdet's ops, which a process
-without tfdet's library cannot load: export with it off. Cost:
+Installed by "auto" (`tfdet.enable()`'s default). Exports (`model.export`,
+`tf.saved_model.save`) trace the composition instead
+(`export_without_kernels`), so a SavedModel loads without tfdet. Cost:
 `benchmarks/fixed_order_products.py`.
 """
 

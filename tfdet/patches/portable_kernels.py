@@ -19,12 +19,9 @@ edges, both branches, tensor lengths that end off a packet); where no
 compiler builds it, or where they disagree, tfdet says so once and keeps the
 composition.
 
-A model exported while it is installed keeps to TensorFlow's own ops: the
-kernel is not used while Keras's `Model.export`, `keras.export.ExportArchive`
-or `tf.saved_model.save` traces (they trace the composition, with the same
-bits), so the SavedModel loads and serves where tfdet is not installed. A
-`tf.function` the program traced itself before saving it may still hold
-`TfdetPortableErfc` (the exports do not trace it again).
+A model exported while it is installed keeps to TensorFlow's own ops
+(`export_without_kernels`: the exports trace the composition, with the same
+bits), so the SavedModel loads and serves where tfdet is not installed.
 
 Beside `pool_size_free_products`, whose element-wise functions run on
 whole packets (an element's bits then do not follow its tensor's size, nor
@@ -41,14 +38,11 @@ Cost: `benchmarks/portable_kernels.py`.
 
 from __future__ import annotations
 
-import functools
 import logging
-import sys
-from collections.abc import Callable
 from typing import Any
 
 from tfdet._kernels import portable
-from tfdet.patches import _exact_math, _registry, portable_erfc
+from tfdet.patches import _registry, portable_erfc
 from tfdet.patches._registry import Patch
 
 _LOG = logging.getLogger("tfdet")
@@ -58,10 +52,6 @@ LIBRARY = portable.LIBRARY
 # whether its exp ran on whole packets: checked once a process for each, at
 # the first use.
 _verdict: dict[bool, bool] = {}
-# How many exports are tracing now: while any is, the composition is traced
-# (the same bits, and ops any TensorFlow can load). Not per thread: another
-# thread's step then takes the composition too, with the same bits.
-_exporting = [0]
 
 
 def probe_inputs() -> Any:
@@ -132,29 +122,9 @@ def erfc(x: Any) -> Any:
                 "tfdet: the portable_kernels Erfc kernel gave other bits than the "
                 "composition on its probe inputs; the composition is used."
             )
-    if library is None or not _verdict[whole_packets] or _exporting[0]:
+    if library is None or not _verdict[whole_packets]:
         return portable_erfc.erfc_float32(x)
     return library.tfdet_portable_erfc(x, whole_packets=whole_packets)
-
-
-def _without_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
-    """`function`, during which the composition is traced instead of the kernel."""
-
-    @functools.wraps(function)
-    def exporting(*args: Any, **kwargs: Any) -> Any:
-        _exporting[0] += 1
-        try:
-            return function(*args, **kwargs)
-        finally:
-            _exporting[0] -= 1
-
-    return exporting
-
-
-# TensorFlow's SavedModel writers (`tf.saved_model.save` calls the second;
-# tf_keras's `model.save` calls it directly).
-_SAVED_MODEL = "tensorflow.python.saved_model.save"
-_SAVERS = ("save", "save_and_return_nodes")
 
 
 def _apply(swap: Any) -> None:
@@ -168,20 +138,6 @@ def _apply(swap: Any) -> None:
     # the compiler, and a missing compiler is said at enable().
     LIBRARY.load()
     swap.attribute(portable_erfc, "kernel", erfc)
-    for name in _SAVERS:
-        original = getattr(sys.modules[_SAVED_MODEL], name)
-        _exact_math.swap_everywhere(swap, _SAVED_MODEL, name, _without_kernel(original))
-
-
-def _apply_to_keras(swap: Any) -> None:
-    """Keras 3's exports trace their endpoints before they write them."""
-    import keras
-
-    swap.attribute(keras.Model, "export", _without_kernel(keras.Model.export))
-    archive = getattr(getattr(keras, "export", None), "ExportArchive", None)
-    for name in ("add_endpoint", "track_and_add_endpoint", "write_out"):
-        if archive is not None and hasattr(archive, name):
-            swap.attribute(archive, name, _without_kernel(getattr(archive, name)))
 
 
 def _nothing_to_compute() -> str | None:
@@ -196,7 +152,6 @@ PATCH = Patch(
     "with the same bits (the exact GELU at about the speed of TensorFlow's Erfc)",
     upstream=portable_erfc.PATCH.upstream,
     apply=_apply,
-    after_import=(("keras", _apply_to_keras),),
     unavailable=_nothing_to_compute,
     kernel=LIBRARY,
 )
