@@ -263,7 +263,7 @@ def test_the_settings_a_gpu_user_would_try_are_timed():
         "plain TensorFlow",
         "enable()",  # First of the deterministic ones: preferred on a tie.
         "seeds + enable_op_determinism()",
-        "enable(threads=4)",
+        "enable(threads=1)",
         "enable() + jit_compile=True",
     ]
     # TensorFlow's own switch, without tfdet.

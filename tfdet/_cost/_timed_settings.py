@@ -49,10 +49,10 @@ def written(name: str) -> str:
     return name if name in (PLAIN.name, OP_DETERMINISM.name) else f"tfdet.{name}"
 
 
-def _enable_call(threads: dict[str, int], **arguments: str) -> str:
-    """How the report names `enable()` with `threads` and `arguments`."""
-    shown = {**{k: str(v) for k, v in threads.items()}, **arguments}
-    return f"enable({', '.join(f'{k}={v}' for k, v in shown.items())})"
+# The default on one thread: the same bits (what the pool buys).
+ONE_THREAD = Setting("enable(threads=1)", {"threads": 1})
+# oneDNN's ops on the CPU's best instructions: bits that follow the CPU.
+UNCAPPED = Setting("enable(cpu_isa=None)", {"cpu_isa": None})
 
 
 # Whether the model compiles (and Keras keeps XLA under op determinism) is
@@ -95,8 +95,8 @@ def settings_for(cores: int, xla: bool = True) -> list[Setting]:
     """
     found = [PLAIN, Setting("enable()", {})]
     if cores > 1:
-        found.append(Setting(_enable_call({"threads": 1}), {"threads": 1}))
-    found.append(Setting(_enable_call({}, cpu_isa="None"), {"cpu_isa": None}))
+        found.append(ONE_THREAD)
+    found.append(UNCAPPED)
     if xla:
         found.append(XLA)
     return found
@@ -106,20 +106,19 @@ def gpu_settings_for(cores: int, xla: bool = True) -> list[Setting]:
     """The settings a GPU user would try, plain TensorFlow (with XLA where
     Keras turns it on by itself) first:
 
-    - `enable()`: the default profile (one host thread, tfdet's
+    - `enable()`: the default profile (the host's cores, tfdet's
       replacements for the ops TensorFlow refuses on a GPU), first of the
       deterministic ones, so the advice prefers it on a tie;
     - TensorFlow's own op determinism and seeds (Keras then turns its
       automatic XLA off; a model with an op TensorFlow refuses on a GPU
       fails this setting's run, and `tfdet cost` with it: exit 3);
-    - `enable(threads=N)`: the host's cores, which shows the share of the
-      single host thread (the GPU's bits do not follow it);
+    - `enable(threads=1)`: one host thread, which shows the host's share
+      (the GPU's bits do not follow it);
     - XLA under its deterministic ops (`xla=False` leaves it out).
     """
-    threads = {"threads": cores} if cores > 1 else {}
     found = [PLAIN, Setting("enable()", {}), OP_DETERMINISM]
     if cores > 1:
-        found.append(Setting(_enable_call(threads), dict(threads)))
+        found.append(ONE_THREAD)
     if xla:
         found.append(XLA)
     return found
