@@ -23,7 +23,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, clean_env, last_json_line
+from tests.conftest import REPO, TENSORFLOW_PRODUCTS, clean_env, last_json_line
 from tfdet._kernels import fixed_order
 from tfdet._kernels import library as kernel_library
 from tfdet._pin import _isa
@@ -519,7 +519,9 @@ PRODUCTS = """
 import hashlib, json, sys
 import numpy as np
 import tfdet
-tfdet.enable(seed=0, threads=int(sys.argv[1]), cpu_isa=sys.argv[2])
+# TensorFlow's own products for the controls (the default's are the kernel's).
+tfdet.enable(seed=0, threads=int(sys.argv[1]), cpu_isa=sys.argv[2],
+             patches=sys.argv[3].split(","))
 import tensorflow as tf
 from tfdet._kernels import fixed_order as kernels
 
@@ -613,7 +615,14 @@ KERNEL_PATH = {"SSE41": "scalar"}
 def test_bits_follow_neither_pool_nor_batch_where_tensorflows_ops_do(kernels):
     processes = {
         setting: subprocess.Popen(
-            [sys.executable, "-c", PRODUCTS, str(setting[0]), setting[1]],
+            [
+                sys.executable,
+                "-c",
+                PRODUCTS,
+                str(setting[0]),
+                setting[1],
+                TENSORFLOW_PRODUCTS,
+            ],  # fmt: skip
             env=clean_env(**{fixed_order.ISA_VARIABLE: KERNEL_PATH.get(setting[1])}),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

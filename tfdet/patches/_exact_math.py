@@ -62,6 +62,13 @@ class GeneratedOp:
     def original(self) -> Callable[..., Any] | None:
         return self._found or _TENSORFLOWS.get(self._key)
 
+    @property
+    def tensorflows(self) -> Callable[..., Any] | None:
+        """TensorFlow's own wrapper (None before any patch replaced it): for
+        inputs that TensorFlow's op itself must take, empty ones and ones it
+        refuses with its own error, past any other patch's replacement."""
+        return _TENSORFLOWS.get(self._key)
+
     def replace(self, swap: Swap, replacement: Callable[..., Any]) -> None:
         """Binds `replacement` wherever TensorFlow binds the wrapper."""
         self._found = swap_everywhere(swap, *self._key, replacement)

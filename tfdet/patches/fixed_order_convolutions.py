@@ -90,6 +90,54 @@ def _attributes(
     }
 
 
+def _for_tensorflow(images: tuple[Any, ...], filters: tuple[Any, ...]) -> bool:
+    """Whether TensorFlow's own op takes a convolution, by its operands'
+    shapes known when traced: `images` (NHWC input and output gradient,
+    `tf.TensorShape`s) and `filters` (the filter's, or the 4 sizes one
+    names).
+
+    A rank TensorFlow refuses (an image below 4, a filter other than 4):
+    its op raises its own error, where the kernel's (or an IndexError
+    here) would be another. A dimension of 0: its op gives the empty
+    result, or zeros where only the terms are empty (an output gradient
+    with no columns), which have no order to fix; the kernel refused some.
+    """
+
+    def refused(shape: Any, ranks: range) -> bool:
+        return shape.rank is not None and (
+            shape.rank not in ranks or any(size == 0 for size in shape)
+        )
+
+    return any(refused(shape, range(4, 99)) for shape in images) or any(
+        refused(shape, range(4, 5)) for shape in filters
+    )
+
+
+def _tensorflows(
+    op: str,
+    inputs: tuple[Any, ...],
+    strides: Any,
+    padding: Any,
+    use_cudnn_on_gpu: bool,
+    explicit_paddings: Any,
+    data_format: Any,
+    dilations: Any,
+    name: str | None,
+) -> Any:
+    """The convolution `op` by TensorFlow's own wrapper (see `_for_tensorflow`)."""
+    return _exact_math.call_convolution(
+        _CONVOLUTIONS[op].tensorflows,
+        inputs,
+        strides,
+        padding,
+        use_cudnn_on_gpu,
+        explicit_paddings,
+        data_format,
+        dilations,
+        name,
+    )
+
+
 def conv2d(
     input: Any,  # noqa: A002 - TensorFlow's argument name
     filter: Any,  # noqa: A002 - TensorFlow's argument name
@@ -105,6 +153,11 @@ def conv2d(
     import tensorflow as tf
 
     x, kernel = tf.convert_to_tensor(input), tf.convert_to_tensor(filter)
+    if _for_tensorflow((x.shape,), (kernel.shape,)):
+        return _tensorflows(
+            "conv2d", (input, filter), strides, padding, use_cudnn_on_gpu,
+            explicit_paddings, data_format, dilations, name,
+        )  # fmt: skip
     ungrouped = pool_size_free_products._ungrouped(
         _channels(x), pool_size_free_products._filter_shape(kernel)
     )
@@ -135,6 +188,20 @@ def conv2d_backprop_input(
     import tensorflow as tf
 
     kernel, upstream = tf.convert_to_tensor(filter), tf.convert_to_tensor(out_backprop)
+    # TensorFlow's op also takes [height, width] (the batch and channels
+    # then from the other operands); the kernel wants all 4.
+    four = pool_size_free_products.four_input_sizes(
+        input_sizes, kernel, upstream, _exact_math.attribute_text(data_format, "NHWC")
+    )
+    if four is None or _for_tensorflow(
+        (upstream.shape, _exact_math.static_shape(four)), (kernel.shape,)
+    ):
+        return _tensorflows(
+            "conv2d_backprop_input", (input_sizes, filter, out_backprop), strides,
+            padding, use_cudnn_on_gpu, explicit_paddings, data_format, dilations,
+            name,
+        )  # fmt: skip
+    input_sizes = four
     ungrouped = pool_size_free_products._ungrouped(
         _exact_math.static_shape(input_sizes)[3],
         pool_size_free_products._filter_shape(kernel),
@@ -169,6 +236,14 @@ def conv2d_backprop_filter(
     import tensorflow as tf
 
     x, upstream = tf.convert_to_tensor(input), tf.convert_to_tensor(out_backprop)
+    if _for_tensorflow(
+        (x.shape, upstream.shape), (_exact_math.static_shape(filter_sizes),)
+    ):
+        return _tensorflows(
+            "conv2d_backprop_filter", (input, filter_sizes, out_backprop), strides,
+            padding, use_cudnn_on_gpu, explicit_paddings, data_format, dilations,
+            name,
+        )  # fmt: skip
     sizes = pool_size_free_products._static_filter_shape(filter_sizes)
     ungrouped = pool_size_free_products._ungrouped(_channels(x), sizes)
     if not _kernel_takes(data_format, (x, upstream), ungrouped):
@@ -202,6 +277,16 @@ def depthwise_conv2d_native_backprop_filter(
     import tensorflow as tf
 
     x, upstream = tf.convert_to_tensor(input), tf.convert_to_tensor(out_backprop)
+    if _for_tensorflow(
+        (x.shape, upstream.shape), (_exact_math.static_shape(filter_sizes),)
+    ):
+        # TensorFlow's own op (see `_for_tensorflow`); it has no
+        # `use_cudnn_on_gpu`.
+        return _CONVOLUTIONS["depthwise_conv2d_native_backprop_filter"].tensorflows(
+            input, filter_sizes, out_backprop, strides, padding,
+            explicit_paddings=list(explicit_paddings), data_format=data_format,
+            dilations=list(dilations), name=name,
+        )  # fmt: skip
     sizes = pool_size_free_products._static_filter_shape(filter_sizes)
     one_per_channel = sizes is not None and sizes[3] == 1
     if not _kernel_takes(data_format, (x, upstream), one_per_channel):

@@ -80,6 +80,35 @@ def _batch_product(a: Any, b: Any, adj_x: bool, adj_y: bool) -> Any:
     return tf.reshape(product, tf.concat([batch, tf.shape(product)[1:]], 0))
 
 
+def _cannot_multiply(
+    a: Any, b: Any, adjoint_a: bool, adjoint_b: bool, matrices: bool
+) -> bool:
+    """Whether shapes known when traced cannot be multiplied.
+
+    TensorFlow's op then raises its own error: `InvalidArgumentError` (or,
+    traced, `ValueError`) with its own text, where the kernel's would say
+    it in other words. `matrices`: MatMul's 2-D operands, else BatchMatMul's
+    broadcast batches.
+    """
+    import tensorflow as tf
+
+    if a.shape.rank is None or b.shape.rank is None:
+        return False
+    if min(a.shape.rank, b.shape.rank) < 2 or (
+        matrices and max(a.shape.rank, b.shape.rank) > 2
+    ):
+        return True
+    inner_a = a.shape[-2] if adjoint_a else a.shape[-1]
+    inner_b = b.shape[-1] if adjoint_b else b.shape[-2]
+    if inner_a is not None and inner_b is not None and inner_a != inner_b:
+        return True
+    try:
+        tf.broadcast_static_shape(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        return True
+    return False
+
+
 def mat_mul(
     a: Any,
     b: Any,
@@ -92,6 +121,12 @@ def mat_mul(
     import tensorflow as tf
 
     a_tensor, b_tensor = tf.convert_to_tensor(a), tf.convert_to_tensor(b)
+    if _cannot_multiply(a_tensor, b_tensor, transpose_a, transpose_b, matrices=True):
+        # TensorFlow's own op raises its own error (type and text), which
+        # callers match (`Matrix size-incompatible`, `ndims must be >= 2`).
+        return _MAT_MUL.original(
+            a, b, transpose_a=transpose_a, transpose_b=transpose_b, name=name, **flags
+        )
     if pool_size_free_products.mat_mul_left_to_tensorflow(a_tensor, b_tensor):
         _left_to_tensorflow("MatMul", a_tensor.dtype)
         return _MAT_MUL.original(
@@ -124,6 +159,9 @@ def _batch_mat_mul(version: str) -> Any:
         original = _BATCH_MAT_MUL[version].original
         a, b = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
         out_type = args[0] if args else flags.get("Tout", tf.float32)
+        if _cannot_multiply(a, b, adj_x, adj_y, matrices=False):
+            # TensorFlow's op raises its own error (see `mat_mul`).
+            return original(x, y, *args, adj_x=adj_x, adj_y=adj_y, name=name, **flags)
         left, reason = pool_size_free_products.batch_mat_mul_left_to_tensorflow(
             a, b, out_type
         )
@@ -156,11 +194,79 @@ def einsum(inputs: Any, equation: str, name: str | None = None) -> Any:
         _left_to_tensorflow("Einsum", tensors[0].dtype)
         return _EINSUM.original(inputs, equation, name=name)
     try:
-        return special_math_ops._einsum_v1(equation, *tensors, name=name)
+        broadcast = _broadcast_ellipses(equation, tensors)
+        result = special_math_ops._einsum_v1(equation, *broadcast, name=name)
     except ValueError:
-        # A subscript the decomposition does not take (a diagonal, "ii->i").
+        # A subscript the decomposition does not take (a diagonal, "ii->i"),
+        # or an ellipsis of unknown rank in two inputs: TensorFlow's op
+        # (which raises TensorFlow's error where the shapes do not fit).
         _left_to_tensorflow("Einsum", tensors[0].dtype, f"the equation {equation!r}")
         return _EINSUM.original(inputs, equation, name=name)
+    # "...->..." decomposes to its input itself; TensorFlow's op gives a new
+    # tensor (graph-mode gradients of an op's output taken as its own input
+    # come out zero: EinsumGradTest.testUnaryEllipsis).
+    if any(result is tensor for tensor in broadcast):
+        result = tf.identity(result, name=name)
+    return result
+
+
+def _broadcast_ellipses(equation: str, tensors: list[Any]) -> list[Any]:
+    """The inputs, their ellipsis dimensions broadcast against each other's.
+
+    `_einsum_v1` takes an ellipsis in two inputs only where their
+    dimensions are equal: a 1 against a larger one ("...ij,...jk->...ik" of
+    [3, 1, 2, 3] and [1, 7, 3, 5]) failed when run, in a reshape. Einsum
+    broadcasts them as NumPy does, so each such input is broadcast to the
+    common ellipsis shape first (its copies hold the same values: the
+    products' terms and their order are unchanged).
+
+    Raises:
+        ValueError: Where an input with an ellipsis has an unknown rank, or
+            the ellipses cannot broadcast (the caller then leaves the
+            equation to TensorFlow's op, which raises its own error).
+    """
+    import tensorflow as tf
+
+    subscripts = equation.replace(" ", "").split("->")[0].split(",")
+    spans = []  # (input, first ellipsis axis, axes after it) per ellipsis
+    for index, subscript in enumerate(subscripts[: len(tensors)]):
+        if "..." in subscript:
+            start = subscript.index("...")
+            spans.append((index, start, len(subscript) - start - 3))
+    if len(spans) < 2:
+        return tensors
+    if any(tensors[index].shape.rank is None for index, _, _ in spans):
+        raise ValueError("an ellipsis of unknown rank")
+
+    def ellipsis(index: int, start: int, after: int) -> Any:
+        return tensors[index].shape[start : tensors[index].shape.rank - after]
+
+    shapes = [ellipsis(*span) for span in spans]
+    known = {tuple(shape.as_list()) for shape in shapes if shape.rank}
+    if len(known) <= 1 and all(shape.is_fully_defined() for shape in shapes):
+        return tensors  # One ellipsis shape (or none but empty ones).
+    static = shapes[0]
+    for shape in shapes[1:]:
+        static = tf.broadcast_static_shape(static, shape)  # ValueError if not
+    rank = static.rank
+    common = tf.shape(tensors[spans[0][0]])[spans[0][1] : spans[0][1] + shapes[0].rank]
+    for (index, start, _), shape in zip(spans[1:], shapes[1:]):
+        common = tf.broadcast_dynamic_shape(
+            common, tf.shape(tensors[index])[start : start + shape.rank]
+        )
+    broadcast = list(tensors)
+    for (index, start, _), shape in zip(spans, shapes):
+        dims = tf.shape(tensors[index])
+        end = start + shape.rank
+        # Right-aligned, as NumPy broadcasts: leading ones first.
+        ones = tf.ones([rank - shape.rank], tf.int32)
+        aligned = tf.reshape(
+            tensors[index], tf.concat([dims[:start], ones, dims[start:]], 0)
+        )
+        broadcast[index] = tf.broadcast_to(
+            aligned, tf.concat([dims[:start], common, dims[end:]], 0)
+        )
+    return broadcast
 
 
 # The op types this patch computes apart from the pool size and the batch.

@@ -678,15 +678,19 @@ def conv2d_backprop_input(
 
     kernel = tf.convert_to_tensor(filter)
     upstream = tf.convert_to_tensor(out_backprop)
-    sizes = tf.cast(input_sizes, tf.int32)
     data_format, padding = (
         _exact_math.attribute_text(data_format, "NHWC"),
         _exact_math.attribute_text(padding, "VALID"),
     )
-    input_channels = _exact_math.static_shape(input_sizes)[3]
+    four = four_input_sizes(input_sizes, kernel, upstream, data_format)
     # A grouped convolution's filter has fewer channels than x.
-    unsupported = _convolution_unsupported(
-        data_format, _ungrouped(input_channels, _filter_shape(kernel))
+    unsupported = (
+        "input sizes that are not 4 or 2 numbers"
+        if four is None
+        else _convolution_unsupported(
+            data_format,
+            _ungrouped(_exact_math.static_shape(four)[3], _filter_shape(kernel)),
+        )
     )
     if upstream.dtype != tf.float32 or unsupported is not None:
         _whole_packets.left_to_tensorflow(
@@ -703,6 +707,7 @@ def conv2d_backprop_input(
             dilations,
             name,
         )
+    sizes = tf.cast(four, tf.int32)
     height, width = kernel.shape[0], kernel.shape[1]
     with tf.name_scope(name or "PoolSizeFreeConv2DBackpropInput"):
         spread = upstream
@@ -732,6 +737,52 @@ def conv2d_backprop_input(
         spread.set_shape([None, None, None, upstream.shape[3]])
         flipped = tf.transpose(tf.reverse(kernel, [0, 1]), [0, 1, 3, 2])
         return _conv(spread, flipped, [1, 1, 1, 1], "VALID", (), dilations)
+
+
+def four_input_sizes(
+    input_sizes: Any, kernel: Any, upstream: Any, data_format: str
+) -> Any:
+    """`Conv2DBackpropInput`'s `input_sizes` as its 4 sizes, or None.
+
+    TensorFlow's op also takes the 2 spatial sizes alone, `[height, width]`:
+    the batch is then the output gradient's, the channels the filter's
+    third dimension (`Conv2DBackpropComputeInputShape`). The kernel and
+    the composition want all 4, as a list where they are known when traced
+    (their static shape chooses the path), else as a tensor.
+
+    Returns:
+        The 4 sizes, or None where TensorFlow's op must take `input_sizes`
+        as they are: a count not known when traced or neither 4 nor 2, or 2
+        beside a filter or output gradient not of rank 4 (its error).
+    """
+    import tensorflow as tf
+
+    if isinstance(input_sizes, (list, tuple)):
+        count = len(input_sizes)
+    else:
+        shape = tf.convert_to_tensor(input_sizes).shape
+        count = shape[0] if shape.rank == 1 else None
+    if count == 4:
+        return input_sizes
+    if count != 2 or kernel.shape.rank != 4 or upstream.shape.rank != 4:
+        return None
+    static = tf.get_static_value(tf.convert_to_tensor(input_sizes))
+    if static is not None:
+        height, width = (int(size) for size in static)
+    else:
+        spatial = tf.cast(input_sizes, tf.int32)
+        height, width = spatial[0], spatial[1]
+    batch = upstream.shape[0]
+    batch = tf.shape(upstream)[0] if batch is None else batch
+    channels = kernel.shape[2]
+    channels = tf.shape(kernel)[2] if channels is None else channels
+    if data_format == "NCHW":
+        sizes = [batch, channels, height, width]
+    else:
+        sizes = [batch, height, width, channels]
+    if all(isinstance(size, int) for size in sizes):
+        return sizes
+    return tf.stack([tf.cast(size, tf.int32) for size in sizes])
 
 
 def _cut_and_pad(tensor: Any, axis: int, front: Any, back: Any, length: Any) -> Any:

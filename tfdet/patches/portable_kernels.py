@@ -85,8 +85,13 @@ def _agrees(library: Any, whole_packets: bool) -> bool:
     pool-size-free products have made it so)."""
     import numpy as np
     import tensorflow as tf
+    from tensorflow.python.eager import context
 
-    with tf.init_scope():  # Eagerly, also when first called while tracing.
+    # Eagerly, also when first called while tracing: `init_scope` leaves a
+    # tf.function's graph, but under a TF1 graph (`Graph.as_default()`, as
+    # in tf.compat.v1 code and TensorFlow's own graph-mode tests) the
+    # outermost context is that graph, whose tensors have no `numpy()`.
+    with tf.init_scope(), context.eager_mode():
         x = tf.constant(probe_inputs())
         found = library.tfdet_portable_erfc(x, whole_packets=whole_packets)
         expected = portable_erfc.erfc_float32(x)
