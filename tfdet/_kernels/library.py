@@ -23,7 +23,9 @@ the first of:
 
 While a model is exported (`exporting()`), `load()` returns None too, so
 that what is traced then is the compositions: a SavedModel of TensorFlow's
-own ops, which a process without tfdet loads.
+own ops, which a process without tfdet loads. So it does while a function
+compiled by XLA (`jit_compile=True`) is traced: XLA compiles TensorFlow's
+ops, not custom ones ("tf2xla conversion failed").
 
 The compiler is left out of every key because the sources fix their own
 arithmetic: no `-ffast-math`, no contraction of the code's multiplications
@@ -116,6 +118,16 @@ def exporting() -> Iterator[None]:
         yield
     finally:
         _EXPORTS[0] -= 1
+
+
+
+def _tracing_for_xla() -> bool:
+    """Whether the graph being built now is compiled by XLA (TensorFlow's
+    own test, as its ops use it to choose an XLA-friendly path)."""
+    from tensorflow.python.framework import ops
+    from tensorflow.python.ops import control_flow_util
+
+    return bool(control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()))
 
 
 class KernelLibrary:
@@ -294,7 +306,7 @@ class KernelLibrary:
         The first failure is logged once (tfdet's logger, a warning) with the
         reason; later calls return None at once.
         """
-        if _EXPORTS[0]:
+        if _EXPORTS[0] or _tracing_for_xla():
             return None
         if "library" in self._state:
             return self._state["library"]
