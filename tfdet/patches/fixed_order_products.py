@@ -250,12 +250,12 @@ def _broadcast_ellipses(equation: str, tensors: list[Any]) -> list[Any]:
         static = tf.broadcast_static_shape(static, shape)  # ValueError if not
     rank = static.rank
     common = tf.shape(tensors[spans[0][0]])[spans[0][1] : spans[0][1] + shapes[0].rank]
-    for (index, start, _), shape in zip(spans[1:], shapes[1:]):
+    for (index, start, _), shape in zip(spans[1:], shapes[1:], strict=True):
         common = tf.broadcast_dynamic_shape(
             common, tf.shape(tensors[index])[start : start + shape.rank]
         )
     broadcast = list(tensors)
-    for (index, start, _), shape in zip(spans, shapes):
+    for (index, start, _), shape in zip(spans, shapes, strict=True):
         dims = tf.shape(tensors[index])
         end = start + shape.rank
         # Right-aligned, as NumPy broadcasts: leading ones first.
