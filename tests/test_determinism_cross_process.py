@@ -2,7 +2,8 @@
 
 Each run is a fresh interpreter that trains the built-in CNN (convolutions,
 max-pooling, Dropout, Dense, RMSprop) for 3 `train_on_batch` steps and prints
-the SHA-256 of every weight. With `tfdet.enable()` the weights must be
+the SHA-256 of every weight. With `tfdet.enable()` (whose pools follow the
+cores, and whose kernels make their size decide no bit) the weights must be
 bit-identical under perturbations that imitate another machine (fewer cores,
 a different oneDNN ISA, another hash seed). Without it (seeds only), the same
 perturbations must change the bits: that is what shows these tests can fail.
@@ -12,7 +13,8 @@ half is skipped with the reason, never passed.
 On CPUs above AVX2 the default AVX2 cap alone can make 1 and 2 cores agree
 (measured on a 2-core Xeon with AVX-512: under the cap, TensorFlow's default
 thread pools on 1 and 2 cores give the same CNN bits), so thread pinning is
-also checked with oneDNN uncapped.
+also checked with oneDNN uncapped, with TensorFlow's own products (whose
+bits follow the pool) at a pinned pool of one.
 
 Every run is started when the module's first test asks, two at a time (these
 machines have 2 cores; bits do not depend on load), and shared by the tests
@@ -30,8 +32,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import REPO, clean_env, last_json_line, run_python
-from tfdet._pin import _isa
+from tests.conftest import (
+    REPO,
+    TENSORFLOW_PRODUCTS,
+    clean_env,
+    last_json_line,
+    run_python,
+)
+from tfdet._pin import _cpus, _isa
+from tfdet._pin._profile import Profile
 
 STEPS = 3
 HASH_SEED = "12345"
@@ -82,19 +91,28 @@ class Config:
     isa_cap: str | None = None  # ONEDNN_MAX_CPU_ISA set before start.
     hash_seed: str | None = None  # PYTHONHASHSEED at start (None: random).
     repeat: int = 0  # Distinguishes an identical run used as a control.
-    threads: int = 1  # enable(threads=...).
+    threads: int | None = None  # enable(threads=...); None: the default.
     uncapped: bool = False  # enable(cpu_isa=None): oneDNN keeps its best ISA.
+    # TensorFlow's own products and convolutions instead of tfdet's.
+    tensorflow_products: bool = False
 
     @property
     def enable_kwargs(self) -> dict:
-        kwargs: dict = {"threads": self.threads} if self.threads != 1 else {}
+        kwargs: dict = {"threads": self.threads} if self.threads is not None else {}
         if self.uncapped:
             kwargs["cpu_isa"] = None
+        if self.tensorflow_products:
+            kwargs["patches"] = TENSORFLOW_PRODUCTS.split(",")
         return kwargs
 
     @property
     def legacy_keras(self) -> bool:
         return self.target.endswith("_tf_keras")
+
+
+# A pool pinned at one thread, oneDNN uncapped, TensorFlow's own products:
+# what pinning the pools alone does.
+PINNED_ONE = Config("enable", threads=1, uncapped=True, tensorflow_products=True)
 
 
 def _configs(has_two_cpus: bool, has_tf_keras: bool) -> list[Config]:
@@ -116,9 +134,9 @@ def _configs(has_two_cpus: bool, has_tf_keras: bool) -> list[Config]:
     # AVX2 cap alone can already make 1 and 2 cores agree, hiding whether
     # pinning the pools works.
     if has_two_cpus:
-        configs.append(Config("enable", uncapped=True))
-        configs.append(Config("enable", uncapped=True, one_cpu=True))
-    configs.append(Config("enable", uncapped=True, threads=2))
+        configs.append(PINNED_ONE)
+        configs.append(dataclasses.replace(PINNED_ONE, one_cpu=True))
+    configs.append(dataclasses.replace(PINNED_ONE, threads=2))
     # The copyable example, as a user runs it.
     if has_two_cpus:
         configs.append(Config("example"))
@@ -253,7 +271,8 @@ def test_enabled_weights_identical_on_one_and_two_cores(
     two = runs.get(Config("enable", target))
     one = runs.get(Config("enable", target, one_cpu=True))
     assert (len(one["affinity"]), len(two["affinity"])) == (1, 2)
-    assert one["intra_op_threads"] == two["intra_op_threads"] == 1
+    # The default's pools follow the cores; its bits do not.
+    assert (one["intra_op_threads"], two["intra_op_threads"]) == (1, 2)
     _assert_identical(two, one, "1 core vs 2 cores")
 
 
@@ -324,8 +343,12 @@ def test_enabled_runs_record_the_same_profile_under_every_perturbation(
     if len(os.sched_getaffinity(0)) >= 2:
         others.append(Config("enable", one_cpu=True))
     for config in others:
-        assert runs.get(config)["profile"] == base, config
-    assert base["intra_op_threads"] == base["inter_op_threads"] == 1
+        # Equal in every field that decides bits (the pool sizes follow the
+        # cores, and under the default decide none).
+        other = Profile.from_dict(runs.get(config)["profile"])
+        assert Profile.from_dict(base).differences(other) == {}, config
+    cpus = _cpus.usable_cpus()
+    assert base["intra_op_threads"] == base["inter_op_threads"] == cpus
     assert base["op_determinism"] is True
     assert json.loads(json.dumps(base)) == base
 
@@ -340,18 +363,18 @@ def test_seeded_only_weights_identical_without_perturbation(runs: Runs) -> None:
 @pytest.mark.slow
 def test_pinned_threads_alone_make_one_and_two_cores_agree(runs: Runs) -> None:
     _require_two_cpus()
-    two = runs.get(Config("enable", uncapped=True))
-    one = runs.get(Config("enable", uncapped=True, one_cpu=True))
+    two = runs.get(PINNED_ONE)
+    one = runs.get(dataclasses.replace(PINNED_ONE, one_cpu=True))
     assert two["isa_cap"] is None and one["isa_cap"] is None
-    _assert_identical(two, one, "enable(cpu_isa=None), 1 core vs 2 cores")
+    _assert_identical(two, one, "threads=1, cpu_isa=None, 1 core vs 2 cores")
 
 
 @pytest.mark.slow
 def test_thread_pool_size_decides_the_bits(runs: Runs) -> None:
-    # Why `threads` is part of the profile: a different pool size is a
-    # different experiment, even on the same machine.
-    one_thread = runs.get(Config("enable", uncapped=True))
-    two_threads = runs.get(Config("enable", uncapped=True, threads=2))
+    # Why `threads` is part of the profile: with TensorFlow's own products a
+    # different pool size is a different experiment, even on one machine.
+    one_thread = runs.get(PINNED_ONE)
+    two_threads = runs.get(dataclasses.replace(PINNED_ONE, threads=2))
     assert two_threads["intra_op_threads"] == 2
     if one_thread["digest"] == two_threads["digest"]:
         pytest.skip("threads=1 and threads=2 gave the same bits on this machine")

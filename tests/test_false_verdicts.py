@@ -107,7 +107,9 @@ def test_a_fit_that_raises_early_shows_the_users_error_alone(tmp_path):
 def test_thread_pools_changed_behind_enable_are_refused(pool, code):
     # tfdet run pins one thread; the script asks for `pool`: it used to get
     # 4 compute threads while the profile and traces said 1.
-    proc = run_tfdet("run", str(SCRIPTS / "sets_thread_pools.py"), pool)
+    proc = run_tfdet(
+        "run", "--threads", "1", str(SCRIPTS / "sets_thread_pools.py"), pool
+    )
     assert proc.returncode == code, proc.stdout + proc.stderr
     if code:
         assert "asks for threads=4 but tfdet run pinned threads 1" in proc.stderr
