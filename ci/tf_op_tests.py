@@ -39,7 +39,6 @@ tests skip themselves on a CPU machine; benchmark classes
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import subprocess
@@ -48,14 +47,14 @@ import tempfile
 import textwrap
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS_DIR_VARIABLE = "TFDET_TF_OP_TESTS"
 DEFAULT_TESTS_DIR = Path.home() / ".cache" / "tfdet" / "tf_op_tests"
 
 
-@dataclasses.dataclass(frozen=True)
-class Module:
+class Module(NamedTuple):
     """One TensorFlow test module.
 
     Attributes:
