@@ -23,14 +23,15 @@ import sys
 
 import pytest
 
-from tests.conftest import clean_env, last_json_line, run_python
+from tests.conftest import TENSORFLOW_PRODUCTS, clean_env, last_json_line, run_python
 from tfdet._kernels import library as kernel_library
 
 TRAIN = """
 import hashlib, json, sys
 import numpy as np
 import tfdet
-tfdet.enable(seed=0, threads=int(sys.argv[1]))
+# TensorFlow's own products first (the control), then the patches.
+tfdet.enable(seed=0, threads=int(sys.argv[1]), patches=sys.argv[2].split(","))
 import keras
 import tensorflow as tf
 from tfdet.patches import _registry
@@ -86,7 +87,7 @@ def test_training_bits_do_not_follow_the_pool_size_only_with_the_patch():
         pytest.skip("no C++ compiler: the patch falls back to the composition")
     processes = {
         threads: subprocess.Popen(
-            [sys.executable, "-c", TRAIN, str(threads)],
+            [sys.executable, "-c", TRAIN, str(threads), TENSORFLOW_PRODUCTS],
             env=clean_env(),  # the suite's shared kernel build
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

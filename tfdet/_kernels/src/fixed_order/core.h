@@ -18,6 +18,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -396,12 +397,14 @@ struct Tiling {
 // Memory for packed panels, 64-byte aligned, grown as needed.
 class Scratch {
  public:
+  // Null where the memory cannot be had (the caller says so to
+  // TensorFlow, as its own ops do, rather than writing through null).
   float* Get(int64 floats) {
     if (floats > size_) {
       // Whole 64-byte lines, as aligned_alloc wants.
       const int64 bytes = ((std::max<int64>(floats, 1) * 4 + 63) / 64) * 64;
       data_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
-      size_ = floats;
+      size_ = data_ != nullptr ? floats : 0;
     }
     return data_.get();
   }
@@ -450,7 +453,8 @@ class ScratchLease {
   std::unique_ptr<Scratch> scratch_;
 };
 
-// A block of floats aligned for the micro-kernel's aligned loads.
+// A block of floats aligned for the micro-kernel's aligned loads (`data`
+// null where the memory cannot be had).
 struct AlignedFloats {
   explicit AlignedFloats(int64 floats)
       : data(static_cast<float*>(std::aligned_alloc(
@@ -508,6 +512,44 @@ void PackTileRows(const Operands& operands, int64 p, int64 i0, int64 rows,
     for (int64 r = 0; r < rows; r += kMR)
       operands.PackA(p, i0 + r, k0, kc, a_block + r * kc);
   }
+}
+
+// Which packed B each product reads. Operands whose products share a B (a
+// broadcast batch: `tf.matmul` of (N, m, k) by (k, n) is N products of one
+// B) say so, and each distinct B is packed once:
+//   int64 BSlots() const;            // how many distinct Bs
+//   int64 BSlot(int64 product) const;  // the one `product` reads
+//   int64 BOwner(int64 slot) const;    // a product that reads it
+// Others pack one B per product. Packing copies values, so which copy a
+// product reads cannot change a bit.
+template <typename Operands, typename = void>
+struct SharesB : std::false_type {};
+template <typename Operands>
+struct SharesB<Operands, std::void_t<decltype(&Operands::BSlots)>>
+    : std::true_type {};
+
+template <typename Operands>
+int64 BSlots(const Operands& operands, int64 batch) {
+  if constexpr (SharesB<Operands>::value) return operands.BSlots();
+  return batch;
+}
+template <typename Operands>
+int64 BSlot(const Operands& operands, int64 p) {
+  if constexpr (SharesB<Operands>::value) return operands.BSlot(p);
+  return p;
+}
+template <typename Operands>
+int64 BOwner(const Operands& operands, int64 slot) {
+  if constexpr (SharesB<Operands>::value) return operands.BOwner(slot);
+  return slot;
+}
+
+// The status of a call whose memory could not be had: TensorFlow's own
+// error for it, which Python raises as `tf.errors.ResourceExhaustedError`.
+tensorflow::Status OutOfMemory(int64 floats) {
+  return tensorflow::errors::ResourceExhausted(
+      "tfdet's fixed-order kernel could not allocate ", floats * 4,
+      " bytes of scratch memory for its packed operands");
 }
 
 // Tile (i0.., j0..) of product `p` through `kernels`, whose B panels are
@@ -616,46 +658,59 @@ void ComputeProducts(tensorflow::OpKernelContext* context,
   const MicroKernels kernels = ChooseKernels();
   const int64 b_panels = own_b || in_place_b ? 0 : (n + kNR - 1) / kNR;
   const int64 b_size = b_panels * kNR * k;
+  const int64 slots = BSlots(operands, batch);
   ScratchLease scratch;
-  float* b_pack = scratch.get()->Get(batch * b_size);
-  auto pack_b = [&](int64 p, int64 panel) {
-    operands.PackB(p, panel * kNR, 0, k, b_pack + p * b_size + panel * kNR * k);
+  float* b_pack = scratch.get()->Get(slots * b_size);
+  if (b_pack == nullptr && slots * b_size > 0) {
+    context->SetStatus(OutOfMemory(slots * b_size));
+    return;
+  }
+  auto pack_b = [&](int64 slot, int64 panel) {
+    operands.PackB(BOwner(operands, slot), panel * kNR, 0, k,
+                   b_pack + slot * b_size + panel * kNR * k);
   };
+  // A shard whose own blocks could not be had stops, and the call fails.
+  std::atomic<int64> missing{0};
   // Each shard's own A block, and B block where tasks pack B.
   auto compute = [&](int64 begin, int64 end, bool pack_own_b) {
     AlignedFloats a_block(tiling.tm * kKC);
     AlignedFloats b_block(own_b ? tiling.tn * kKC : 0);
+    if (a_block.data == nullptr || b_block.data == nullptr) {
+      missing = tiling.tm * kKC + (own_b ? tiling.tn * kKC : 0);
+      return;
+    }
     for (int64 task = begin; task < end; ++task) {
       const int64 p = task / per_product;
       const int64 tile = task % per_product;
       if (pack_own_b)
         for (int64 panel = 0; panel < b_panels; ++panel) pack_b(p, panel);
-      ComputeTile(operands, kernels, own_b, p, a_block.data, b_pack + p * b_size,
-                  b_block.data, m, n, k,
+      ComputeTile(operands, kernels, own_b, p, a_block.data,
+                  b_pack + BSlot(operands, p) * b_size, b_block.data, m, n, k,
                   (tile / tiling.col_tiles) * tiling.tm,
                   (tile % tiling.col_tiles) * tiling.tn, tiling.tm, tiling.tn);
     }
   };
-  if (per_product == 1) {
-    // Small products, one tile each: one pass over the pool, each task
-    // packing its own product's B panels and computing it.
+  if (per_product == 1 && slots == batch) {
+    // Small products, one tile each, each its own B: one pass over the
+    // pool, each task packing its own product's B panels and computing it.
     tensorflow::Shard(
         threads, workers->workers, batch,
         std::max<int64>(1, m * n * k),
         [&](int64 begin, int64 end) { compute(begin, end, true); });
-    return;
+  } else {
+    if (b_panels > 0) {
+      tensorflow::Shard(threads, workers->workers, slots * b_panels,
+                        std::max<int64>(1, 16 * k), [&](int64 begin, int64 end) {
+                          for (int64 unit = begin; unit < end; ++unit)
+                            pack_b(unit / b_panels, unit % b_panels);
+                        });
+    }
+    tensorflow::Shard(
+        threads, workers->workers, batch * per_product,
+        std::max<int64>(1, tiling.tm * tiling.tn * k),
+        [&](int64 begin, int64 end) { compute(begin, end, false); });
   }
-  if (b_panels > 0) {
-    tensorflow::Shard(threads, workers->workers, batch * b_panels,
-                      std::max<int64>(1, 16 * k), [&](int64 begin, int64 end) {
-                        for (int64 unit = begin; unit < end; ++unit)
-                          pack_b(unit / b_panels, unit % b_panels);
-                      });
-  }
-  tensorflow::Shard(
-      threads, workers->workers, batch * per_product,
-      std::max<int64>(1, tiling.tm * tiling.tn * k),
-      [&](int64 begin, int64 end) { compute(begin, end, false); });
+  if (missing > 0) context->SetStatus(OutOfMemory(missing));
 }
 
 }  // namespace

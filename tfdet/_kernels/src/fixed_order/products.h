@@ -7,6 +7,8 @@
 #ifndef TFDET_KERNELS_FIXED_ORDER_PRODUCTS_H_
 #define TFDET_KERNELS_FIXED_ORDER_PRODUCTS_H_
 
+#include <unordered_map>
+
 #include "core.h"
 
 namespace tfdet {
@@ -19,10 +21,16 @@ struct Product {
   float* c;
 };
 
-// Matrices read through strides (a transpose is a stride).
+// Matrices read through strides (a transpose is a stride). `b_slots`:
+// which distinct B each product reads (see SharesB in core.h), and
+// `b_owners` a product of each.
 struct Matrices {
   const std::vector<Product>& products;
   int64 m, n, k;
+  std::vector<int64> b_slots, b_owners;
+  int64 BSlots() const { return static_cast<int64>(b_owners.size()); }
+  int64 BSlot(int64 p) const { return b_slots[p]; }
+  int64 BOwner(int64 slot) const { return b_owners[slot]; }
   void PackA(int64 p, int64 i0, int64 k0, int64 kc, float* dst) const {
     PackRows(products[p].a, m, i0, k0, kc, dst);
   }
@@ -40,8 +48,27 @@ struct Matrices {
 void ComputeMatrixProducts(tensorflow::OpKernelContext* context,
                            const std::vector<Product>& products, int64 m,
                            int64 n, int64 k) {
-  ComputeProducts(context, Matrices{products, m, n, k}, products.size(), m, n,
-                  k);
+  Matrices matrices{products, m, n, k, {}, {}};
+  // A broadcast B is one matrix read by consecutive or repeating products:
+  // the same view. Each distinct one gets a slot (one packed copy).
+  matrices.b_slots.reserve(products.size());
+  std::unordered_map<const float*, int64> slot_of;
+  for (int64 p = 0; p < static_cast<int64>(products.size()); ++p) {
+    const View& b = products[p].b;
+    const auto found = slot_of.find(b.data);
+    const bool same = found != slot_of.end() &&
+                      products[matrices.b_owners[found->second]].b.rows == b.rows &&
+                      products[matrices.b_owners[found->second]].b.cols == b.cols;
+    if (same) {
+      matrices.b_slots.push_back(found->second);
+    } else {
+      const int64 slot = matrices.BSlots();
+      slot_of[b.data] = slot;
+      matrices.b_slots.push_back(slot);
+      matrices.b_owners.push_back(p);
+    }
+  }
+  ComputeProducts(context, matrices, products.size(), m, n, k);
 }
 
 // A (rows x cols) matrix stored row-major, read as its transpose or not.
