@@ -27,7 +27,11 @@ is neither installed with tfdet, cached nor buildable (no C++ compiler),
 tfdet says so once, the
 composition computes every convolution (other bits), and the profile's
 `kernels` leaves this patch out. Values agree with TensorFlow's to float32
-rounding. Exports trace the composition instead (`export_without_kernels`),
+rounding. A convolution with a dimension of 0, or a rank TensorFlow
+refuses, known when traced, is TensorFlow's own op (its empty or zero
+result, its error); `Conv2DBackpropInput` takes `[height, width]` input
+sizes as TensorFlow's does (`ci/tf_op_tests.py` runs TensorFlow's own
+tests). Exports trace the composition instead (`export_without_kernels`),
 so a SavedModel loads without tfdet. A depthwise convolution's filter gradient (one filter per
 channel) is the kernel's too: each weight one chain over the output
 positions in order, the channels in the vectors' lanes. Not covered: the

@@ -30,8 +30,10 @@ process without a compiler also reads). Where it is neither installed,
 cached nor buildable, tfdet says so once and computes the products as
 `pool_size_free_products` does, slower and with other bits; the profile's
 `kernels` then leaves this patch out. Values agree with
-TensorFlow's to float32 rounding. Other dtypes, and products with an empty
-dimension known when traced, go to TensorFlow's op. A custom op does not
+TensorFlow's to float32 rounding. Other dtypes, products with an empty
+dimension known when traced, and shapes that cannot multiply (its error)
+go to TensorFlow's op; Einsum broadcasts ellipsis dimensions as
+TensorFlow's does. A custom op does not
 compile under XLA (`jit_compile=True`).
 
 Installed by "auto" (`tfdet.enable()`'s default). Exports (`model.export`,
