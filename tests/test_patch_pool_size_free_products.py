@@ -23,6 +23,7 @@ import pytest
 
 from tests.conftest import (
     REPO,
+    TENSORFLOW_PRODUCTS,
     clean_env,
     last_json_line,
     run_checks_side_by_side,
@@ -54,7 +55,8 @@ import numpy as np
 import tfdet
 from tfdet._target import _load
 from tfdet.patches import _registry
-tfdet.enable(seed=0, threads=int(sys.argv[1]))
+# TensorFlow's own products first (the control), then the patch.
+tfdet.enable(seed=0, threads=int(sys.argv[1]), patches=TENSORFLOW_PRODUCTS)
 
 def digests():
     found = {}
@@ -71,7 +73,7 @@ def digests():
 plain = digests()
 _registry.install(["pool_size_free_products"])
 print(json.dumps({"plain": plain, "patched": digests()}))
-"""
+""".replace("TENSORFLOW_PRODUCTS", repr(TENSORFLOW_PRODUCTS.split(",")))
 
 
 def test_weights_do_not_follow_the_pool_size_only_with_the_patch():
@@ -174,7 +176,8 @@ import hashlib, json, logging, sys
 import numpy as np
 import tfdet
 from tfdet.patches import _registry
-tfdet.enable(seed=0, threads=int(sys.argv[1]))
+# TensorFlow's own products first (the control), then the patch.
+tfdet.enable(seed=0, threads=int(sys.argv[1]), patches=TENSORFLOW_PRODUCTS)
 import keras
 
 left = []
@@ -208,7 +211,7 @@ plain = run()
 _registry.install(["pool_size_free_products"])
 print(json.dumps({"plain": plain, "patched": run(),
                   "left": [message for message in left if "leaves" in message]}))
-"""
+""".replace("TENSORFLOW_PRODUCTS", repr(TENSORFLOW_PRODUCTS.split(",")))
 
 
 @pytest.mark.slow
@@ -520,7 +523,7 @@ def test_check_with_the_patch_passes_the_threads_perturbation(tmp_path):
          "threads"],
         {
             "with": ["--patches", "auto,pool_size_free_products", "--no-attribute"],
-            "without": ["--patches", "auto"],
+            "without": ["--patches", TENSORFLOW_PRODUCTS],
         },
         tmp_path,
     )  # fmt: skip
