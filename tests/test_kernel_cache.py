@@ -85,7 +85,8 @@ def test_without_a_compiler_the_cached_kernel_runs_and_the_profile_says_which(
     # Both installed the patch; only the cached build's process ran its kernel.
     assert "fixed_order_products" in cached.patches
     assert cached.patches == empty.patches
-    assert cached.kernels == ("fixed_order_products",)
+    # The default's kernels, every one from the cache.
+    assert "fixed_order_products" in cached.kernels
     assert empty.kernels == ()
     assert "unavailable" not in stderr["cached"]
     assert "no C++ compiler" in stderr["empty"]

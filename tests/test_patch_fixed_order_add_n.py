@@ -16,7 +16,7 @@ from tests.conftest import run_json
 CODE = """
 import json, sys
 import tfdet
-patches = ["auto", "fixed_order_add_n"] if sys.argv[1] == "patched" else ["auto"]
+patches = ["auto"] if sys.argv[1] == "patched" else ["auto", "-fixed_order_add_n"]
 tfdet.enable(seed=1, patches=patches)
 import numpy as np
 import tensorflow as tf
@@ -96,7 +96,7 @@ if not patched:
     _enable.INTER_OP_THREADS = threads  # the control: AddN with both pools
 profile = tfdet.enable(
     seed=1, threads=threads,
-    patches=["auto", "fixed_order_add_n"] if patched else ["auto"],
+    patches=["auto"] if patched else ["auto", "-fixed_order_add_n"],
 )
 import numpy as np
 import tensorflow as tf

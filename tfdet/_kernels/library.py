@@ -120,8 +120,7 @@ def exporting() -> Iterator[None]:
         _EXPORTS[0] -= 1
 
 
-
-def _tracing_for_xla() -> bool:
+def tracing_for_xla() -> bool:
     """Whether the graph being built now is compiled by XLA (TensorFlow's
     own test, as its ops use it to choose an XLA-friendly path)."""
     from tensorflow.python.framework import ops
@@ -306,7 +305,7 @@ class KernelLibrary:
         The first failure is logged once (tfdet's logger, a warning) with the
         reason; later calls return None at once.
         """
-        if _EXPORTS[0] or _tracing_for_xla():
+        if _EXPORTS[0] or tracing_for_xla():
             return None
         if "library" in self._state:
             return self._state["library"]

@@ -83,6 +83,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from tfdet._kernels.library import tracing_for_xla
 from tfdet.patches import _exact_math, _whole_packets
 from tfdet.patches._registry import Patch
 from tfdet.patches._swap import Swap
@@ -171,6 +172,24 @@ def _has_no_elements(*shapes: Any) -> bool:
     return any(dimension == 0 for shape in shapes for dimension in shape)
 
 
+def _tensorflows_under_xla(op: _exact_math.GeneratedOp) -> Any:
+    """A composition that XLA may not compile (shapes it computes at run
+    time: XLA wants them constant) becomes, while XLA traces, TensorFlow's
+    own op, which XLA compiles to bits of its own (the tiers of a run under
+    XLA leave the batch out already)."""
+
+    def decorate(function: Any) -> Any:
+        @functools.wraps(function)
+        def composed_unless_xla(*args: Any, **kwargs: Any) -> Any:
+            if tracing_for_xla():
+                return op.original(*args, **kwargs)
+            return function(*args, **kwargs)
+
+        return composed_unless_xla
+
+    return decorate
+
+
 def mat_mul_left_to_tensorflow(a: Any, b: Any) -> bool:
     """Whether a `MatMul` of tensors `a` and `b` stays TensorFlow's own op.
 
@@ -215,6 +234,7 @@ def batch_mat_mul_left_to_tensorflow(
 def _batch_mat_mul(version: str) -> Any:
     """The replacement of `gen_math_ops.<version>` (BatchMatMulV2 or V3)."""
 
+    @_tensorflows_under_xla(_BATCH_MAT_MUL[version])
     def batch_mat_mul(
         x: Any,
         y: Any,
@@ -257,6 +277,7 @@ def _batch_mat_mul(version: str) -> Any:
     return batch_mat_mul
 
 
+@_tensorflows_under_xla(_EINSUM)
 def einsum(inputs: Any, equation: str, name: str | None = None) -> Any:
     """`tf.raw_ops.Einsum` as transposes, reshapes and the products above.
 
@@ -301,6 +322,7 @@ def gelu(features: Any, approximate: bool = False, name: str | None = None) -> A
         return 0.5 * x * tf.math.erfc(-x * 0.7071067811865476)
 
 
+@_tensorflows_under_xla(_MAT_MUL)
 def mat_mul(
     a: Any,
     b: Any,
@@ -408,6 +430,7 @@ def _padded(
     return x
 
 
+@_tensorflows_under_xla(_FILTER_GRAD)
 def conv2d_backprop_filter(
     input: Any,  # noqa: A002 - TensorFlow's argument name
     filter_sizes: Any,
@@ -457,6 +480,7 @@ def conv2d_backprop_filter(
         return tf.reshape(gradient, [height, width, channels, filters])
 
 
+@_tensorflows_under_xla(_DEPTHWISE_FILTER_GRAD)
 def depthwise_conv2d_native_backprop_filter(
     input: Any,  # noqa: A002 - TensorFlow's argument name
     filter_sizes: Any,
@@ -565,6 +589,7 @@ def _conv(
     return tf.cond(one_image, lambda: paired(x), lambda: convolve(x))
 
 
+@_tensorflows_under_xla(_CONV)
 def conv2d(
     input: Any,  # noqa: A002 - TensorFlow's argument name
     filter: Any,  # noqa: A002 - TensorFlow's argument name
@@ -640,10 +665,11 @@ def _dilate(gradient: Any, axis: int, stride: int) -> Any:
     if stride == 1:
         return gradient
     spread = tf.expand_dims(gradient, axis + 1)
-    zeros_shape = tf.tensor_scatter_nd_update(
-        tf.shape(spread), [[axis + 1]], [stride - 1]
-    )
-    spread = tf.concat([spread, tf.zeros(zeros_shape)], axis + 1)
+    # Padded rather than concatenated with zeros of a computed shape: the
+    # same values, and paddings XLA can compile (it needs them constant).
+    paddings = [[0, 0]] * 5
+    paddings[axis + 1] = [0, stride - 1]
+    spread = tf.pad(spread, paddings)
     shape = tf.shape(gradient)
     merged = tf.tensor_scatter_nd_update(shape, [[axis]], [shape[axis] * stride])
     spread = tf.reshape(spread, merged)
@@ -652,6 +678,7 @@ def _dilate(gradient: Any, axis: int, stride: int) -> Any:
     return spread[:, :keep] if axis == 1 else spread[:, :, :keep]
 
 
+@_tensorflows_under_xla(_INPUT_GRAD)
 def conv2d_backprop_input(
     input_sizes: Any,
     filter: Any,  # noqa: A002 - TensorFlow's argument name
