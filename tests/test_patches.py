@@ -1269,3 +1269,18 @@ def test_cudnn_rnn_patch_keeps_the_cpu_bits_and_takes_gpus_off_cudnn(legacy) -> 
     assert len(set(out["before"])) > 1  # Not all one value: the hashes are real.
     if legacy:
         assert out["waited"] and out["patched_on_import"] and out["restored"]
+
+
+def test_auto_leaves_the_cpu_only_patches_out_where_a_gpu_is_visible(monkeypatch):
+    from tfdet._pin import _devices
+
+    cpu_only = set(_registry.cpu_only_names())
+    assert {"fixed_order_products", "pool_size_free_products"} <= cpu_only
+    monkeypatch.setattr(_devices, "gpu_visible", lambda: False)
+    on_a_cpu = set(_registry.resolve("auto"))
+    monkeypatch.setattr(_devices, "gpu_visible", lambda: True)
+    on_a_gpu = set(_registry.resolve("auto"))
+    # On a GPU its products stay TensorFlow's GPU ops; named, they install.
+    assert "fixed_order_products" in on_a_cpu - on_a_gpu
+    assert not cpu_only & on_a_gpu
+    assert "fixed_order_products" in _registry.resolve(["auto", "fixed_order_products"])

@@ -157,12 +157,13 @@ def test_the_wheels_kernels_train_without_a_compiler_to_the_compiled_bits(
         found[n]["profile"] for n in ("wheel", "compiled")
     )
     assert found["wheel"]["tfdet"].startswith(str(tmp_path / "fresh"))
-    assert wheel_profile["kernels"] == [
-        "fixed_order_convolutions",
-        "fixed_order_products",
-    ]
-    assert wheel_profile["kernel_origins"] == {"fixed_order_products": "install"}
-    assert compiled_profile["kernel_origins"] == {"fixed_order_products": "cache"}
+    assert {"fixed_order_convolutions", "fixed_order_products"} <= set(
+        wheel_profile["kernels"]
+    )
+    # Every library from the install (the wheel), or every one from the cache.
+    assert wheel_profile["kernel_origins"]["fixed_order_products"] == "install"
+    assert set(wheel_profile["kernel_origins"].values()) == {"install"}
+    assert set(compiled_profile["kernel_origins"].values()) == {"cache"}
     assert "unavailable" not in errors["wheel"]
     assert found["wheel"]["digest"] == found["compiled"]["digest"]
     # The control: no kernel found (no compiler, none shipped), other bits.

@@ -146,6 +146,14 @@ def execute(args: argparse.Namespace) -> int:
 
     if not args.no_enable:
         from tfdet._setup._enable import enable
+        from tfdet.patches import _registry
+
+        # The patches a GPU run gets: "auto" leaves the CPU-only ones out
+        # there (tfdet's kernels would move its products to the CPU).
+        on_a_gpu = [
+            _registry.AUTO,
+            *(_registry.WITHOUT + name for name in _registry.cpu_only_names()),
+        ]
 
         with warnings.catch_warnings():
             # The hash seed orders sets and dicts in training scripts; a
@@ -154,7 +162,7 @@ def execute(args: argparse.Namespace) -> int:
                 "ignore", message="PYTHONHASHSEED", category=UserWarning
             )
             with usage_errors():
-                enable(seed=args.seed)
+                enable(seed=args.seed, patches=on_a_gpu)
     else:
         import tensorflow as tf
 

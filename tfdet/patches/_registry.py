@@ -24,7 +24,7 @@ from typing import Any
 
 from tfdet._kernels import library as kernel_library
 from tfdet._kernels.library import KernelLibrary
-from tfdet._pin import _versions
+from tfdet._pin import _devices, _versions
 from tfdet.patches import _hazards, _import_hook
 from tfdet.patches._swap import Swap
 
@@ -105,6 +105,11 @@ class Patch:
             it loads (a composition of TensorFlow's ops does where it does
             not); the profile's `kernels` records which. None for a patch
             of TensorFlow's ops only.
+        cpu_only: Its ops are CPU ops (tfdet's kernels, or the compositions
+            that stand in for them, which rely on oneDNN): with a GPU
+            visible, "auto" leaves it out, since it would move a GPU
+            model's products to the CPU; there op determinism gives the
+            GPU's tier.
     """
 
     name: str = ""
@@ -118,6 +123,7 @@ class Patch:
     unavailable: Callable[[], str | None] | None = None
     opt_in: bool = False
     kernel: KernelLibrary | None = None
+    cpu_only: bool = False
     _swap: Swap = dataclasses.field(default_factory=Swap, init=False, repr=False)
     _state: _State = dataclasses.field(default_factory=_State, init=False, repr=False)
 
@@ -162,6 +168,8 @@ class Patch:
             return False
         if self.unavailable is not None and self.unavailable() is not None:
             return False
+        if self.cpu_only and _devices.gpu_visible():
+            return False
         return all(_holds(key, wanted) for key, wanted in self.requires.items())
 
     def install(self) -> None:
@@ -189,6 +197,11 @@ class Patch:
         self._state.hooks.clear()
         self._swap.restore()
         self._state.installed = False
+
+
+def cpu_only_names() -> list[str]:
+    """The patches whose ops run on the CPU only (see `Patch.cpu_only`)."""
+    return [name for name, patch in available().items() if patch.cpu_only]
 
 
 def _tf_keras_importable() -> bool:

@@ -336,4 +336,5 @@ PATCH = Patch(
     upstream="https://github.com/uxlfoundation/oneDNN/issues/1443",
     apply=_apply,
     kernel=fixed_order.LIBRARY,
+    cpu_only=True,
 )

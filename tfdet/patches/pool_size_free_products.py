@@ -84,7 +84,7 @@ import functools
 from typing import Any
 
 from tfdet._kernels.library import tracing_for_xla
-from tfdet.patches import _exact_math, _whole_packets
+from tfdet.patches import _exact_math, _registry, _whole_packets
 from tfdet.patches._registry import Patch
 from tfdet.patches._swap import Swap
 
@@ -894,7 +894,6 @@ def warn_without_onednn() -> None:
 
 
 def _apply(swap: Any) -> None:
-    from tfdet.patches import _registry
 
     warn_without_onednn()
     installed = _registry.installed()
@@ -942,4 +941,5 @@ PATCH = Patch(
     upstream="https://github.com/uxlfoundation/oneDNN/issues/1443",
     apply=_apply,
     after_import=(("tf_keras", _unfused_tf_keras_batch_norm),),
+    cpu_only=True,
 )

@@ -158,5 +158,6 @@ PATCH = Patch(
     upstream=portable_erfc.PATCH.upstream,
     apply=_apply,
     unavailable=_nothing_to_compute,
+    cpu_only=True,
     kernel=LIBRARY,
 )
