@@ -485,14 +485,14 @@ def test_a_tf_keras_gan_with_two_optimizers_resumes_exactly(tmp_path):
 @pytest.mark.slow
 def test_a_fit_killed_on_one_thread_resumes_on_two_with_the_same_bits(tmp_path):
     # A preempted job restarted on a machine with another core count, with
-    # Keras's own BackupAndRestore: under the pool-size-free products the
-    # bits do not follow the pool size, so the resume on 2 threads gives the
-    # bits of the run that trained on 1 throughout. The control, without
-    # them: the resumed steps follow the pool and the bits differ.
+    # Keras's own BackupAndRestore: under the default the bits do not follow
+    # the pool size, so the resume on 2 threads gives the bits of the run
+    # that trained on 1 throughout. The control, with TensorFlow's own
+    # products: the resumed steps follow the pool and the bits differ.
     conv = ("--model", "conv", "--save-freq", "3")
 
     def moved(*patch) -> tuple[str, str]:
-        folder = tmp_path / ("patched" if patch else "control")
+        folder = tmp_path / ("control" if patch else "default")
         folder.mkdir()
         backup, full, resumed = (
             folder / "backup",
@@ -505,9 +505,9 @@ def test_a_fit_killed_on_one_thread_resumes_on_two_with_the_same_bits(tmp_path):
         _run(FIT, resumed, str(backup), *conv, *patch, "--threads", "2")
         return _digest(full), _digest(resumed)
 
-    full, resumed = moved("--pool-size-free")
-    assert resumed == full
     full, resumed = moved()
+    assert resumed == full
+    full, resumed = moved("--tensorflow-products")
     assert resumed != full
 
 

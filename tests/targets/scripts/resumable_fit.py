@@ -2,15 +2,16 @@
 
 `python resumable_fit.py OUT BACKUP [--save-freq N] [--kill E:B] [--kill-at-save K]
 [--data array|tfdata|tfdata-repeat|pydataset|generator] [--model dense|conv]
-[--threads N] [--pool-size-free] [--plain] [--tf-keras] [--backups N] [--unpatched] [--drop-epoch-random]
+[--threads N] [--tensorflow-products] [--plain] [--tf-keras] [--backups N] [--unpatched] [--drop-epoch-random]
 [--other-data-on-resume] [--batch-size N]`:
 trains 4 epochs of 256 samples (8 batches of 32, shuffled) under
 `tfdet.enable(seed=3)` and writes the final weights' digest to OUT.
 `--model conv` trains Conv2D + BatchNormalization + GELU instead of the first
 Dense layer (the kind of model whose bits differed between an AMD and an
 Intel CPU before tfdet's patches); `--threads N` gives the profile N threads
-per pool (0: every core), and `--pool-size-free` adds the
-`pool_size_free_products` patch, under which the bits do not follow N;
+per pool (0: every core; unset: enable()'s default, the CPUs the process
+may use), and `--tensorflow-products` leaves tfdet's products and
+convolutions out (kernels and compositions), whose bits do not follow N;
 `--plain` trains without tfdet (seeds and TensorFlow's op determinism only);
 `--tf-keras` trains with tf_keras (its own BackupAndRestore). `--kill E:B` kills the process (SIGKILL) after batch B of epoch E;
 `--kill-at-save K` kills it while it writes its K-th backup, after the weights
@@ -44,8 +45,8 @@ parser.add_argument("--kill")
 parser.add_argument("--kill-at-save", type=int)
 parser.add_argument("--data", default="array")
 parser.add_argument("--model", choices=("dense", "conv"), default="dense")
-parser.add_argument("--threads", type=int, default=1)
-parser.add_argument("--pool-size-free", action="store_true")
+parser.add_argument("--threads", type=int)
+parser.add_argument("--tensorflow-products", action="store_true")
 parser.add_argument("--plain", action="store_true")
 parser.add_argument("--tf-keras", action="store_true")
 parser.add_argument("--backups", type=int, default=1)
@@ -80,10 +81,11 @@ patches = [
 ]
 if args.tf_keras:
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
-if args.pool_size_free:
-    patches.append("pool_size_free_products")
+if args.tensorflow_products:
+    patches = [name for name in patches if name not in _registry.cpu_only_names()]
 if not args.plain:
-    tfdet.enable(seed=3, patches=patches, threads=args.threads or os.cpu_count())
+    threads = None if args.threads is None else args.threads or os.cpu_count()
+    tfdet.enable(seed=3, patches=patches, threads=threads)
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
