@@ -64,7 +64,11 @@ TF_KERAS = importlib.util.find_spec("tf_keras") is not None
 # The patches that TensorFlow needs from a later release than 2.16, with that
 # release: its Erfc kernel took the approximate reciprocal from 2.20 (before,
 # its bits were measured the same natively and on an emulated CPU).
-FIRST_TENSORFLOW = {"portable_erfc": ERFC_FOLLOWS_THE_CPU_FROM}
+FIRST_TENSORFLOW = {
+    "portable_erfc": ERFC_FOLLOWS_THE_CPU_FROM,
+    # It stands in for portable_erfc's composition: nothing to do before.
+    "portable_kernels": ERFC_FOLLOWS_THE_CPU_FROM,
+}
 
 
 @contextlib.contextmanager

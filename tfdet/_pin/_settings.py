@@ -17,8 +17,10 @@ DEFAULT_SEED = 0
 MAX_SEED = 2**32 - 1
 # None: all the CPUs the process may use (`_cpus.usable_cpus()`), decided
 # where the process runs. Under the default patches (tfdet's fixed-order
-# kernels) the pool size decides no bit, so every count gives the bits of
-# one thread; the count is the speed.
+# kernels) the pool size decides no bit on x86-64, so every count gives the
+# bits of one thread; the count is the speed. On aarch64, one thread: there
+# the pool still decided bits (an emulated aarch64 check of a Dense model
+# under this default, pools of 2 and 1: other weights at step 0, 2026-12-07).
 DEFAULT_THREADS = None
 # Far above any core count, far below what makes TensorFlow's thread creation
 # abort the process (pthread_create fails fatally somewhere past ~10 000).
@@ -81,9 +83,9 @@ def check_threads(threads: Any) -> int | None:
 
 def threads_here(threads: int | None) -> int:
     """The pool size `threads` asks for in this process: None, the CPUs it
-    may use (capped at `MAX_THREADS`)."""
+    may use (capped at `MAX_THREADS`; one on aarch64, see `DEFAULT_THREADS`)."""
     if threads is None:
-        return min(_cpus.usable_cpus(), MAX_THREADS)
+        return 1 if _arm.applies() else min(_cpus.usable_cpus(), MAX_THREADS)
     return threads
 
 
