@@ -359,7 +359,8 @@ def enable(
             (e.g. `numpy.int64`) is accepted, bool is not.
         threads: Size of TensorFlow's intra-op thread pool, in [1, 1024], or
             None (the default): the CPUs this process may use (its affinity
-            mask, capped by its cgroup's CPU quota). Under the default
+            mask, capped by its cgroup's CPU quota; one on aarch64, where the
+            pool still decided bits in an emulated check). Under the default
             patches the size decides no bit, only the speed. With patches
             whose bits follow the pool (`patches=None`, or a list without
             "pool_size_free_products"), 1 is the count every machine runs
