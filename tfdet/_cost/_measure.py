@@ -54,11 +54,6 @@ _LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
 Progress = Callable[[str], None]
 
 
-def cores() -> int:
-    """The CPUs this process may use (affinity and cgroup quota)."""
-    return _cpus.usable_cpus()
-
-
 # `device`'s choices: a GPU where TensorFlow lists one, else the CPU; or one.
 AUTO = "auto"
 DEVICE_CHOICES = (AUTO, *_timed_settings.DEVICES)
@@ -364,8 +359,8 @@ def measure(
     Args:
         workload: What to train: a `Workload`, or a TARGET string.
         settings: Plain TensorFlow first (the ratios' baseline), then the
-            settings to compare; None: `_timed_settings.settings_for(cores())`
-            on the CPU,
+            settings to compare; None: `_timed_settings.settings_for` of
+            `_cpus.usable_cpus()` on the CPU,
             `gpu_settings_for` on the GPU (without XLA for a script, which
             compiles its own models).
         rounds: Rounds of fresh processes.
@@ -389,7 +384,7 @@ def measure(
     """
     if isinstance(workload, str):
         workload = Workload(target=workload)
-    available = cores()
+    available = _cpus.usable_cpus()
     if settings is None:
         xla = xla and workload.script is None
         settings = (

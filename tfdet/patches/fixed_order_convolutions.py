@@ -95,10 +95,10 @@ def _attributes(
 
 
 def _for_tensorflow(images: tuple[Any, ...], filters: tuple[Any, ...]) -> bool:
-    """Whether TensorFlow's own op takes a convolution, by its operands'
-    shapes known when traced: `images` (NHWC input and output gradient,
-    `tf.TensorShape`s) and `filters` (the filter's, or the 4 sizes one
-    names).
+    """Whether TensorFlow's own op (`GeneratedOp.tensorflows`) takes a
+    convolution, by its operands' shapes known when traced: `images` (NHWC
+    input and output gradient, `tf.TensorShape`s) and `filters` (the
+    filter's, or the 4 sizes one names).
 
     A rank TensorFlow refuses (an image below 4, a filter other than 4):
     its op raises its own error, where the kernel's (or an IndexError
@@ -114,31 +114,6 @@ def _for_tensorflow(images: tuple[Any, ...], filters: tuple[Any, ...]) -> bool:
 
     return any(refused(shape, range(4, 99)) for shape in images) or any(
         refused(shape, range(4, 5)) for shape in filters
-    )
-
-
-def _tensorflows(
-    op: str,
-    inputs: tuple[Any, ...],
-    strides: Any,
-    padding: Any,
-    use_cudnn_on_gpu: bool,
-    explicit_paddings: Any,
-    data_format: Any,
-    dilations: Any,
-    name: str | None,
-) -> Any:
-    """The convolution `op` by TensorFlow's own wrapper (see `_for_tensorflow`)."""
-    return _exact_math.call_convolution(
-        _CONVOLUTIONS[op].tensorflows,
-        inputs,
-        strides,
-        padding,
-        use_cudnn_on_gpu,
-        explicit_paddings,
-        data_format,
-        dilations,
-        name,
     )
 
 
@@ -158,9 +133,10 @@ def conv2d(
 
     x, kernel = tf.convert_to_tensor(input), tf.convert_to_tensor(filter)
     if _for_tensorflow((x.shape,), (kernel.shape,)):
-        return _tensorflows(
-            "conv2d", (input, filter), strides, padding, use_cudnn_on_gpu,
-            explicit_paddings, data_format, dilations, name,
+        return _exact_math.call_convolution(
+            _CONVOLUTIONS["conv2d"].tensorflows, (input, filter), strides,
+            padding, use_cudnn_on_gpu, explicit_paddings, data_format,
+            dilations, name,
         )  # fmt: skip
     ungrouped = pool_size_free_products._ungrouped(
         _channels(x), pool_size_free_products._filter_shape(kernel)
@@ -200,10 +176,10 @@ def conv2d_backprop_input(
     if four is None or _for_tensorflow(
         (upstream.shape, _exact_math.static_shape(four)), (kernel.shape,)
     ):
-        return _tensorflows(
-            "conv2d_backprop_input", (input_sizes, filter, out_backprop), strides,
-            padding, use_cudnn_on_gpu, explicit_paddings, data_format, dilations,
-            name,
+        return _exact_math.call_convolution(
+            _CONVOLUTIONS["conv2d_backprop_input"].tensorflows,
+            (input_sizes, filter, out_backprop), strides, padding,
+            use_cudnn_on_gpu, explicit_paddings, data_format, dilations, name,
         )  # fmt: skip
     input_sizes = four
     ungrouped = pool_size_free_products._ungrouped(
@@ -243,10 +219,10 @@ def conv2d_backprop_filter(
     if _for_tensorflow(
         (x.shape, upstream.shape), (_exact_math.static_shape(filter_sizes),)
     ):
-        return _tensorflows(
-            "conv2d_backprop_filter", (input, filter_sizes, out_backprop), strides,
-            padding, use_cudnn_on_gpu, explicit_paddings, data_format, dilations,
-            name,
+        return _exact_math.call_convolution(
+            _CONVOLUTIONS["conv2d_backprop_filter"].tensorflows,
+            (input, filter_sizes, out_backprop), strides, padding,
+            use_cudnn_on_gpu, explicit_paddings, data_format, dilations, name,
         )  # fmt: skip
     sizes = pool_size_free_products._static_filter_shape(filter_sizes)
     ungrouped = pool_size_free_products._ungrouped(_channels(x), sizes)

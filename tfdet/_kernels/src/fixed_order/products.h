@@ -49,24 +49,16 @@ void ComputeMatrixProducts(tensorflow::OpKernelContext* context,
                            const std::vector<Product>& products, int64 m,
                            int64 n, int64 k) {
   Matrices matrices{products, m, n, k, {}, {}};
-  // A broadcast B is one matrix read by consecutive or repeating products:
-  // the same view. Each distinct one gets a slot (one packed copy).
+  // A broadcast B is one matrix read by several products: the same data
+  // (every product of a call reads B with the same strides). Each distinct
+  // one gets a slot (one packed copy).
   matrices.b_slots.reserve(products.size());
   std::unordered_map<const float*, int64> slot_of;
   for (int64 p = 0; p < static_cast<int64>(products.size()); ++p) {
-    const View& b = products[p].b;
-    const auto found = slot_of.find(b.data);
-    const bool same = found != slot_of.end() &&
-                      products[matrices.b_owners[found->second]].b.rows == b.rows &&
-                      products[matrices.b_owners[found->second]].b.cols == b.cols;
-    if (same) {
-      matrices.b_slots.push_back(found->second);
-    } else {
-      const int64 slot = matrices.BSlots();
-      slot_of[b.data] = slot;
-      matrices.b_slots.push_back(slot);
-      matrices.b_owners.push_back(p);
-    }
+    const auto [found, added] =
+        slot_of.emplace(products[p].b.data, matrices.BSlots());
+    if (added) matrices.b_owners.push_back(p);
+    matrices.b_slots.push_back(found->second);
   }
   ComputeProducts(context, matrices, products.size(), m, n, k);
 }
