@@ -356,22 +356,22 @@ def test_a_backup_dir_after_a_chdir_elsewhere_is_still_the_runs_own(
     # and compared with the run's own directory, not with the new working
     # directory. Before: "bk" after the chdir counted as inside the run's
     # directory, so every run shared the real elsewhere/bk.
-    from tfdet._child import _script_worker
+    from tfdet._child import _own_copies
 
     run_dir, elsewhere = tmp_path / "run0" / "project", tmp_path / "elsewhere"
     run_dir.mkdir(parents=True)
     elsewhere.mkdir()
     monkeypatch.chdir(run_dir)
-    monkeypatch.setattr(_script_worker, "own_copies", {})
-    monkeypatch.setattr(_script_worker, "run_directory", str(run_dir), raising=False)
+    monkeypatch.setattr(_own_copies, "own_copies", {})
+    monkeypatch.setattr(_own_copies, "run_directory", str(run_dir), raising=False)
     os.chdir(elsewhere)  # The script's own chdir (monkeypatch restores it).
-    copy = _script_worker.own_copy("bk")
+    copy = _own_copies.own_copy("bk")
     assert copy == os.path.join(
-        run_dir, _script_worker.PRIVATE_DIR, str(elsewhere / "bk").lstrip(os.sep)
+        run_dir, _own_copies.PRIVATE_DIR, str(elsewhere / "bk").lstrip(os.sep)
     )
-    assert _script_worker.own_copies == {"bk": copy}
+    assert _own_copies.own_copies == {"bk": copy}
     # A path inside the run's directory is its own already.
-    assert _script_worker.own_copy(run_dir / "bk") == run_dir / "bk"
+    assert _own_copies.own_copy(run_dir / "bk") == run_dir / "bk"
 
 
 @pytest.mark.parametrize(
@@ -441,7 +441,7 @@ def test_a_linked_script_that_moves_and_ends_with_os_exit_is_checked(tmp_path):
 def test_a_resumed_fit_numbers_its_steps_on_from_the_epoch_it_resumes_at():
     # tf_keras and Keras 3 both start a resumed fit at the backup's epoch:
     # its first step is that epoch's, numbered as the uninterrupted run did.
-    from tfdet._child._script_worker import resumed_epoch_start
+    from tfdet._child._script_hooks import resumed_epoch_start
 
     assert resumed_epoch_start(1, 8, []) == 8
     assert resumed_epoch_start(0, 8, []) == 0

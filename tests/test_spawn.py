@@ -164,13 +164,13 @@ def test_a_run_trains_from_its_target_built_a_scripts_first_training_or_a_step(
 
 
 def test_a_scripts_run_says_it_trains_at_its_first_training_call(monkeypatch):
-    from tfdet._child import _script_worker
+    from tfdet._child import _script_recorder
 
     told = []
-    monkeypatch.setattr(_script_worker._start, "report_stage", told.append)
-    recorder = _script_worker.Recorder("trace", None)
-    recorder.entry(_script_worker.FIT)
-    recorder.entry(_script_worker.CUSTOM)
+    monkeypatch.setattr(_script_recorder._start, "report_stage", told.append)
+    recorder = _script_recorder.Recorder("trace", None)
+    recorder.entry(_script_recorder.FIT)
+    recorder.entry(_script_recorder.CUSTOM)
     assert told == [_spec.TRAINING]
 
 

@@ -21,7 +21,7 @@ ends by itself answers what is pending with `finished`. The requests and
 answers go through the child protocol's own channels (`_start`), so the
 script keeps its stdin and stdout; it runs as `check --script` runs it: in
 its run's own directory, with its own copy of a training-state path outside
-it (`_script_worker.own_copy`), under the Keras the script chose (the
+it (`_own_copies.own_copy`), under the Keras the script chose (the
 parent read it from the script, as for `check --script`).
 """
 
@@ -36,7 +36,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from tfdet._child import _ops, _script_worker, _start
+from tfdet._child import _keras_calls, _ops, _own_copies, _start
 from tfdet._protocol._spec import WorkerSpec
 
 
@@ -166,7 +166,7 @@ def _hook_model(model_class: Any, callback_base: type, gate: _Gate) -> None:
 
     @functools.wraps(fit)
     def timed_fit(self: Any, *args: Any, **kwargs: Any) -> Any:
-        args, kwargs = _script_worker.with_fit_callback(
+        args, kwargs = _keras_calls.with_fit_callback(
             args, kwargs, _timed_callback(callback_base, gate)
         )
         gate.trained(self)
@@ -222,10 +222,10 @@ def _install(gate: _Gate) -> None:
 
     from tfdet._pin import _versions
 
-    _script_worker._own_training_state()
+    _own_copies.own_training_state()
     _hook_model(keras.Model, keras.callbacks.Callback, gate)
     _hook_optimizer(
-        keras.optimizers.Optimizer, "apply", gate, _script_worker._keras3_variables
+        keras.optimizers.Optimizer, "apply", gate, _keras_calls.keras3_variables
     )
     if _versions.uses_legacy_keras():
         import tf_keras
@@ -235,7 +235,7 @@ def _install(gate: _Gate) -> None:
             tf_keras.optimizers.Optimizer,
             "apply_gradients",
             gate,
-            _script_worker._tf_keras_variables,
+            _keras_calls.tf_keras_variables,
         )
 
 
@@ -273,6 +273,6 @@ def run(
     else:
         gate.script_ended(spec.warmup)
     _start.write_result(
-        {"steps": gate.steps, "own_copies": dict(_script_worker.own_copies)}
+        {"steps": gate.steps, "own_copies": dict(_own_copies.own_copies)}
     )
     return 0
