@@ -27,13 +27,13 @@ from tfdet._cost._timed_settings import (
     gpu_settings_for,
     kernel_patches,
     not_as_asked,
-    pool_size_ops_left,
     settings_for,
     tiers,
 )
 from tfdet._pin import _devices, _tiers
 from tfdet._pin._profile import Profile
 from tfdet._pin._tiers import POOL_SIZE_FREE
+from tfdet._setup import _coverage
 
 # --- The per-op times, from a profiler trace written here -------------------
 
@@ -162,21 +162,21 @@ def test_an_op_the_pool_size_free_products_leave_takes_their_thread_tiers_away()
         tensorflow_version="2.21.0",
     )
     ran = {"DepthwiseConv2dNativeBackpropFilter": {}, "Conv2D": {}, "Mul": {}}
-    left = pool_size_ops_left(profile, ran)
-    assert left == ("DepthwiseConv2dNativeBackpropFilter",)
+    left = _coverage.of(profile, ran)
+    assert [op.op for op in left.uncovered] == ["DepthwiseConv2dNativeBackpropFilter"]
     assert bits_follow(profile, False, "cpu", left) == [
         "16 threads (through DepthwiseConv2dNativeBackpropFilter)"
     ]
     assert tiers(profile, False, "cpu", left) == ["this-machine", "any-batch"]
     # The ops the patch replaces did not run: the profile's tiers stand.
     replaced = {"PoolSizeFreeBiasAddGrad": {}, "TfdetFixedOrderMatMul": {}}
-    assert pool_size_ops_left(profile, replaced) == ()
+    assert _coverage.of(profile, replaced).lost == ()
     assert tiers(profile, False) == [
         "this-machine", "any-thread-count", "any-x86-cpu", "any-batch"
     ]  # fmt: skip
     # One thread, or bits that follow the pool by the profile: nothing to add.
-    assert pool_size_ops_left({**profile, "intra_op_threads": 1}, ran) == ()
-    assert pool_size_ops_left({**profile, "patches": ["auto"]}, ran) == ()
+    assert _coverage.of({**profile, "intra_op_threads": 1}, ran).lost == ()
+    assert _coverage.of({**profile, "patches": ["auto"]}, ran).lost == ()
 
 
 @pytest.mark.parametrize(

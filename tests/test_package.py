@@ -38,6 +38,7 @@ def test_public_names_are_pinned() -> None:
         "TraceFormatError",
         "__version__",
         "check",
+        "coverage",
         "enable",
         "is_enabled",
         "profile",

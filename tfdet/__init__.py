@@ -22,7 +22,7 @@ from tfdet._errors import (
     TraceFormatError,
 )
 from tfdet._pin._profile import Profile
-from tfdet._setup._enable import enable, is_enabled, profile
+from tfdet._setup._enable import coverage, enable, is_enabled, profile
 from tfdet._version import __version__
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "TraceFormatError",
     "__version__",
     "check",
+    "coverage",
     "enable",
     "is_enabled",
     "profile",

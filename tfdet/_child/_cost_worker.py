@@ -67,13 +67,16 @@ def _device() -> tuple[str, str | None]:
 def ready(spec: WorkerSpec, xla: bool) -> dict[str, Any]:
     """The first answer: built and warmed up, whether XLA is on, the profile,
     where it trains."""
-    from tfdet._setup import _enable
+    from tfdet._setup import _coverage, _enable
 
     device, device_name = _device()
+    profile = _enable.observed_profile(spec.seed).to_dict()
     return {
         "ready": True,
         "xla": xla,
-        "profile": _enable.observed_profile(spec.seed).to_dict(),
+        "profile": profile,
+        # What the warm-up traced that the profile does not cover.
+        "coverage": _coverage.measured(profile, xla).to_dict(),
         "device": device,
         "device_name": device_name,
     }

@@ -199,15 +199,28 @@ def _pool_size_ops() -> list[str]:
     """
     if "tensorflow" not in sys.modules:
         return []
-    from tfdet._graph import _scan
     from tfdet._pin import _versions
+    from tfdet._setup import _coverage
     from tfdet.patches import _hazards
 
     return list(
         _hazards.pool_size_dependent(
-            _scan.executed_op_types(), _versions.tensorflow_version()
+            _coverage.executed_op_types(), _versions.tensorflow_version()
         )
     )
+
+
+def _coverage_record() -> dict[str, Any]:
+    """What this run traced that its profile does not cover (empty without
+    `enable()`, whose profile promises no tier)."""
+    from tfdet._setup import _enable
+
+    active = _enable.profile()
+    if active is None or "tensorflow" not in sys.modules:
+        return {}
+    from tfdet._setup import _coverage
+
+    return _coverage.measured(active.to_dict()).to_dict()
 
 
 def write_result(result: dict[str, Any]) -> None:
@@ -219,6 +232,7 @@ def write_result(result: dict[str, Any]) -> None:
         "perturbations_applied": dict(_applied),
         "perturbations_not_applied": dict(_not_applied),
         "pool_size_ops": _pool_size_ops(),
+        "coverage": _coverage_record(),
     }
     partial = _own_spec.result + ".tmp"
     with open(partial, "w", encoding="utf-8") as out:

@@ -20,6 +20,7 @@ from tfdet._commands._check_report import (
 from tfdet._commands._report_common import control_line
 from tfdet._commands._script_report import ScriptCheckReport, ScriptRunReport
 from tfdet._errors import EXIT_OK
+from tfdet._setup import _coverage
 
 
 def mode_label(enable: bool) -> str:
@@ -87,6 +88,15 @@ def _xla_notice(runs: tuple[RunReport, ...]) -> list[str]:
     return [f"  {notice}" for notice in sorted(n for n in notices if n is not None)]
 
 
+def _coverage_lines(runs: tuple[RunReport, ...]) -> list[str]:
+    """Once per device: the ops the runs traced that tfdet does not cover,
+    and the tiers they take (nothing where every op is covered)."""
+    coverage = _coverage.Coverage.merged(
+        _coverage.Coverage.from_dict(t.coverage) for t in _trainings(runs) if t.coverage
+    )
+    return [f"  {coverage.describe()}"] if coverage.uncovered else []
+
+
 def _unpinned_xla_isa(runs: tuple[RunReport, ...]) -> list[str]:
     """Once per device: XLA-compiled runs whose XLA:CPU ISA could not be capped."""
     trainings = _trainings(runs)
@@ -133,6 +143,7 @@ def _device_lines(result: DeviceReport, traces: bool) -> list[str]:
         if training and training.trace and traces:
             lines.append(f"    trace: {training.trace}")
     lines.extend(_xla_notice(result.runs))
+    lines.extend(_coverage_lines(result.runs))
     lines.extend(_unpinned_xla_isa(result.runs))
     for name, reason in result.perturbations_skipped.items():
         lines.append(f"  perturbation {name} not applied: {reason}")

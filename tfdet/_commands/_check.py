@@ -78,6 +78,7 @@ def _run_report(run: _outcome.RunOutcome, kept_trace: str | None = None) -> RunR
             # What ran: the entry point tfdet drove, and whether XLA compiled it.
             entry_points=list(run.result.entry_points),
             xla=run.result.xla,
+            coverage=run.result.coverage,
         )
     return RunReport(
         facts=ProcessFacts.of(run),

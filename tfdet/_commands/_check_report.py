@@ -37,6 +37,8 @@ class Training:
         entry_points: How it trained (`train_on_batch`, `fit`).
         xla: Whether XLA compiled its step, and the notice of a
             `jit_compile=True` that Keras dropped.
+        coverage: What it traced that its profile does not cover
+            (`tfdet._setup._coverage.Coverage.to_dict`), or None.
     """
 
     profile: dict[str, Any]
@@ -46,6 +48,7 @@ class Training:
     trace: str
     entry_points: Any = None
     xla: dict[str, Any] | None = None
+    coverage: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

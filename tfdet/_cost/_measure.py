@@ -39,6 +39,7 @@ from tfdet._protocol._perturb import RunSetup
 from tfdet._protocol._result import CostResult
 from tfdet._runner import _isolation, _outcome, _preflight, _process, _spawn, _workdir
 from tfdet._runner._conversation import Conversation
+from tfdet._setup import _coverage
 
 # The schedule's defaults (the CLI's too): about a minute on the built-in CNN
 # on 2 cores.
@@ -565,14 +566,18 @@ def _row(setting: Setting, figures: _Figures, baseline: str) -> _cost_report.Cos
     xla, device = bool(ready["xla"]), ready["device"]
     digests, unknown = _repeat(figures.digests.get(name, []))
     profile, ops = ready["profile"], figures.ops.get(name, {})
-    # What the profile promises, less what the profiled steps ran against it.
-    left = _timed_settings.pool_size_ops_left(profile, ops)
+    # What the profile promises, less what the model ran against it: as the
+    # child measured it (the log of `enable()`), else from the profiled ops.
+    if ready.get("coverage") is not None:
+        coverage = _coverage.Coverage.from_dict(ready["coverage"])
+    else:
+        coverage = _coverage.of(profile, ops, xla=xla, device=device)
     return _cost_report.CostRow(
         setting=setting,
         **dataclasses.asdict(timing),
         xla=xla,
-        bits_follow=tuple(_timed_settings.bits_follow(profile, xla, device, left)),
-        tiers=tuple(_timed_settings.tiers(profile, xla, device, left)),
+        bits_follow=tuple(_timed_settings.bits_follow(profile, xla, device, coverage)),
+        tiers=tuple(_timed_settings.tiers(profile, xla, device, coverage)),
         digests=digests,
         same_bits_unknown=unknown,
         ops=_shares(ops, timing.ms_per_step),

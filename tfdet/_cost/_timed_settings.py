@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from tfdet._pin import _tiers
+from tfdet._setup import _coverage
 from tfdet.patches import _registry
 
 
@@ -124,53 +125,44 @@ def gpu_settings_for(cores: int, xla: bool = True) -> list[Setting]:
     return found
 
 
-def pool_size_ops_left(profile: dict[str, Any], op_types: Any) -> tuple[str, ...]:
-    """Those of a run's op types that follow the pool although its profile
-    says its bits do not: TensorFlow's own ops that the hazard table marks
-    pool-size-dependent, still in a step under the pool-size-free products
-    (an op they do not replace: a 3-D convolution's filter gradient, say).
-
-    Args:
-        profile: A run's `tfdet.Profile`, as `Profile.to_dict()` gives it.
-        op_types: The op types its profiled steps ran.
-    """
-    from tfdet.patches import _hazards
-
-    if profile["intra_op_threads"] == 1 or _tiers.follows_threads(profile):
-        return ()
-    return _hazards.pool_size_dependent(op_types, profile["tensorflow_version"])
-
-
 def bits_follow(
     profile: dict[str, Any],
     xla: bool,
     device: str = "cpu",
-    pool_size_ops: tuple[str, ...] = (),
+    coverage: _coverage.Coverage | None = None,
 ) -> list[str]:
     """The machine facts that decide a run's bits because its profile leaves
-    them free: the ones a faster setting trades (the tiers it does not
-    reach, `tfdet._pin._tiers`, in words). Empty: the same bits on any
-    machine that conforms to the profile.
+    them free, or its model runs ops the profile does not cover: the ones a
+    faster setting trades (the tiers it does not reach, `tfdet._pin._tiers`,
+    in words). Empty: the same bits on any machine that conforms to the
+    profile.
 
     Args:
         profile: A run's `tfdet.Profile`, as `Profile.to_dict()` gives it.
         xla: Whether the run trained with XLA (whose CPU code has its own
             instruction-set cap).
         device: "cpu" or "gpu": where the run trained.
-        pool_size_ops: The run's ops that follow the pool all the same
-            (`pool_size_ops_left`).
+        coverage: What the run's model ran that the profile does not cover
+            (`tfdet._setup._coverage`).
     """
     if device == "gpu":  # No GPU run was measured to repeat on another one.
         return ["the GPU model and its software"]
+    uncovered = () if coverage is None else coverage.uncovered
+
+    def through(what: str) -> str:
+        return ", ".join(op.op for op in uncovered if what in op.follows)
+
     tied = []
     threads = profile["intra_op_threads"]
     if _tiers.follows_threads(profile):
         tied.append("the core count" if threads == 0 else f"{threads} threads")
-    elif pool_size_ops:
-        tied.append(f"{threads} threads (through {', '.join(pool_size_ops)})")
+    elif through(_coverage.POOL):
+        tied.append(f"{threads} threads (through {through(_coverage.POOL)})")
     if _tiers.follows_isa(profile, xla):
         xla_only = profile["cpu_isa"] not in ("ALL", "not applicable")
         tied.append("the CPU's instruction set" + (" (XLA:CPU)" if xla_only else ""))
+    elif through(_coverage.CPU_MODEL):
+        tied.append(f"the CPU model (through {through(_coverage.CPU_MODEL)})")
     return tied
 
 
@@ -178,19 +170,16 @@ def tiers(
     profile: dict[str, Any],
     xla: bool,
     device: str = "cpu",
-    pool_size_ops: tuple[str, ...] = (),
+    coverage: _coverage.Coverage | None = None,
 ) -> list[str]:
     """The tiers a run's profile gives, by name (`tfdet._pin._tiers.given`),
-    less those of any thread count (any x86 CPU among them: any core count)
-    where some of its ops follow the pool all the same (`pool_size_ops`)."""
-    given = _tiers.given(profile, xla, device)
-    if pool_size_ops:
-        given = [
-            tier
-            for tier in given
-            if tier not in (_tiers.ANY_THREAD_COUNT, _tiers.ANY_X86_CPU)
-        ]
-    return [tier.name for tier in given]
+    less those its model's uncovered ops take (`coverage.lost`)."""
+    lost = () if coverage is None else coverage.lost
+    return [
+        tier.name
+        for tier in _tiers.given(profile, xla, device)
+        if tier.name not in lost
+    ]
 
 
 def not_as_asked(

@@ -501,24 +501,6 @@ def find(
     return findings, stats
 
 
-def executed_op_types() -> set[str]:
-    """Op types of every function this process has traced or run.
-
-    Read from the eager context's function library, which holds each
-    `tf.function` graph (a Keras training step among them) with its nested
-    and gradient functions, as traced: before Grappler fuses or rewrites
-    ops. Ops run eagerly, outside any function, are not in it.
-    """
-    from tensorflow.python.eager import context
-
-    library = context.context()
-    return {
-        node.op
-        for name in library.list_function_names()
-        for node in library.get_function_def(name).node_def
-    }
-
-
 def _keras_of(model: Any) -> str:
     return "tf_keras" if type(model).__module__.startswith("tf_keras") else "keras3"
 

@@ -131,17 +131,27 @@ class Profile:
             if mine[name] != theirs[name] and name not in free
         }
 
-    def tiers(self, xla: bool = False, device: str = "cpu") -> tuple[str, ...]:
+    def tiers(
+        self, xla: bool = False, device: str = "cpu", coverage: Any = None
+    ) -> tuple[str, ...]:
         """The guarantees this profile gives, by tier name (`tfdet._pin._tiers`):
-        e.g. `("this-machine", "any-thread-count", "any-x86-cpu")` for the
-        default `enable()` on a CPU.
+        e.g. `("this-machine", "any-thread-count", "any-x86-cpu",
+        "any-batch")` for the default `enable()` on an x86-64 CPU.
 
         Args:
             xla: Whether the training compiles with XLA (whose CPU code has an
                 instruction-set cap of its own).
             device: "cpu" or "gpu", the device the training runs on.
+            coverage: A model's `tfdet.coverage()`: the tiers its uncovered
+                ops take are left out. None: the tiers for the ops tfdet
+                covers.
         """
-        return tuple(tier.name for tier in _tiers.given(self.to_dict(), xla, device))
+        lost = () if coverage is None else coverage.lost
+        return tuple(
+            tier.name
+            for tier in _tiers.given(self.to_dict(), xla, device)
+            if tier.name not in lost
+        )
 
     def __str__(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)

@@ -34,11 +34,15 @@ class WorkerResult:
             interrupted).
         pool_size_ops: The op types it ran whose CPU bits follow the
             thread-pool size (tfdet's op table).
+        coverage: What it traced that its profile does not cover, and the
+            tiers that takes (`tfdet._setup._coverage.Coverage.to_dict`);
+            empty without `enable()`.
     """
 
     perturbations_applied: dict[str, str] = dataclasses.field(default_factory=dict)
     perturbations_not_applied: dict[str, str] = dataclasses.field(default_factory=dict)
     pool_size_ops: tuple[str, ...] = ()
+    coverage: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     # The fields its readers need: a result without one is unreadable.
     REQUIRED: ClassVar[tuple[str, ...]] = ()

@@ -40,7 +40,7 @@ from tfdet._pin._settings import (  # noqa: F401  (re-exported)
     check_threads,
     threads_here,
 )
-from tfdet._setup import _collector
+from tfdet._setup import _collector, _coverage
 from tfdet.patches import _registry, fixed_order_add_n
 
 _LOG = logging.getLogger("tfdet")
@@ -464,6 +464,9 @@ def enable(
     )
     _active = (request, profile)
     _LOG.info("tfdet: enabled %s; tiers: %s", profile, ", ".join(profile.tiers()))
+    # Which of the model's ops the profile does not cover is known once it
+    # is traced: said after the first step Keras trains, or at exit.
+    _coverage.watch(profile.to_dict())
     return profile
 
 
@@ -627,6 +630,38 @@ def _normalize_patch_request(patches: Any) -> Any:
 def profile() -> Profile | None:
     """The active profile, or None when `enable()` has not been called."""
     return None if _active is None else _active[1]
+
+
+def coverage() -> _coverage.Coverage:
+    """The ops of this process's traced model that `enable()` does not cover.
+
+    tfdet's tiers hold for the ops it covers. A model may run others:
+    TensorFlow's own MatMul on bfloat16 under a mixed-precision policy (the
+    kernels take float32 and float64), a 3-D convolution's filter gradient.
+    Read from every function the process traced (the Keras train function
+    among them: call it after the first step) and from the inputs a patch
+    left to TensorFlow. `enable()` logs the same record after the first step
+    Keras trains, or at exit.
+
+    Example:
+
+    >>> tfdet.enable()                               # doctest: +SKIP
+    >>> model.fit(x, y, epochs=1)                    # doctest: +SKIP
+    >>> tfdet.coverage().lost                        # doctest: +SKIP
+    ()
+    >>> tfdet.profile().tiers(coverage=tfdet.coverage())  # doctest: +SKIP
+    ('this-machine', 'any-thread-count', 'any-x86-cpu', 'any-batch')
+
+    Returns:
+        A `Coverage`: `uncovered` (each op, what its bits may follow, why it
+        was left) and `lost` (the names of the profile's tiers it takes).
+
+    Raises:
+        RuntimeError: `enable()` has not been called.
+    """
+    if _active is None:
+        raise RuntimeError("tfdet.coverage() needs tfdet.enable() first")
+    return _coverage.measured(_active[1].to_dict())
 
 
 def is_enabled() -> bool:

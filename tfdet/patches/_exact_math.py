@@ -185,6 +185,17 @@ def warn_once(message: str) -> None:
         logging.getLogger("tfdet").warning(message)
 
 
+# (op type, what the patch could not take) of each input left to TensorFlow.
+_LEFT: set[tuple[str, str]] = set()
+
+
+def left_ops() -> tuple[tuple[str, str], ...]:
+    """`(op type, dtype or reason)` of every input a patch of this process
+    left to TensorFlow's op with its promise lost (`left_to_tensorflow`),
+    sorted."""
+    return tuple(sorted(_LEFT))
+
+
 def left_to_tensorflow(
     patch: str, op_type: str, dtype: Any, reason: str | None
 ) -> None:
@@ -196,6 +207,7 @@ def left_to_tensorflow(
     """
     if reason is None and (not dtype.is_floating or dtype.name == "float32"):
         return
+    _LEFT.add((op_type, reason or dtype.name))
     warn_once(
         f"tfdet: {patch} leaves {op_type} on {reason or dtype.name} to "
         "TensorFlow's own op, whose bits may follow the thread-pool size and "

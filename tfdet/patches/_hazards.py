@@ -199,14 +199,22 @@ def needs_patch(op_types: tuple[str, ...] | list[str], tensorflow_version: str) 
     )
 
 
+def with_behaviour(
+    op_types: Iterable[str], behaviour: str, tensorflow_version: str
+) -> tuple[str, ...]:
+    """Those of `op_types` that a CPU row of `behaviour` names at that
+    version, sorted (rows' `when` conditions are not read)."""
+    named = {
+        op_type
+        for row in table().hazards
+        if row.behaviour == behaviour and row.applies_to(tensorflow_version)
+        for op_type in row.ops
+    }
+    return tuple(sorted(named.intersection(op_types)))
+
+
 def pool_size_dependent(
     op_types: Iterable[str], tensorflow_version: str
 ) -> tuple[str, ...]:
     """Those of `op_types` whose CPU bits follow the thread-pool size, sorted."""
-    following = {
-        op_type
-        for row in table().hazards
-        if row.behaviour == POOL_SIZE_DEPENDENT and row.applies_to(tensorflow_version)
-        for op_type in row.ops
-    }
-    return tuple(sorted(following.intersection(op_types)))
+    return with_behaviour(op_types, POOL_SIZE_DEPENDENT, tensorflow_version)
