@@ -2,17 +2,19 @@
 
 Trains TARGET with train_on_batch (or runs a whole script with --script)
 in one fresh process per setting, on the CPU (on a GPU: see --device):
-plain TensorFlow (Keras's seeding only), tfdet's default enable() (one
-thread, AVX2), and, where they
-apply, enable(threads=N) with N the cores this process may use,
-enable(threads=N, cpu_isa=None) (the CPU's best instructions), the
-pool-size-free products at N threads, and XLA (jit_compile=True). The
+plain TensorFlow (Keras's seeding only), tfdet's default enable() (every
+CPU this process may use, tfdet's kernels, AVX2 for what oneDNN still
+computes), enable(threads=1) (the same bits on one thread, with more than
+one CPU), enable(cpu_isa=None) (oneDNN's ops on the CPU's best
+instructions), and XLA (jit_compile=True). The
 processes take turns, block by block, so that the machine's load falls on
 every setting alike. Prints each setting's ms per step and ratio to plain
-TensorFlow with the middle half of the block ratios, the tiers of
+TensorFlow with the middle half of the block ratios, its process's peak
+memory (resident set, MB) and ratio to plain TensorFlow's, the tiers of
 guarantee its profile gives (this-machine: the same CPU and threads;
 any-thread-count; any-x86-cpu: AVX2 and up, any core count; any-batch:
-predictions that do not follow the batch) and what its bits follow, the ops
+predictions that do not follow the batch) less those the model's uncovered
+ops take (tfdet.coverage()), and what its bits follow, the ops
 whose time grew most (TensorFlow's profiler), the advice per tier and one
 sentence for --need. A cheaper setting is advised over the
 default one when it is more than 10% cheaper and faster in enough blocks

@@ -76,6 +76,9 @@ class CostRow:
         same_bits_unknown: Why the rounds cannot say whether it repeated
             its bits (a script whose processes trained different step
             counts), or None.
+        peak_mb: The largest peak resident memory of its processes (MB,
+            from their start to the last timed block), or None where the
+            child did not say (a tfdet older than the field).
     """
 
     setting: Setting
@@ -90,6 +93,7 @@ class CostRow:
     note: str | None = None
     tiers: tuple[str, ...] = ()
     same_bits_unknown: str | None = None
+    peak_mb: float | None = None
 
     @property
     def name(self) -> str:
@@ -305,6 +309,14 @@ def _same_bits(row: CostRow) -> str:
     return ("yes" if row.repeatable else "NO") + f" ({len(row.digests)})"
 
 
+def _peak(row: CostRow, plain: CostRow) -> str:
+    """Peak memory and its ratio to plain TensorFlow's, 15 columns."""
+    if row.peak_mb is None:
+        return f"{'-':>8}{'-':>7}"
+    ratio = f"{row.peak_mb / plain.peak_mb:.2f}" if plain.peak_mb else "-"
+    return f"{row.peak_mb:>8.0f}{ratio:>7}"
+
+
 def format_text(report: CostReport) -> str:
     """The report as a person reads it: the table, the ops, the advice."""
     blocks = len(report.per_block) or report.rounds * report.blocks
@@ -321,12 +333,13 @@ def format_text(report: CostReport) -> str:
         "warm-up steps",
         "",
         f"{'setting':<{width}}{'ms/step':>9}{'ratio':>7}  {'middle half':<11}  "
-        f"{'XLA':<4}{'same bits':<10}  same bits on",
+        f"{'peak MB':>8}{'ratio':>7}  {'XLA':<4}{'same bits':<10}  same bits on",
     ]
     for row in report.rows:
         lines.append(
             f"{row.setting.name:<{width}}{row.ms_per_step:>9.2f}{row.ratio:>7.2f}  "
             f"{row.ratio_q1:.2f}-{row.ratio_q3:.2f}{'':<2}  "
+            f"{_peak(row, report.plain)}  "
             f"{'on' if row.xla else 'off':<4}{_same_bits(row):<10}  "
             f"{_gives(row)}"
         )

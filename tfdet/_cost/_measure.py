@@ -284,6 +284,10 @@ class _Figures:
     # Per round, each process's answer to `digest`.
     digests: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
     ops: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    # The largest peak resident memory (MB) any of its processes reported
+    # while timed (not while profiled: the profiler's buffers are not the
+    # setting's).
+    peak_mb: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def _round(
@@ -305,10 +309,16 @@ def _round(
     def block(index: int, of: str) -> bool:
         """Times one block; False when a script ended during it."""
         shift = (round_ * blocks + index) % len(workers)
-        times = {
-            worker.setting.name: worker.ask({"steps": steps})["ms"]
+        answers = {
+            worker.setting.name: worker.ask({"steps": steps})
             for worker in workers[shift:] + workers[:shift]
         }
+        times = {name: answer["ms"] for name, answer in answers.items()}
+        for name, answer in answers.items():
+            if answer.get("peak_mb") is not None:
+                figures.peak_mb[name] = max(
+                    figures.peak_mb.get(name, 0.0), float(answer["peak_mb"])
+                )
         if any(worker.finished for worker in workers):
             # A script ended: this block is short, and there is no next.
             say(f"{label}: the script ended during block {index + 1}; kept {index}")
@@ -582,4 +592,5 @@ def _row(setting: Setting, figures: _Figures, baseline: str) -> _cost_report.Cos
         same_bits_unknown=unknown,
         ops=_shares(ops, timing.ms_per_step),
         note=_timed_settings.not_as_asked(setting, profile, xla),
+        peak_mb=figures.peak_mb.get(name),
     )
