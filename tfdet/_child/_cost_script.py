@@ -166,13 +166,13 @@ def _hook_model(model_class: Any, callback_base: type, gate: _Gate) -> None:
 
     @functools.wraps(fit)
     def timed_fit(self: Any, *args: Any, **kwargs: Any) -> Any:
-        args, kwargs = _keras_calls.with_fit_callback(
+        fit_args, kwargs = _keras_calls.with_fit_callback(
             args, kwargs, _timed_callback(callback_base, gate)
         )
         gate.trained(self)
         gate.depth += 1
         try:
-            return fit(self, *args, **kwargs)
+            return fit(self, *fit_args, **kwargs)
         finally:
             gate.depth -= 1
 
@@ -255,7 +255,7 @@ def run(
     """
     gate = _Gate(spec.warmup, ready, digest)
     _install(gate)
-    script = spec.script
+    script = _start.script_of(spec)
     sys.argv = [script, *spec.args]
     # As `python script.py`: sys.path[0] is the script's directory.
     sys.path[0] = os.path.dirname(os.path.abspath(script))

@@ -119,9 +119,10 @@ def _run_target(spec: WorkerSpec) -> int:
 
     # As a check's run: the parent tells a TARGET that exits or hangs while
     # being built from a run that fails later.
+    target = _start.target_of(spec)
     _start.report_stage(_spec.BUILDING)
-    built = _load.build(spec.target, seed=spec.seed)  # TargetError: exit 2.
-    _load.check_fits(built, spec.target)
+    built = _load.build(target, seed=spec.seed)  # TargetError: exit 2.
+    _load.check_fits(built, target)
     _start.report_stage(_spec.BUILT)
     model = built.model
     if spec.jit_compile is not None:
@@ -129,7 +130,7 @@ def _run_target(spec: WorkerSpec) -> int:
         # Under op determinism Keras keeps True only where a deterministic
         # XLA lowering exists for every layer.
         model.jit_compile = spec.jit_compile
-    stepper = _Stepper(built, spec.target)
+    stepper = _Stepper(built, target)
     stepper.timed(spec.warmup)
     _start.answer(ready(spec, bool(getattr(model, "jit_compile", False))))
     answered = 0

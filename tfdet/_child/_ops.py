@@ -44,7 +44,7 @@ class Profiling:
     """
 
     def __init__(self) -> None:
-        self._logdir: tempfile.TemporaryDirectory | None = None
+        self._logdir: tempfile.TemporaryDirectory[str] | None = None
 
     def start(self) -> None:
         import tensorflow as tf
@@ -57,6 +57,8 @@ class Profiling:
         import tensorflow as tf
 
         tf.profiler.experimental.stop()
+        if self._logdir is None:
+            raise RuntimeError("Expected Profiling.start() before stop().")
         with self._logdir as logdir:
             return per_op_type(logdir, max(1, steps))
 

@@ -101,8 +101,7 @@ def run(spec: WorkerSpec) -> int:
         _script_hooks.install(recorder)
     else:
         _script_hooks.install_at_first_import(recorder)
-    script = spec.script
-    assert script is not None  # A script's run is given one (`ScriptOptions`).
+    script = _start.script_of(spec)
     sys.argv = [script, *spec.args]
     # As `python script.py`: sys.path[0] is the directory of the script's
     # real file (the run's copy of a linked script is not a link).

@@ -354,6 +354,27 @@ def run_facts(spec: WorkerSpec) -> dict[str, Any]:
     }
 
 
+def target_of(spec: WorkerSpec) -> str:
+    """The TARGET string of a TARGET's run (check, locate, cost): the parent
+    always names it."""
+    if spec.target is None:
+        raise ValueError(
+            f"Expected a TARGET in the spec of a {spec.kind} child. Received: "
+            "target=None"
+        )
+    return spec.target
+
+
+def script_of(spec: WorkerSpec) -> str:
+    """The script of a script's run (script, cost): the parent always names it."""
+    if spec.script is None:
+        raise ValueError(
+            f"Expected a script in the spec of a {spec.kind} child. Received: "
+            "script=None"
+        )
+    return spec.script
+
+
 def _open_channel(fd: int | None, mode: str) -> Any:
     """The progress (`"w"`) or request (`"r"`) channel, or None."""
     if fd is None:

@@ -116,16 +116,17 @@ def start(spec: WorkerSpec) -> Any:
     from tfdet._target import _load
 
     _start.child_start(spec)
+    target = _start.target_of(spec)
     strategy = _strategy(spec)
     _start.report_stage(_spec.BUILDING)
     if strategy is None:
-        built = _load.build(spec.target, seed=spec.seed)
+        built = _load.build(target, seed=spec.seed)
     else:
         # The TARGET builds and compiles its model under the strategy, as a
         # user's `with strategy.scope():` block does.
         with strategy.scope():
-            built = _load.build(spec.target, seed=spec.seed)
-    _load.check_fits(built, spec.target)
+            built = _load.build(target, seed=spec.seed)
+    _load.check_fits(built, target)
     _start.report_stage(_spec.BUILT)
     return built
 
@@ -181,7 +182,7 @@ def _train_on_batches(built: Any, spec: WorkerSpec) -> None:
     from tfdet._setup import _enable
 
     model = built.model
-    _feeding.feed_as_fit(model, spec.target)
+    _feeding.feed_as_fit(model, _start.target_of(spec))
     resumable = _Resumable(built, spec) if spec.resume_dir else None
     first = 0
     if resumable is not None and _spec.resumed_after() is not None:
