@@ -125,7 +125,10 @@ models = survey() if len(sys.argv) > 3 else (
     (build.__name__, *build()) for build in (mlp, cnn, attention, lstm, embedding))
 counts = {}
 for name, model, x in models:
-    counts[name] = {batch: differing_rows(model, x, batch) for batch in batches}
+    try:
+        counts[name] = {batch: differing_rows(model, x, batch) for batch in batches}
+    except Exception as error:  # One model's failure is its cell, not the run's.
+        counts[name] = {"error": f"{type(error).__name__}: {str(error)[:160]}"}
 print(json.dumps(counts))
 """
 
@@ -325,7 +328,10 @@ def table(results: dict[str, dict], batches: list[str], rows: int = ROWS) -> str
         "|---" * (len(names) + 1) + "|",
     ]
     for setting, counts in results.items():
-        cells = ["/".join(str(counts[n][b]) for b in batches) for n in names]
+        cells = [
+            counts[n].get("error") or "/".join(str(counts[n][b]) for b in batches)
+            for n in names
+        ]
         lines.append(f"| {setting} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
