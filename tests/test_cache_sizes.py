@@ -179,6 +179,33 @@ def test_without_the_capped_view_bfloat16_fails_under_the_avx2_cap(tmp_path):
     assert "could not create a primitive descriptor" in output
 
 
+@pytest.mark.skipif(
+    not {"avx512f", "avx_ne_convert"} & _isa.cpu_flags(),
+    reason="TensorFlow sends bfloat16 ops to oneDNN only on a CPU with AVX-512F "
+    "or AVX-NE-CONVERT; this one has neither",
+)
+def test_the_cap_holds_tensorflows_view_without_any_patch():
+    # enable(patches=None) installs no patch, yet its AVX2 cap holds
+    # TensorFlow's view of the CPU as the patch does: the control above
+    # aborts, this trains (a MatMul and a Conv2D in bfloat16).
+    result = run_python(
+        """
+        import tfdet
+        tfdet.enable(patches=None)
+        import keras, numpy as np
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+        model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(4, 3),
+                                  keras.layers.Flatten(), keras.layers.Dense(4)])
+        model.compile("sgd", "mse")
+        x = np.random.default_rng(0).standard_normal((32, 8, 8, 3))
+        model.fit(x, np.zeros((32, 4)), verbose=0)
+        print("trained")
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "trained" in result.stdout
+
+
 def test_symbols_are_searched_once_per_library_file_and_kept(tmp_path, monkeypatch):
     # A copy of TensorFlow's framework library (it names Eigen's variable).
     library = tmp_path / "libtensorflow_framework.so.2"

@@ -27,7 +27,7 @@ import warnings
 from typing import Any
 
 from tfdet._errors import ProfileMismatchError, TooLateError
-from tfdet._pin import _distribution, _environment, _isa, _versions
+from tfdet._pin import _cpu_features, _distribution, _environment, _isa, _versions
 from tfdet._pin._profile import Profile
 from tfdet._pin._settings import (  # noqa: F401  (re-exported)
     DEFAULT_CPU_ISA,
@@ -41,7 +41,7 @@ from tfdet._pin._settings import (  # noqa: F401  (re-exported)
     threads_here,
 )
 from tfdet._setup import _collector, _coverage
-from tfdet.patches import _registry, fixed_order_add_n
+from tfdet.patches import _registry, fixed_order_add_n, tensorflow_cpu_extensions
 
 _LOG = logging.getLogger("tfdet")
 
@@ -374,7 +374,9 @@ def enable(
             AVX2 default holds the ops oneDNN still computes (batch
             normalization, pooling, softmax, layer normalization) to the
             bits of every x86-64 CPU from Haswell on; tfdet's kernels use the
-            CPU's best instructions under any cap, with the same bits.
+            CPU's best instructions under any cap, with the same bits. The
+            cap also holds TensorFlow's own view of the CPU (which sends
+            bfloat16 ops to oneDNN from CPUID), whatever `patches` says.
         onednn: Require oneDNN custom ops on (True, the default on x86-64)
             or off (False, the default on aarch64, where oneDNN's kernels
             follow the SVE vector length); None keeps TensorFlow's default,
@@ -449,6 +451,7 @@ def enable(
         _pin_variables(seed, threads_in_force, isa_cap)
         _seed_everything(seed)
         installed = _registry.install(selected)
+        _cap_tensorflows_view(isa_cap, installed)
 
     profile = Profile(
         seed=seed,
@@ -468,6 +471,27 @@ def enable(
     # is traced: said after the first step Keras trains, or at exit.
     _coverage.watch(profile.to_dict())
     return profile
+
+
+def _cap_tensorflows_view(isa_cap: str, installed: tuple[str, ...]) -> None:
+    """Caps TensorFlow's own view of the CPU's extensions with oneDNN's ISA
+    cap, whatever the patches (the `tensorflow_cpu_extensions` patch does it
+    when installed).
+
+    TensorFlow sends a bfloat16 op to oneDNN from CPUID, not from the cap;
+    with `patches=None`, a `mixed_bfloat16` model's MatMul aborted the whole
+    process on an AVX512_BF16 CPU under the AVX2 cap ("could not create a
+    primitive descriptor for the inner product forward propagation
+    primitive"; TF 2.21.0, Intel Xeon Emerald Rapids). The view decides
+    only where bfloat16 ops run, so no float32 bit changes.
+    """
+    if (
+        tensorflow_cpu_extensions.PATCH.name in installed
+        or isa_cap in ("ALL", _isa.NOT_APPLICABLE)
+        or _cpu_features.unavailable() is not None
+    ):
+        return
+    _cpu_features.VIEW.cap = isa_cap
 
 
 def _request(

@@ -16,7 +16,8 @@ bfloat16 ops in Eigen, as on an AVX2 CPU, and a `mixed_bfloat16` model
 trains to the weights an AVX2-only CPU gives (docs/measurements.md,
 "bfloat16 on an AVX-512 CPU"). Nothing else of the CPU changes: oneDNN and Eigen still read CPUID themselves (oneDNN is capped
 by `ONEDNN_MAX_CPU_ISA`). With `cpu_isa="ALL"` or off x86-64, it does
-nothing.
+nothing. `enable()` caps the view the same way when this patch is left out
+(`patches=None`), since the cap is not a cap without it.
 """
 
 from __future__ import annotations
