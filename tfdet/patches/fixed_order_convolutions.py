@@ -45,7 +45,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfdet._kernels import fixed_order
-from tfdet.patches import _exact_math, pool_size_free_products
+from tfdet.patches import _convolution_compositions, _exact_math, _geometry
 from tfdet.patches._registry import Patch
 
 _CONVOLUTIONS = {
@@ -73,7 +73,7 @@ def _kernel_takes(data_format: Any, tensors: Any, ungrouped: bool) -> bool:
     """
     import tensorflow as tf
 
-    unsupported = pool_size_free_products._convolution_unsupported(
+    unsupported = _geometry.convolution_unsupported(
         _exact_math.attribute_text(data_format, "NHWC"), ungrouped
     )
     return (
@@ -138,11 +138,9 @@ def conv2d(
             padding, use_cudnn_on_gpu, explicit_paddings, data_format,
             dilations, name,
         )  # fmt: skip
-    ungrouped = pool_size_free_products._ungrouped(
-        _channels(x), pool_size_free_products._filter_shape(kernel)
-    )
+    ungrouped = _geometry.ungrouped(_channels(x), _geometry.filter_shape(kernel))
     if not _kernel_takes(data_format, (x, kernel), ungrouped):
-        return pool_size_free_products.conv2d(
+        return _convolution_compositions.conv2d(
             input, filter, strides, padding, use_cudnn_on_gpu,
             explicit_paddings, data_format, dilations, name,
         )  # fmt: skip
@@ -170,7 +168,7 @@ def conv2d_backprop_input(
     kernel, upstream = tf.convert_to_tensor(filter), tf.convert_to_tensor(out_backprop)
     # TensorFlow's op also takes [height, width] (the batch and channels
     # then from the other operands); the kernel wants all 4.
-    four = pool_size_free_products.four_input_sizes(
+    four = _geometry.four_input_sizes(
         input_sizes, kernel, upstream, _exact_math.attribute_text(data_format, "NHWC")
     )
     if four is None or _for_tensorflow(
@@ -182,12 +180,12 @@ def conv2d_backprop_input(
             use_cudnn_on_gpu, explicit_paddings, data_format, dilations, name,
         )  # fmt: skip
     input_sizes = four
-    ungrouped = pool_size_free_products._ungrouped(
+    ungrouped = _geometry.ungrouped(
         _exact_math.static_shape(input_sizes)[3],
-        pool_size_free_products._filter_shape(kernel),
+        _geometry.filter_shape(kernel),
     )
     if not _kernel_takes(data_format, (kernel, upstream), ungrouped):
-        return pool_size_free_products.conv2d_backprop_input(
+        return _convolution_compositions.conv2d_backprop_input(
             input_sizes, filter, out_backprop, strides, padding, use_cudnn_on_gpu,
             explicit_paddings, data_format, dilations, name,
         )  # fmt: skip
@@ -224,10 +222,10 @@ def conv2d_backprop_filter(
             (input, filter_sizes, out_backprop), strides, padding,
             use_cudnn_on_gpu, explicit_paddings, data_format, dilations, name,
         )  # fmt: skip
-    sizes = pool_size_free_products._static_filter_shape(filter_sizes)
-    ungrouped = pool_size_free_products._ungrouped(_channels(x), sizes)
+    sizes = _geometry.static_filter_shape(filter_sizes)
+    ungrouped = _geometry.ungrouped(_channels(x), sizes)
     if not _kernel_takes(data_format, (x, upstream), ungrouped):
-        return pool_size_free_products.conv2d_backprop_filter(
+        return _convolution_compositions.conv2d_backprop_filter(
             input, filter_sizes, out_backprop, strides, padding, use_cudnn_on_gpu,
             explicit_paddings, data_format, dilations, name,
         )  # fmt: skip
@@ -267,10 +265,10 @@ def depthwise_conv2d_native_backprop_filter(
             explicit_paddings=list(explicit_paddings), data_format=data_format,
             dilations=list(dilations), name=name,
         )  # fmt: skip
-    sizes = pool_size_free_products._static_filter_shape(filter_sizes)
+    sizes = _geometry.static_filter_shape(filter_sizes)
     one_per_channel = sizes is not None and sizes[3] == 1
     if not _kernel_takes(data_format, (x, upstream), one_per_channel):
-        return pool_size_free_products.depthwise_conv2d_native_backprop_filter(
+        return _convolution_compositions.depthwise_conv2d_native_backprop_filter(
             input, filter_sizes, out_backprop, strides, padding,
             explicit_paddings, data_format, dilations, name,
         )  # fmt: skip

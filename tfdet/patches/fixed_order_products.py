@@ -47,7 +47,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfdet._kernels import fixed_order
-from tfdet.patches import _exact_math, pool_size_free_products
+from tfdet.patches import _exact_math, _geometry, _product_compositions
 from tfdet.patches._registry import Patch
 
 _MAT_MUL = _exact_math.GeneratedOp("tensorflow.python.ops.gen_math_ops", "mat_mul")
@@ -66,20 +66,7 @@ def _batch_product(a: Any, b: Any, adj_x: bool, adj_y: bool) -> Any:
     """`a @ b` (batch dims broadcast): the kernel, or the composition."""
     if fixed_order.load() is not None:
         return fixed_order.batch_matmul(a, b, adj_x=adj_x, adj_y=adj_y)
-    import tensorflow as tf
-
-    # The composition wants one batch axis, broadcast already.
-    batch = tf.broadcast_dynamic_shape(tf.shape(a)[:-2], tf.shape(b)[:-2])
-    a = tf.broadcast_to(a, tf.concat([batch, tf.shape(a)[-2:]], 0))
-    b = tf.broadcast_to(b, tf.concat([batch, tf.shape(b)[-2:]], 0))
-    a = tf.reshape(a, tf.concat([[-1], tf.shape(a)[-2:]], 0))
-    b = tf.reshape(b, tf.concat([[-1], tf.shape(b)[-2:]], 0))
-    if adj_x:
-        a = tf.linalg.matrix_transpose(a)
-    if adj_y:
-        b = tf.linalg.matrix_transpose(b)
-    product = pool_size_free_products._batch_matmul(a, b)
-    return tf.reshape(product, tf.concat([batch, tf.shape(product)[1:]], 0))
+    return _geometry.broadcast_batch_matmul(a, b, adj_x, adj_y)
 
 
 def _cannot_multiply(
@@ -129,7 +116,7 @@ def mat_mul(
         return _MAT_MUL.original(
             a, b, transpose_a=transpose_a, transpose_b=transpose_b, name=name, **flags
         )
-    if pool_size_free_products.mat_mul_left_to_tensorflow(a_tensor, b_tensor):
+    if _geometry.mat_mul_left_to_tensorflow(a_tensor, b_tensor):
         _left_to_tensorflow("MatMul", a_tensor.dtype)
         return _MAT_MUL.original(
             a, b, transpose_a=transpose_a, transpose_b=transpose_b, name=name, **flags
@@ -139,7 +126,7 @@ def mat_mul(
             return fixed_order.matmul(
                 a_tensor, b_tensor, transpose_a=transpose_a, transpose_b=transpose_b
             )
-        return pool_size_free_products.mat_mul(
+        return _product_compositions.mat_mul(
             a_tensor, b_tensor, transpose_a, transpose_b
         )
 
@@ -164,9 +151,7 @@ def _batch_mat_mul(version: str) -> Any:
         if _cannot_multiply(a, b, adj_x, adj_y, matrices=False):
             # TensorFlow's op raises its own error (see `mat_mul`).
             return original(x, y, *args, adj_x=adj_x, adj_y=adj_y, name=name, **flags)
-        left, reason = pool_size_free_products.batch_mat_mul_left_to_tensorflow(
-            a, b, out_type
-        )
+        left, reason = _geometry.batch_mat_mul_left_to_tensorflow(a, b, out_type)
         if left:
             _left_to_tensorflow("BatchMatMul", a.dtype, reason)
             return original(x, y, *args, adj_x=adj_x, adj_y=adj_y, name=name, **flags)
