@@ -2,7 +2,7 @@
 
 Usage:
     python benchmarks/batch_invariance.py [--batches 1,5,32] [--json FILE]
-        [--settings plain,enable,tensorflow_ops]
+        [--settings plain,enable,tensorflow_ops] [--survey | --builtins]
 
 For each setting, a fresh `sys.executable` process builds five small models
 (an MLP with GELU; Conv2D + BatchNormalization + MaxPooling; MultiHeadAttention
@@ -26,7 +26,8 @@ batch. The settings:
 1, 32, 256 per model and setting, in one long-lived process per setting,
 interleaved block by block, and prints each setting's ratio to plain
 TensorFlow. `--survey` measures the op survey's 29 models (`survey_models.py`, each
-with its 32 inputs) instead of the five. `--ops` prints instead, per op, the rows that differ when the op runs on the
+with its 32 inputs) instead of the five, `--builtins` tfdet's built-in
+targets that train under Keras 3 (their first synthesized batch). `--ops` prints instead, per op, the rows that differ when the op runs on the
 first B rows of its input rather than on all of them (the forward products
 that a Keras layer calls), under each setting.
 """
@@ -121,7 +122,16 @@ def survey():
             data = [np.concatenate([np.asarray(x) for x, _ in data[0]])]
         yield name, model, data[0]
 
-models = survey() if len(sys.argv) > 3 else (
+def builtins():
+    # tfdet's built-in targets that train under Keras 3, each predicting its
+    # first synthesized batch.
+    from tfdet._target import _builtins, _load
+    for name in _builtins.names():
+        if "tf_keras" not in name:
+            built = _load.build(f"builtin:{name}", seed=0)
+            yield f"builtin:{name}", built.model, np.asarray(built.batch(0)[0])
+
+models = builtins() if sys.argv[3:] == ["builtins"] else survey() if sys.argv[3:] else (
     (build.__name__, *build()) for build in (mlp, cnn, attention, lstm, embedding))
 counts = {}
 for name, model, x in models:
@@ -317,12 +327,12 @@ def cost(batches: list[str], blocks: int, settings: list[str]) -> str:
     return "\n".join(lines)
 
 
-def table(results: dict[str, dict], batches: list[str], rows: int = ROWS) -> str:
+def table(results: dict[str, dict], batches: list[str], rows: int | str = ROWS) -> str:
     """Markdown: one row per setting, one column per model, `a/b/c` per B."""
     names = list(next(iter(results.values())))
     lines = [
-        f"rows of {rows} whose bits differ from one batch of {rows}, predicted "
-        "in another order at batch size " + " / ".join(batches),
+        f"rows (of {rows}) whose bits differ from all of them predicted as one "
+        "batch, predicted in another order at batch size " + " / ".join(batches),
         "",
         "| | " + " | ".join(names) + " |",
         "|---" * (len(names) + 1) + "|",
@@ -351,6 +361,11 @@ def main() -> None:
         help="the op survey's models (benchmarks/survey_models.py, 32 inputs)",
     )
     parser.add_argument(
+        "--builtins",
+        action="store_true",
+        help="tfdet's built-in targets that train under Keras 3, their first batch",
+    )
+    parser.add_argument(
         "--cost",
         action="store_true",
         help="time predict per setting instead (default batches 1,32,256)",
@@ -365,12 +380,25 @@ def main() -> None:
         print(cost(batches, args.blocks, args.settings.split(",")))
         return
     child = OPS_CHILD if args.ops else MODELS_CHILD
-    arguments = [str(REPO / "benchmarks")] if args.survey else []
+    arguments = (
+        ["builtins"]
+        if args.builtins
+        else [str(REPO / "benchmarks")]
+        if args.survey
+        else []
+    )
     results = {
         setting: measure(setting, child, batches, *arguments)
         for setting in args.settings.split(",")
     }
-    print(table(results, batches, rows=SURVEY_ROWS if args.survey else ROWS))
+    rows = (
+        SURVEY_ROWS
+        if args.survey
+        else "each model's first batch"
+        if args.builtins
+        else ROWS
+    )
+    print(table(results, batches, rows=rows))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
 
