@@ -184,6 +184,8 @@ class _Keras3ExactResume(_resume_state.ExactResume):
     makes the subclass), so it needs no Keras import.
     """
 
+    params: dict[str, Any] | None  # Keras's: None until fit sets them.
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._steps_done = 0  # Batches trained in the current epoch.

@@ -16,7 +16,7 @@ import random
 import stat
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfdet._errors import ResumeError
 
@@ -190,7 +190,31 @@ def kernel_state_random_ops(train_function: Any) -> list[str]:
     return sorted(found)
 
 
-class ExactResume:
+if TYPE_CHECKING:
+
+    class _BackupAndRestore:
+        """What the mixins use of Keras's `BackupAndRestore` (Keras 3's and
+        tf_keras's alike), which comes after them in the subclass: for the
+        type checker only, as Keras ships no types."""
+
+        model: Any
+        backup_dir: str
+
+        def on_train_begin(self, logs: Any = None) -> None: ...
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None: ...
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None: ...
+
+        def on_train_end(self, logs: Any = None) -> None: ...
+
+        def _load_model(self) -> None: ...  # Keras 3's only.
+
+else:
+    _BackupAndRestore = object
+
+
+class ExactResume(_BackupAndRestore):
     """What the exact `BackupAndRestore` of Keras 3 and of tf_keras share.
 
     The mixin each one's own starts from (`_keras3._Keras3ExactResume`,
@@ -345,7 +369,7 @@ def _samples(x: Any) -> int | None:
     """
     while isinstance(x, list | tuple | dict) and x:  # Several inputs.
         x = next(iter(x.values())) if isinstance(x, dict) else x[0]
-    shape = getattr(x, "shape", None)
+    shape: Any = getattr(x, "shape", None)  # An array's, or TensorFlow's.
     try:
         return int(shape[0])
     except (TypeError, IndexError, ValueError):  # None, (), or unknown.

@@ -199,6 +199,12 @@ class _TfKerasExactResume(_resume_state.ExactResume):
     makes the subclass), so it needs no tf_keras import.
     """
 
+    # tf_keras's own, which the subclass's tf_keras class sets.
+    params: dict[str, Any]  # Set by fit before any hook runs.
+    save_freq: int | str
+    delete_checkpoint: bool
+    _training_state: Any  # Its `WorkerTrainingState`, during fit.
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._manager: Any = None
@@ -309,8 +315,8 @@ class _TfKerasExactResume(_resume_state.ExactResume):
         epoch, step = self._training_state.maybe_load_initial_counters_from_ckpt(
             steps, 0, mode=ModeKeys.TRAIN
         )
-        handler = getattr(model, _DATA_HANDLER, None)
-        adapter = None if handler is None else handler._adapter
+        handler: Any = getattr(model, _DATA_HANDLER, None)
+        adapter: Any = None if handler is None else handler._adapter
         unreplayable = _UNREPLAYABLE_ADAPTERS.get(type(adapter).__name__)
         if adapter is None:
             unreplayable = "fit input tfdet did not see made into batches"
