@@ -33,7 +33,11 @@ from tfdet._commands._check_report import (
 )
 from tfdet._commands._options import RunOptions, RunPlan
 from tfdet._commands._progress_lines import ProgressFn, StepFn
-from tfdet._commands._report_common import ProcessFacts, combined_exit_code
+from tfdet._commands._report_common import (
+    ProcessFacts,
+    combined_exit_code,
+    result_of,
+)
 from tfdet._errors import (
     EXIT_DIVERGED,
     EXIT_OK,
@@ -42,6 +46,7 @@ from tfdet._errors import (
 )
 from tfdet._pin import _devices
 from tfdet._protocol import _perturb, _spec
+from tfdet._protocol._result import CheckResult
 from tfdet._record import _bits, _compare, _diff, _trace
 from tfdet._runner import _outcome, _preflight, _spawn
 from tfdet.patches import pool_size_free_products
@@ -68,17 +73,18 @@ def _run_report(run: _outcome.RunOutcome, kept_trace: str | None = None) -> RunR
     """`run`'s report; `kept_trace` is its trace's kept copy (`traces=`)."""
     training = None
     if run.ok and run.trace is not None:
+        result = result_of(run, CheckResult)
         steps = run.trace.steps
         training = Training(
-            profile=run.result.profile,
+            profile=result.profile,
             steps_recorded=len(steps),
             final_loss=((steps[-1].get("loss") if steps else None) or {}).get("value"),
             nonfinite=tuple(_nonfinite(run.trace)),
-            trace=kept_trace or run.result.trace,
+            trace=kept_trace or result.trace,
             # What ran: the entry point tfdet drove, and whether XLA compiled it.
-            entry_points=list(run.result.entry_points),
-            xla=run.result.xla,
-            coverage=run.result.coverage,
+            entry_points=list(result.entry_points),
+            xla=result.xla,
+            coverage=result.coverage,
         )
     return RunReport(
         facts=ProcessFacts.of(run),
@@ -86,6 +92,27 @@ def _run_report(run: _outcome.RunOutcome, kept_trace: str | None = None) -> RunR
         # Without TensorFlow's start-up notices (`_outcome.stderr_tail`).
         stderr_tail=None if run.ok else run.stderr_tail,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Compared:
+    """A finished process of a check's run as the comparisons read it
+    (`_compare.FinishedRun`): its trace, read back, and its result."""
+
+    trace: _trace.Trace
+    result: CheckResult
+
+
+def _trace_of(run: _outcome.RunOutcome) -> _trace.Trace:
+    """A finished process's trace, read back (`_spawn.read_traces`)."""
+    if run.trace is None:
+        raise TypeError(f"Expected {run.setup.name}'s trace, read back. Received: None")
+    return run.trace
+
+
+def _compared(job: list[_outcome.RunOutcome]) -> _compare.Job:
+    """A run's finished processes, as the comparisons read them."""
+    return [_Compared(_trace_of(run), result_of(run, CheckResult)) for run in job]
 
 
 def _through_step(divergence: _diff.Divergence) -> int | None:
@@ -108,7 +135,7 @@ def _attribute(
     divergence: _diff.Divergence,
     options: RunOptions,
     workdir: str,
-    baseline_job: _compare.Job,
+    baseline_job: list[_outcome.RunOutcome],
     progress: ProgressFn | None = None,
 ) -> Attribution:
     """Re-runs the baseline with each of `other`'s perturbations alone.
@@ -144,7 +171,7 @@ def _attribute(
         failed = next((run for run in rerun if not run.ok), None)
         if failed is not None:
             alone[key] = f"run failed ({failed.reason})"
-        elif _compare.same_through(baseline_job, rerun, through):
+        elif _compare.same_through(_compared(baseline_job), _compared(rerun), through):
             alone[key] = same
         else:
             alone[key] = "differs"
@@ -166,7 +193,7 @@ def _attribute(
 
 
 def _pool_size_ops(run: _outcome.RunOutcome) -> list[str]:
-    return list(run.result.pool_size_ops) if run.ok else []
+    return list(run.result.pool_size_ops) if run.ok and run.result else []
 
 
 def _pool_size_note(ops: tuple[str, ...]) -> str:
@@ -196,7 +223,7 @@ def _keep_trace(run: _outcome.RunOutcome, directory: str | None) -> str | None:
     if directory is None or not run.ok:
         return None
     kept = os.path.join(directory, f"{run.setup.file_stem}.jsonl")
-    shutil.copyfile(run.result.trace, kept)
+    shutil.copyfile(result_of(run, CheckResult).trace, kept)
     return kept
 
 
@@ -219,7 +246,9 @@ def _divergence_report(
         # Reported first: a setting that differs usually explains the bits.
         profile_differences={
             name: list(values)
-            for name, values in _diff.profile_differences(a.trace, b.trace).items()
+            for name, values in _diff.profile_differences(
+                _trace_of(a), _trace_of(b)
+            ).items()
         },
         **extra,
     )
@@ -270,10 +299,12 @@ def _check_device(
     )
     if any(not run.ok for run in runs):
         return report(exit_code=EXIT_RUN_FAILED)
-    for a, b, pairs in _compare.comparisons(jobs):
+    for a, b, pairs in _compare.comparisons([_compared(job) for job in jobs]):
         worker, divergence = _compare.earliest(pairs)
         if divergence is None:
             continue
+        extra: dict[str, Any]
+        reported: int | None = worker
         if a == b:  # Two workers of one run disagree.
             first, second, extra = jobs[a][0], jobs[a][worker], {"workers": (0, worker)}
         else:
@@ -292,8 +323,8 @@ def _check_device(
                     else None,
                 )
             extra = {"attribution": attribution}
-            worker = worker if options.workers > 1 else None
-        found = _divergence_report(device, first, second, divergence, worker, **extra)
+            reported = worker if options.workers > 1 else None
+        found = _divergence_report(device, first, second, divergence, reported, **extra)
         return report(divergence=found, exit_code=EXIT_DIVERGED)
     return report(exit_code=EXIT_OK)
 
@@ -367,7 +398,9 @@ def check(
         target=options.target_spec.text,
         enable=options.enable,
         seed=options.seed,
-        threads=options.threads,
+        # None, the default, is the CPUs of each run: CheckReport.threads
+        # (_check_report.py) says int.
+        threads=options.threads,  # type: ignore[arg-type]
         patches=options.patches,
         runs_per_device=options.runs,
         steps=options.steps,
@@ -386,5 +419,8 @@ def check(
             ],
             options.emulate_cpu,
         ),
-        exit_code=combined_exit_code([d.exit_code for d in ran]),
+        # A device that ran has its exit code.
+        exit_code=combined_exit_code(
+            [d.exit_code for d in ran if d.exit_code is not None]
+        ),
     )

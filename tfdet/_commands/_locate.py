@@ -32,8 +32,10 @@ from tfdet._commands._locate_report import (
 )
 from tfdet._commands._options import RunOptions, RunPlan
 from tfdet._commands._progress_lines import ProgressFn
+from tfdet._commands._report_common import result_of
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, Error, RunFailedError
 from tfdet._protocol import _emulation, _perturb, _spec
+from tfdet._protocol._result import LocateResult
 from tfdet._record import _layer_walk
 from tfdet._runner import _outcome, _preflight, _spawn
 
@@ -106,6 +108,7 @@ def record(
     (outcome,) = _run(
         options, dataclasses.replace(plan, setups=(setup,)), progress, on_step
     )
+    result = result_of(outcome, LocateResult)
     return RecordReport(
         target=options.target_spec.text,
         enable=options.enable,
@@ -113,8 +116,8 @@ def record(
         record=path,
         # The CPU the recording run saw, when it was an emulated one.
         emulated=setup.labels.get(_perturb.EMULATED_CPU),
-        profile=outcome.result.profile,
-        layers=tuple(layer["name"] for layer in outcome.result.layers),
+        profile=result.profile,
+        layers=tuple(layer["name"] for layer in result.layers),
         seconds=round(outcome.seconds, 3),
     )
 
@@ -142,7 +145,8 @@ def locate(
     names = list(options.perturb)
     plan = options.plan(_spec.LOCATE, "cpu", runs=2)
     outcomes = _run(options, plan, progress, on_step)
-    location = _layer_walk.locate_results(outcomes[0].result, outcomes[1].result)
+    results = [result_of(outcome, LocateResult) for outcome in outcomes]
+    location = _layer_walk.locate_results(results[0], results[1])
     return LocateReport(
         target=options.target_spec.text,
         enable=options.enable,
@@ -153,14 +157,13 @@ def locate(
             LocateRun(
                 index=outcome.setup.index,
                 perturbations=dict(outcome.setup.labels),
-                profile=outcome.result.profile,
+                profile=result.profile,
                 seconds=round(outcome.seconds, 3),
             )
-            for outcome in outcomes
+            for outcome, result in zip(outcomes, results, strict=True)
         ),
         layers=tuple(
-            {key: layer[key] for key in LAYER_FIELDS}
-            for layer in outcomes[0].result.layers
+            {key: layer[key] for key in LAYER_FIELDS} for layer in results[0].layers
         ),
         location=location,
         exit_code=EXIT_OK if location is None else EXIT_DIVERGED,

@@ -1,6 +1,7 @@
 """What the commands' reports share: verdicts, the control's line, a process's facts.
 
-The reports themselves are typed records, one module each
+A finished run's result is read as its kind's record (`result_of`). The
+reports themselves are typed records, one module each
 (`_check_report`, `_script_report`, `_locate_report`), built once;
 `to_dict()` is their JSON. Nothing else writes a report's JSON, so the
 Python object and the JSON file cannot disagree.
@@ -10,10 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED
 from tfdet._protocol import _perturb
+from tfdet._protocol._result import WorkerResult
 from tfdet.patches import _registry, pool_size_free_products
 
 if TYPE_CHECKING:
@@ -32,7 +34,11 @@ _BATCH_FREE_PATCH = pool_size_free_products.PATCH.name
 
 
 # Verdict of each exit code: the one mapping for devices and the whole check.
-VERDICTS = {EXIT_OK: "identical", EXIT_DIVERGED: "diverged", EXIT_RUN_FAILED: "failed"}
+VERDICTS: dict[int, str] = {
+    EXIT_OK: "identical",
+    EXIT_DIVERGED: "diverged",
+    EXIT_RUN_FAILED: "failed",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +205,24 @@ class ProcessFacts:
             timed_out=outcome.timed_out,
             seconds=round(outcome.seconds, 3),
         )
+
+
+_Result = TypeVar("_Result", bound=WorkerResult)
+
+
+def result_of(outcome: RunOutcome, kind: type[_Result]) -> _Result:
+    """The result a finished run (`outcome.ok`) wrote, as its kind's record
+    (`CheckResult`, `ScriptResult`, ...).
+
+    Raises:
+        TypeError: the run left no result of that kind (it failed).
+    """
+    result = outcome.result
+    if not isinstance(result, kind):
+        raise TypeError(
+            f"Expected {outcome.setup.name}'s {kind.__name__}. Received: {result!r}"
+        )
+    return result
 
 
 def process_dict(

@@ -3,7 +3,7 @@
 The script runs unchanged, whole, in N fresh processes started together under
 the perturbations of `tfdet check` (`tfdet._protocol._perturb`), each the way
 `tfdet run` runs a script: environment pinned, `tfdet.enable()` first (unless
-`enable=False`), `sys.argv` set. Recording hooks (`_script_worker`) trace
+`enable=False`), `sys.argv` set. Recording hooks (`_script_hooks`) trace
 every `fit` call, every model's `train_on_batch` calls and every custom loop's
 eager optimizer updates. The runs' traces are compared step by step as
 `tfdet diff` compares traces (`tfdet._record._diff.first_divergence`), then every
@@ -28,7 +28,7 @@ from tfdet._commands._check_report import (
 )
 from tfdet._commands._options import RunOptions
 from tfdet._commands._progress_lines import ProgressFn
-from tfdet._commands._report_common import ProcessFacts, control_of
+from tfdet._commands._report_common import ProcessFacts, control_of, result_of
 from tfdet._commands._script_report import (
     ScriptCheckReport,
     ScriptDivergence,
@@ -38,6 +38,7 @@ from tfdet._commands._script_report import (
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, TraceFormatError
 from tfdet._pin import _isa, _settings
 from tfdet._protocol import _perturb, _spec
+from tfdet._protocol._result import ScriptResult
 from tfdet._record import _diff, _trace
 from tfdet._runner import _isolation, _outcome, _process, _spawn, _workdir
 from tfdet._setup import _enable
@@ -113,12 +114,17 @@ class _ScriptRun:
     outcome: _outcome.RunOutcome
     traces: list[_trace.Trace | None]
 
+    @property
+    def result(self) -> ScriptResult:
+        """What a finished run (`outcome.ok`) wrote."""
+        return result_of(self.outcome, ScriptResult)
+
 
 def _read(outcome: _outcome.RunOutcome) -> _ScriptRun:
     traces: list[_trace.Trace | None] = []
     if outcome.ok:
         try:
-            for entry in outcome.result.traces:
+            for entry in result_of(outcome, ScriptResult).traces:
                 traces.append(_trace.read(entry["trace"]) if entry["trace"] else None)
         except TraceFormatError as error:
             outcome = dataclasses.replace(
@@ -130,7 +136,7 @@ def _read(outcome: _outcome.RunOutcome) -> _ScriptRun:
 def first_script_divergence(a: _ScriptRun, b: _ScriptRun) -> ScriptDivergence | None:
     """The first difference between two finished runs, or None."""
     runs = (a.outcome.setup.index, b.outcome.setup.index)
-    entries_a, entries_b = a.outcome.result.traces, b.outcome.result.traces
+    entries_a, entries_b = a.result.traces, b.result.traces
     names_a = [e["name"] for e in entries_a]
     names_b = [e["name"] for e in entries_b]
     for k, (ta, tb) in enumerate(zip(a.traces, b.traces, strict=False)):
@@ -160,8 +166,8 @@ def first_script_divergence(a: _ScriptRun, b: _ScriptRun) -> ScriptDivergence | 
             description=f"the runs trained differently: {names_a} vs {names_b}",
             runs=runs,
         )
-    finals_a = a.outcome.result.final_weights
-    finals_b = b.outcome.result.final_weights
+    finals_a = a.result.final_weights
+    finals_b = b.result.final_weights
     for entry in entries_a:
         name = entry["name"]
         for variable, digest in finals_a.get(name, {}).items():
@@ -227,7 +233,7 @@ def _run_report(run: _ScriptRun) -> ScriptRunReport:
         return ScriptRunReport(
             ProcessFacts.of(outcome), stderr_tail=outcome.stderr_tail
         )
-    result = outcome.result
+    result = run.result
     return ScriptRunReport(
         ProcessFacts.of(outcome),
         trained=ScriptTraining(
@@ -245,9 +251,7 @@ def _run_report(run: _ScriptRun) -> ScriptRunReport:
 
 def _trained(run: _ScriptRun) -> bool:
     """Whether a finished run recorded a step or an optimizer update."""
-    return any(
-        entry["steps"] or entry.get("updates") for entry in run.outcome.result.traces
-    )
+    return any(entry["steps"] or entry.get("updates") for entry in run.result.traces)
 
 
 def check_script(
@@ -332,7 +336,8 @@ def check_script(
         code = EXIT_DIVERGED if divergence else EXIT_OK
     reports = tuple(_run_report(r) for r in runs)
     trained = [report.trained for report in reports if report.trained is not None]
-    notices = {each.xla.get("notice") for each in trained} | {
+    xla_notices = (each.xla.get("notice") for each in trained)
+    notices = {notice for notice in xla_notices if notice is not None} | {
         f"{path}: outside the runs' directories, so each run kept its own copy "
         "(training state a resume reads back)"
         for each in trained
@@ -363,7 +368,7 @@ def check_script(
         # they shared them, so their bits were not compared in isolation.
         shared_writes=tuple(shared),
         isolation=isolation.describe(),
-        notices=tuple(sorted(notices - {None})),
+        notices=tuple(sorted(notices)),
         exit_code=code,
     )
     if not run.control:

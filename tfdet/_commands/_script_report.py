@@ -124,7 +124,7 @@ class ScriptCheckReport:
         args: Its arguments.
         enable: Whether `tfdet run` called `tfdet.enable()` before it.
         seed: The runs' seed.
-        threads: The runs' pool size.
+        threads: The runs' pool size (None: the CPUs of each run).
         runs_per_check: Runs (`"runs"` in the JSON).
         max_steps: Where the runs stopped the script, or None.
         perturbations: The perturbations asked for.
@@ -146,7 +146,7 @@ class ScriptCheckReport:
     args: tuple[str, ...]
     enable: bool
     seed: int
-    threads: int
+    threads: int | None
     runs_per_check: int
     max_steps: int | None
     perturbations: tuple[str, ...]
