@@ -220,12 +220,11 @@ def _target_of(build: Callable[..., Any] | str) -> str:
     """
     if isinstance(build, str):
         return build
-    name = getattr(build, "__name__", None)
     module = sys.modules.get(getattr(build, "__module__", None) or "")
     if (
         not inspect.isfunction(build)
         or module is None
-        or getattr(module, name, None) is not build
+        or getattr(module, build.__name__, None) is not build
     ):
         raise TypeError(
             "Expected a function defined at module level (tfdet check imports it "
@@ -235,7 +234,7 @@ def _target_of(build: Callable[..., Any] | str) -> str:
     path = inspect.getsourcefile(build)
     if path is None:
         raise TypeError(f"Expected a function defined in a file. Received: {build!r}")
-    return f"{os.path.abspath(path)}:{name}"
+    return f"{os.path.abspath(path)}:{build.__name__}"
 
 
 def check_or_fail(
