@@ -48,8 +48,8 @@ if sys.argv[1].startswith("tfdet"):
     import tfdet
     patches = KERNELS if "kernels" in sys.argv[1] else ["auto"]
     if sys.argv[1] == "tfdet-kernels":
-        from tfdet._setup import _enable
-        _enable.INTER_OP_THREADS = 2
+        from tfdet._setup import _pools
+        _pools.INTER_OP_THREADS = 2
     if sys.argv[1].endswith("add-n"):
         patches = patches + ["fixed_order_add_n"]
     tfdet.enable(threads=2, onednn=None, patches=patches)

@@ -90,10 +90,10 @@ def test_with_the_patch_add_n_sums_in_input_order_whatever_buffer_is_free():
 RACE = """
 import collections, hashlib, json, sys
 import tfdet
-from tfdet._setup import _enable
+from tfdet._setup import _pools
 threads, patched = int(sys.argv[1]), sys.argv[2] == "patched"
 if not patched:
-    _enable.INTER_OP_THREADS = threads  # the control: AddN with both pools
+    _pools.INTER_OP_THREADS = threads  # the control: AddN with both pools
 profile = tfdet.enable(
     seed=1, threads=threads,
     patches=["auto"] if patched else ["auto", "-fixed_order_add_n"],
