@@ -398,9 +398,7 @@ def check(
         target=options.target_spec.text,
         enable=options.enable,
         seed=options.seed,
-        # None, the default, is the CPUs of each run: CheckReport.threads
-        # (_check_report.py) says int.
-        threads=options.threads,  # type: ignore[arg-type]
+        threads=options.threads,
         patches=options.patches,
         runs_per_device=options.runs,
         steps=options.steps,

@@ -316,7 +316,8 @@ class CheckReport:
             `module:name`).
         enable: Whether the runs called `tfdet.enable()`.
         seed: The runs' seed.
-        threads: The runs' `tfdet.enable(threads=...)`.
+        threads: The runs' `tfdet.enable(threads=...)`; None (the default)
+            is the CPUs each run may use.
         patches: The runs' `tfdet.enable(patches=...)`.
         runs_per_device: Runs on each device (`runs=`; `"runs"` in the JSON).
         steps: Steps each run trained.
@@ -338,7 +339,7 @@ class CheckReport:
     target: str
     enable: bool
     seed: int
-    threads: int
+    threads: int | None
     patches: tuple[str, ...]
     runs_per_device: int
     steps: int
@@ -373,10 +374,10 @@ class CheckReport:
             )
         ]
         for device, result in self.devices.items():
-            if result.status == "skipped":
+            if result.verdict is None:
                 lines.append(f"  {device}: skipped, {result.reason}")
             else:
-                lines.append(f"  {device}: {VERDICTS[result.exit_code]}")
+                lines.append(f"  {device}: {result.verdict}")
         divergence = self.divergence
         if divergence is not None:
             lines.append(f"  first divergence: {divergence.description}")

@@ -97,7 +97,11 @@ class Advice:
         """The ratio a `--max-ratio` gate compares: the advised setting's, or
         when inconclusive the cheaper of the two (the gate fires only when
         even that one is above it)."""
-        if self.verdict == INCONCLUSIVE:
+        if (
+            self.verdict == INCONCLUSIVE
+            and self.ratio is not None
+            and self.rival_ratio is not None
+        ):
             return min(self.ratio, self.rival_ratio)
         return self.ratio
 
@@ -182,12 +186,13 @@ def over_gate(advice: Advice, max_ratio: float) -> str | None:
     labels = " + ".join(_tiers.TIERS[name].label for name in advice.need)
     if advice.verdict == NONE:
         return f"no tfdet setting gave {labels}, so none is within --max-ratio"
-    if advice.gate_ratio > max_ratio:
+    gate = advice.gate_ratio
+    if gate is not None and gate > max_ratio:
         which = (
             "the cheaper of the two" if advice.verdict == INCONCLUSIVE else "advised"
         )
         return (
-            f"the setting {which} for {labels} costs {advice.gate_ratio:.2f}x "
+            f"the setting {which} for {labels} costs {gate:.2f}x "
             f"plain TensorFlow, above --max-ratio {max_ratio:g}"
         )
     return None
@@ -212,24 +217,26 @@ def sentence(advice: Advice, rounds: int = 1) -> str:
             f"For {labels}: no tfdet setting here gave it (see the bits and the "
             "notes above)."
         )
+    # Every verdict but NONE names a setting (and INCONCLUSIVE, TIE a rival).
+    setting, rival = written(advice.setting or ""), written(advice.rival or "")
     if advice.verdict == INCONCLUSIVE:
         return (
-            f"For {labels}: inconclusive: {written(advice.rival)} ({advice.rival_ratio:.2f}x "
-            f"plain TensorFlow) and {written(advice.setting)} ({advice.ratio:.2f}x) "
+            f"For {labels}: inconclusive: {rival} ({advice.rival_ratio:.2f}x "
+            f"plain TensorFlow) and {setting} ({advice.ratio:.2f}x) "
             f"could not be told apart (the first faster in {advice.faster_blocks} of "
             f"{advice.blocks} blocks): rerun with --blocks "
             f"{math.ceil(2 * advice.blocks / rounds)} on a "
             "quieter machine."
         )
-    text = f"For {labels}: use {written(advice.setting)}: {advice.ratio:.2f}x plain TensorFlow here"
+    text = f"For {labels}: use {setting}: {advice.ratio:.2f}x plain TensorFlow here"
     if advice.verdict == TIE:
         text += (
-            f" ({written(advice.rival)}, {advice.rival_ratio:.2f}x, is within "
+            f" ({rival}, {advice.rival_ratio:.2f}x, is within "
             f"{WORTH_LEAVING - 1:.0%}: not worth leaving it)"
         )
     elif advice.rival is not None:
         text += (
-            f", faster than {written(advice.rival)} ({advice.rival_ratio:.2f}x) in "
+            f", faster than {rival} ({advice.rival_ratio:.2f}x) in "
             f"{advice.faster_blocks} of {advice.blocks} blocks"
         )
     return text + "."

@@ -216,6 +216,7 @@ class CostReport:
         cheaper = min(others, key=lambda row: row.ratio, default=None)
         if (
             cheaper is not None
+            and advice.ratio is not None
             and cheaper.ratio * _advice.WORTH_LEAVING <= advice.ratio
         ):
             lacks = [
