@@ -447,20 +447,14 @@ def exact_backup_and_restore_class() -> type:
     """The `BackupAndRestore` subclass that resumes exactly (Keras 3)."""
     from keras.src.callbacks import backup_and_restore
 
-    base = backup_and_restore.BackupAndRestore
-    if getattr(base, "_tfdet_exact", False):  # Asked while installed.
-        return base
-
-    class ExactBackupAndRestore(_Keras3ExactResume, base):  # type: ignore[misc, valid-type]
-        """`keras.callbacks.BackupAndRestore` that resumes bit for bit.
-
-        Same arguments as Keras's (`backup_dir`, `save_freq`,
-        `double_checkpoint` is implied, `delete_checkpoint`); see the module
-        docstring of `tfdet.patches.keras_backup_and_restore`.
-        """
-
-    ExactBackupAndRestore.__module__ = base.__module__
-    return ExactBackupAndRestore
+    return _resume_state.exact_subclass(
+        _Keras3ExactResume,
+        backup_and_restore.BackupAndRestore,
+        "`keras.callbacks.BackupAndRestore` that resumes bit for bit.\n\n"
+        "Same arguments as Keras's (`backup_dir`, `save_freq`, `double_checkpoint` "
+        "is implied, `delete_checkpoint`); see the module docstring of "
+        "`tfdet.patches.keras_backup_and_restore`.",
+    )
 
 
 def _restore_when_built(model: Any, weights: str) -> list[str]:

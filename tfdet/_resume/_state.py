@@ -264,6 +264,20 @@ class ExactResume(_BackupAndRestore):
         return True
 
 
+def exact_subclass(mixin: type, base: type, doc: str) -> type:
+    """`base` (a Keras flavour's `BackupAndRestore`) with `mixin` (its
+    `ExactResume`) in front: the callback that resumes bit for bit, named
+    where Keras's is. `base` itself when it is already that class (asked
+    while `keras_backup_and_restore` has it installed)."""
+    if getattr(base, "_tfdet_exact", False):
+        return base
+    return type(
+        "ExactBackupAndRestore",
+        (mixin, base),
+        {"__doc__": doc, "__module__": base.__module__},
+    )
+
+
 def check_owned(directory: str) -> None:
     """Refuses to resume from a backup directory someone else controls.
 

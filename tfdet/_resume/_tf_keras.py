@@ -392,19 +392,13 @@ def exact_backup_and_restore_class() -> type:
     """The tf_keras `BackupAndRestore` subclass that resumes exactly."""
     from tf_keras.src import callbacks
 
-    base = callbacks.BackupAndRestore
-    if getattr(base, "_tfdet_exact", False):  # Asked while installed.
-        return base
-
-    class ExactBackupAndRestore(_TfKerasExactResume, base):  # type: ignore[misc, valid-type]
-        """`tf_keras.callbacks.BackupAndRestore` that resumes bit for bit.
-
-        Same arguments as tf_keras's; see the module docstring of
-        `tfdet._resume._tf_keras`.
-        """
-
-    ExactBackupAndRestore.__module__ = base.__module__
-    return ExactBackupAndRestore
+    return _resume_state.exact_subclass(
+        _TfKerasExactResume,
+        callbacks.BackupAndRestore,
+        "`tf_keras.callbacks.BackupAndRestore` that resumes bit for bit.\n\n"
+        "Same arguments as tf_keras's; see the module docstring of "
+        "`tfdet._resume._tf_keras`.",
+    )
 
 
 def _record_data_handler(original: Any) -> Any:
