@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 
@@ -55,7 +55,22 @@ def _check_trace_path(path: str) -> None:
         )
 
 
-class _DeterminismHooks:
+if TYPE_CHECKING:
+
+    class _KerasCallback:
+        """What the hooks use of Keras's `Callback` (Keras 3's and tf_keras's
+        alike), which comes after them in `DeterminismCallback`: for the type
+        checker only, as Keras ships no types."""
+
+        model: Any
+
+        def set_model(self, model: Any) -> None: ...
+
+else:
+    _KerasCallback = object
+
+
+class _DeterminismHooks(_KerasCallback):
     """Records every training step's bits and compares them with a reference.
 
     Each recorded step holds the loss and metrics as exact bits and a

@@ -20,14 +20,16 @@ from tfdet._record._trace import Trace
 
 
 class FinishedRun(Protocol):
-    """What a comparison reads of a finished process of a run (the runner's
-    `RunOutcome`): its trace, read back, and the result it wrote."""
+    """What a comparison reads of a finished process of a run: its trace,
+    read back, and the result it wrote. Both are there once it finished;
+    the check narrows a `RunOutcome`'s (None while it runs, or when it
+    failed) in one place (`tfdet._commands._check._compared`)."""
 
     @property
-    def trace(self) -> Trace | None: ...
+    def trace(self) -> Trace: ...
 
     @property
-    def result(self) -> CheckResult | None: ...
+    def result(self) -> CheckResult: ...
 
 
 # One run: its processes (one, or each worker of a multi-worker run).

@@ -167,7 +167,7 @@ def compare_steps(
     """
     step = int(received.get("step", expected.get("step", -1)))
     epoch = received.get("epoch", expected.get("epoch"))
-    found = None
+    found: tuple[str, str, str, int | None] | None = None
     data_a, data_b = expected.get("data"), received.get("data")
     if data_a is not None and data_b is not None and data_a != data_b:
         # Another batch: what follows from it (loss, weights) differs too.
@@ -410,14 +410,12 @@ def compare(a: Trace, b: Trace) -> TraceComparison:
 
 def _layer_comparison(a: Trace, b: Trace) -> dict[str, Any]:
     """`layer_location` and `layers_compared` of two traces."""
-    records = (
-        _layer_walk.from_trace(a.header, a.steps),
-        _layer_walk.from_trace(b.header, b.steps),
-    )
-    if None in records:
+    record_a = _layer_walk.from_trace(a.header, a.steps)
+    record_b = _layer_walk.from_trace(b.header, b.steps)
+    if record_a is None or record_b is None:
         return {}
     try:
-        location = _layer_walk.locate_results(*records)
+        location = _layer_walk.locate_results(record_a, record_b)
     except RunFailedError:  # Other layers: the walk cannot pair them.
         return {}
     return {

@@ -20,8 +20,8 @@ each with `step`, `outputs`, `loss`, `output_gradients`, `gradients` and
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from tfdet._errors import RunFailedError
 from tfdet._protocol import _result, _spec
@@ -141,7 +141,7 @@ def _walk(
 
 
 def _output_gradient(
-    layers: list[dict[str, Any]],
+    layers: Sequence[dict[str, Any]],
     index: int,
     at: Callable[[int | None, str, str], Location],
 ) -> Location:
@@ -232,7 +232,7 @@ def from_trace(
     """
     if not isinstance(header.get("layers"), list):
         return None
-    return _result.read(
+    result = _result.read(
         _spec.LOCATE,
         {
             "profile": header.get("profile") or {},
@@ -250,3 +250,5 @@ def from_trace(
             ],
         },
     )
+    # `read` answers a LOCATE record with a `LocateResult` (its `_RECORDS`).
+    return cast(LocateResult, result)

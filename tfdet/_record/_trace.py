@@ -286,7 +286,7 @@ def read(path: str | os.PathLike[str]) -> Trace:
             f"file {path!r}"
         )
     header = _parse_header(lines[0], path, cut=len(lines) == 1 and not complete_end)
-    steps = []
+    steps: list[dict[str, Any]] = []
     seen: dict[int, int] = {}
     truncated = False
     for number, line in enumerate(lines[1:], start=2):
