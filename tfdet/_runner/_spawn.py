@@ -199,7 +199,7 @@ def _run_one(
     )
     stages: list[str] = []
 
-    def start(process_setup: RunSetup):
+    def start(process_setup: RunSetup) -> tuple[subprocess.Popen, bool]:
         """One process of the run, perturbed as `process_setup` says."""
         process_spec = dataclasses.replace(
             spec,
