@@ -144,7 +144,8 @@ def conv2d_backprop_filter(
             dilations,
             name,
         )
-    height, width, channels, filters = (int(s) for s in sizes)
+    # sizes is None only where `unsupported` says so, returned above.
+    height, width, channels, filters = (int(s) for s in sizes)  # type: ignore[union-attr]
     with tf.name_scope(name or "PoolSizeFreeConv2DBackpropFilter"):
         x = _padded(x, padding, explicit_paddings, (height, width), strides, dilations)
         patches = _image_patches(
@@ -208,7 +209,8 @@ def depthwise_conv2d_native_backprop_filter(
             dilations=list(dilations),
             name=name,
         )
-    height, width, channels, multiplier = (int(s) for s in sizes)
+    # sizes is None only where `unsupported` says so, returned above.
+    height, width, channels, multiplier = (int(s) for s in sizes)  # type: ignore[union-attr]
     with tf.name_scope(name or "PoolSizeFreeDepthwiseConv2dNativeBackpropFilter"):
         x = _padded(x, padding, explicit_paddings, (height, width), strides, dilations)
         out_shape = tf.shape(out_backprop)

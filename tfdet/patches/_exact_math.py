@@ -58,12 +58,15 @@ class GeneratedOp:
         self._key = (module, function)
         self._found: Callable[..., Any] | None = None
 
+    # Any, not `Callable[..., Any] | None`: TensorFlow's untyped generated
+    # wrapper (or a patch's replacement), None only before any patch's
+    # `replace` ran; the replacements that call it run after theirs did.
     @property
-    def original(self) -> Callable[..., Any] | None:
+    def original(self) -> Any:
         return self._found or _TENSORFLOWS.get(self._key)
 
     @property
-    def tensorflows(self) -> Callable[..., Any] | None:
+    def tensorflows(self) -> Any:
         """TensorFlow's own wrapper (None before any patch replaced it): for
         inputs that TensorFlow's op itself must take, empty ones and ones it
         refuses with its own error, past any other patch's replacement."""

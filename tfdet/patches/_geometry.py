@@ -222,7 +222,7 @@ def four_input_sizes(
     import tensorflow as tf
 
     if isinstance(input_sizes, (list, tuple)):
-        count = len(input_sizes)
+        count: int | None = len(input_sizes)
     else:
         shape = tf.convert_to_tensor(input_sizes).shape
         count = shape[0] if shape.rank == 1 else None

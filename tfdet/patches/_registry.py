@@ -186,7 +186,9 @@ class Patch:
         for module, apply in self.after_import:
             if importlib.util.find_spec(module) is None:
                 continue
-            hook = _import_hook.when_imported(module, lambda a=apply: a(self._swap))
+            # The default binds this loop's `apply`; mypy cannot infer a
+            # lambda with a parameter against `Callable[[], None]`.
+            hook = _import_hook.when_imported(module, lambda a=apply: a(self._swap))  # type: ignore[misc]
             if hook is not None:
                 self._state.hooks.append(hook)
 
@@ -270,12 +272,14 @@ def kernel_origins(names: Iterable[str]) -> tuple[tuple[str, str], ...]:
     """`(library, origin)` for each library that the named patches loaded:
     shipped with a wheel, built at install, or from the cache; sorted."""
     patches = available()
+    # mypy does not narrow `patches[name].kernel` by the `is not None` test
+    # beside it, nor knows that a loaded library's origin is set (`build()`).
     return tuple(
         sorted(
             {
-                (patches[name].kernel.name, patches[name].kernel.origin())
+                (patches[name].kernel.name, patches[name].kernel.origin())  # type: ignore[misc, union-attr]
                 for name in names
-                if patches[name].kernel is not None and patches[name].kernel.loaded()
+                if patches[name].kernel is not None and patches[name].kernel.loaded()  # type: ignore[union-attr]
             }
         )
     )
@@ -284,11 +288,12 @@ def kernel_origins(names: Iterable[str]) -> tuple[tuple[str, str], ...]:
 def on_kernels(names: Iterable[str]) -> tuple[str, ...]:
     """Those of the named patches whose compiled kernel loaded, sorted."""
     patches = available()
+    # mypy does not narrow `patches[name].kernel` by the `is not None` test.
     return tuple(
         sorted(
             name
             for name in names
-            if patches[name].kernel is not None and patches[name].kernel.loaded()
+            if patches[name].kernel is not None and patches[name].kernel.loaded()  # type: ignore[union-attr]
         )
     )
 
@@ -341,8 +346,9 @@ def install(names: Iterable[str]) -> tuple[str, ...]:
     """
     patches = available()
     names = list(names)
+    # mypy does not narrow `patches[name].kernel` by the `is not None` test.
     kernel_library.build_together(
-        patches[name].kernel
+        patches[name].kernel  # type: ignore[misc]
         for name in names
         if patches[name].kernel is not None and not patches[name].installed
     )

@@ -65,8 +65,10 @@ def probe_inputs() -> Any:
         [0.0, -0.0, 1.0, -1.0, 11.0, -11.0, np.inf, -np.inf, np.nan, 1e-38, -1e-45],
         dtype=np.float32,
     )
+    # numpy's stubs type np.float32(x) for a scalar only; a list gives an array.
     edges = np.nextafter(
-        np.float32([1.0, -1.0, 11.0, -11.0]), np.float32([2.0, -2.0, 12.0, -12.0])
+        np.float32([1.0, -1.0, 11.0, -11.0]),  # type: ignore[arg-type]
+        np.float32([2.0, -2.0, 12.0, -12.0]),  # type: ignore[arg-type]
     )
     bits = np.random.default_rng(0).integers(0, 2**32, 4096, dtype=np.uint64)
     return np.concatenate(

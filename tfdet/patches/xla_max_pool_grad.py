@@ -75,7 +75,7 @@ def max_pool_grad(
     )
     padded_h, padded_w = height + top + bottom, width + left + right
     found = tf.zeros_like(pooled, dtype=tf.bool)
-    total = None
+    total: Any = None
     for i in range(kh):
         for j in range(kw):
             window = padded[
