@@ -196,35 +196,28 @@ def note_not_applied(name: str, reason: str) -> None:
     _not_applied[name] = reason
 
 
-def _pool_size_ops() -> list[str]:
-    """The op types this run traced whose CPU bits follow the pool size.
-
-    Named by a check when the pool size separates two runs.
-    """
+def _traced_facts() -> dict[str, Any]:
+    """What the ops this run traced say, read once: those whose CPU bits
+    follow the pool size (`pool_size_ops`, named by a check when the pool
+    size separates two runs, with or without `enable()`) and what its
+    profile does not cover (`coverage`, empty without `enable()`, whose
+    profile promises no tier)."""
     if "tensorflow" not in sys.modules:
-        return []
+        return {"pool_size_ops": [], "coverage": {}}
     from tfdet._pin import _versions
-    from tfdet._setup import _coverage
+    from tfdet._setup import _coverage, _enable
     from tfdet.patches import _hazards
 
-    return list(
-        _hazards.pool_size_dependent(
-            _coverage.executed_op_types(), _versions.tensorflow_version()
-        )
-    )
-
-
-def _coverage_record() -> dict[str, Any]:
-    """What this run traced that its profile does not cover (empty without
-    `enable()`, whose profile promises no tier)."""
-    from tfdet._setup import _enable
-
+    op_types = _coverage.executed_op_types()
     active = _enable.profile()
-    if active is None or "tensorflow" not in sys.modules:
-        return {}
-    from tfdet._setup import _coverage
-
-    return _coverage.measured(active.to_dict()).to_dict()
+    return {
+        "pool_size_ops": list(
+            _hazards.pool_size_dependent(op_types, _versions.tensorflow_version())
+        ),
+        "coverage": {}
+        if active is None
+        else _coverage.measured(active.to_dict(), op_types=op_types).to_dict(),
+    }
 
 
 def write_result(result: dict[str, Any]) -> None:
@@ -235,8 +228,7 @@ def write_result(result: dict[str, Any]) -> None:
         **result,
         "perturbations_applied": dict(_applied),
         "perturbations_not_applied": dict(_not_applied),
-        "pool_size_ops": _pool_size_ops(),
-        "coverage": _coverage_record(),
+        **_traced_facts(),
     }
     partial = _own_spec.result + ".tmp"
     with open(partial, "w", encoding="utf-8") as out:

@@ -200,12 +200,17 @@ def executed_op_types() -> set[str]:
     }
 
 
-def measured(profile: dict[str, Any], xla: bool = False) -> Coverage:
-    """The coverage of what this process traced so far under `profile`."""
+def measured(
+    profile: dict[str, Any], xla: bool = False, op_types: set[str] | None = None
+) -> Coverage:
+    """The coverage of what this process traced so far under `profile`
+    (`op_types`: `executed_op_types()` where the caller read it already)."""
     from tfdet._pin import _devices
 
     device = "gpu" if _devices.gpu_visible() else "cpu"
-    return of(profile, executed_op_types(), _exact_math.left_ops(), xla, device)
+    if op_types is None:
+        op_types = executed_op_types()
+    return of(profile, op_types, _exact_math.left_ops(), xla, device)
 
 
 _logged = False
@@ -252,18 +257,22 @@ def watch(profile: dict[str, Any]) -> None:
 
 def _after_first_step(trainer: Any, report: Callable[[], None]) -> None:
     """Wraps `trainer.make_train_function` so that the train function it
-    makes calls `report` after its first call."""
+    makes calls `report` after its first call, then steps aside."""
     make = trainer.make_train_function
 
     def make_train_function(self: Any, *args: Any, **kwargs: Any) -> Any:
         made = make(self, *args, **kwargs)
         function = self.train_function
-        if function is None or getattr(function, "_tfdet_coverage", False):
+        # Said already (train_on_batch asks for the function at every call).
+        if _logged or function is None or getattr(function, "_tfdet_coverage", False):
             return made
 
         def train_function(*inputs: Any, **options: Any) -> Any:
             result = function(*inputs, **options)
             report()
+            # Once traced and said, the steps that follow call Keras's own
+            # function: nothing of this stays on the per-step path.
+            self.train_function = function
             return result
 
         train_function._tfdet_coverage = True  # type: ignore[attr-defined]
