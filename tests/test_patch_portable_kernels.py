@@ -244,8 +244,9 @@ print(json.dumps({
 def test_with_pool_size_free_products_the_gelu_keeps_its_bits_in_any_batch(library):
     """The kernel's exp, like TensorFlow's Exp, takes the scalar path for a
     tensor's last `size % 8` elements, so its bits follow the batch; under
-    `pool_size_free_products` (whose promise is any batch) it runs on whole
-    packets, as the composition's Exp does there, and the kernel is kept."""
+    `pool_size_free_products` (whose promise is any batch) or `portable_math`
+    it runs on whole packets, as the composition's Exp does there, and the
+    kernel is kept."""
     kept = run_json(_BATCHES, json.dumps(["auto"]))  # The default has both.
     assert kept["kernel"] is True
     assert set(kept["rows"].values()) == {0}, kept
@@ -253,8 +254,16 @@ def test_with_pool_size_free_products_the_gelu_keeps_its_bits_in_any_batch(libra
     composed = run_json(_BATCHES, json.dumps(["auto", "-portable_kernels"]))
     assert composed["kernel"] is False
     assert kept["y"] == composed["y"], (kept, composed)
-    # The control: the kernel without the pool-size-free compositions (its
-    # exp's scalar tail) gives a row of a batch of 5 other bits.
-    alone = run_json(_BATCHES, json.dumps(["auto", "-pool_size_free_products"]))
+    # Either patch alone puts the exp on whole packets.
+    for left_out in ("pool_size_free_products", "portable_math"):
+        one = run_json(_BATCHES, json.dumps(["auto", f"-{left_out}"]))
+        assert one["kernel"] is True
+        assert set(one["rows"].values()) == {0}, (left_out, one)
+    # The control: the kernel without both (its exp's scalar tail) gives a
+    # row of a batch of 5 other bits.
+    alone = run_json(
+        _BATCHES,
+        json.dumps(["auto", "-pool_size_free_products", "-portable_math"]),
+    )
     assert alone["kernel"] is True
     assert any(alone["rows"].values()), alone

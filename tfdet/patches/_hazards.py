@@ -38,6 +38,11 @@ DETERMINISTIC = "deterministic"
 # profile runs a pool of every CPU and promises the bits of one thread, so
 # a patch that replaces these ops is installed by default.
 POOL_SIZE_DEPENDENT = "pool_size_dependent"
+# Device "CPU": the kernel's bits differ between x86-64 and aarch64 (Eigen's
+# multiply-adds fused on one, not the other; its packet widths). Not a
+# hazard on one machine; the default profile promises the bits across
+# architectures where tfdet covers the ops, so it replaces them by default.
+ARCHITECTURE_DEPENDENT = "architecture_dependent"
 # The kernel's bits follow the executor's schedule (which ops ran side by
 # side). Not a hazard under one inter-op thread, where the schedule repeats;
 # the default profile runs more, so its patch is installed by default.
@@ -47,10 +52,19 @@ SCHEDULE_DEPENDENT = "schedule_dependent"
 HAZARDOUS = frozenset(
     {RAISES, HOST_FALLBACK, NONDETERMINISTIC, XLA_COMPILE_ERROR, MACHINE_DEPENDENT}
 )
-BEHAVIOURS = HAZARDOUS | {DETERMINISTIC, POOL_SIZE_DEPENDENT, SCHEDULE_DEPENDENT}
+BEHAVIOURS = HAZARDOUS | {
+    DETERMINISTIC,
+    POOL_SIZE_DEPENDENT,
+    SCHEDULE_DEPENDENT,
+    ARCHITECTURE_DEPENDENT,
+}
 # Behaviours whose ops "auto" replaces: the hazards, and the bits that follow
 # the pools, which the default's pools of every CPU would otherwise show.
-PATCHED_BY_DEFAULT = HAZARDOUS | {POOL_SIZE_DEPENDENT, SCHEDULE_DEPENDENT}
+PATCHED_BY_DEFAULT = HAZARDOUS | {
+    POOL_SIZE_DEPENDENT,
+    SCHEDULE_DEPENDENT,
+    ARCHITECTURE_DEPENDENT,
+}
 
 # Pseudo-attribute in `when`: the node is inside an XLA-compiled function.
 XLA_CONDITION = "_xla"

@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tfdet._kernels import portable
+from tfdet._kernels import portable, portable_math
 from tfdet.patches import _registry, portable_erfc
 from tfdet.patches._registry import Patch
 
@@ -112,8 +112,13 @@ _WHOLE_PACKETS = "pool_size_free_products"
 
 
 def _beside_whole_packets() -> bool:
-    """Whether the pool-size-free products are installed (see above)."""
-    return _WHOLE_PACKETS in _registry.installed()
+    """Whether the composition's Exp runs on whole packets: the pool-size-free
+    products are installed (see above), or the portable exp is (every
+    element on the packet path), with its library loaded."""
+    installed = _registry.installed()
+    return _WHOLE_PACKETS in installed or (
+        "portable_math" in installed and portable_math.LIBRARY.loaded()
+    )
 
 
 def erfc(x: Any) -> Any:

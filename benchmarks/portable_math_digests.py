@@ -1,0 +1,162 @@
+"""The portable math library's bits on this architecture, against the record.
+
+One process (one thread for TensorFlow's ops): each function of
+`TfdetPortableUnary` (exp, log, log1p, expm1, tanh, sigmoid, sin, cos), `Pow`
+(a number and a tensor exponent) and `TfdetFixedOrderSum` (rows, columns, a
+long vector, a mean), each with its gradient, computed by tfdet's library
+and by TensorFlow's own ops (the control) from one seeded input set of 4,099
+elements a function (a length off the packet widths, so the last elements
+take Eigen's scalar path in TensorFlow's ops); a sha256 digest (16 hex
+digits) of each. The library runs Eigen's packet algorithms with unfused
+multiply-adds on every element on both architectures, so its digests are
+the same on x86-64 and aarch64; TensorFlow's follow the architecture.
+
+    python benchmarks/portable_math_digests.py            # print, compare
+    python benchmarks/portable_math_digests.py --record   # and keep them
+
+The record is `benchmarks/portable_math_digests.json`, one entry per
+architecture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+RECORD = Path(__file__).with_name("portable_math_digests.json")
+FUNCTIONS = ("exp", "log", "log1p", "expm1", "tanh", "sigmoid", "sin", "cos")
+# The sums: (shape of the [outer, n, inner] view, mean).
+SUMS = {
+    "rows": ((64, 1000, 1), False),
+    "columns": ((1, 3000, 48), False),
+    "vector": ((1, 40000, 1), False),
+    "mean": ((8, 500, 16), True),
+}
+
+
+def _digest(tensors: list[Any]) -> str:
+    import numpy as np
+
+    sha = hashlib.sha256()
+    for tensor in tensors:
+        sha.update(np.ascontiguousarray(np.asarray(tensor)).tobytes())
+    return sha.hexdigest()[:16]
+
+
+def _inputs(function: str) -> Any:
+    """4,099 inputs the function is defined on, from its own seed."""
+    import numpy as np
+
+    rng = np.random.default_rng(sum(map(ord, function)))
+    x = rng.normal(size=4099) * (8.0 if function in ("sin", "cos", "exp") else 3.0)
+    if function in ("log", "log1p"):
+        x = np.abs(x) + (0.0 if function == "log1p" else 1e-3)
+    return x.astype(np.float32)
+
+
+def _with_gradient(compute: Any, *inputs: Any) -> list[Any]:
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        tape.watch(list(inputs))
+        result = compute(*inputs)
+    upstream = tf.ones_like(result) * 0.75
+    return [result, *tape.gradient(result, list(inputs), output_gradients=upstream)]
+
+
+def digests() -> dict[str, dict[str, str]]:
+    """{"kernel" | "tensorflow": {name: digest}} for each function and sum.
+
+    Raises:
+        RuntimeError: the library cannot be had here.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    from tfdet._kernels import portable_math
+
+    library = portable_math.LIBRARY.load()
+    if library is None:
+        raise RuntimeError("the portable math library cannot be built here")
+    raw = {
+        "exp": tf.raw_ops.Exp, "log": tf.raw_ops.Log, "log1p": tf.raw_ops.Log1p,
+        "expm1": tf.raw_ops.Expm1, "tanh": tf.raw_ops.Tanh,
+        "sigmoid": tf.raw_ops.Sigmoid, "sin": tf.raw_ops.Sin, "cos": tf.raw_ops.Cos,
+    }  # fmt: skip
+    found: dict[str, dict[str, str]] = {"kernel": {}, "tensorflow": {}}
+    for function in FUNCTIONS:
+        x = tf.constant(_inputs(function))
+        found["kernel"][function] = _digest(
+            _with_gradient(
+                lambda v, f=function: library.tfdet_portable_unary(v, function=f), x
+            )
+        )
+        found["tensorflow"][function] = _digest(
+            _with_gradient(lambda v, f=function: raw[f](x=v), x)
+        )
+    base = tf.constant(np.abs(_inputs("pow")) + 0.01)
+    exponent = tf.constant(_inputs("exponent") / 3.0)
+    for name, y in (("pow", tf.constant(np.float32(2.5))), ("pow_tensor", exponent)):
+        found["kernel"][name] = _digest(
+            _with_gradient(library.tfdet_portable_pow, base, y)
+        )
+        found["tensorflow"][name] = _digest(
+            _with_gradient(lambda b, e: tf.raw_ops.Pow(x=b, y=e), base, y)
+        )
+    rng = np.random.default_rng(1)
+    for name, (shape, mean) in SUMS.items():
+        x = tf.constant(rng.normal(size=shape).astype(np.float32))
+        found["kernel"][name] = _digest(
+            _with_gradient(
+                lambda v, m=mean: library.tfdet_fixed_order_sum(v, mean=m), x
+            )
+        )
+        op = tf.raw_ops.Mean if mean else tf.raw_ops.Sum
+        found["tensorflow"][name] = _digest(
+            _with_gradient(lambda v, op=op: op(input=v, axis=1), x)
+        )
+    return found
+
+
+def recorded() -> dict[str, Any]:
+    """The record: {architecture: {"machine", "tensorflow", "digests"}}."""
+    return json.loads(RECORD.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--record", action="store_true", help="Keep this entry.")
+    parser.add_argument(
+        "--machine", default="", help="What the entry says this machine is."
+    )
+    args = parser.parse_args()
+    import tensorflow as tf
+
+    # TensorFlow's own digests, the control, at one thread (the library's do
+    # not follow the pool size).
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    found = digests()
+    architecture = platform.machine()
+    record = recorded() if RECORD.exists() else {}
+    print(json.dumps({architecture: found}, indent=2))
+    for other, entry in record.items():
+        same = entry["digests"]["kernel"] == found["kernel"]
+        print(f"library digests {'equal' if same else 'DIFFER from'} {other}'s")
+    if args.record:
+        record[architecture] = {
+            "machine": args.machine,
+            "tensorflow": tf.__version__,
+            "digests": found,
+        }
+        RECORD.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()

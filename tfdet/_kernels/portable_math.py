@@ -1,0 +1,108 @@
+"""The portable math library (`src/portable_math.cc`): functions and sums with
+the same bits on x86-64 and aarch64.
+
+Its ops, and the gradients registered for them once it loads:
+
+- `TfdetPortableUnary(x, function)`: exp, log, log1p, expm1, tanh, sigmoid,
+  sin, cos; `TfdetPortablePow(x, y)`: x ** y (y a number or of x's shape);
+- `TfdetPortableGradient(y, dy, function)`: TensorFlow's TanhGrad and
+  SigmoidGrad;
+- `TfdetFixedOrderSum(x, mean)`: the sum or mean over the middle axis of
+  `[outer, n, inner]`, in an order fixed by the shape.
+
+`tfdet.patches.portable_math` and `tfdet.patches.fixed_order_sums` call
+them where the library loads, and TensorFlow's own ops where it does not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfdet._kernels import build, library
+
+
+def _register_gradients(tf: Any) -> None:
+    """Registers the ops' gradients (once a process: TensorFlow refuses two)."""
+    tf.RegisterGradient("TfdetPortableUnary")(_unary_gradient)
+    tf.RegisterGradient("TfdetPortableGradient")(_gradient_gradient)
+    tf.RegisterGradient("TfdetFixedOrderSum")(_sum_gradient)
+    tf.RegisterGradient("TfdetPortablePow")(_pow_gradient)
+
+
+LIBRARY = library.KernelLibrary(
+    build.SOURCES / "portable_math.cc",
+    fallback="exp, log, tanh, sigmoid and sums run as TensorFlow's own ops "
+    "(their bits then differ between x86-64 and aarch64)",
+    register=_register_gradients,
+)
+
+
+def _unary_gradient(op: Any, upstream: Any) -> Any:
+    """TensorFlow's registered gradient of each function (`math_grad.py`),
+    with the functions it calls computed here too."""
+    import tensorflow as tf
+
+    x, y = op.inputs[0], op.outputs[0]
+    function = op.get_attr("function").decode()
+    if function == "exp":
+        return upstream * y
+    if function == "log":
+        return upstream * tf.math.reciprocal(x)
+    if function == "log1p":
+        return upstream * tf.math.reciprocal(1 + x)
+    if function == "expm1":
+        return upstream * tf.exp(x)
+    if function == "sin":
+        return upstream * tf.cos(x)
+    if function == "cos":
+        return -upstream * tf.sin(x)
+    return gradient(function, y, upstream)
+
+
+def _pow_gradient(op: Any, upstream: Any) -> Any:
+    """TensorFlow's registered Pow gradient (`math_grad._PowGrad`), its sum
+    over the exponent's broadcast where the exponent is a number."""
+    import tensorflow as tf
+
+    x, y = op.inputs
+    z = op.outputs[0]
+    grad_x = upstream * y * tf.pow(x, y - 1)
+    # 0 where x <= 0: log(x) is not real there (TensorFlow's own choice).
+    positive = x > 0
+    log_x = tf.where(positive, tf.math.log(tf.where(positive, x, tf.ones_like(x))), 0.0)
+    grad_y = upstream * z * log_x
+    if y.shape.rank == 0:
+        grad_y = tf.reduce_sum(grad_y)
+    return grad_x, grad_y
+
+
+def _gradient_gradient(op: Any, upstream: Any) -> Any:
+    """TensorFlow's second-order gradients of TanhGrad and SigmoidGrad."""
+    y, dy = op.inputs
+    function = op.get_attr("function").decode()
+    if function == "tanh":
+        return upstream * -2.0 * dy * y, gradient("tanh", y, upstream)
+    scaled = upstream * dy
+    return scaled - 2.0 * scaled * y, gradient("sigmoid", y, upstream)
+
+
+def _sum_gradient(op: Any, upstream: Any) -> Any:
+    """Each element's share: the upstream gradient (over n for the mean)."""
+    import tensorflow as tf
+
+    x = op.inputs[0]
+    if op.get_attr("mean"):
+        upstream = upstream / tf.cast(tf.shape(x)[1], upstream.dtype)
+    return tf.broadcast_to(tf.expand_dims(upstream, 1), tf.shape(x))
+
+
+def gradient(function: str, y: Any, upstream: Any) -> Any:
+    """TanhGrad or SigmoidGrad of the function's output `y`: the library's
+    where it loads, else TensorFlow's op."""
+    import tensorflow as tf
+
+    loaded = LIBRARY.load()
+    if loaded is None:
+        op = tf.raw_ops.TanhGrad if function == "tanh" else tf.raw_ops.SigmoidGrad
+        return op(y=y, dy=upstream)
+    return loaded.tfdet_portable_gradient(y, upstream, function=function)
