@@ -3,6 +3,7 @@
 Usage:
     python benchmarks/zoo_table.py [--models builtin:cnn,resnet50,...]
         [--blocks 4] [--steps 3] [--warmup 2] [--json FILE]
+        [--without PATCHES] [--short]
 
 For each model (`builtin:cnn` and `benchmarks/zoo.py`'s), one `tfdet cost`
 measurement (`tfdet._cost._measure.measure`: a fresh process per setting,
@@ -62,10 +63,33 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", help="also write every report here")
+    parser.add_argument(
+        "--without",
+        metavar="PATCHES",
+        help="Also time enable() without these patches (comma-separated): "
+        "the default before they joined it.",
+    )
+    parser.add_argument(
+        "--short",
+        action="store_true",
+        help="Only plain TensorFlow, enable() and --without's setting.",
+    )
     args = parser.parse_args()
     settings = _timed_settings.settings_for(_cpus.usable_cpus(), xla=False)
+    if args.short:
+        settings = [s for s in settings if s.name in ("plain TensorFlow", "enable()")]
     # Last: the advice prefers the earlier of two settings that tie.
-    settings.append(OLD_DEFAULT)
+    if args.without:
+        names = args.without.split(",")
+        settings.append(
+            _timed_settings.Setting(
+                f"enable() without {', '.join(names)}",
+                {"patches": ["auto", *(f"-{name}" for name in names)]},
+            )
+        )
+    if not args.short:
+        settings.append(OLD_DEFAULT)
+    own = {s.name for s in _timed_settings.settings_for(_cpus.usable_cpus(), xla=False)}
     reports = {}
     lines = [
         "| model | setting | ms/step | ratio [middle half] | peak MB (ratio) | "
@@ -95,8 +119,8 @@ def main() -> int:
                 f"{row.ratio:.2f}x [{row.ratio_q1:.2f}-{row.ratio_q3:.2f}] | "
                 f"{peak} | {tiers or 'none'} |"
             )
-        # `tfdet cost`'s own advice: among its settings, not the old default.
-        offered = [row for row in report.rows if row.name != OLD_DEFAULT.name]
+        # `tfdet cost`'s own advice: among its settings, not the added ones.
+        offered = [row for row in report.rows if row.name in own]
         for tier in _tiers.CPU_TIERS:
             advice = _advice.advise(offered, report.per_block, (tier.name,))
             advice_lines.append(

@@ -136,3 +136,53 @@ def test_the_fixed_order_kernel_gives_the_bits_recorded_on_x86_64(tmp_path):
     assert result["scalar"] == x86["kernel"], result
     for op in ("matmul", "conv2d"):
         assert found["tensorflow"][op] != x86["tensorflow"][op], (found, x86)
+
+
+# The portable math library's digests, by the installed tfdet (as above).
+INSTALLED_MATH_DIGESTS = """
+import importlib.util, json, sys
+from tfdet._kernels import portable_math
+spec = importlib.util.spec_from_file_location("digests", sys.argv[1])
+digests = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(digests)
+try:
+    found = digests.digests()
+except RuntimeError as error:  # No library: none shipped, no compiler.
+    print(json.dumps({"unavailable": str(error)}))
+    sys.exit(0)
+print(json.dumps({"found": found, "origin": portable_math.LIBRARY.origin(),
+                  "recorded": digests.recorded()["x86_64"]["digests"]}))
+"""
+
+
+def test_the_portable_functions_and_sums_give_the_bits_recorded_on_x86_64(tmp_path):
+    """exp, log, tanh, sigmoid, sin, cos, pow and the fixed-order sums, with
+    their gradients, computed here by tfdet's library give the digests
+    recorded on x86-64 (`benchmarks/portable_math_digests.json`); TensorFlow's
+    own ops, the control, give others here than there."""
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.conftest import clean_env, last_json_line
+
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", INSTALLED_MATH_DIGESTS,
+         str(REPO / "benchmarks" / "portable_math_digests.py")],
+        env=clean_env(PYTHONPATH=None), cwd=tmp_path, capture_output=True,
+        text=True, timeout=RUN_TIMEOUT, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = last_json_line(done.stdout)
+    if "unavailable" in result and shutil.which("aarch64-linux-gnu-g++") is None:
+        pytest.skip(
+            "no library in the installed wheel: ci/aarch64.py builds it "
+            "with aarch64-linux-gnu-g++, which is not installed"
+        )
+    found, x86 = result["found"], result["recorded"]
+    assert result["origin"] in ("wheel", "install"), result
+    assert found["kernel"] == x86["kernel"], (found, x86)
+    differ = [
+        n for n in x86["tensorflow"] if found["tensorflow"][n] != x86["tensorflow"][n]
+    ]
+    assert {"exp", "tanh", "sigmoid", "rows"} <= set(differ), differ

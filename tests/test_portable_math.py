@@ -141,7 +141,7 @@ def test_pow_takes_a_number_or_a_tensor_of_the_bases_shape(library):
 )  # fmt: skip
 def test_the_sum_is_tensorflows_sum_to_its_rounding(library, shape, mean):
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    found = np.asarray(library.tfdet_fixed_order_sum(x, mean=mean))
+    found = np.asarray(library.tfdet_fixed_order_sum(x, 1, mean=mean))
     assert found.shape == (shape[0], shape[2])
     with np.errstate(invalid="ignore", divide="ignore"):
         reference = x.astype(np.float64).sum(1) / (shape[1] if mean else 1)
@@ -150,10 +150,10 @@ def test_the_sum_is_tensorflows_sum_to_its_rounding(library, shape, mean):
 
 def test_a_rows_sum_does_not_follow_the_other_rows(library):
     x = np.random.default_rng(1).standard_normal((64, 5000, 1)).astype(np.float32)
-    whole = _bits(library.tfdet_fixed_order_sum(x))
+    whole = _bits(library.tfdet_fixed_order_sum(x, [1, 2]))
     for rows in (1, 5, 33):
         assert np.array_equal(
-            _bits(library.tfdet_fixed_order_sum(x[:rows])), whole[:rows]
+            _bits(library.tfdet_fixed_order_sum(x[:rows], [1, 2])), whole[:rows]
         )
 
 
@@ -245,6 +245,21 @@ for name, function in cases.items():
                    "value": np.asarray(y, np.float64).tolist(),
                    "gradient": np.asarray(g, np.float64).tolist()}
 found["float64_ops"] = ops(lambda v: tf.reduce_sum(tf.exp(tf.cast(v, tf.float64))))
+# A bias's gradient through a broadcast addition: its axes are known only
+# when it runs (BroadcastGradientArgs of a batch of unknown size).
+bias = tf.Variable(tf.zeros([4]))
+
+def bias_gradient(v):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.square(v + bias))
+    return tape.gradient(loss, bias)
+
+graph = tf.function(bias_gradient).get_concrete_function(
+    tf.TensorSpec([None, 5, 4], tf.float32)).graph
+found["bias_gradient_ops"] = sorted({op.type for op in graph.get_operations()
+                                     if op.type in ("Sum", "TfdetFixedOrderSum")})
+found["bias_gradient"] = np.asarray(bias_gradient(x), np.float64).tolist()
+found["bias_gradient_expected"] = (2 * np.asarray(x, np.float64).sum((0, 1))).tolist()
 found["int_sum"] = int(tf.reduce_sum(tf.constant([1, 2, 3])))
 try:
     tf.reduce_sum(x, 3)
@@ -276,6 +291,10 @@ def test_under_enable_the_calls_run_the_library_with_tensorflows_values():
     assert found["mean_apart_keep"]["shape"] == [1, 5, 1]
     assert "TfdetFixedOrderSum" in found["crossentropy"]["ops"]
     assert found["float64_ops"] == []
+    assert found["bias_gradient_ops"] == ["TfdetFixedOrderSum"]
+    np.testing.assert_allclose(
+        found["bias_gradient"], found["bias_gradient_expected"], rtol=1e-5
+    )
     assert found["restored_ops"] == []  # "plain" was TensorFlow's own ops.
     assert found["int_sum"] == 6
     assert found["bad_axis"] == "InvalidArgumentError"

@@ -7,8 +7,8 @@ Its ops, and the gradients registered for them once it loads:
   sin, cos; `TfdetPortablePow(x, y)`: x ** y (y a number or of x's shape);
 - `TfdetPortableGradient(y, dy, function)`: TensorFlow's TanhGrad and
   SigmoidGrad;
-- `TfdetFixedOrderSum(x, mean)`: the sum or mean over the middle axis of
-  `[outer, n, inner]`, in an order fixed by the shape.
+- `TfdetFixedOrderSum(input, reduction_indices, keep_dims, mean)`:
+  TensorFlow's Sum or Mean, in an order fixed by the shape.
 
 `tfdet.patches.portable_math` and `tfdet.patches.fixed_order_sums` call
 them where the library loads, and TensorFlow's own ops where it does not.
@@ -87,13 +87,21 @@ def _gradient_gradient(op: Any, upstream: Any) -> Any:
 
 
 def _sum_gradient(op: Any, upstream: Any) -> Any:
-    """Each element's share: the upstream gradient (over n for the mean)."""
+    """TensorFlow's Sum and Mean gradients (`math_grad._SumGrad`, `_MeanGrad`):
+    each element's share of the upstream gradient, over the count for the
+    mean."""
     import tensorflow as tf
 
-    x = op.inputs[0]
+    x, axes = op.inputs
+    shape = tf.shape(x)
+    rank = tf.size(shape)
+    axes = tf.reshape(tf.cast(axes, tf.int32), [-1])
+    axes = (axes + rank) % rank
+    kept = tf.tensor_scatter_nd_update(shape, axes[:, None], tf.ones_like(axes))
     if op.get_attr("mean"):
-        upstream = upstream / tf.cast(tf.shape(x)[1], upstream.dtype)
-    return tf.broadcast_to(tf.expand_dims(upstream, 1), tf.shape(x))
+        count = tf.size(x) // tf.maximum(tf.size(op.outputs[0]), 1)
+        upstream = upstream / tf.cast(count, upstream.dtype)
+    return tf.broadcast_to(tf.reshape(upstream, kept), shape), None
 
 
 def gradient(function: str, y: Any, upstream: Any) -> Any:

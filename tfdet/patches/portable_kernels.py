@@ -39,9 +39,10 @@ Cost: `benchmarks/portable_kernels.py`.
 from __future__ import annotations
 
 import logging
+import platform
 from typing import Any
 
-from tfdet._kernels import portable, portable_math
+from tfdet._kernels import build, portable, portable_math
 from tfdet.patches import _registry, portable_erfc
 from tfdet.patches._registry import Patch
 
@@ -153,7 +154,11 @@ def _apply(swap: Any) -> None:
 
 
 def _nothing_to_compute() -> str | None:
-    """Why the kernel has no op to compute on this TensorFlow, or None."""
+    """Why the kernel has no op to compute here, or None."""
+    if platform.machine() not in build.OWN_FLAGS[LIBRARY.name]:
+        # Its exp is TensorFlow's x86-64 one; elsewhere the composition over
+        # the portable exp (portable_math) is the portable Erfc.
+        return f"the kernel is built for x86-64 only, not {platform.machine()}"
     if portable_erfc.PATCH.needed():
         return None
     return "TensorFlow's own Erfc is portable here (before 2.20): no composition to stand for"

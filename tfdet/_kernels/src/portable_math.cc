@@ -25,15 +25,16 @@
 // SigmoidGrad (the gradient from the function's output), every element on
 // the packet path too.
 //
-// TfdetFixedOrderSum(x, mean): x viewed as [outer, n, inner], the sum (or
-// the mean) over n, in an order fixed by the shape alone: the n rows are cut
-// into blocks of kRowsPerBlock(inner) rows; a block's partial sum is added
-// in row order per column (for inner == 1, in 16 interleaved lanes, then
-// the lanes pairwise); the blocks' partials are added pairwise. Blocks are
-// the tasks, so the work spreads over the pool whatever its size, and the
-// bits do not follow the pool, the vector width or the architecture.
-// The mean divides the sum by n, correctly rounded, as Eigen's MeanReducer
-// does.
+// TfdetFixedOrderSum(input, reduction_indices, keep_dims, mean): TensorFlow's
+// Sum (or Mean) of float32, the reduced axes made one (x viewed as [outer,
+// n, inner]) and summed in an order fixed by the shape alone: the n rows are
+// cut into blocks of RowsPerBlock(inner) rows; a block's partial sum is
+// added in row order per column (for inner == 1, in 16 interleaved lanes,
+// then the lanes pairwise); the blocks' partials are added pairwise. Blocks
+// are the tasks, so the work spreads over the pool whatever its size, and
+// the bits follow neither the pool, nor the vector width, nor the
+// architecture. The mean divides the sum by n, correctly rounded, as
+// Eigen's MeanReducer does.
 
 #define EIGEN_USE_THREADS
 
@@ -264,35 +265,115 @@ void BlockSum(const float* x, int64_t rows, int64_t inner, float* partial) {
   }
 }
 
+// x's elements in the order of its axes `order` (a permutation), into `out`:
+// a transpose, for reduced axes that are not adjacent.
+void Permuted(const float* x, const std::vector<int64_t>& dims,
+              const std::vector<int>& order, float* out) {
+  const int rank = static_cast<int>(dims.size());
+  std::vector<int64_t> strides(rank, 1);
+  for (int d = rank - 2; d >= 0; --d) strides[d] = strides[d + 1] * dims[d + 1];
+  std::vector<int64_t> index(rank, 0);
+  int64_t total = 1;
+  for (int64_t dim : dims) total *= dim;
+  for (int64_t at = 0; at < total; ++at) {
+    int64_t offset = 0;
+    for (int d = 0; d < rank; ++d) offset += index[d] * strides[order[d]];
+    out[at] = x[offset];
+    for (int d = rank - 1; d >= 0; --d) {  // The next index, last axis first.
+      if (++index[d] < dims[order[d]]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+// TensorFlow's Sum and Mean (input, reduction_indices, keep_dims) for
+// float32, in the fixed order above: the reduced axes made one (x viewed as
+// [outer, n, inner] where they are adjacent, else transposed after the kept
+// ones), then the sum over n.
+template <typename Index>
 class FixedOrderSumOp : public OpKernel {
  public:
   explicit FixedOrderSumOp(OpKernelConstruction* context) : OpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("mean", &mean_));
+    OP_REQUIRES_OK(context, context->GetAttr("keep_dims", &keep_dims_));
   }
 
   void Compute(OpKernelContext* context) override {
     const Tensor& x = context->input(0);
-    OP_REQUIRES(context, x.dims() == 3,
+    const Tensor& axes = context->input(1);
+    OP_REQUIRES(context, axes.dims() <= 1,
                 tensorflow::errors::InvalidArgument(
-                    "Expected x of rank 3 [outer, n, inner]. Received: ",
-                    x.shape().DebugString()));
-    const int64_t outer = x.dim_size(0), n = x.dim_size(1), inner = x.dim_size(2);
-    Tensor* y = nullptr;
-    OP_REQUIRES_OK(context,
-                   context->allocate_output(0, TensorShape({outer, inner}), &y));
-    float* out = y->flat<float>().data();
-    if (outer * inner == 0) return;
-    if (n == 0) {  // Eigen's sum of nothing is 0; its mean, 0 / 0.
-      std::fill(out, out + outer * inner, mean_ ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
+                    "Expected reduction indices of rank 0 or 1. Received: ",
+                    axes.shape().DebugString()));
+    const int rank = x.dims();
+    std::vector<bool> reduced(rank, false);
+    const auto named = axes.flat<Index>();
+    for (int64_t i = 0; i < named.size(); ++i) {
+      const int64_t axis = static_cast<int64_t>(named(i));
+      OP_REQUIRES(context, -rank <= axis && axis < rank,
+                  tensorflow::errors::InvalidArgument(
+                      "Invalid reduction dimension (", axis, " for input with ",
+                      rank, " dimension(s)"));
+      reduced[(axis + rank) % rank] = true;
+    }
+    std::vector<int64_t> dims(rank);
+    std::vector<int> order;  // The kept axes, then the reduced ones.
+    TensorShape output_shape;
+    int64_t outer = 1, n = 1, inner = 1;
+    int first = rank, last = -1;
+    for (int d = 0; d < rank; ++d) {
+      dims[d] = x.dim_size(d);
+      if (reduced[d]) {
+        first = std::min(first, d);
+        last = d;
+        n *= dims[d];
+        if (keep_dims_) output_shape.AddDim(1);
+      } else {
+        order.push_back(d);
+        output_shape.AddDim(dims[d]);
+      }
+    }
+    if (last < 0) {  // Nothing reduced: the input itself, as TensorFlow gives.
+      context->set_output(0, x);
       return;
     }
+    bool adjacent = true;
+    for (int d = first; d <= last; ++d) adjacent = adjacent && reduced[d];
+    for (int d = 0; d < rank; ++d) {
+      if (reduced[d]) order.push_back(d);
+      if (!reduced[d] && (!adjacent || d < first)) outer *= dims[d];
+      if (!reduced[d] && adjacent && d > last) inner *= dims[d];
+    }
+    Tensor* y = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, output_shape, &y));
+    if (outer * inner == 0) return;
+    float* out = y->flat<float>().data();
+    if (n == 0) {  // Eigen's sum of nothing is 0; its mean, 0 / 0.
+      std::fill(out, out + outer * inner,
+                mean_ ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
+      return;
+    }
+    const float* in = x.flat<float>().data();
+    Tensor transposed;
+    if (!adjacent) {
+      OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DT_FLOAT,
+                                                     x.shape(), &transposed));
+      Permuted(in, dims, order, transposed.flat<float>().data());
+      in = transposed.flat<float>().data();
+    }
+    Reduce(context, in, outer, n, inner, out);
+  }
+
+ private:
+  // out[outer, inner] = the sum (or mean) of x[outer, n, inner] over n.
+  void Reduce(OpKernelContext* context, const float* in, int64_t outer, int64_t n,
+              int64_t inner, float* out) {
     const int64_t rows_per_block = RowsPerBlock(inner);
     const int64_t blocks = (n + rows_per_block - 1) / rows_per_block;
     Tensor partials;
     OP_REQUIRES_OK(context, context->allocate_temp(
                                 tensorflow::DT_FLOAT,
                                 TensorShape({outer, blocks, inner}), &partials));
-    const float* in = x.flat<float>().data();
     float* partial = partials.flat<float>().data();
     const auto& device = context->eigen_cpu_device();
     const Eigen::TensorOpCost block_cost(rows_per_block * inner * sizeof(float), 0,
@@ -320,8 +401,8 @@ class FixedOrderSumOp : public OpKernel {
                        });
   }
 
- private:
   bool mean_ = false;
+  bool keep_dims_ = false;
 };
 
 REGISTER_OP("TfdetPortableUnary")
@@ -344,15 +425,13 @@ REGISTER_OP("TfdetPortableGradient")
     .SetShapeFn(tensorflow::shape_inference::UnchangedShape);
 
 REGISTER_OP("TfdetFixedOrderSum")
-    .Input("x: float")
-    .Output("y: float")
+    .Input("input: float")
+    .Input("reduction_indices: Tidx")
+    .Output("output: float")
+    .Attr("keep_dims: bool = false")
     .Attr("mean: bool = false")
-    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
-      tensorflow::shape_inference::ShapeHandle x;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &x));
-      c->set_output(0, c->Matrix(c->Dim(x, 0), c->Dim(x, 2)));
-      return absl::OkStatus();
-    });
+    .Attr("Tidx: {int32, int64} = DT_INT32")
+    .SetShapeFn(tensorflow::shape_inference::ReductionShape);
 
 REGISTER_KERNEL_BUILDER(Name("TfdetPortableUnary").Device(tensorflow::DEVICE_CPU),
                         PortableUnaryOp);
@@ -360,8 +439,16 @@ REGISTER_KERNEL_BUILDER(Name("TfdetPortablePow").Device(tensorflow::DEVICE_CPU),
                         PortablePowOp);
 REGISTER_KERNEL_BUILDER(Name("TfdetPortableGradient").Device(tensorflow::DEVICE_CPU),
                         PortableGradientOp);
-REGISTER_KERNEL_BUILDER(Name("TfdetFixedOrderSum").Device(tensorflow::DEVICE_CPU),
-                        FixedOrderSumOp);
+REGISTER_KERNEL_BUILDER(Name("TfdetFixedOrderSum")
+                            .Device(tensorflow::DEVICE_CPU)
+                            .TypeConstraint<int32_t>("Tidx")
+                            .HostMemory("reduction_indices"),
+                        FixedOrderSumOp<int32_t>);
+REGISTER_KERNEL_BUILDER(Name("TfdetFixedOrderSum")
+                            .Device(tensorflow::DEVICE_CPU)
+                            .TypeConstraint<int64_t>("Tidx")
+                            .HostMemory("reduction_indices"),
+                        FixedOrderSumOp<int64_t>);
 
 }  // namespace
 }  // namespace tfdet
