@@ -39,40 +39,44 @@ LIBRARY = library.KernelLibrary(
 
 def _unary_gradient(op: Any, upstream: Any) -> Any:
     """TensorFlow's registered gradient of each function (`math_grad.py`),
-    with the functions it calls computed here too."""
-    import tensorflow as tf
+    the functions it calls computed by the library too, and its reciprocals
+    as one correctly rounded division (`portable_reciprocal`'s), so that the
+    gradient is as portable as the function whatever else is patched."""
+    from tensorflow.python.ops import gen_math_ops
 
     x, y = op.inputs[0], op.outputs[0]
     function = op.get_attr("function").decode()
     if function == "exp":
         return upstream * y
     if function == "log":
-        return upstream * tf.math.reciprocal(x)
+        return upstream * gen_math_ops.real_div(1.0, x)
     if function == "log1p":
-        return upstream * tf.math.reciprocal(1 + x)
+        return upstream * gen_math_ops.real_div(1.0, 1 + x)
     if function == "expm1":
-        return upstream * tf.exp(x)
+        return upstream * unary("exp", x)
     if function == "sin":
-        return upstream * tf.cos(x)
+        return upstream * unary("cos", x)
     if function == "cos":
-        return -upstream * tf.sin(x)
+        return -upstream * unary("sin", x)
     return gradient(function, y, upstream)
 
 
 def _pow_gradient(op: Any, upstream: Any) -> Any:
     """TensorFlow's registered Pow gradient (`math_grad._PowGrad`), its sum
-    over the exponent's broadcast where the exponent is a number."""
+    over the exponent's broadcast where the exponent is a number, the pow
+    and log in it the library's."""
     import tensorflow as tf
 
     x, y = op.inputs
     z = op.outputs[0]
-    grad_x = upstream * y * tf.pow(x, y - 1)
+    grad_x = upstream * y * LIBRARY.load().tfdet_portable_pow(x, y - 1)
     # 0 where x <= 0: log(x) is not real there (TensorFlow's own choice).
     positive = x > 0
-    log_x = tf.where(positive, tf.math.log(tf.where(positive, x, tf.ones_like(x))), 0.0)
+    safe_x = tf.where(positive, x, tf.ones_like(x))
+    log_x = tf.where(positive, unary("log", safe_x), tf.zeros_like(x))
     grad_y = upstream * z * log_x
-    if y.shape.rank == 0:
-        grad_y = tf.reduce_sum(grad_y)
+    if y.shape.rank == 0:  # Summed in the library's order too.
+        grad_y = LIBRARY.load().tfdet_fixed_order_sum(grad_y, tf.range(tf.rank(grad_y)))
     return grad_x, grad_y
 
 
@@ -102,6 +106,12 @@ def _sum_gradient(op: Any, upstream: Any) -> Any:
         count = tf.size(x) // tf.maximum(tf.size(op.outputs[0]), 1)
         upstream = upstream / tf.cast(count, upstream.dtype)
     return tf.broadcast_to(tf.reshape(upstream, kept), shape), None
+
+
+def unary(function: str, x: Any) -> Any:
+    """`function` of `x` by the library (loaded: its ops' gradients run only
+    where it is)."""
+    return LIBRARY.load().tfdet_portable_unary(x, function=function)
 
 
 def gradient(function: str, y: Any, upstream: Any) -> Any:
