@@ -431,7 +431,10 @@ def across_architectures(
             by_architecture.setdefault(architecture, []).append(machine)
     seen: dict[str, dict[str, set[str]]] = {}
     for architecture, machines in by_architecture.items():
-        newest = max(machines, key=lambda machine: machine.get("date", ""))
+        # The newest: the latest date, and of one date the last recorded.
+        newest = max(
+            enumerate(machines), key=lambda pair: (pair[1].get("date", ""), pair[0])
+        )[1]
         patches = newest["software"].get("tfdet_patches")
         for machine in machines:
             if machine["software"].get("tfdet_patches") != patches:

@@ -299,3 +299,37 @@ def test_under_enable_the_calls_run_the_library_with_tensorflows_values():
     assert found["int_sum"] == 6
     assert found["bad_axis"] == "InvalidArgumentError"
     assert np.isnan(found["empty_mean"])
+
+
+ORTHOGONAL = """
+import json
+import numpy as np
+import tfdet
+from tfdet.patches import _registry
+tfdet.enable(seed=0)
+import keras
+import tensorflow as tf
+
+found = {"installed": "portable_orthogonal" in _registry.installed()}
+for shape in [(8, 32), (32, 8), (3, 3, 4, 6)]:
+    ours = np.asarray(keras.initializers.Orthogonal(gain=2.0, seed=5)(shape))
+    found[str(shape)] = ours.tolist()
+_registry.restore()
+for shape in [(8, 32), (32, 8), (3, 3, 4, 6)]:
+    keras_own = np.asarray(keras.initializers.Orthogonal(gain=2.0, seed=5)(shape))
+    found[str(shape) + " keras"] = keras_own.tolist()
+print(json.dumps(found))
+"""
+
+
+def test_the_orthogonal_initializer_gives_keras_values_to_rounding():
+    """Gram-Schmidt's Q is Keras's (Householder's, sign-fixed) to float32
+    rounding, orthonormal (times the gain), in every shape Keras takes."""
+    found = run_json(ORTHOGONAL)
+    assert found["installed"]
+    for shape in ("(8, 32)", "(32, 8)", "(3, 3, 4, 6)"):
+        ours, keras_own = np.array(found[shape]), np.array(found[shape + " keras"])
+        np.testing.assert_allclose(ours, keras_own, atol=2e-6)
+        flat = ours.reshape(-1, ours.shape[-1]) / 2.0
+        gram = flat.T @ flat if flat.shape[0] >= flat.shape[1] else flat @ flat.T
+        np.testing.assert_allclose(gram, np.eye(len(gram)), atol=1e-6)
