@@ -55,9 +55,9 @@ OWN_FLAGS: dict[str, dict[str, tuple[str, ...]]] = {
     "fixed_order_products": {"x86_64": (), "aarch64": ()},
     "portable_functions": {"x86_64": ("-mavx",)},
     # Eigen's packet functions as TensorFlow's x86-64 wheels compute them
-    # (AVX, multiply-adds unfused), on both machines: on aarch64 Eigen fuses
-    # them where __ARM_FEATURE_FMA is defined.
-    "portable_math": {"x86_64": ("-mavx",), "aarch64": ("-U__ARM_FEATURE_FMA",)},
+    # (AVX2 without FMA: multiply-adds unfused), on both machines: on
+    # aarch64 Eigen fuses them where __ARM_FEATURE_FMA is defined.
+    "portable_math": {"x86_64": ("-mavx2",), "aarch64": ("-U__ARM_FEATURE_FMA",)},
 }
 
 

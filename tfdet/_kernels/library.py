@@ -139,6 +139,9 @@ class KernelLibrary:
             warning (e.g. "products use the composition instead").
         register: Called with `tensorflow` once the library loaded (its
             ops' gradients: TensorFlow refuses a second registration).
+        unusable: Says why this CPU cannot run the library (an instruction
+            set it is compiled for and the CPU lacks), or None: then it is
+            not loaded, as where it cannot be built.
     """
 
     def __init__(
@@ -146,11 +149,13 @@ class KernelLibrary:
         source: Path,
         fallback: str,
         register: Callable[[Any], None] | None = None,
+        unusable: Callable[[], str | None] | None = None,
     ) -> None:
         self.source = source
         self.name = source.stem
         self._fallback = fallback
         self._register = register
+        self._unusable = unusable
         # "library": what load() gave (None: unavailable); "failure": the
         # error a build raised (kept, so the compiler runs once a process);
         # "origin": where build() found the library.
@@ -312,6 +317,9 @@ class KernelLibrary:
         import tensorflow as tf
 
         try:
+            why = self._unusable() if self._unusable is not None else None
+            if why is not None:
+                raise RuntimeError(why)
             library = tf.load_op_library(str(self.build()))
         except (RuntimeError, OSError, tf.errors.NotFoundError) as error:
             _LOG.warning(

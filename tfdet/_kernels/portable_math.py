@@ -16,9 +16,11 @@ them where the library loads, and TensorFlow's own ops where it does not.
 
 from __future__ import annotations
 
+import platform
 from typing import Any
 
 from tfdet._kernels import build, library
+from tfdet._pin import _isa
 
 
 def _register_gradients(tf: Any) -> None:
@@ -29,11 +31,21 @@ def _register_gradients(tf: Any) -> None:
     tf.RegisterGradient("TfdetPortablePow")(_pow_gradient)
 
 
+def _unusable() -> str | None:
+    """Why this CPU cannot run the library: on x86-64 it is built for AVX2
+    (as TensorFlow's wheels build Eigen's functions: the same bits, at
+    their speed; AVX alone runs some of them at a fifth of it)."""
+    if platform.machine() == "x86_64" and "avx2" not in _isa.cpu_flags():
+        return "it is built for AVX2, which this CPU does not have"
+    return None
+
+
 LIBRARY = library.KernelLibrary(
     build.SOURCES / "portable_math.cc",
     fallback="exp, log, tanh, sigmoid and sums run as TensorFlow's own ops "
     "(their bits then differ between x86-64 and aarch64)",
     register=_register_gradients,
+    unusable=_unusable,
 )
 
 

@@ -2,7 +2,7 @@
 `Pow` and `Softplus` (float32).
 
 TensorFlow computes these with Eigen's packet functions, whose multiply-adds
-its x86-64 wheels round twice (built for AVX, without FMA) and its aarch64
+its x86-64 wheels round twice (built for AVX2, without FMA) and its aarch64
 wheels fuse, and whose `tanh` clamps at another bound where it fuses. So
 `tf.exp`, `tf.tanh`, `tf.sigmoid` and the softmaxes, losses and recurrent
 cells built on them give other bits on an ARM CPU than on an x86 one

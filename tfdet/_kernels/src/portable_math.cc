@@ -6,11 +6,11 @@
 // TensorFlow's Exp, Log, Tanh, Sigmoid... kernels run), with two things
 // fixed that TensorFlow's builds leave to the machine:
 //   - Every multiply-add is a multiplication rounded, then an addition
-//     rounded. TensorFlow's x86-64 wheels are compiled for AVX without FMA,
-//     so that is what they compute there; its aarch64 wheels fuse them
+//     rounded. TensorFlow's x86-64 wheels are compiled for AVX2 without
+//     FMA, so that is what they compute there; its aarch64 wheels fuse them
 //     (Eigen defines EIGEN_VECTORIZE_FMA from __ARM_FEATURE_FMA), which
 //     gives other bits, and Eigen's tanh clamps at another bound with FMA.
-//     This file is built for AVX on x86-64 and with __ARM_FEATURE_FMA
+//     This file is built for AVX2 on x86-64 and with __ARM_FEATURE_FMA
 //     undefined on aarch64 (tfdet/_kernels/build.py), and with
 //     -ffp-contract=off, so both run the same sequence of IEEE correctly
 //     rounded operations: the same bits, and on x86-64 the bits of
@@ -249,13 +249,30 @@ float Pairwise(const float* v, int64_t count, int64_t stride) {
   return Pairwise(v, half, stride) + Pairwise(v + half * stride, count - half, stride);
 }
 
+// Pairwise(lanes, kLanes, 1), level by level: neighbours added, then the
+// neighbouring sums, down to one (the same additions, without the calls).
+float LanePairs(const float* lanes) {
+  float sums[kLanes / 2];
+  for (int i = 0; i < kLanes / 2; ++i) sums[i] = lanes[2 * i] + lanes[2 * i + 1];
+  for (int count = kLanes / 4; count >= 1; count /= 2) {
+    for (int i = 0; i < count; ++i) sums[i] = sums[2 * i] + sums[2 * i + 1];
+  }
+  return sums[0];
+}
+
 // One block's partial sums: rows [0, rows) of `x` (row length `inner`) into
 // `partial[inner]`.
 void BlockSum(const float* x, int64_t rows, int64_t inner, float* partial) {
   if (inner == 1) {
+    // Row r goes to lane r % kLanes; whole groups of kLanes first (one
+    // vector addition each), then the rest.
     float lanes[kLanes] = {0};
-    for (int64_t row = 0; row < rows; ++row) lanes[row % kLanes] += x[row];
-    partial[0] = Pairwise(lanes, kLanes, 1);
+    int64_t row = 0;
+    for (; row + kLanes <= rows; row += kLanes) {
+      for (int64_t lane = 0; lane < kLanes; ++lane) lanes[lane] += x[row + lane];
+    }
+    for (int64_t lane = 0; row + lane < rows; ++lane) lanes[lane] += x[row + lane];
+    partial[0] = LanePairs(lanes);
     return;
   }
   std::memcpy(partial, x, inner * sizeof(float));
@@ -370,12 +387,27 @@ class FixedOrderSumOp : public OpKernel {
               int64_t inner, float* out) {
     const int64_t rows_per_block = RowsPerBlock(inner);
     const int64_t blocks = (n + rows_per_block - 1) / rows_per_block;
+    const auto& device = context->eigen_cpu_device();
+    const float count = static_cast<float>(n);
+    if (blocks == 1) {  // One block: its partials are the sums.
+      const Eigen::TensorOpCost cost(n * inner * sizeof(float), inner * sizeof(float),
+                                     n * inner);
+      device.parallelFor(outer, cost, [&](Eigen::Index first, Eigen::Index last) {
+        for (Eigen::Index o = first; o < last; ++o) {
+          float* sums = out + o * inner;
+          BlockSum(in + o * n * inner, n, inner, sums);
+          if (mean_) {
+            for (int64_t column = 0; column < inner; ++column) sums[column] /= count;
+          }
+        }
+      });
+      return;
+    }
     Tensor partials;
     OP_REQUIRES_OK(context, context->allocate_temp(
                                 tensorflow::DT_FLOAT,
                                 TensorShape({outer, blocks, inner}), &partials));
     float* partial = partials.flat<float>().data();
-    const auto& device = context->eigen_cpu_device();
     const Eigen::TensorOpCost block_cost(rows_per_block * inner * sizeof(float), 0,
                                          rows_per_block * inner);
     device.parallelFor(outer * blocks, block_cost,
@@ -388,7 +420,6 @@ class FixedOrderSumOp : public OpKernel {
                                     partial + task * inner);
                          }
                        });
-    const float count = static_cast<float>(n);
     const Eigen::TensorOpCost column_cost(blocks * sizeof(float), sizeof(float), blocks);
     device.parallelFor(outer * inner, column_cost,
                        [&](Eigen::Index first, Eigen::Index last) {
