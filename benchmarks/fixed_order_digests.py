@@ -86,13 +86,18 @@ def digests() -> dict[str, dict[str, str]]:
     return found
 
 
-def recorded() -> dict[str, Any]:
+def recorded(record: Path = RECORD) -> dict[str, Any]:
     """The record: {architecture: {"machine", "tensorflow", "digests"}}."""
-    return json.loads(RECORD.read_text())
+    return json.loads(record.read_text())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run(
+    description: str, record_path: Path, compute: Any, what: str = "kernel"
+) -> None:
+    """The command line of a digest record: print this architecture's
+    `compute()`, compare its "kernel" digests with each recorded
+    architecture's, and with `--record` keep them as this one's entry."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--record", action="store_true", help="Keep this entry.")
     parser.add_argument(
         "--machine", default="", help="What the entry says this machine is."
@@ -100,24 +105,24 @@ def main() -> None:
     args = parser.parse_args()
     import tensorflow as tf
 
-    # TensorFlow's own digests, the control, at one thread (the kernel's do
-    # not follow the pool size).
+    # TensorFlow's own digests, the control, at one thread (tfdet's do not
+    # follow the pool size).
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    found = digests()
+    found = compute()
     architecture = platform.machine()
-    record = recorded() if RECORD.exists() else {}
+    record = recorded(record_path) if record_path.exists() else {}
     print(json.dumps({architecture: found}, indent=2))
     for other, entry in record.items():
         same = entry["digests"]["kernel"] == found["kernel"]
-        print(f"kernel digests {'equal' if same else 'DIFFER from'} {other}'s")
+        print(f"{what} digests {'equal' if same else 'DIFFER from'} {other}'s")
     if args.record:
         record[architecture] = {
             "machine": args.machine,
             "tensorflow": tf.__version__,
             "digests": found,
         }
-        RECORD.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        record_path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    run(__doc__.splitlines()[0], RECORD, digests)

@@ -20,15 +20,15 @@ architecture.
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import json
-import platform
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# Its sibling, for the record's command line (loaded by path in the tests).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fixed_order_digests  # noqa: E402
 
 RECORD = Path(__file__).with_name("portable_math_digests.json")
 FUNCTIONS = ("exp", "log", "log1p", "expm1", "tanh", "sigmoid", "sin", "cos")
@@ -39,15 +39,6 @@ SUMS = {
     "vector": ((1, 40000, 1), False),
     "mean": ((8, 500, 16), True),
 }
-
-
-def _digest(tensors: list[Any]) -> str:
-    import numpy as np
-
-    sha = hashlib.sha256()
-    for tensor in tensors:
-        sha.update(np.ascontiguousarray(np.asarray(tensor)).tobytes())
-    return sha.hexdigest()[:16]
 
 
 def _inputs(function: str) -> Any:
@@ -93,33 +84,33 @@ def digests() -> dict[str, dict[str, str]]:
     found: dict[str, dict[str, str]] = {"kernel": {}, "tensorflow": {}}
     for function in FUNCTIONS:
         x = tf.constant(_inputs(function))
-        found["kernel"][function] = _digest(
+        found["kernel"][function] = fixed_order_digests._digest(
             _with_gradient(
                 lambda v, f=function: library.tfdet_portable_unary(v, function=f), x
             )
         )
-        found["tensorflow"][function] = _digest(
+        found["tensorflow"][function] = fixed_order_digests._digest(
             _with_gradient(lambda v, f=function: raw[f](x=v), x)
         )
     base = tf.constant(np.abs(_inputs("pow")) + 0.01)
     exponent = tf.constant(_inputs("exponent") / 3.0)
     for name, y in (("pow", tf.constant(np.float32(2.5))), ("pow_tensor", exponent)):
-        found["kernel"][name] = _digest(
+        found["kernel"][name] = fixed_order_digests._digest(
             _with_gradient(library.tfdet_portable_pow, base, y)
         )
-        found["tensorflow"][name] = _digest(
+        found["tensorflow"][name] = fixed_order_digests._digest(
             _with_gradient(lambda b, e: tf.raw_ops.Pow(x=b, y=e), base, y)
         )
     rng = np.random.default_rng(1)
     for name, (shape, mean) in SUMS.items():
         x = tf.constant(rng.normal(size=shape).astype(np.float32))
-        found["kernel"][name] = _digest(
+        found["kernel"][name] = fixed_order_digests._digest(
             _with_gradient(
                 lambda v, m=mean: library.tfdet_fixed_order_sum(v, 1, mean=m), x
             )
         )
         op = tf.raw_ops.Mean if mean else tf.raw_ops.Sum
-        found["tensorflow"][name] = _digest(
+        found["tensorflow"][name] = fixed_order_digests._digest(
             _with_gradient(lambda v, op=op: op(input=v, axis=1), x)
         )
     return found
@@ -127,36 +118,8 @@ def digests() -> dict[str, dict[str, str]]:
 
 def recorded() -> dict[str, Any]:
     """The record: {architecture: {"machine", "tensorflow", "digests"}}."""
-    return json.loads(RECORD.read_text())
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--record", action="store_true", help="Keep this entry.")
-    parser.add_argument(
-        "--machine", default="", help="What the entry says this machine is."
-    )
-    args = parser.parse_args()
-    import tensorflow as tf
-
-    # TensorFlow's own digests, the control, at one thread (the library's do
-    # not follow the pool size).
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    found = digests()
-    architecture = platform.machine()
-    record = recorded() if RECORD.exists() else {}
-    print(json.dumps({architecture: found}, indent=2))
-    for other, entry in record.items():
-        same = entry["digests"]["kernel"] == found["kernel"]
-        print(f"library digests {'equal' if same else 'DIFFER from'} {other}'s")
-    if args.record:
-        record[architecture] = {
-            "machine": args.machine,
-            "tensorflow": tf.__version__,
-            "digests": found,
-        }
-        RECORD.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return fixed_order_digests.recorded(RECORD)
 
 
 if __name__ == "__main__":
-    main()
+    fixed_order_digests.run(__doc__.splitlines()[0], RECORD, digests, "library")
