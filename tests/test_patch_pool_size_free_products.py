@@ -391,11 +391,15 @@ def same_in_pieces(fn):
     return bool(np.array_equal(np.asarray(fn(x)).view(np.uint32),
                                np.asarray(pieces).view(np.uint32)))
 report["elementwise"] = {}
+# portable_math (in "auto") puts these functions on whole packets too: the
+# control leaves both out.
+both = [n for n in ("pool_size_free_products", "portable_math")
+        if n in _registry.installed()]
 for name, fn in elementwise.items():
     patched = same_in_pieces(fn)
-    _registry.restore(["pool_size_free_products"])
+    _registry.restore(both)
     original = same_in_pieces(fn)
-    _registry.install(["pool_size_free_products"])
+    _registry.install(both)
     report["elementwise"][name] = {"patched": patched, "original": original}
 # tf.nn.gelu's exact form: the same bits eagerly and traced (TF 2.16-2.18
 # divide by sqrt(2), which Grappler turns into a multiplication when traced).

@@ -20,7 +20,6 @@ import platform
 from typing import Any
 
 from tfdet._kernels import build, library
-from tfdet._pin import _isa
 
 
 def _register_gradients(tf: Any) -> None:
@@ -34,8 +33,16 @@ def _register_gradients(tf: Any) -> None:
 def _unusable() -> str | None:
     """Why this CPU cannot run the library: on x86-64 it is built for AVX2
     (as TensorFlow's wheels build Eigen's functions: the same bits, at
-    their speed; AVX alone runs some of them at a fifth of it)."""
-    if platform.machine() == "x86_64" and "avx2" not in _isa.cpu_flags():
+    their speed; AVX alone runs some of them at a fifth of it). Read from
+    /proc/cpuinfo here: the pins' layer sits above the kernels'."""
+    if platform.machine() != "x86_64":
+        return None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            flags = next((line for line in cpuinfo if line.startswith("flags")), "")
+    except OSError:
+        return None  # Not Linux: the build decides (tfdet ships for Linux).
+    if "avx2" not in flags.split():
         return "it is built for AVX2, which this CPU does not have"
     return None
 

@@ -62,6 +62,13 @@ def _replacement(op_type: str) -> Callable[..., Any]:
     def replacement(x: Any, name: str | None = None) -> Any:
         import tensorflow as tf
 
+        # TensorFlow's wrapper hands a sparse or ragged input to its
+        # dispatcher by the wrapper's own module name, which is this
+        # replacement now: applied to their values here, as that does.
+        if isinstance(x, tf.SparseTensor):
+            return tf.SparseTensor(x.indices, replacement(x.values), x.dense_shape)
+        if isinstance(x, tf.RaggedTensor):
+            return tf.ragged.map_flat_values(replacement, x)
         library = portable_math.LIBRARY.load()
         tensor = _exact_math.dense_float(x)
         if library is None or tensor is None or tensor.dtype != tf.float32:
