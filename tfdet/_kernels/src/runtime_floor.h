@@ -6,7 +6,7 @@
 // for more: GCC 11's headers throw std::bad_array_new_length through a
 // function first exported in GLIBCXX_3.4.29 (its type info: CXXABI_1.3.8),
 // GCC 12's bind condition_variable::wait to its GLIBCXX_3.4.30 version, and
-// glibc 2.27 gave expf a new version. A wheel built here would then fail to
+// glibc 2.27 gave expf, logf and powf new versions. A wheel built here would then fail to
 // load where TensorFlow itself loads. What follows keeps the kernels to the
 // older symbols, and `-fno-sized-deallocation` (build.py) keeps them off
 // GCC 5's sized delete (CXXABI_1.3.9); the tests and ci/build_wheel.py read
@@ -37,12 +37,17 @@ namespace std {
 __asm__(".hidden _ZSt28__throw_bad_array_new_lengthv");
 #endif  // __GLIBCXX__
 
-// glibc's expf under its first version (2.27 added a second with other
-// error handling; the values are the same function's).
+// glibc's expf, logf and powf under their first versions (2.27 added
+// second ones with other error handling; the values are the same
+// function's). Eigen's scalar pow and log reach the last two.
 #if defined(__GLIBC__) && defined(__x86_64__)
 __asm__(".symver expf,expf@GLIBC_2.2.5");
+__asm__(".symver logf,logf@GLIBC_2.2.5");
+__asm__(".symver powf,powf@GLIBC_2.2.5");
 #elif defined(__GLIBC__) && defined(__aarch64__)
 __asm__(".symver expf,expf@GLIBC_2.17");
+__asm__(".symver logf,logf@GLIBC_2.17");
+__asm__(".symver powf,powf@GLIBC_2.17");
 #endif
 
 #endif  // TFDET_KERNELS_RUNTIME_FLOOR_H_
