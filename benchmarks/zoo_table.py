@@ -76,6 +76,8 @@ def main() -> int:
     )
     args = parser.parse_args()
     settings = _timed_settings.settings_for(_cpus.usable_cpus(), xla=False)
+    # `tfdet cost`'s own settings: its advice is among these.
+    own = {s.name for s in settings}
     if args.short:
         settings = [s for s in settings if s.name in ("plain TensorFlow", "enable()")]
     # Last: the advice prefers the earlier of two settings that tie.
@@ -89,7 +91,6 @@ def main() -> int:
         )
     if not args.short:
         settings.append(OLD_DEFAULT)
-    own = {s.name for s in _timed_settings.settings_for(_cpus.usable_cpus(), xla=False)}
     reports = {}
     lines = [
         "| model | setting | ms/step | ratio [middle half] | peak MB (ratio) | "
