@@ -58,19 +58,22 @@ LIBRARY = library.KernelLibrary(
 
 def _unary_gradient(op: Any, upstream: Any) -> Any:
     """TensorFlow's registered gradient of each function (`math_grad.py`),
-    the functions it calls computed by the library too, and its reciprocals
-    as one correctly rounded division (`portable_reciprocal`'s), so that the
-    gradient is as portable as the function whatever else is patched."""
-    from tensorflow.python.ops import gen_math_ops
+    the functions it calls computed by the library too, and `upstream *
+    reciprocal(x)` as one correctly rounded `upstream / x`, so that the
+    gradient is as portable as the function whatever else is patched.
 
+    Through `divide`: where the loss is a plain sum, Grappler folds the
+    upstream gradient into a constant of ones and `ones / x` into
+    TensorFlow's approximate `Reciprocal`, which parted the cross-entropies'
+    gradients between x86-64 and aarch64."""
     x, y = op.inputs[0], op.outputs[0]
     function = op.get_attr("function").decode()
     if function == "exp":
         return upstream * y
     if function == "log":
-        return upstream * gen_math_ops.real_div(1.0, x)
+        return divide(upstream, x)
     if function == "log1p":
-        return upstream * gen_math_ops.real_div(1.0, 1 + x)
+        return divide(upstream, 1 + x)
     if function == "expm1":
         return upstream * unary("exp", x)
     if function == "sin":
@@ -131,6 +134,30 @@ def unary(function: str, x: Any) -> Any:
     """`function` of `x` by the library (loaded: its ops' gradients run only
     where it is)."""
     return LIBRARY.load().tfdet_portable_unary(x, function=function)
+
+
+def divide(numerator: Any, denominator: Any) -> Any:
+    """`numerator / denominator`, one correctly rounded division per element,
+    whatever Grappler knows of the numerator.
+
+    Grappler folds a numerator it knows to be ones (`1 / x`; a gradient whose
+    upstream is a plain sum's) into TensorFlow's `Reciprocal`, whose float32
+    kernel is an approximate instruction plus a Newton step (RCPPS on x86-64,
+    FRECPE on aarch64): other bits on each architecture and CPU model.
+    Multiplied by ones that depend on the denominator's values (`x == x or
+    x != x` holds for every float, nan included), the numerator is no
+    constant it can fold.
+    """
+    import tensorflow as tf
+    from tensorflow.python.ops import gen_math_ops
+
+    ones = tf.cast(
+        tf.logical_or(
+            tf.equal(denominator, denominator), tf.not_equal(denominator, denominator)
+        ),
+        denominator.dtype,
+    )
+    return gen_math_ops.real_div(numerator * ones, denominator)
 
 
 def gradient(function: str, y: Any, upstream: Any) -> Any:

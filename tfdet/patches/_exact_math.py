@@ -15,8 +15,8 @@ Grappler brings the approximate kernels back inside a `tf.function` if it
 can: it rewrites `Div(x, Sqrt(y))` (and `Xdivy`) into a multiplication by
 `Rsqrt(y)`, and once a static shape lets it fold `OnesLike` into a constant,
 `Div(1, y)` into `Reciprocal(y)`. The compositions
-therefore divide a numerator of ones that Grappler cannot fold (`ones()`) by a
-divisor it cannot see through (`opaque()`). Each replacement keeps the original op's gradient formula
+therefore divide with `tfdet._kernels.portable_math.divide`, whose numerator
+Grappler cannot fold, by a divisor it cannot see through (`opaque()`). Each replacement keeps the original op's gradient formula
 (through `tf.custom_gradient`), whose kernels use multiplications only.
 """
 
@@ -329,27 +329,8 @@ def dense_float(x: Any) -> Any:
     return tensor if tensor.dtype.name in FLOATS else None
 
 
-def ones(x: Any) -> Any:
-    """Ones shaped like `x` that Grappler cannot fold into a constant.
-
-    `x == x or x != x` holds for every float, nan included, but depends on
-    `x`'s values, so constant folding leaves it alone (a constant numerator
-    of ones turns the division into `Reciprocal`).
-    """
-    import tensorflow as tf
-
-    return tf.cast(tf.logical_or(tf.equal(x, x), tf.not_equal(x, x)), x.dtype)
-
-
 def opaque(x: Any) -> Any:
     """`x` through `Snapshot`, which hides a `Sqrt` from Grappler's rewrite."""
     from tensorflow.python.ops import gen_array_ops
 
     return gen_array_ops.snapshot(x)
-
-
-def divide(numerator: Any, denominator: Any) -> Any:
-    """`numerator / denominator`, one correctly rounded division per element."""
-    from tensorflow.python.ops import gen_math_ops
-
-    return gen_math_ops.real_div(numerator, denominator)

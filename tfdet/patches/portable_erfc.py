@@ -35,6 +35,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from tfdet._kernels.portable_math import divide
 from tfdet.patches import _exact_math
 from tfdet.patches._registry import Patch
 
@@ -89,8 +90,8 @@ def erfc_float32(x: Any) -> Any:
     x2_lo = tf.cast(wide * wide - tf.cast(x2, tf.float64), tf.float32)
     exp2_hi = tf.exp(-x2)
     z = exp2_hi - exp2_hi * x2_lo
-    q2 = _exact_math.divide(_exact_math.ones(x2), x2)
-    ratio = _exact_math.divide(_horner(q2, _GAMMA), x * _horner(q2, _DELTA))
+    q2 = divide(1.0, x2)
+    ratio = divide(_horner(q2, _GAMMA), x * _horner(q2, _DELTA))
     large = z * ratio + tf.where(x < 0.0, 2.0, 0.0)
     return tf.where(x2 > 1.0, large, small)
 

@@ -110,7 +110,7 @@ def _softplus_forward(x: Any) -> Any:
 def _softplus_gradient(x: Any, result: Any, upstream: Any) -> Any:
     import tensorflow as tf
 
-    return _exact_math.divide(upstream, tf.exp(-x) + 1)
+    return portable_math.divide(upstream, tf.exp(-x) + 1)
 
 
 def _softplus(features: Any, name: str | None = None) -> Any:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfdet._kernels.portable_math import divide
 from tfdet.patches import _exact_math
 from tfdet.patches._registry import Patch
 from tfdet.patches._swap import Swap
@@ -30,7 +31,7 @@ def _portable(x: Any, name: str | None, op: _exact_math.GeneratedOp) -> Any:
 
 
 def _forward(value: Any) -> Any:
-    return _exact_math.divide(_exact_math.ones(value), value)
+    return divide(1.0, value)
 
 
 def _gradient(value: Any, result: Any, upstream: Any) -> Any:

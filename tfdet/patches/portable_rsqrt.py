@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfdet._kernels.portable_math import divide
 from tfdet.patches import _exact_math
 from tfdet.patches._registry import Patch
 
@@ -43,7 +44,7 @@ def _forward(value: Any) -> Any:
     import tensorflow as tf
 
     sqrt = _exact_math.opaque(tf.sqrt(value))
-    return _exact_math.divide(_exact_math.ones(value), sqrt)
+    return divide(1.0, sqrt)
 
 
 def _gradient(value: Any, result: Any, upstream: Any) -> Any:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfdet._kernels.portable_math import divide
 from tfdet.patches import _exact_math
 from tfdet.patches._registry import Patch
 
@@ -43,7 +44,7 @@ def _forward(value: Any) -> Any:
     import tensorflow as tf
 
     exps = tf.exp(value - tf.reduce_max(value, axis=-1, keepdims=True))
-    return _exact_math.divide(exps, tf.reduce_sum(exps, axis=-1, keepdims=True))
+    return divide(exps, tf.reduce_sum(exps, axis=-1, keepdims=True))
 
 
 def _gradient(value: Any, result: Any, upstream: Any) -> Any:
