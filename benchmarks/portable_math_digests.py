@@ -10,6 +10,9 @@ take Eigen's scalar path in TensorFlow's ops); a sha256 digest (16 hex
 digits) of each. The library runs Eigen's packet algorithms with unfused
 multiply-adds on every element on both architectures, so its digests are
 the same on x86-64 and aarch64; TensorFlow's follow the architecture.
+Beside them, `model`: a Dense-softmax model trained with the categorical
+cross-entropy in a fresh process under `tfdet.enable()` (the "kernel"
+digest) and with the patches that call the library left out (its control).
 
     python benchmarks/portable_math_digests.py            # print, compare
     python benchmarks/portable_math_digests.py --record   # and keep them
@@ -41,6 +44,55 @@ SUMS = {
 }
 
 
+# One model trained under the default, in a fresh process: a Dense layer, a
+# softmax and the categorical cross-entropy (exp, log and the sums, forward
+# and backward). Its control leaves out the patches that put the functions
+# and sums on the library, the ones the architecture decides without them.
+MODEL = "categorical_crossentropy"
+ARCHITECTURE_PATCHES = (
+    "portable_math",
+    "fixed_order_sums",
+    "portable_log_softmax",
+    "portable_orthogonal",
+)
+TRAIN = """
+import hashlib, importlib.util, json, sys
+import tfdet
+tfdet.enable(seed=0, patches=json.loads(sys.argv[3]))
+import numpy as np
+spec = importlib.util.spec_from_file_location("survey_models", sys.argv[1])
+survey = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(survey)
+model, x, y = getattr(survey, sys.argv[2])()
+model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+sha = hashlib.sha256()
+for weight in model.get_weights():
+    sha.update(np.ascontiguousarray(weight).tobytes())
+print(json.dumps(sha.hexdigest()[:16]))
+"""
+
+
+def model_digest(patches: list[str]) -> str:
+    """The weights' digest of `MODEL` trained under `enable(patches=...)` in
+    a fresh process of this Python, which imports the tfdet this one did."""
+    import json
+    import os
+    import subprocess
+
+    import tfdet
+
+    env = {**os.environ, "PYTHONPATH": str(Path(tfdet.__file__).parents[1])}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="-1")
+    survey = Path(__file__).with_name("survey_models.py")
+    done = subprocess.run(
+        [sys.executable, "-c", TRAIN, str(survey), MODEL, json.dumps(patches)],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"{MODEL} did not train:\n{done.stderr[-3000:]}")
+    return str(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
 def _inputs(function: str) -> Any:
     """4,099 inputs the function is defined on, from its own seed."""
     import numpy as np
@@ -63,7 +115,9 @@ def _with_gradient(compute: Any, *inputs: Any) -> list[Any]:
 
 
 def digests() -> dict[str, dict[str, str]]:
-    """{"kernel" | "tensorflow": {name: digest}} for each function and sum.
+    """{"kernel" | "tensorflow": {name: digest}} for each function and sum,
+    and for a model trained under the default ("kernel") and without the
+    patches that call the library ("tensorflow").
 
     Raises:
         RuntimeError: the library cannot be had here.
@@ -113,6 +167,9 @@ def digests() -> dict[str, dict[str, str]]:
         found["tensorflow"][name] = fixed_order_digests._digest(
             _with_gradient(lambda v, op=op: op(input=v, axis=1), x)
         )
+    found["kernel"]["model"] = model_digest(["auto"])
+    without = ["auto", *(f"-{name}" for name in ARCHITECTURE_PATCHES)]
+    found["tensorflow"]["model"] = model_digest(without)
     return found
 
 
