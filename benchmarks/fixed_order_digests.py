@@ -2,7 +2,9 @@
 
 One process (one thread for TensorFlow's ops): a 32x512 @ 512x64 product and a strided 3x3
 convolution of 16 channels (4x12x12x16 images, 24 filters), each with both
-gradients, computed by tfdet's fixed-order kernel and by TensorFlow's own
+gradients, and two long sums that the kernel cuts into K blocks (a product's
+weight gradient over 9,000 rows, a filter gradient over 8,192 positions),
+computed by tfdet's fixed-order kernel and by TensorFlow's own
 ops (`tf.matmul`, `Conv2D`: the control) from one seeded input set;
 a sha256 digest (16 hex digits) of each group. The kernel's chains are
 fixed by the shapes alone, so its digests are the same on every
@@ -42,7 +44,7 @@ def _digest(tensors: list[Any]) -> str:
 
 
 def digests() -> dict[str, dict[str, str]]:
-    """{"kernel" | "tensorflow": {"matmul": digest, "conv2d": digest}}.
+    """{"kernel" | "tensorflow": {"matmul", "conv2d", "long_sums": digest}}.
 
     Raises:
         RuntimeError: the kernel cannot be built here.
@@ -62,6 +64,13 @@ def digests() -> dict[str, dict[str, str]]:
     w = tf.constant(rng.normal(size=(3, 3, 16, 24)), tf.float32)
     attributes = {"strides": [1, 2, 2, 1], "padding": "SAME"}
     image_gradient = tf.constant(rng.normal(size=(4, 6, 6, 24)), tf.float32)
+    # Long sums, cut into K blocks: a product's weight gradient over 9,000
+    # rows, and a filter gradient over 8 x 32 x 32 positions.
+    rows = tf.constant(rng.normal(size=(9000, 40)), tf.float32)
+    rows_gradient = tf.constant(rng.normal(size=(9000, 24)), tf.float32)
+    images = tf.constant(rng.normal(size=(8, 34, 34, 3)), tf.float32)
+    small_w = tf.constant(rng.normal(size=(3, 3, 3, 8)), tf.float32)
+    positions_gradient = tf.constant(rng.normal(size=(8, 32, 32, 8)), tf.float32)
     found = {}
     for name, product, convolution in (
         ("kernel", kernels.matmul, kernels.conv2d),
@@ -75,12 +84,23 @@ def digests() -> dict[str, dict[str, str]]:
             tape.watch([a, b, x, w])
             c = product(a, b)
             y = convolution(x, w, **attributes)
+        with tf.GradientTape() as tape_long:
+            tape_long.watch(small_w)
+            long_y = convolution(images, small_w, strides=[1, 1, 1, 1], padding="VALID")
         found[name] = {
             "matmul": _digest(
                 [c, *tape.gradient(c, [a, b], output_gradients=product_gradient)]
             ),
             "conv2d": _digest(
                 [y, *tape.gradient(y, [x, w], output_gradients=image_gradient)]
+            ),
+            "long_sums": _digest(
+                [
+                    product(rows, rows_gradient, transpose_a=True),
+                    tape_long.gradient(
+                        long_y, small_w, output_gradients=positions_gradient
+                    ),
+                ]
             ),
         }
     return found

@@ -424,7 +424,18 @@ def _path_results(kernels, monkeypatch, path):
     # 37 channels: two whole 16-lane blocks of the depthwise kernel, a tail.
     depthwise = tf.constant(rng.normal(size=(3, 9, 9, 37)), tf.float32)
     depthwise_upstream = tf.constant(rng.normal(size=(3, 5, 5, 37)), tf.float32)
+    # Long sums, cut into K blocks: 9,000 terms (two blocks of 4,608 and
+    # 4,392) and a filter gradient over 8 x 32 x 32 positions.
+    long_a = tf.constant(rng.normal(size=(20, 9000)), tf.float32)
+    long_b = tf.constant(rng.normal(size=(9000, 40)), tf.float32)
+    long_images = tf.constant(rng.normal(size=(8, 34, 34, 3)), tf.float32)
+    long_upstream = tf.constant(rng.normal(size=(8, 32, 32, 19)), tf.float32)
+    valid = {"strides": [1, 1, 1, 1], "padding": "VALID"}
     results = [
+        kernels.matmul(long_a, long_b),
+        kernels.conv2d_backprop_filter(
+            long_images, [3, 3, 3, 19], long_upstream, **valid
+        ),
         kernels.matmul(a, b),
         kernels.matmul(b, a, transpose_a=True, transpose_b=True),
         kernels.matmul(a, b_in_place),
@@ -438,6 +449,49 @@ def _path_results(kernels, monkeypatch, path):
         ),
     ]
     return [_bits(r) for r in results]
+
+
+def _parallelism():
+    """benchmarks/kernel_parallelism.py (the kernels' split, from the
+    shapes), loaded as a module."""
+    spec = importlib.util.spec_from_file_location(
+        "kernel_parallelism", REPO / "benchmarks" / "kernel_parallelism.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # Its dataclass looks itself up there.
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("k", [8000, 8192, 9000, 28800, 70000])
+def test_a_long_sum_is_its_k_blocks_added_in_order(kernels, k):
+    """A sum of 8,192 terms or more is cut into K blocks fixed by K alone,
+    each block a chain from zero, and the blocks' sums added in order: the
+    product is bit for bit the sum, in order, of the shorter products over
+    the blocks that the parallelism model (`benchmarks/kernel_parallelism.py`)
+    says (each below the cut, one chain), and its rows still do not follow
+    their count. Below the cut (8,000 terms), one chain: not the sum of two
+    halves."""
+    import tensorflow as tf
+
+    blocks = _parallelism().k_blocks(k)
+    rng = np.random.default_rng(k)
+    a = tf.constant(rng.normal(size=(7, k)), tf.float32)
+    b = tf.constant(rng.normal(size=(k, 20)), tf.float32)
+    whole = kernels.matmul(a, b).numpy()
+    length = -(-k // max(blocks, 2))  # Two halves where there is one block.
+    length = -(-length // 256) * 256
+    sums = [
+        kernels.matmul(a[:, start : start + length], b[start : start + length]).numpy()
+        for start in range(0, k, length)
+    ]
+    total = sums[0]
+    for partial in sums[1:]:
+        total = total + partial
+    assert (_bits(whole) == _bits(total)) == (blocks > 1), (k, blocks)
+    assert _bits(kernels.matmul(a[:3], b)) == _bits(whole[:3])
+    reference = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+    np.testing.assert_allclose(whole, reference, rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -1,8 +1,10 @@
 """tfdet's own matrix products and convolutions, bits fixed by the shapes alone.
 
 The kernel (`fixed_order_products.cc`, beside this module) sums every output
-element's K terms in one chain of fused multiply-adds, k = 0 .. K-1, and
-splits the work over output tiles only, so its bits do not follow the
+element's K terms in one chain of fused multiply-adds, k = 0 .. K-1 (a
+long K, 8,192 terms or more, in blocks whose number and bounds follow K
+alone, each block one such chain and the blocks' sums added in order), and
+splits the work over output tiles and those blocks, so its bits do not follow the
 thread count, the row count (a sample's batch) or the vector width (its
 AVX-512, AVX2 and scalar paths give the same bits). A 2-D convolution (NHWC,
 float32) and its two gradients are the same product over the image's

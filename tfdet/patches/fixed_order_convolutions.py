@@ -6,8 +6,9 @@ are computed by tfdet's fixed-order product kernel
 (`tfdet/_kernels/fixed_order.py`) as products over the image's
 patches, packed from the image itself: every output element (an output
 pixel's filter, an input pixel's channel, a weight) is one chain of fused
-multiply-adds over its terms in an order fixed by the shapes, and the work
-is split over output tiles only. So a convolution's bits follow neither the
+multiply-adds over its terms in an order fixed by the shapes (a long sum in
+K blocks fixed by its length), and the work is split over output tiles and
+those blocks. So a convolution's bits follow neither the
 pool size, nor the batch (an image's output and input gradient are the
 same computed alone), nor the vector width, nor whether oneDNN is on:
 where `pool_size_free_products` relies on oneDNN's forward convolution

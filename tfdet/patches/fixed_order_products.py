@@ -4,8 +4,9 @@
 decomposition into transposes, reshapes and those products) of float32
 are computed by tfdet's fixed-order product kernel
 (`tfdet/_kernels/fixed_order.py`): every output element is one
-chain of fused multiply-adds over k in order, and the work is split over
-output tiles only. So a product's bits follow neither the pool size, nor
+chain of fused multiply-adds over k in order (a long K in blocks fixed by
+its length, added in order), and the work is split over output tiles and
+those blocks. So a product's bits follow neither the pool size, nor
 the number of rows (a sample's bits do not follow its batch), nor the
 vector width (the AVX-512, AVX2 and scalar paths agree); their gradients are the
 same kernel. Dense layers and MultiHeadAttention's einsum products reach

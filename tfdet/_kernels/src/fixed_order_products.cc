@@ -13,9 +13,12 @@
 // - K is cut into blocks of KC, and each block continues the chain from the
 //   value stored in C: a float32 store and reload is exact, and each FMA
 //   rounds anyway, so the blocks give the chain's bits;
-// - the work is split over output tiles only (never over K), each tile
-//   computed by one thread, so the pool size decides who computes a tile,
-//   never how;
+// - the work is split over output tiles, each tile computed by one thread,
+//   so the pool size decides who computes a tile, never how; and a long
+//   sum (K of 8,192 terms or more) over K blocks whose number and bounds
+//   follow K alone (KBlocks in core.h): each block's chain starts from zero
+//   and an element's block sums are added in block order, so for such a K
+//   the chain above runs per block, and the blocks' sums in order;
 // - padded rows and columns of the edge tiles are zeros computed beside the
 //   real ones and thrown away: they never enter a real element's chain.
 //

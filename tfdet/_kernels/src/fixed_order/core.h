@@ -552,10 +552,12 @@ tensorflow::Status OutOfMemory(int64 floats) {
       " bytes of scratch memory for its packed operands");
 }
 
-// Tile (i0.., j0..) of product `p` through `kernels`, whose B panels are
+// Tile (i0.., j0..) of product `p` through `kernels`, its chains over terms
+// [k_begin, k_end) into `c` (m x n, row-major: the product's output, or a
+// K block's partial sums), whose B panels are
 // packed in `b_pack` (each k x kNR), or read in place from B (the
 // operands' `InPlaceB`), or, with `own_b` (the operands' `PackBInTasks`:
-// B is the image's patches, too large to pack whole), packed here one K
+// see ComputeProducts), packed by this call one K
 // block at a time into `b_block` (kKC x tn): for
 // each K block in order, the tile's rows of A for that block packed (into
 // `a_block`, tm x kKC floats, where they stay in cache), then the
@@ -564,20 +566,19 @@ template <typename Operands>
 void ComputeTile(const Operands& operands, const MicroKernels& kernels,
                  bool own_b,
                  int64 p, float* a_block, const float* b_pack, float* b_block,
-                 int64 m, int64 n, int64 k, int64 i0, int64 j0, int64 tm,
-                 int64 tn) {
+                 int64 m, int64 n, int64 k, int64 k_begin, int64 k_end,
+                 float* c, int64 i0, int64 j0, int64 tm, int64 tn) {
   const int64 rows = std::min(tm, m - i0);
   const int64 cols = std::min(tn, n - j0);
-  float* c = operands.Output(p);
-  if (k == 0) {
+  if (k_end == k_begin) {
     for (int64 r = 0; r < rows; ++r)
       std::fill(c + (i0 + r) * n + j0, c + (i0 + r) * n + j0 + cols, 0.0f);
     return;
   }
   const float* in_place = operands.InPlaceB(p);
   const int64 ldb = in_place != nullptr ? n : kNR;
-  for (int64 k0 = 0; k0 < k; k0 += kKC) {
-    const int64 kc = std::min(kKC, k - k0);
+  for (int64 k0 = k_begin; k0 < k_end; k0 += kKC) {
+    const int64 kc = std::min(kKC, k_end - k0);
     PackTileRows(operands, p, i0, rows, k0, kc, a_block);
     if (own_b)
       for (int64 q = 0; q < cols; q += kNR)
@@ -596,11 +597,37 @@ void ComputeTile(const Operands& operands, const MicroKernels& kernels,
                          pair ? b_panel(q + kNR) : nullptr, ldb,
                          c + (i0 + r) * n + j0 + q, n,
                          std::min(kMR, rows - r), std::min(width, cols - q),
-                         k0 > 0);
+                         k0 > k_begin);
       q += width;
     }
   }
 }
+
+// A long sum's K blocks: a product whose K is 2 x kSplitTerms or more is
+// cut into min(kMaxKBlocks, K / kSplitTerms) blocks of equal length (whole
+// kKC blocks, the last shorter), each block's chains computed from zero as
+// tasks of their own, and each element's partial sums added in block
+// order: (((P0 + P1) + P2) + ...). The cut follows K alone, never the pool
+// or M (a sample's batch), so the bits stay fixed by the shapes; it gives
+// threads work where the output has few tiles and K is long (a filter
+// gradient sums over every position of every image: the CNN's 3x3x32 -> 32
+// filter gradient, 288 x 32 outputs over 28,800 terms, had 24 tasks at most
+// for any pool). Below 2 x kSplitTerms, one block: the chain of the whole K.
+constexpr int64 kSplitTerms = 4096;
+constexpr int64 kMaxKBlocks = 16;
+struct KBlocks {
+  int64 count, length;
+  explicit KBlocks(int64 k) {
+    const int64 wanted =
+        k >= 2 * kSplitTerms ? std::min(kMaxKBlocks, k / kSplitTerms) : 1;
+    length = std::max<int64>(kKC, ((k + wanted - 1) / wanted + kKC - 1) / kKC * kKC);
+    count = std::max<int64>(1, (k + length - 1) / length);
+  }
+  int64 begin(int64 block) const { return block * length; }
+  int64 end(int64 block, int64 k) const {
+    return std::min(k, (block + 1) * length);
+  }
+};
 
 // The threads a call of `work` multiply-adds is split over: the pool's,
 // but one per kMinWorkPerThread at most, so that a small product (a
@@ -651,7 +678,8 @@ void ComputeProducts(tensorflow::OpKernelContext* context,
   if (batch == 0 || m == 0 || n == 0) return;
   auto* workers = context->device()->tensorflow_cpu_worker_threads();
   const int64 threads = ThreadsFor(batch * m * n * k, workers->num_threads);
-  const Tiling tiling(batch, m, n, threads);
+  const KBlocks blocks(k);
+  const Tiling tiling(batch * blocks.count, m, n, threads);
   const int64 per_product = tiling.row_tiles * tiling.col_tiles;
   const bool in_place_b = operands.InPlaceB(0) != nullptr;
   const bool own_b = !in_place_b && operands.PackBInTasks();
@@ -665,13 +693,26 @@ void ComputeProducts(tensorflow::OpKernelContext* context,
     context->SetStatus(OutOfMemory(slots * b_size));
     return;
   }
+  // The partial sums of every K block after the first (the first goes
+  // straight into the output), each m x n.
+  const int64 partial_size = (blocks.count - 1) * batch * m * n;
+  AlignedFloats partials(partial_size);
+  if (partials.data == nullptr) {
+    context->SetStatus(OutOfMemory(partial_size));
+    return;
+  }
+  auto sums_of = [&](int64 p, int64 block) -> float* {
+    return block == 0 ? operands.Output(p)
+                      : partials.data + ((block - 1) * batch + p) * m * n;
+  };
   auto pack_b = [&](int64 slot, int64 panel) {
     operands.PackB(BOwner(operands, slot), panel * kNR, 0, k,
                    b_pack + slot * b_size + panel * kNR * k);
   };
   // A shard whose own blocks could not be had stops, and the call fails.
   std::atomic<int64> missing{0};
-  // Each shard's own A block, and B block where tasks pack B.
+  // Each shard's own A block, and B block where tasks pack B. A task is
+  // (K block, product, row tile, column tile).
   auto compute = [&](int64 begin, int64 end, bool pack_own_b) {
     AlignedFloats a_block(tiling.tm * kKC);
     AlignedFloats b_block(own_b ? tiling.tn * kKC : 0);
@@ -680,17 +721,20 @@ void ComputeProducts(tensorflow::OpKernelContext* context,
       return;
     }
     for (int64 task = begin; task < end; ++task) {
-      const int64 p = task / per_product;
+      const int64 block = task / (batch * per_product);
+      const int64 p = task / per_product % batch;
       const int64 tile = task % per_product;
       if (pack_own_b)
         for (int64 panel = 0; panel < b_panels; ++panel) pack_b(p, panel);
       ComputeTile(operands, kernels, own_b, p, a_block.data,
                   b_pack + BSlot(operands, p) * b_size, b_block.data, m, n, k,
+                  blocks.begin(block), blocks.end(block, k), sums_of(p, block),
                   (tile / tiling.col_tiles) * tiling.tm,
                   (tile % tiling.col_tiles) * tiling.tn, tiling.tm, tiling.tn);
     }
   };
-  if (per_product == 1 && slots == batch) {
+  const int64 tasks = blocks.count * batch * per_product;
+  if (per_product == 1 && slots == batch && blocks.count == 1) {
     // Small products, one tile each, each its own B: one pass over the
     // pool, each task packing its own product's B panels and computing it.
     tensorflow::Shard(
@@ -706,11 +750,28 @@ void ComputeProducts(tensorflow::OpKernelContext* context,
                         });
     }
     tensorflow::Shard(
-        threads, workers->workers, batch * per_product,
-        std::max<int64>(1, tiling.tm * tiling.tn * k),
+        threads, workers->workers, tasks,
+        std::max<int64>(1, tiling.tm * tiling.tn * blocks.length),
         [&](int64 begin, int64 end) { compute(begin, end, false); });
   }
-  if (missing > 0) context->SetStatus(OutOfMemory(missing));
+  if (missing > 0) {
+    context->SetStatus(OutOfMemory(missing));
+    return;
+  }
+  if (blocks.count == 1) return;
+  // Each element's partial sums, added in block order.
+  tensorflow::Shard(
+      threads, workers->workers, batch * m, std::max<int64>(1, n * blocks.count),
+      [&](int64 begin, int64 end) {
+        for (int64 row = begin; row < end; ++row) {
+          const int64 p = row / m, offset = (row % m) * n;
+          float* out = operands.Output(p) + offset;
+          for (int64 block = 1; block < blocks.count; ++block) {
+            const float* partial = sums_of(p, block) + offset;
+            for (int64 j = 0; j < n; ++j) out[j] += partial[j];
+          }
+        }
+      });
 }
 
 }  // namespace
