@@ -1,0 +1,120 @@
+"""Step time under `tfdet.enable()`: this checkout against an earlier commit.
+
+For a change to the kernels, whose bits or speed one commit changes: each
+round trains every model once with the tfdet of commit `--before` (a git
+worktree of it, its kernels built into the cache by its own sources) and
+once with this checkout's, in fresh processes of this Python taken in turn,
+the order swapped every round (the second of two processes tends to run a
+little slower). Each process: `enable()`, the model (a zoo name or
+`builtin:NAME`), 3 warm-up `train_on_batch` steps of 32 samples, then the
+median of `--steps` timed ones, and its peak memory (`ru_maxrss`).
+
+    python benchmarks/step_time_ab.py --before HEAD~1 \\
+        [--models builtin:cnn,mobilenet_v2,resnet50] [--rounds 3] [--steps 8]
+
+Prints each process's figures, then per model the medians and the median of
+the rounds' after/before ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+CHILD = """
+import json, resource, statistics, sys, time
+sys.path.insert(0, sys.argv[3])
+import tfdet
+tfdet.enable(seed=0)
+name, steps = sys.argv[1], int(sys.argv[2])
+if name.startswith("builtin:"):
+    from tfdet._target import _builtins, _load
+    model = _builtins.get(name[len("builtin:"):]).function()
+    x, y = _load.synthesize(model, 0)
+else:
+    import zoo
+    model, x, y = getattr(zoo, name)()
+x, y = x[:32], y[:32]
+for _ in range(3):
+    model.train_on_batch(x, y)
+times = []
+for _ in range(steps):
+    start = time.perf_counter()
+    model.train_on_batch(x, y)
+    times.append(time.perf_counter() - start)
+print(json.dumps({"ms": 1000 * statistics.median(times),
+                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}))
+"""
+
+
+def step_time(source: Path, model: str, steps: int) -> dict[str, float]:
+    """One process's median step (ms) and peak memory (MB), with the tfdet
+    of `source`."""
+    env = {**os.environ, "PYTHONPATH": str(source), "PYTHONHASHSEED": "0"}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="-1")
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, model, str(steps), str(REPO / "benchmarks")],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"{model} did not train:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", required=True, help="The commit to compare.")
+    parser.add_argument("--models", default="builtin:cnn,mobilenet_v2,resnet50")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=8)
+    args = parser.parse_args(argv)
+    models = args.models.split(",")
+    with tempfile.TemporaryDirectory(prefix="tfdet-before-") as scratch:
+        before = Path(scratch) / "tree"
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "add", "--detach", "-q",
+             str(before), args.before],
+            check=True,
+        )  # fmt: skip
+        try:
+            found: dict[tuple[str, str], list[dict[str, float]]] = {}
+            for round_ in range(args.rounds):
+                sides = [("before", before), ("after", REPO)]
+                for model in models:
+                    for side, source in sides[:: 1 if round_ % 2 == 0 else -1]:
+                        result = step_time(source, model, args.steps)
+                        found.setdefault((model, side), []).append(result)
+                        print(
+                            f"round {round_ + 1} {model} {side}: "
+                            f"{result['ms']:.1f} ms, {result['peak_mb']} MB",
+                            flush=True,
+                        )
+        finally:
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "remove", "--force",
+                 str(before)],
+                check=False,
+            )  # fmt: skip
+    for model in models:
+        after, old = found[(model, "after")], found[(model, "before")]
+        ratios = [a["ms"] / b["ms"] for a, b in zip(after, old, strict=True)]
+        print(
+            f"{model}: after {statistics.median(r['ms'] for r in after):.1f} ms, "
+            f"before {statistics.median(r['ms'] for r in old):.1f} ms, "
+            f"ratio {statistics.median(ratios):.3f}; peak "
+            f"{max(r['peak_mb'] for r in after)} against "
+            f"{max(r['peak_mb'] for r in old)} MB"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
