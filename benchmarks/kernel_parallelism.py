@@ -179,7 +179,9 @@ def call_of(op: Any) -> Call | None:
 
 
 def _graphs(graph: Any, seen: set[str]) -> Any:
-    """`graph` and every function graph it calls (loop bodies, gradients)."""
+    """`graph` and every function graph it calls (loop bodies, gradients):
+    through `FuncGraph._functions`, TensorFlow's own (private) map of the
+    functions a graph holds, which no public API lists with their graphs."""
     yield graph
     for name, function in getattr(graph, "_functions", {}).items():
         inner = getattr(function, "graph", None)
@@ -192,8 +194,9 @@ def calls(name: str) -> collections.Counter[Call]:
     """The fixed-order kernel calls of one training step of model `name`
     (a loop body's once), counted."""
     import tensorflow as tf
+    import zoo
 
-    model, x, y = _model(name)
+    model, x, y = zoo.load(name)
     model.train_on_batch(x[:32], y[:32])  # Builds the optimizer's variables.
     step = tf.function(model.train_step)
     data = (tf.constant(x[:32]), tf.constant(y[:32]))
@@ -206,19 +209,6 @@ def calls(name: str) -> collections.Counter[Call]:
                 if call is not None:
                     found[call] += 1
     return found
-
-
-def _model(name: str) -> tuple[Any, Any, Any]:
-    """A zoo model and its data; a built-in one with seeded batches as
-    `tfdet check` synthesizes them."""
-    if name.startswith("builtin:"):
-        from tfdet._target import _builtins, _load
-
-        model = _builtins.get(name.removeprefix("builtin:")).function()
-        return (model, *_load.synthesize(model, 0))
-    import zoo
-
-    return getattr(zoo, name)()
 
 
 def table(names: list[str], pools: tuple[int, ...]) -> list[dict[str, Any]]:

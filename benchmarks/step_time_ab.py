@@ -34,14 +34,9 @@ import json, resource, statistics, sys, time
 sys.path.insert(0, sys.argv[3])
 import tfdet
 tfdet.enable(seed=0)
-name, steps = sys.argv[1], int(sys.argv[2])
-if name.startswith("builtin:"):
-    from tfdet._target import _builtins, _load
-    model = _builtins.get(name[len("builtin:"):]).function()
-    x, y = _load.synthesize(model, 0)
-else:
-    import zoo
-    model, x, y = getattr(zoo, name)()
+import zoo
+model, x, y = zoo.load(sys.argv[1])
+steps = int(sys.argv[2])
 x, y = x[:32], y[:32]
 for _ in range(3):
     model.train_on_batch(x, y)

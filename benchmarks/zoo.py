@@ -113,3 +113,15 @@ def lstm_text(length: int = 100) -> tuple[Any, np.ndarray, np.ndarray]:
 
 
 NAMES = ("resnet50", "mobilenet_v2", "encoder", "lstm_text")
+
+
+def load(name: str) -> tuple[Any, Any, Any]:
+    """`(model, x, y)` of a zoo model by its function's name, or of
+    `builtin:NAME`, a built-in target with the seeded batches `tfdet check`
+    synthesizes for it (the benchmarks that take both kinds by name)."""
+    if name.startswith("builtin:"):
+        from tfdet._target import _builtins, _load
+
+        model = _builtins.get(name.removeprefix("builtin:")).function()
+        return (model, *_load.synthesize(model, 0))
+    return globals()[name]()

@@ -172,7 +172,7 @@ def test_no_import_cycle_between_tfdet_modules() -> None:
 # a lower layer; packages side by side import neither each other nor
 # themselves across (`_record` and the TARGET; the runner and the child; the
 # protocol and `_graph`; `_pin` and `_resume`). The entry points (`tfdet`, its `__main__`, the
-# pytest plugin) sit on top; `_errors`, `_notices`, `_user_cache` and
+# pytest plugin) sit on top; `_errors`, `_cpuinfo`, `_notices`, `_user_cache` and
 # `_version` at the bottom.
 LAYERS = {
     "tfdet._pytest_plugin": 11,  # Calls the public API.
@@ -193,6 +193,7 @@ LAYERS = {
     "tfdet._kernels": 1,  # tfdet's C++ ops: sources, shipped libraries, loading.
     "tfdet._resume": 1,  # Exact resume, installed by a patch.
     "tfdet._errors": 0,
+    "tfdet._cpuinfo": 0,  # /proc/cpuinfo's flags, for the pins and the kernels.
     "tfdet._variables": 0,
     "tfdet._user_cache": 0,  # ~/.cache/tfdet: kernels, library symbols.
     "tfdet._notices": 0,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import platform
 from typing import Any
 
+from tfdet import _cpuinfo
 from tfdet._kernels import build, library
 
 
@@ -33,16 +34,12 @@ def _register_gradients(tf: Any) -> None:
 def _unusable() -> str | None:
     """Why this CPU cannot run the library: on x86-64 it is built for AVX2
     (as TensorFlow's wheels build Eigen's functions: the same bits, at
-    their speed; AVX alone runs some of them at a fifth of it). Read from
-    /proc/cpuinfo here: the pins' layer sits above the kernels'."""
+    their speed; AVX alone runs some of them at a fifth of it)."""
     if platform.machine() != "x86_64":
         return None
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            flags = next((line for line in cpuinfo if line.startswith("flags")), "")
-    except OSError:
-        return None  # Not Linux: the build decides (tfdet ships for Linux).
-    if "avx2" not in flags.split():
+    flags = _cpuinfo.flags()
+    # No flags: not Linux, where the build decides (tfdet ships for Linux).
+    if flags and "avx2" not in flags:
         return "it is built for AVX2, which this CPU does not have"
     return None
 
@@ -138,7 +135,10 @@ def unary(function: str, x: Any) -> Any:
 
 def divide(numerator: Any, denominator: Any) -> Any:
     """`numerator / denominator`, one correctly rounded division per element,
-    whatever Grappler knows of the numerator.
+    whatever Grappler knows of the numerator: for a numerator that may be a
+    constant of ones (a number, a gradient's upstream). It costs a
+    multiplication over the result; a numerator computed from the inputs
+    (a softmax's exponentials) needs none of it.
 
     Grappler folds a numerator it knows to be ones (`1 / x`; a gradient whose
     upstream is a plain sum's) into TensorFlow's `Reciprocal`, whose float32

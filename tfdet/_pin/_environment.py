@@ -7,6 +7,7 @@ import platform
 from typing import Any
 
 from tfdet import _variables
+from tfdet._cpuinfo import fields as _cpuinfo_fields
 from tfdet._pin import _arm, _cpuid, _isa, _versions
 from tfdet._pin._cpus import affinity
 from tfdet._pin._profile import Profile
@@ -52,23 +53,6 @@ def _read(path: str) -> str | None:
             return handle.read().strip()
     except OSError:
         return None
-
-
-def _cpuinfo_fields(names: tuple[str, ...]) -> dict[str, str]:
-    """The first value of each of `names` in /proc/cpuinfo (absent: left out)."""
-    found: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key in names and key not in found:
-                    found[key] = value.strip()
-                if not line.strip() and found:
-                    break  # The first processor's block is enough.
-    except OSError:
-        pass
-    return found
 
 
 def _cache_label(level: str, kind: str) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import platform
 
+from tfdet import _cpuinfo
 from tfdet._pin import _versions
 
 ONEDNN_ISA_VARIABLE = "ONEDNN_MAX_CPU_ISA"
@@ -149,26 +150,13 @@ def flags_allowed(cap: str) -> frozenset[str] | None:
 
 def cpu_flags() -> frozenset[str]:
     """The CPU feature flags of /proc/cpuinfo (empty where unavailable)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+    return _cpuinfo.flags()
 
 
 def cpu_model() -> str:
     """The CPU model name, or the platform's processor string."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    model = _cpuinfo.fields(("model name",)).get("model name")
+    return model or platform.processor() or platform.machine()
 
 
 def best_supported(flags: frozenset[str] | None = None) -> str:

@@ -82,6 +82,7 @@ def _horner(x: Any, coefficients: tuple[float, ...]) -> Any:
 def erfc_float32(x: Any) -> Any:
     """Eigen's float32 erfc algorithm with correctly rounded operations."""
     import tensorflow as tf
+    from tensorflow.python.ops import gen_math_ops
 
     x = tf.clip_by_value(x, -_CLAMP, _CLAMP)
     x2 = x * x
@@ -91,7 +92,7 @@ def erfc_float32(x: Any) -> Any:
     exp2_hi = tf.exp(-x2)
     z = exp2_hi - exp2_hi * x2_lo
     q2 = divide(1.0, x2)
-    ratio = divide(_horner(q2, _GAMMA), x * _horner(q2, _DELTA))
+    ratio = gen_math_ops.real_div(_horner(q2, _GAMMA), x * _horner(q2, _DELTA))
     large = z * ratio + tf.where(x < 0.0, 2.0, 0.0)
     return tf.where(x2 > 1.0, large, small)
 

@@ -23,6 +23,7 @@ Other dtypes and backends keep Keras's own; a matrix of more than
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from tfdet.patches._registry import KERAS3, Patch
@@ -64,10 +65,7 @@ def _apply(swap: Swap) -> None:
         import tensorflow as tf
 
         dtype = standardize_dtype(dtype)
-        rows = 1
-        for dimension in shape[:-1]:
-            rows *= dimension
-        columns = shape[-1]
+        rows, columns = math.prod(shape[:-1]), shape[-1]
         if dtype != "float32" or len(shape) < 2 or min(rows, columns) > LARGEST:
             return original(self, shape, dtype=dtype)
         # Keras's own steps (its Orthogonal.__call__), its QR aside.

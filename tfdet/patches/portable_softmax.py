@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet._kernels.portable_math import divide
 from tfdet.patches import _exact_math
 from tfdet.patches._registry import Patch
 
@@ -42,9 +41,11 @@ def softmax(logits: Any, name: str | None = None) -> Any:
 
 def _forward(value: Any) -> Any:
     import tensorflow as tf
+    from tensorflow.python.ops import gen_math_ops
 
     exps = tf.exp(value - tf.reduce_max(value, axis=-1, keepdims=True))
-    return divide(exps, tf.reduce_sum(exps, axis=-1, keepdims=True))
+    # exps follow the logits, never a constant Grappler could fold to ones.
+    return gen_math_ops.real_div(exps, tf.reduce_sum(exps, axis=-1, keepdims=True))
 
 
 def _gradient(value: Any, result: Any, upstream: Any) -> Any:
