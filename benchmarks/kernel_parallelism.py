@@ -2,24 +2,27 @@
 
 Each fixed-order kernel (`tfdet/_kernels/src/fixed_order/`) splits its work
 into tasks that TensorFlow's intra-op pool shares: a product or convolution
-into output tiles, times K blocks where its sum is long (`Tiling`,
-`KBlocks`, `ComputeProducts` in `core.h`), a depthwise
-filter gradient into (filter row, 16 channels) tasks (`depthwise.h`). The
-split follows the shapes and the pool size alone (never the bits: a tile
-never changes a chain), so it can be computed here, without running
-anything: for every kernel call of a zoo model's training step (its
-`tf.function` traced under `tfdet.enable()`, recurrent layers' loop bodies
-included), the threads it uses at a pool of 2, 16 and 64 (one per 2^23
-multiply-adds at most: `ThreadsFor`), its number of tasks, and its ideal
-speedup over one thread, tasks / ceil(tasks / threads).
+into output tiles, times K blocks where its sum is long (`Plan`, `Tiling`,
+`KBlocks` in `core.h`), a depthwise filter gradient into (filter row, 16
+channels) tasks (`depthwise.h`). The split follows the shapes, the pool
+size and the vector path alone (only the K blocks decide bits), so it is
+had without running a product: for every kernel call of a zoo model's
+training step (its `tf.function` traced under `tfdet.enable()`, recurrent
+layers' loop bodies included), the kernel's own `TfdetFixedOrderPlan` op
+says the threads it uses at a pool of 2, 16 and 64 (one per 2^23
+multiply-adds at most: `ThreadsFor`) and its number of tasks; the ideal
+speedup over one thread is tasks / ceil(tasks / threads). The depthwise
+split is computed here from the header's constants.
 
     python benchmarks/kernel_parallelism.py [--models resnet50,encoder]
         [--pools 2,16,64] [--json FILE]
 
-What it does not see: the sums and element-wise ops (other kernels, split
-by element), how long each task runs, and how often a loop body runs (once
-per time step). The constants (micro-tile, minimum work per thread,
-depthwise lanes) are read from the C++ headers, where they are stated.
+Exit 1 when a call's tasks leave more than a quarter of the threads it may
+use idle at the largest pool (`SHORT_OF_TASKS`: the bound the kernels are
+held to; `tests/test_fixed_order_kernels.py` holds the recorded zoo's calls
+to it). What it does not see: the sums and element-wise ops (other
+kernels, split by element), how long each task runs, and how often a loop
+body runs (once per time step).
 """
 
 from __future__ import annotations
@@ -57,44 +60,26 @@ def _constant(header: str, name: str) -> int:
     return 1 << int(shift.group(1)) if shift else int(found.group(1))
 
 
-MR = _constant("core.h", "kMR")
-NR = _constant("core.h", "kNR")
-KC = _constant("core.h", "kKC")
 MIN_WORK_PER_THREAD = _constant("core.h", "kMinWorkPerThread")
-SPLIT_TERMS = _constant("core.h", "kSplitTerms")
-MAX_K_BLOCKS = _constant("core.h", "kMaxKBlocks")
 DEPTHWISE_LANES = _constant("depthwise.h", "kDepthwiseLanes")
+NR = _constant("core.h", "kNR")
 
 
 def threads_for(work: int, pool: int) -> int:
-    """`ThreadsFor`: the pool's threads, one per MIN_WORK_PER_THREAD at most."""
+    """`ThreadsFor`: the pool's threads, one per MIN_WORK_PER_THREAD at most
+    (for the depthwise kernel, which the plan op does not describe)."""
     return max(1, min(pool, work // MIN_WORK_PER_THREAD))
 
 
-def k_blocks(k: int) -> int:
-    """`KBlocks`: how many blocks a sum of `k` terms is cut into."""
-    wanted = min(MAX_K_BLOCKS, k // SPLIT_TERMS) if k >= 2 * SPLIT_TERMS else 1
-    terms = math.ceil(k / wanted)  # Each block's share, in whole KC blocks.
-    length = max(KC, math.ceil(terms / KC) * KC)
-    return max(1, math.ceil(k / length))
+def speedup(tasks: int, threads: int) -> float:
+    """The ideal speedup of `tasks` equal tasks over `threads` threads."""
+    used = min(threads, tasks)
+    return round(tasks / math.ceil(tasks / used), 2)
 
 
-def tiles(batch: int, m: int, n: int, threads: int) -> int:
-    """`Tiling`: the number of (product, row tile, column tile) tasks."""
-    micro_rows, micro_cols = -(-m // MR), -(-n // NR)
-    row_tiles, col_tiles = -(-micro_rows // 16), -(-micro_cols // 16)
-    while batch * row_tiles * col_tiles < 2 * threads:
-        rows_each = -(-micro_rows // row_tiles)
-        cols_each = -(-micro_cols // col_tiles)
-        if cols_each >= rows_each and cols_each > 2:
-            col_tiles += 1
-        elif rows_each > 2:
-            row_tiles += 1
-        else:
-            break
-    tm = -(-micro_rows // row_tiles) * MR
-    tn = -(-micro_cols // col_tiles) * NR
-    return batch * -(-m // tm) * -(-n // tn)
+def short_of_tasks(plan: dict[str, Any]) -> bool:
+    """Whether a call's tasks leave more than a quarter of its threads idle."""
+    return plan["speedup"] < SHORT_OF_TASKS * plan["threads"]
 
 
 @dataclass(frozen=True)
@@ -117,22 +102,27 @@ class Call:
             return math.prod(self.depthwise)
         return self.batch * self.m * self.n * self.k
 
-    def plan(self, pool: int) -> dict[str, float]:
+    def plan(self, pool: int) -> dict[str, Any]:
         """Threads used, tasks, and the ideal speedup at a pool of `pool`."""
-        threads = threads_for(self.work, pool)
         if self.depthwise is not None:
             # Tasks of one filter row and 16 channels (3 rows a task on the
             # AVX-512 path where the channel blocks alone fill the threads).
+            threads = threads_for(self.work, pool)
             filter_h, _, channels, _ = self.depthwise
             tasks = filter_h * -(-channels // DEPTHWISE_LANES)
         else:
-            tasks = tiles(self.batch * k_blocks(self.k), self.m, self.n, threads)
-        used = min(threads, tasks)
-        return {
-            "threads": threads,
-            "tasks": tasks,
-            "speedup": round(tasks / math.ceil(tasks / used), 2),
-        }
+            from tfdet._kernels import fixed_order
+
+            split = fixed_order.plan(self.batch, self.m, self.n, self.k, pool)
+            threads, tasks = split["threads"], split["tasks"]
+        return {"threads": threads, "tasks": tasks, "speedup": speedup(tasks, threads)}
+
+    @classmethod
+    def of_row(cls, row: dict[str, Any]) -> Call:
+        """The call a row of the table (its JSON) describes."""
+        if row["op"].startswith("Depthwise"):
+            return cls(row["op"], 1, 0, 0, 0, tuple(row["shape"]))
+        return cls(row["op"], *row["shape"])
 
 
 def call_of(op: Any) -> Call | None:
@@ -276,17 +266,17 @@ def main(argv: list[str] | None = None) -> int:
     for name, speedups in summary(rows, pools).items():
         ideal = ", ".join(f"{speedups[p]}x at {p}" for p in pools)
         print(f"{name}: the kernels' work, ideal speedup {ideal}")
-    for row in rows:
+    short = [row for row in rows if short_of_tasks(row[f"pool {pools[-1]}"])]
+    for row in short:
         plan = row[f"pool {pools[-1]}"]
-        if plan["speedup"] < SHORT_OF_TASKS * plan["threads"]:
-            print(
-                f"  short of tasks at {pools[-1]}: {row['model']} {row['op']} "
-                f"{'x'.join(map(str, row['shape']))}: {plan['tasks']} tasks "
-                f"for {plan['threads']} threads"
-            )
+        print(
+            f"  short of tasks at {pools[-1]}: {row['model']} {row['op']} "
+            f"{'x'.join(map(str, row['shape']))}: {plan['tasks']} tasks "
+            f"for {plan['threads']} threads"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
-    return 0
+    return 1 if short else 0
 
 
 if __name__ == "__main__":

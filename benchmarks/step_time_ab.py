@@ -14,6 +14,15 @@ median of `--steps` timed ones, and its peak memory (`ru_maxrss`).
 
 Prints each process's figures, then per model the medians and the median of
 the rounds' after/before ratios.
+
+`--calls` times the kernels alone instead, with less noise than a step
+(for a change to the split, whose tasks a step's other ops hide): each
+process computes every product call of a model that
+`benchmarks/kernel_parallelism.json` records (batch, m, n, k), as a float32
+product of those sizes by `fixed_order.matmul` or `batch_matmul` (a
+convolution's call as the product over its patches, packed plainly), the
+fastest of `--steps` calls each, and prints the sum over the calls, each
+counted as often as a step makes it.
 """
 
 from __future__ import annotations
@@ -49,14 +58,46 @@ print(json.dumps({"ms": 1000 * statistics.median(times),
                   "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}))
 """
 
+CALLS = """
+import json, resource, sys, time
+import numpy as np
+import tensorflow as tf
+from tfdet._kernels import fixed_order
+rows = [r for r in json.load(open(sys.argv[3])) if r["model"] == sys.argv[1]
+        and not r["op"].startswith("Depthwise")]
+rng = np.random.default_rng(0)
+total = 0.0
+for row in rows:
+    batch, m, n, k = row["shape"]
+    a = tf.constant(rng.normal(size=(batch, m, k) if batch > 1 else (m, k)), tf.float32)
+    b = tf.constant(rng.normal(size=(batch, k, n) if batch > 1 else (k, n)), tf.float32)
+    product = fixed_order.batch_matmul if batch > 1 else fixed_order.matmul
+    product(a, b)
+    fastest = float("inf")
+    for _ in range(int(sys.argv[2])):
+        start = time.perf_counter()
+        product(a, b).numpy()
+        fastest = min(fastest, time.perf_counter() - start)
+    total += row["count"] * fastest
+print(json.dumps({"ms": 1000 * total,
+                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}))
+"""
 
-def step_time(source: Path, model: str, steps: int) -> dict[str, float]:
+
+def step_time(
+    source: Path, model: str, steps: int, calls: bool = False
+) -> dict[str, float]:
     """One process's median step (ms) and peak memory (MB), with the tfdet
     of `source`."""
     env = {**os.environ, "PYTHONPATH": str(source), "PYTHONHASHSEED": "0"}
     env.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="-1")
+    child, data = (
+        (CALLS, REPO / "benchmarks" / "kernel_parallelism.json")
+        if calls
+        else (CHILD, REPO / "benchmarks")
+    )
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, model, str(steps), str(REPO / "benchmarks")],
+        [sys.executable, "-c", child, model, str(steps), str(data)],
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     if done.returncode != 0:
@@ -70,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="builtin:cnn,mobilenet_v2,resnet50")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument(
+        "--calls",
+        action="store_true",
+        help="Time each model's recorded kernel calls, not its step.",
+    )
     args = parser.parse_args(argv)
     models = args.models.split(",")
     with tempfile.TemporaryDirectory(prefix="tfdet-before-") as scratch:
@@ -85,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 sides = [("before", before), ("after", REPO)]
                 for model in models:
                     for side, source in sides[:: 1 if round_ % 2 == 0 else -1]:
-                        result = step_time(source, model, args.steps)
+                        result = step_time(source, model, args.steps, args.calls)
                         found.setdefault((model, side), []).append(result)
                         print(
                             f"round {round_ + 1} {model} {side}: "

@@ -17,6 +17,7 @@ start).
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 
@@ -468,13 +469,14 @@ def test_a_long_sum_is_its_k_blocks_added_in_order(kernels, k):
     """A sum of 8,192 terms or more is cut into K blocks fixed by K alone,
     each block a chain from zero, and the blocks' sums added in order: the
     product is bit for bit the sum, in order, of the shorter products over
-    the blocks that the parallelism model (`benchmarks/kernel_parallelism.py`)
-    says (each below the cut, one chain), and its rows still do not follow
-    their count. Below the cut (8,000 terms), one chain: not the sum of two
-    halves."""
+    the blocks that the kernel's plan (`fixed_order.plan`, which the
+    parallelism table reads) says (each below the cut, one chain), and its
+    rows still do not follow their count. Below the cut (8,000 terms), one
+    chain: not the sum of two halves."""
     import tensorflow as tf
 
-    blocks = _parallelism().k_blocks(k)
+    blocks = kernels.plan(1, 7, 20, k, pool=1)["k_blocks"]
+    assert blocks == kernels.plan(1, 3, 20, k, pool=64)["k_blocks"]
     rng = np.random.default_rng(k)
     a = tf.constant(rng.normal(size=(7, k)), tf.float32)
     b = tf.constant(rng.normal(size=(k, 20)), tf.float32)
@@ -492,6 +494,59 @@ def test_a_long_sum_is_its_k_blocks_added_in_order(kernels, k):
     assert _bits(kernels.matmul(a[:3], b)) == _bits(whole[:3])
     reference = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
     np.testing.assert_allclose(whole, reference, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("path", [None, "avx2"])
+@pytest.mark.parametrize("pool", [16, 64])
+def test_no_zoo_kernel_call_leaves_a_quarter_of_its_threads_idle(
+    kernels, monkeypatch, pool, path
+):
+    """Every fixed-order call of the zoo's training steps (the recorded
+    table, `benchmarks/kernel_parallelism.json`) has tasks enough for at
+    least three quarters of the threads it may use at a pool of 16 and 64,
+    by the kernel's own plan, on the widest vector path and on AVX2 (whose
+    single micro-tiles tile otherwise): a later change to the tiling or the
+    K blocks cannot quietly serialise a kernel. The control: a call whose
+    one output tile and 16 K blocks cannot keep 64 threads busy is found
+    short, so the bound can fail. (At 16 threads no call that may use them
+    has fewer than 16 tasks: the K blocks alone give 16.)"""
+    if path is not None:
+        monkeypatch.setenv(fixed_order.ISA_VARIABLE, path)
+    parallelism = _parallelism()
+    record = json.loads((REPO / "benchmarks" / "kernel_parallelism.json").read_text())
+    short = [
+        (row["model"], row["op"], row["shape"], plan)
+        for row in record
+        if parallelism.short_of_tasks(plan := parallelism.Call.of_row(row).plan(pool))
+    ]
+    assert not short
+    # At 16 threads no call long enough to use them has fewer than 16 tasks.
+    control = parallelism.Call("MatMul", 1, 6, 32, 1 << 26).plan(64)
+    assert parallelism.short_of_tasks(control), control
+
+
+def test_the_parallelism_record_is_the_zoos_calls():
+    """The recorded table's calls for the built-in CNN are those its
+    training step makes now (traced afresh by the benchmark, in a process of
+    its own), and the benchmark passes its own bound on them."""
+    import tempfile
+    from pathlib import Path
+
+    record = json.loads((REPO / "benchmarks" / "kernel_parallelism.json").read_text())
+    with tempfile.TemporaryDirectory() as directory:
+        fresh = Path(directory) / "cnn.json"
+        done = subprocess.run(
+            [sys.executable, str(REPO / "benchmarks" / "kernel_parallelism.py"),
+             "--models", "builtin:cnn", "--json", str(fresh)],
+            env=clean_env(), capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        rows = json.loads(fresh.read_text())
+
+    def calls(rows):
+        return sorted((r["op"], r["count"], r["shape"]) for r in rows)
+
+    assert calls(rows) == calls(r for r in record if r["model"] == "builtin:cnn")
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -62,6 +62,17 @@ def vector_path() -> str:
     return load().tfdet_fixed_order_vector_path().numpy().decode()
 
 
+def plan(batch: int, m: int, n: int, k: int, pool: int) -> dict[str, int]:
+    """How the kernel would split `batch` products (m x k) @ (k x n) over a
+    pool of `pool` threads, on the vector path `vector_path()` names: the
+    threads it uses, the K blocks of its sums (the only part that decides
+    bits), its tasks and its tiles' rows and columns. Nothing is computed.
+    """
+    values = load().tfdet_fixed_order_plan([batch, m, n, k, pool]).numpy()
+    keys = ("threads", "k_blocks", "tasks", "tile_rows", "tile_columns")
+    return dict(zip(keys, map(int, values), strict=True))
+
+
 def matmul(a: Any, b: Any, transpose_a: bool = False, transpose_b: bool = False) -> Any:
     """`a @ b` of 2-D float32 matrices by the kernel (which must load)."""
     return load().tfdet_fixed_order_mat_mul(

@@ -79,6 +79,39 @@ class FixedOrderVectorPathOp : public tensorflow::OpKernel {
   }
 };
 
+// How the kernels would split a call of (batch, m, n, k) at a pool of
+// `pool` threads on this process's vector path, from those five values
+// alone (an int64 vector): [threads, K blocks, tasks, tile rows, tile
+// columns]. No product runs: benchmarks/kernel_parallelism.py's table and
+// its test read the kernels' own rule (Plan in core.h), not a copy.
+class FixedOrderPlanOp : public tensorflow::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tensorflow::OpKernelContext* context) override {
+    const tensorflow::Tensor& call = context->input(0);
+    OP_REQUIRES(context, call.dims() == 1 && call.NumElements() == 5,
+                tensorflow::errors::InvalidArgument(
+                    "Expected [batch, m, n, k, pool]. Received shape ",
+                    call.shape().DebugString()));
+    const auto v = call.vec<int64_t>();
+    for (int i = 0; i < 5; ++i)
+      OP_REQUIRES(context, v(i) > 0,
+                  tensorflow::errors::InvalidArgument(
+                      "Expected positive [batch, m, n, k, pool]. Received ",
+                      call.DebugString()));
+    const Plan plan(v(0), v(1), v(2), v(3), v(4), ChooseKernels().pair != nullptr);
+    tensorflow::Tensor* out = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(
+                                0, tensorflow::TensorShape({5}), &out));
+    auto o = out->vec<int64_t>();
+    o(0) = plan.threads;
+    o(1) = plan.blocks.count;
+    o(2) = plan.tasks(v(0));
+    o(3) = plan.tiling.tm;
+    o(4) = plan.tiling.tn;
+  }
+};
+
 }  // namespace
 }  // namespace tfdet
 
@@ -147,9 +180,21 @@ REGISTER_OP("TfdetFixedOrderVectorPath")
     .SetIsStateful()  // read at each call: TFDET_FIXED_ORDER_ISA may change
     .SetShapeFn(tensorflow::shape_inference::ScalarShape);
 
+REGISTER_OP("TfdetFixedOrderPlan")
+    .Input("call: int64")
+    .Output("plan: int64")
+    .SetIsStateful()  // the vector path, read at each call, shapes the tiles
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Vector(5));
+      return absl::OkStatus();
+    });
+
 REGISTER_KERNEL_BUILDER(
     Name("TfdetFixedOrderVectorPath").Device(tensorflow::DEVICE_CPU),
     tfdet::FixedOrderVectorPathOp);
+REGISTER_KERNEL_BUILDER(
+    Name("TfdetFixedOrderPlan").Device(tensorflow::DEVICE_CPU),
+    tfdet::FixedOrderPlanOp);
 REGISTER_KERNEL_BUILDER(
     Name("TfdetFixedOrderMatMul").Device(tensorflow::DEVICE_CPU),
     tfdet::FixedOrderMatMulOp);

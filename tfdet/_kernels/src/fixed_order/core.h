@@ -364,21 +364,42 @@ MicroKernels ChooseKernels() {
 }
 
 // The output tiles. Each element's chain is the same in any tile, so the
-// tiling may follow the pool size without changing a bit: tiles as large
-// as the cache allows (so packing is amortized over many products), cut
-// evenly until each thread has about two of them.
+// tiling may follow the pool size and the vector path without changing a
+// bit. First the tiles as large as the cache allows (16 x 16 micro-tiles,
+// 96 x 256, so packing is amortized over many products), cut evenly until
+// each thread has about two. Where that leaves threads idle for a round
+// (35 tiles over 16 threads: ResNet-50's 512 x 256 x 2304 products ran at
+// 11.7 threads' speed), the tile size of 16 x 16 down to 2 x 2 micro-tiles
+// whose rounds over the threads (ceil(tasks / threads)) times its tile's
+// cost is least, if that finishes a tenth sooner. A tile's cost: its
+// micro-tiles (a pair path computes an odd one in a pair's time) and half
+// a micro-tile for each of its micro-rows and micro-columns (packing A's
+// rows, a micro-kernel call's start). The tenth, because smaller tiles
+// cost more than that says: taking the least cost everywhere made the
+// built-in CNN's kernel calls 5% slower at 2 threads (2-core AMD EPYC
+// Zen 4, `benchmarks/step_time_ab.py --calls`).
 struct Tiling {
   int64 tm, tn, row_tiles, col_tiles;
-  Tiling(int64 batch, int64 m, int64 n, int64 threads) {
+  Tiling(int64 batch, int64 m, int64 n, int64 threads, bool pairs) {
     const int64 micro_rows = (m + kMR - 1) / kMR;
     const int64 micro_cols = (n + kNR - 1) / kNR;
-    row_tiles = (micro_rows + 15) / 16;  // tm <= 96 rows
-    col_tiles = (micro_cols + 15) / 16;  // tn <= 256 columns
-    const int64 wanted = 2 * threads;
-    while (batch * row_tiles * col_tiles < wanted) {
+    int64 rows_each = 0, cols_each = 0;
+    // Each side's micro-tiles in tiles of at most `most`, cut evenly: the
+    // tiles' count and each one's micro-tiles.
+    auto cut = [](int64 micro, int64 most, int64* count, int64* each) {
+      *count = std::max<int64>(1, (micro + most - 1) / most);
+      *each = (micro + *count - 1) / *count;
+    };
+    auto finish = [&](int64 rows, int64 cols) {  // in half micro-tiles
+      const int64 tasks =
+          batch * ((micro_rows + rows - 1) / rows) * ((micro_cols + cols - 1) / cols);
+      const int64 paired = pairs ? (cols + 1) / 2 * 2 : cols;
+      return (tasks + threads - 1) / threads * (2 * rows * paired + rows + cols);
+    };
+    cut(micro_rows, 16, &row_tiles, &rows_each);
+    cut(micro_cols, 16, &col_tiles, &cols_each);
+    while (batch * row_tiles * col_tiles < 2 * threads) {
       // Cut the side whose tiles are longer, down to 2 micro-tiles.
-      const int64 rows_each = (micro_rows + row_tiles - 1) / row_tiles;
-      const int64 cols_each = (micro_cols + col_tiles - 1) / col_tiles;
       if (cols_each >= rows_each && cols_each > 2) {
         ++col_tiles;
       } else if (rows_each > 2) {
@@ -386,9 +407,27 @@ struct Tiling {
       } else {
         break;
       }
+      rows_each = (micro_rows + row_tiles - 1) / row_tiles;
+      cols_each = (micro_cols + col_tiles - 1) / col_tiles;
     }
-    tm = ((micro_rows + row_tiles - 1) / row_tiles) * kMR;
-    tn = ((micro_cols + col_tiles - 1) / col_tiles) * kNR;
+    if (threads > 1) {
+      const int64 first = finish(rows_each, cols_each);
+      int64 best = first;
+      for (int64 most_rows = 16; most_rows >= 2; --most_rows) {
+        for (int64 most_cols = 16; most_cols >= 2; --most_cols) {
+          int64 r, rows, c, cols;
+          cut(micro_rows, most_rows, &r, &rows);
+          cut(micro_cols, most_cols, &c, &cols);
+          const int64 time = finish(rows, cols);
+          if (10 * time <= 9 * first && time < best) {
+            best = time;
+            rows_each = rows, cols_each = cols;
+          }
+        }
+      }
+    }
+    tm = rows_each * kMR;
+    tn = cols_each * kNR;
     row_tiles = (m + tm - 1) / tm;
     col_tiles = (n + tn - 1) / tn;
   }
@@ -642,6 +681,24 @@ int64 ThreadsFor(int64 work, int64 pool) {
   return std::max<int64>(1, std::min(pool, work / kMinWorkPerThread));
 }
 
+// How a call of `batch` products (m x k) @ (k x n) is split over a pool of
+// `pool` threads: the threads it uses, its K blocks and its output tiles,
+// whose tasks are (K block, product, tile). The kernels' own rule, which
+// the TfdetFixedOrderPlan op reports from the shapes alone (for the
+// parallelism table and its test): only `blocks` decides any bit.
+struct Plan {
+  int64 threads;
+  KBlocks blocks;
+  Tiling tiling;
+  Plan(int64 batch, int64 m, int64 n, int64 k, int64 pool, bool pairs)
+      : threads(ThreadsFor(batch * m * n * k, pool)),
+        blocks(k),
+        tiling(batch * blocks.count, m, n, threads, pairs) {}
+  int64 tasks(int64 batch) const {
+    return blocks.count * batch * tiling.row_tiles * tiling.col_tiles;
+  }
+};
+
 // A row-major B of n columns (`data`) where the micro-kernel may read it in
 // place: whole micro-tiles (n a multiple of kNR) and rows close enough that
 // a K block's rows share pages. Its rows then need no copy; 2-core AMD EPYC
@@ -677,13 +734,14 @@ void ComputeProducts(tensorflow::OpKernelContext* context,
                      int64 k) {
   if (batch == 0 || m == 0 || n == 0) return;
   auto* workers = context->device()->tensorflow_cpu_worker_threads();
-  const int64 threads = ThreadsFor(batch * m * n * k, workers->num_threads);
-  const KBlocks blocks(k);
-  const Tiling tiling(batch * blocks.count, m, n, threads);
+  const MicroKernels kernels = ChooseKernels();
+  const Plan plan(batch, m, n, k, workers->num_threads, kernels.pair != nullptr);
+  const int64 threads = plan.threads;
+  const KBlocks& blocks = plan.blocks;
+  const Tiling& tiling = plan.tiling;
   const int64 per_product = tiling.row_tiles * tiling.col_tiles;
   const bool in_place_b = operands.InPlaceB(0) != nullptr;
   const bool own_b = !in_place_b && operands.PackBInTasks();
-  const MicroKernels kernels = ChooseKernels();
   const int64 b_panels = own_b || in_place_b ? 0 : (n + kNR - 1) / kNR;
   const int64 b_size = b_panels * kNR * k;
   const int64 slots = BSlots(operands, batch);
@@ -733,7 +791,7 @@ void ComputeProducts(tensorflow::OpKernelContext* context,
                   (tile % tiling.col_tiles) * tiling.tn, tiling.tm, tiling.tn);
     }
   };
-  const int64 tasks = blocks.count * batch * per_product;
+  const int64 tasks = plan.tasks(batch);
   if (per_product == 1 && slots == batch && blocks.count == 1) {
     // Small products, one tile each, each its own B: one pass over the
     // pool, each task packing its own product's B panels and computing it.
