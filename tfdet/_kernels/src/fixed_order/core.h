@@ -374,10 +374,12 @@ MicroKernels ChooseKernels() {
 // cost is least, if that finishes a tenth sooner. A tile's cost: its
 // micro-tiles (a pair path computes an odd one in a pair's time) and half
 // a micro-tile for each of its micro-rows and micro-columns (packing A's
-// rows, a micro-kernel call's start). The tenth, because smaller tiles
-// cost more than that says: taking the least cost everywhere made the
-// built-in CNN's kernel calls 5% slower at 2 threads (2-core AMD EPYC
-// Zen 4, `benchmarks/step_time_ab.py --calls`).
+// rows, a micro-kernel call's start). The tenth keeps the first tiles,
+// measured at 2 threads for many releases, wherever they keep the threads
+// busy (175 of the zoo's 177 calls at a pool of 2): the cost is a model,
+// not measured on many cores; at 2 the least cost everywhere timed 0.99-
+// 1.05x the first tiles, within the noise of a shared 2-core AMD EPYC
+// Zen 4 (`benchmarks/step_time_ab.py --calls`).
 struct Tiling {
   int64 tm, tn, row_tiles, col_tiles;
   Tiling(int64 batch, int64 m, int64 n, int64 threads, bool pairs) {
