@@ -49,12 +49,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tfdet._commands import _options  # noqa: E402
+from tfdet._patching import _registry  # noqa: E402
 from tfdet._pin import _environment, _isa, _versions  # noqa: E402
 from tfdet._protocol import _emulation, _perturb, _spec  # noqa: E402
 from tfdet._runner import _spawn  # noqa: E402
 from tfdet._setup import _enable  # noqa: E402
 from tfdet._target import _builtins  # noqa: E402
-from tfdet.patches import _registry  # noqa: E402
 
 TABLE = REPO / "benchmarks" / "portability_digests.json"
 SEED = 7

@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 
 from tfdet._kernels import library as kernel_library
-from tfdet.patches import _registry
+from tfdet._patching import _registry
 
 
 def main() -> int:

@@ -5,7 +5,7 @@
 
 - `cli.md`: each subcommand's `--help`, from the parser `tfdet` itself builds
   (`tfdet._cli.build_parser`), wrapped at 100 columns;
-- `patches.md`: every `Patch` of the registry (`tfdet.patches._registry`),
+- `patches.md`: every `Patch` of the registry (`tfdet._patching._registry`),
   with the hazard-table rows of the ops it replaces and its module's docstring;
 - `perturbations.md`: every `Perturbation` record of `tfdet check`
   (`tfdet._protocol._perturb.REGISTRY`) and what one machine does not imitate
@@ -121,7 +121,7 @@ def _requires(requires: dict[str, str]) -> str:
 
 
 def patches_page() -> str:
-    from tfdet.patches import _hazards, _registry
+    from tfdet._patching import _hazards, _registry
 
     patches = _registry.available()
     table = _hazards.table()
@@ -132,10 +132,10 @@ def patches_page() -> str:
         "",
         "Every patch `tfdet.enable()` can install, as each module under "
         "`tfdet/patches/` declares it (`PATCH = Patch(...)`, read by "
-        "`tfdet.patches._registry`). `enable(patches='auto')`, the default, "
+        "`tfdet._patching._registry`). `enable(patches='auto')`, the default, "
         "installs a patch when the running versions need it: the installed "
         "TensorFlow has a hazardous row in the hazard table "
-        "(`tfdet/patches/hazards.json`) for one of the ops it replaces, and "
+        "(`tfdet/_patching/hazards.json`) for one of the ops it replaces, and "
         "each of its requirements holds (a patch that replaces no op: when "
         "its requirements hold); an opt-in patch never, only when named. "
         '`enable(patches=[...])` installs exactly the named ones, "auto" '

@@ -25,9 +25,9 @@ from tests.conftest import (
     run_tfdet,
 )
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_USAGE
+from tfdet._patching import _hazards
 from tfdet._pin import _cpuid
 from tfdet._protocol import _emulation
-from tfdet.patches import _hazards
 
 pytestmark = pytest.mark.skipif(
     _emulation.why_unavailable("AVX2") is not None,

@@ -184,7 +184,7 @@ out["op_determinism"] = config.is_op_determinism_enabled()
 out["tf_threads"] = [tf.config.threading.get_intra_op_parallelism_threads(),
                      tf.config.threading.get_inter_op_parallelism_threads()]
 # Same settings spelled differently, and strict=False: the same profile.
-from tfdet.patches import _registry
+from tfdet._patching import _registry
 out["repeat_is_same"] = all(
     tfdet.enable(**kwargs) is profile
     for kwargs in (

@@ -9,7 +9,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 from tests.conftest import ci_module, run_python
-from tfdet.patches import _hazards
+from tfdet._patching import _hazards
 
 MEASURED_GPU_TABLE = {
     "Bincount": "raises",
@@ -72,7 +72,7 @@ def test_rows_are_well_formed() -> None:
 def test_the_table_holds_no_patch_names() -> None:
     # Which patch replaces an op is the patch's declaration, not the table's.
     raw = json.loads(
-        resources.files("tfdet.patches").joinpath("hazards.json").read_text("utf-8")
+        resources.files("tfdet._patching").joinpath("hazards.json").read_text("utf-8")
     )
     assert set(raw) == {"about", "confirmed_note", "hazards"}
     for row in raw["hazards"]:
@@ -149,8 +149,8 @@ def test_importing_the_patches_does_not_import_tensorflow() -> None:
     result = run_python(
         """
         import sys
-        from tfdet.patches import _registry
-        from tfdet.patches import _hazards
+        from tfdet._patching import _registry
+        from tfdet._patching import _hazards
         names = sorted(_registry.available())
         _hazards.table()
         print(names, "tensorflow" in sys.modules)

@@ -158,7 +158,7 @@ def test_a_failed_build_is_said_by_load_and_not_run_again(tmp_path, monkeypatch)
 
 
 def test_install_builds_the_kernels_of_the_patches_it_installs_first(monkeypatch):
-    from tfdet.patches import _registry
+    from tfdet._patching import _registry
 
     library = kernel_library.KernelLibrary(fixed_order.LIBRARY.source, fallback="-")
     order = []

@@ -175,20 +175,21 @@ def test_no_import_cycle_between_tfdet_modules() -> None:
 # pytest plugin) sit on top; `_errors`, `_cpuinfo`, `_notices`, `_user_cache` and
 # `_version` at the bottom.
 LAYERS = {
-    "tfdet._pytest_plugin": 11,  # Calls the public API.
-    "tfdet": 10,
-    "tfdet.__main__": 10,
-    "tfdet._cli": 9,
-    "tfdet._cost": 8,  # Starts its runs with the runner, in child processes.
-    "tfdet._commands": 7,  # check, check --script, locate, the Python API.
-    "tfdet._runner": 6,  # The parent's side of a child process.
-    "tfdet._child": 6,  # What runs inside one.
-    "tfdet._record": 5,  # Traces; comparing runs reads the predictions' format.
-    "tfdet._target": 5,
-    "tfdet._protocol": 4,  # What both sides agree on: spec, perturbations.
-    "tfdet._graph": 4,
-    "tfdet._setup": 3,
-    "tfdet.patches": 2,
+    "tfdet._pytest_plugin": 12,  # Calls the public API.
+    "tfdet": 11,
+    "tfdet.__main__": 11,
+    "tfdet._cli": 10,
+    "tfdet._cost": 9,  # Starts its runs with the runner, in child processes.
+    "tfdet._commands": 8,  # check, check --script, locate, the Python API.
+    "tfdet._runner": 7,  # The parent's side of a child process.
+    "tfdet._child": 7,  # What runs inside one.
+    "tfdet._record": 6,  # Traces; comparing runs reads the predictions' format.
+    "tfdet._target": 6,
+    "tfdet._protocol": 5,  # What both sides agree on: spec, perturbations.
+    "tfdet._graph": 5,
+    "tfdet._setup": 4,
+    "tfdet.patches": 3,
+    "tfdet._patching": 2,  # The registry, the hazard table, the swaps.
     "tfdet._pin": 1,
     "tfdet._kernels": 1,  # tfdet's C++ ops: sources, shipped libraries, loading.
     "tfdet._resume": 1,  # Exact resume, installed by a patch.

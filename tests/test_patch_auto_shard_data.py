@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfdet.patches import _registry
+from tfdet._patching import _registry
 
 tf = pytest.importorskip("tensorflow")
 

@@ -34,7 +34,7 @@ import tfdet
 tfdet.enable(seed=0, threads=int(sys.argv[1]), patches=sys.argv[2].split(","))
 import keras
 import tensorflow as tf
-from tfdet.patches import _registry
+from tfdet._patching import _registry
 
 rng = np.random.default_rng(0)
 x = rng.normal(size=(64, 8, 512)).astype("float32")

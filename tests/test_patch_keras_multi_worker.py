@@ -57,7 +57,7 @@ _MIRRORED = """
 """
 
 _PATCH = """
-    from tfdet.patches import _registry
+    from tfdet._patching import _registry
     _registry.install(["keras_multi_worker"])
 """
 

@@ -29,7 +29,8 @@ from tests.conftest import (
     run_checks_side_by_side,
     run_python,
 )
-from tfdet.patches import _hazards, pool_size_free_products
+from tfdet._patching import _hazards
+from tfdet.patches import pool_size_free_products
 
 # Odd pool sizes, and 6: channel counts that do not divide by them. (4 and 8
 # were there too, at a third more of the suite's slowest test: 2 stands for
@@ -54,7 +55,7 @@ import hashlib, json, sys
 import numpy as np
 import tfdet
 from tfdet._target import _load
-from tfdet.patches import _registry
+from tfdet._patching import _registry
 # TensorFlow's own products first (the control), then the patch.
 tfdet.enable(seed=0, threads=int(sys.argv[1]), patches=TENSORFLOW_PRODUCTS)
 
@@ -175,7 +176,7 @@ CONV_TRANSPOSE = """
 import hashlib, json, logging, sys
 import numpy as np
 import tfdet
-from tfdet.patches import _registry
+from tfdet._patching import _registry
 # TensorFlow's own products first (the control), then the patch.
 tfdet.enable(seed=0, threads=int(sys.argv[1]), patches=TENSORFLOW_PRODUCTS)
 import keras
@@ -328,7 +329,7 @@ report = {}
 for name, (fn, inputs) in cases.items():
     patched = with_grads(fn, *inputs)
     ops = graph_ops(fn, *inputs)
-    from tfdet.patches import _registry
+    from tfdet._patching import _registry
     _registry.restore(["pool_size_free_products"])
     original = with_grads(fn, *inputs)
     _registry.install(["pool_size_free_products"])
@@ -572,8 +573,8 @@ def test_says_once_that_without_onednn_the_bits_may_follow_the_pool_size(
 ) -> None:
     # Measured on emulated aarch64, where enable() leaves oneDNN off: the
     # built-in CNN's weights differed between pools of 1 and 3 under the patch.
+    from tfdet._patching import _exact_math
     from tfdet._pin import _environment
-    from tfdet.patches import _exact_math
 
     monkeypatch.setattr(_environment, "onednn_custom_ops", lambda: onednn)
     monkeypatch.setattr(_exact_math, "_WARNED", set())

@@ -15,7 +15,7 @@ CODE = """
 import json, sys
 import numpy as np
 import tfdet
-from tfdet.patches import _registry
+from tfdet._patching import _registry
 # fixed_order_add_n turns Grappler's arithmetic optimizer off too: the
 # control leaves both out.
 patches = "auto" if sys.argv[1] == "patched" else [

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import clean_env, last_json_line, run_python
-from tfdet.patches import _registry
+from tfdet._patching import _registry
 
 GRADIENT = """
 import json

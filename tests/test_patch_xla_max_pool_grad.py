@@ -20,10 +20,8 @@ from tensorflow.python.ops import gen_nn_ops  # noqa: E402
 
 from tests.conftest import last_json_line, run_python  # noqa: E402
 from tests.targets.xla_models import MAX_POOL_XLA_GRADIENT  # noqa: E402
-from tfdet.patches import (  # noqa: E402
-    _registry,
-    xla_max_pool_grad,
-)
+from tfdet._patching import _registry  # noqa: E402
+from tfdet.patches import xla_max_pool_grad  # noqa: E402
 
 CASES = [
     # (height, width, kernel, strides, padding): overlapping windows when a

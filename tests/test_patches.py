@@ -1,6 +1,6 @@
 """The patch registry, and each patch against the op it replaces, on CPU.
 
-The registry (`tfdet.patches._registry`): every declared patch is found, is
+The registry (`tfdet._patching._registry`): every declared patch is found, is
 named like its module, replaces ops the hazard table marks hazardous, installs
 and restores exactly and idempotently; `needed()`, `resolve()`, `install()`,
 deferral until a module's import, and discovery are tested directly on probe
@@ -44,12 +44,8 @@ from tests.conftest import (  # noqa: E402
     run_python,
 )
 from tfdet._graph import _scan  # noqa: E402
+from tfdet._patching import _hazards, _import_hook, _registry  # noqa: E402
 from tfdet._pin import _versions  # noqa: E402
-from tfdet.patches import (  # noqa: E402
-    _hazards,
-    _import_hook,  # noqa: E402
-    _registry,
-)
 
 # No example database: the sweep is seeded per run and leaves no files behind.
 SWEEP = settings(
@@ -349,7 +345,7 @@ def test_after_import_waits_for_the_module_and_restore_cancels(
     [
         ("PATCH = None\n", "declare `PATCH = Patch(name='broken'"),
         (
-            "from tfdet.patches._registry import Patch\n"
+            "from tfdet._patching._registry import Patch\n"
             "PATCH = Patch(name='other', replaces=(), summary='', upstream='')\n",
             "Received: PATCH=Patch(name='other'",
         ),
@@ -364,7 +360,7 @@ def test_discovery_rejects_a_module_without_its_patch(
     (package / "__init__.py").write_text("")
     (package / "_helper.py").write_text("raise AssertionError('helpers are skipped')\n")
     (package / "good.py").write_text(
-        "from tfdet.patches._registry import Patch\n"
+        "from tfdet._patching._registry import Patch\n"
         "PATCH = Patch(name='good', replaces=(), summary='', upstream='')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))

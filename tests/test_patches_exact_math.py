@@ -43,11 +43,9 @@ from tests.conftest import (  # noqa: E402
     run_tfdet,
 )
 from tfdet._graph import _scan  # noqa: E402
+from tfdet._patching import _registry  # noqa: E402
 from tfdet._pin import _isa  # noqa: E402
-from tfdet.patches import (  # noqa: E402
-    _registry,
-    portable_erfc,
-)
+from tfdet.patches import portable_erfc  # noqa: E402
 
 NAMES = ("portable_erfc", "portable_reciprocal", "portable_rsqrt", "portable_softmax")
 APPROXIMATE = {"Rsqrt", "Reciprocal", "Inv", "Softmax", "Erfc"}

@@ -201,7 +201,7 @@ UNDER_ENABLE = """
 import json
 import numpy as np
 import tfdet
-from tfdet.patches import _registry
+from tfdet._patching import _registry
 tfdet.enable(seed=0)
 import tensorflow as tf
 import keras
@@ -305,7 +305,7 @@ ORTHOGONAL = """
 import json
 import numpy as np
 import tfdet
-from tfdet.patches import _registry
+from tfdet._patching import _registry
 tfdet.enable(seed=0)
 import keras
 import tensorflow as tf
@@ -344,7 +344,7 @@ SUM_GRADIENTS = """
 import json
 import numpy as np
 import tfdet
-from tfdet.patches import _registry
+from tfdet._patching import _registry
 tfdet.enable(seed=0)
 import tensorflow as tf
 

@@ -90,8 +90,8 @@ def test_a_profile_recorded_before_the_distribution_section_still_loads() -> Non
 
 
 def test_distribution_section_is_the_defaults_replaced_by_installed_patches() -> None:
+    from tfdet._patching._registry import Patch
     from tfdet._pin._distribution import pinned
-    from tfdet.patches._registry import Patch
 
     ring = Patch(
         name="ring",

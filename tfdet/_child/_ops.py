@@ -21,7 +21,7 @@ import re
 import tempfile
 from typing import Any
 
-from tfdet.patches._registry import SCOPE_PREFIXES
+from tfdet._patching._registry import SCOPE_PREFIXES
 
 # An op's event: `node:OpType`. API and runtime events ("EagerExecute",
 # "EagerLocalExecute: __inference_...") have no such name.

@@ -279,7 +279,7 @@ def install_at_first_import(recorder: Recorder) -> None:
     A script that imports `keras` or `tf_keras` first imports TensorFlow
     inside it: the hooks, which need that Keras, wait for it to be whole.
     """
-    from tfdet.patches import _import_hook
+    from tfdet._patching import _import_hook
 
     installed = False
 

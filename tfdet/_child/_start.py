@@ -204,9 +204,9 @@ def _traced_facts() -> dict[str, Any]:
     profile promises no tier)."""
     if "tensorflow" not in sys.modules:
         return {"pool_size_ops": [], "coverage": {}}
+    from tfdet._patching import _hazards
     from tfdet._pin import _versions
     from tfdet._setup import _coverage, _enable
-    from tfdet.patches import _hazards
 
     op_types = _coverage.executed_op_types()
     active = _enable.profile()
@@ -301,7 +301,7 @@ def child_start(spec: WorkerSpec) -> None:
     for it here, so that the script's own environment settings still come
     first.
     """
-    from tfdet.patches import _import_hook
+    from tfdet._patching import _import_hook
 
     if spec.enable:
         _enable(spec)

@@ -145,8 +145,8 @@ def execute(args: argparse.Namespace) -> int:
     from tfdet._pin import _devices
 
     if not args.no_enable:
+        from tfdet._patching import _registry
         from tfdet._setup._enable import enable
-        from tfdet.patches import _registry
 
         # The patches a GPU run gets: "auto" leaves the CPU-only ones out
         # there (tfdet's kernels would move its products to the CPU).

@@ -14,11 +14,11 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from tfdet._patching._registry import AUTO
 from tfdet._pin import _settings
 from tfdet._protocol import _emulation, _perturb, _spec
 from tfdet._runner import _process
 from tfdet._target import _load
-from tfdet.patches._registry import AUTO
 
 DEFAULT_RUNS = 2
 DEFAULT_STEPS = 3
@@ -353,7 +353,7 @@ def _check_patches(patches: Any) -> tuple[str, ...]:
     Raises:
         ValueError: not a string or a list of names, or an unknown name.
     """
-    from tfdet.patches import _registry
+    from tfdet._patching import _registry
 
     names = [patches] if isinstance(patches, str) else patches
     if not isinstance(names, list | tuple) or not all(

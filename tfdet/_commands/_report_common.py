@@ -14,9 +14,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tfdet._errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED
+from tfdet._patching import _registry
 from tfdet._protocol import _perturb
 from tfdet._protocol._result import WorkerResult
-from tfdet.patches import _registry, pool_size_free_products
+from tfdet.patches import pool_size_free_products
 
 if TYPE_CHECKING:
     from tfdet._runner._outcome import RunOutcome

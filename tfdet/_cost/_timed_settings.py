@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from tfdet._patching import _registry
 from tfdet._pin import _tiers
 from tfdet._setup import _coverage
-from tfdet.patches import _registry
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,7 @@
 `scan(built)` traces the model's real training step (forward, loss,
 gradients, optimizer update, metric updates) into a graph, walks every node,
 including those of nested and gradient functions in the function library,
-matches each op against the hazard table (`tfdet.patches._hazards`) and attributes it
+matches each op against the hazard table (`tfdet._patching._hazards`) and attributes it
 to the Keras layer, metric or optimizer whose name scope it was built in.
 Tracing needs no GPU: op types and attributes are decided at trace time.
 `tfdet scan` hides any GPU (`tfdet._pin._devices.hide_gpus`) before TensorFlow starts, so the
@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tfdet._graph import _layers
-from tfdet.patches import _hazards, _registry
+from tfdet._patching import _hazards, _registry
 
 _LOG = logging.getLogger("tfdet")
 
@@ -363,7 +363,8 @@ def _as_if_on_gpu(model: Any) -> Iterator[None]:
     otherwise never see the ops a GPU runs. Nothing executes in the trace, so
     no GPU is needed. (tf_keras puts both implementations in the graph.)
     """
-    from tfdet.patches import _swap, cudnn_rnn
+    from tfdet._patching import _swap
+    from tfdet.patches import cudnn_rnn
 
     rnn = cudnn_rnn.keras3_rnn_module() if _keras_of(model) == "keras3" else None
     swap = _swap.Swap()

@@ -25,7 +25,7 @@ def pinned(patches: Iterable[Any], keras_flavor: str) -> tuple[tuple[str, str], 
     """The profile's `distribution` section under the installed `patches`.
 
     Args:
-        patches: The installed `tfdet.patches._registry.Patch` objects; each
+        patches: The installed `tfdet._patching._registry.Patch` objects; each
             one's `distribution` entries replace the defaults below.
         keras_flavor: "keras3" or "tf_keras" (their replicas draw random
             values differently).

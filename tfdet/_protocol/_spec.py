@@ -14,8 +14,8 @@ import json
 import os
 
 from tfdet import _variables
+from tfdet._patching._registry import AUTO
 from tfdet._pin._settings import DEFAULT_THREADS
-from tfdet.patches._registry import AUTO
 
 # The kinds of child, each with its module (imported only in the child).
 CHECK = "check"

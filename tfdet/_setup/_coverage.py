@@ -31,8 +31,8 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from tfdet._patching import _exact_math, _hazards
 from tfdet._pin import _tiers
-from tfdet.patches import _exact_math, _hazards
 
 _LOG = logging.getLogger("tfdet")
 

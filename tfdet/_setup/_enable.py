@@ -27,6 +27,7 @@ import warnings
 from typing import Any
 
 from tfdet._errors import ProfileMismatchError, TooLateError
+from tfdet._patching import _registry
 from tfdet._pin import _cpu_features, _distribution, _environment, _isa, _versions
 from tfdet._pin._profile import Profile
 from tfdet._pin._settings import (  # noqa: F401  (re-exported)
@@ -41,7 +42,7 @@ from tfdet._pin._settings import (  # noqa: F401  (re-exported)
     threads_here,
 )
 from tfdet._setup import _collector, _coverage, _pools
-from tfdet.patches import _registry, tensorflow_cpu_extensions
+from tfdet.patches import tensorflow_cpu_extensions
 
 _LOG = logging.getLogger("tfdet")
 

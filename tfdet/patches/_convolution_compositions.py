@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet.patches import _exact_math, _geometry, _whole_packets
+from tfdet._patching import _exact_math
+from tfdet.patches import _geometry, _whole_packets
 
 CONV = _exact_math.GeneratedOp("tensorflow.python.ops.gen_nn_ops", "conv2d")
 FILTER_GRAD = _exact_math.GeneratedOp(

@@ -18,7 +18,7 @@ import functools
 from typing import Any
 
 from tfdet._kernels.library import tracing_for_xla
-from tfdet.patches import _exact_math
+from tfdet._patching import _exact_math
 
 # Rows of a product per image of the convolution. oneDNN splits the work of
 # a 1x1 convolution over images and output-channel blocks, so each image is

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet.patches import _exact_math, _geometry, _whole_packets
+from tfdet._patching import _exact_math
+from tfdet.patches import _geometry, _whole_packets
 
 MAT_MUL = _exact_math.GeneratedOp("tensorflow.python.ops.gen_math_ops", "mat_mul")
 BATCH_MAT_MUL = {

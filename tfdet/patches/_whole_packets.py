@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tfdet.patches import _exact_math
-from tfdet.patches._swap import Swap
+from tfdet._patching import _exact_math
+from tfdet._patching._swap import Swap
 
 # Elements per pad: a multiple of every float32 packet Eigen uses (4 on
 # NEON, 8 on AVX, the TensorFlow wheels' build, 16 on AVX-512).

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet.patches._registry import Patch
-from tfdet.patches._swap import Swap
+from tfdet._patching._registry import Patch
+from tfdet._patching._swap import Swap
 
 
 def _apply(swap: Swap) -> None:

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfdet._patching._registry import Patch
+from tfdet._patching._swap import Swap
 from tfdet._pin._distribution import CHOSEN_BY
-from tfdet.patches._registry import Patch
-from tfdet.patches._swap import Swap
 
 
 def _apply(swap: Swap) -> None:

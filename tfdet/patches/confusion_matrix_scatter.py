@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tfdet.patches._registry import Patch
-from tfdet.patches._swap import Swap
+from tfdet._patching._registry import Patch
+from tfdet._patching._swap import Swap
 
 
 def scatter_nd(indices: Any, updates: Any, shape: Any, name: str | None = None) -> Any:

@@ -42,8 +42,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from tfdet.patches._registry import Patch
-from tfdet.patches._swap import Swap
+from tfdet._patching._registry import Patch
+from tfdet._patching._swap import Swap
 
 NAME = "cudnn_rnn"
 

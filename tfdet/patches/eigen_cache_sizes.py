@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfdet._patching._registry import Patch
 from tfdet._pin import _cache_sizes
-from tfdet.patches._registry import Patch
 
 K = 1024
 # The sizes every CPU's Eigen blocks by under tfdet: an L1d of 32K (AMD Zen,

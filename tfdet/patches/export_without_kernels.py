@@ -30,8 +30,8 @@ from typing import Any
 
 from tfdet._kernels import fixed_order, portable
 from tfdet._kernels.library import exporting
-from tfdet.patches import _exact_math
-from tfdet.patches._registry import Patch
+from tfdet._patching import _exact_math
+from tfdet._patching._registry import Patch
 
 # TensorFlow's SavedModel writers (`tf.saved_model.save` calls the second;
 # tf_keras's `model.save` calls it directly).

@@ -37,9 +37,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from tfdet.patches import _exact_math, portable_sqrt_division
-from tfdet.patches._registry import Patch
-from tfdet.patches._swap import Swap
+from tfdet._patching import _exact_math
+from tfdet._patching._registry import Patch
+from tfdet._patching._swap import Swap
+from tfdet.patches import portable_sqrt_division
 
 _ADD_N = _exact_math.GeneratedOp("tensorflow.python.ops.gen_math_ops", "add_n")
 

@@ -46,8 +46,9 @@ from __future__ import annotations
 from typing import Any
 
 from tfdet._kernels import fixed_order
-from tfdet.patches import _convolution_compositions, _exact_math, _geometry
-from tfdet.patches._registry import Patch
+from tfdet._patching import _exact_math
+from tfdet._patching._registry import Patch
+from tfdet.patches import _convolution_compositions, _geometry
 
 _CONVOLUTIONS = {
     name: _exact_math.GeneratedOp("tensorflow.python.ops.gen_nn_ops", name)

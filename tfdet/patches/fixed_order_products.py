@@ -48,8 +48,9 @@ from __future__ import annotations
 from typing import Any
 
 from tfdet._kernels import fixed_order
-from tfdet.patches import _exact_math, _geometry, _product_compositions
-from tfdet.patches._registry import Patch
+from tfdet._patching import _exact_math
+from tfdet._patching._registry import Patch
+from tfdet.patches import _geometry, _product_compositions
 
 _MAT_MUL = _exact_math.GeneratedOp("tensorflow.python.ops.gen_math_ops", "mat_mul")
 _BATCH_MAT_MUL = {

@@ -31,8 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdet._kernels import portable_math
-from tfdet.patches import _exact_math
-from tfdet.patches._registry import Patch
+from tfdet._patching import _exact_math
+from tfdet._patching._registry import Patch
 
 _MATH = "tensorflow.python.ops.gen_math_ops"
 SUM = _exact_math.GeneratedOp(_MATH, "_sum")

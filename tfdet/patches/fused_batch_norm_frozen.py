@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tfdet.patches._registry import Patch
-from tfdet.patches._swap import Swap, registered_gradient
+from tfdet._patching._registry import Patch
+from tfdet._patching._swap import Swap, registered_gradient
 
 # The forward ops whose registered gradients the patch replaces.
 OP_TYPES = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")

@@ -48,8 +48,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfdet._patching._registry import KERAS3, Patch
 from tfdet._resume import _keras3
-from tfdet.patches._registry import KERAS3, Patch
 
 
 def _install_for_tf_keras(swap: Any) -> None:

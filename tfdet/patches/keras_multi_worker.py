@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet.patches._registry import KERAS3, Patch
-from tfdet.patches._swap import Swap
+from tfdet._patching._registry import KERAS3, Patch
+from tfdet._patching._swap import Swap
 
 
 def _apply(swap: Swap) -> None:

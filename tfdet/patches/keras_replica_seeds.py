@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet.patches._registry import KERAS3, Patch
-from tfdet.patches._swap import Swap
+from tfdet._patching._registry import KERAS3, Patch
+from tfdet._patching._swap import Swap
 
 # The TensorFlow backend modules that bind `draw_seed` at import; each calls
 # it by its module-global name, so swapping that name reaches every random op.

@@ -30,8 +30,8 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from tfdet.patches._registry import KERAS3, Patch, available
-from tfdet.patches._swap import Swap
+from tfdet._patching._registry import KERAS3, Patch, available
+from tfdet._patching._swap import Swap
 
 # Layers whose gradient has no deterministic XLA lowering that tfdet covers.
 WITHOUT_DETERMINISTIC_XLA = frozenset({"MaxPooling3D"})

@@ -83,11 +83,12 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from tfdet._patching import _exact_math, _registry
+from tfdet._patching._registry import Patch
+from tfdet._patching._swap import Swap
 from tfdet.patches import _convolution_compositions as convolutions
-from tfdet.patches import _exact_math, _registry, _whole_packets
 from tfdet.patches import _product_compositions as products
-from tfdet.patches._registry import Patch
-from tfdet.patches._swap import Swap
+from tfdet.patches import _whole_packets
 
 # The replacements are written by op family in `_product_compositions` and
 # `_convolution_compositions` (which `fixed_order_*` fall back to); this

@@ -20,7 +20,7 @@ on every CPU and within a few ulps of the kernel's (its error bound is
 Eigen's, below 5 ulps). float16 / bfloat16 are computed in float32; float64
 keeps the original kernel (no approximate double instruction below
 AVX-512). The gradient is the original's formula,
-`dy * -2/sqrt(pi) * exp(-x^2)`. See `tfdet.patches._exact_math`.
+`dy * -2/sqrt(pi) * exp(-x^2)`. See `tfdet._patching._exact_math`.
 
 Needed from TensorFlow 2.20, whose Eigen has that algorithm: up to 2.19
 TensorFlow's Erfc (and Erf, which its exact GELU takes up to 2.18) gave the
@@ -36,8 +36,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdet._kernels.portable_math import divide
-from tfdet.patches import _exact_math
-from tfdet.patches._registry import Patch
+from tfdet._patching import _exact_math
+from tfdet._patching._registry import Patch
 
 _ERFC = _exact_math.GeneratedOp("tensorflow.python.ops.gen_math_ops", "erfc")
 # `erfc_float32` as one op of tfdet's own, with its bits (float32 in, out),

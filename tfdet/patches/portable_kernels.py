@@ -43,8 +43,9 @@ import platform
 from typing import Any
 
 from tfdet._kernels import build, portable, portable_math
-from tfdet.patches import _registry, portable_erfc
-from tfdet.patches._registry import Patch
+from tfdet._patching import _registry
+from tfdet._patching._registry import Patch
+from tfdet.patches import portable_erfc
 
 _LOG = logging.getLogger("tfdet")
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from tfdet._kernels import portable_math
-from tfdet.patches import _exact_math
-from tfdet.patches._registry import Patch
+from tfdet._patching import _exact_math
+from tfdet._patching._registry import Patch
 
 _LOG_SOFTMAX = _exact_math.GeneratedOp(
     "tensorflow.python.ops.gen_nn_ops", "log_softmax"

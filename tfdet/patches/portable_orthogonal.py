@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tfdet.patches._registry import KERAS3, Patch
-from tfdet.patches._swap import Swap
+from tfdet._patching._registry import KERAS3, Patch
+from tfdet._patching._swap import Swap
 
 # Columns orthonormalized one at a time: a matrix past this many keeps
 # Keras's own QR (its time grows with the columns squared).

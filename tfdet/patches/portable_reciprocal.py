@@ -7,7 +7,7 @@ QEMU differ). This patch replaces `gen_math_ops.reciprocal` and
 generated function itself) with a correctly rounded division, bit-identical
 on every CPU. The gradient is TensorFlow's own `ReciprocalGrad` of the output
 (multiplications only). Integer and complex inputs keep the original op. See
-`tfdet.patches._exact_math`.
+`tfdet._patching._exact_math`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from tfdet._kernels.portable_math import divide
-from tfdet.patches import _exact_math
-from tfdet.patches._registry import Patch
-from tfdet.patches._swap import Swap
+from tfdet._patching import _exact_math
+from tfdet._patching._registry import Patch
+from tfdet._patching._swap import Swap
 
 _OPS = "tensorflow.python.ops.gen_math_ops"
 _RECIPROCAL = _exact_math.GeneratedOp(_OPS, "reciprocal")

@@ -9,7 +9,7 @@ replaces `gen_math_ops.rsqrt` with `1 / sqrt(x)`: IEEE square root and
 division are correctly rounded, hence bit-identical on every CPU, and the
 result is within an ulp of the exact value (the kernel's is within ~2).
 The gradient is TensorFlow's own `RsqrtGrad` of the output (multiplications
-only), as for the original op. See `tfdet.patches._exact_math`.
+only), as for the original op. See `tfdet._patching._exact_math`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from tfdet._kernels.portable_math import divide
-from tfdet.patches import _exact_math
-from tfdet.patches._registry import Patch
+from tfdet._patching import _exact_math
+from tfdet._patching._registry import Patch
 
 _RSQRT = _exact_math.GeneratedOp("tensorflow.python.ops.gen_math_ops", "rsqrt")
 

@@ -9,15 +9,15 @@ formula divided by the sum with a correctly rounded division. The sum runs
 in `Sum`'s order rather than the kernel's, so values agree with the original
 to a few ulps. The gradient is the original's formula,
 `(dy - sum(dy * y)) * y` (multiplications and a sum). See
-`tfdet.patches._exact_math`.
+`tfdet._patching._exact_math`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tfdet.patches import _exact_math
-from tfdet.patches._registry import Patch
+from tfdet._patching import _exact_math
+from tfdet._patching._registry import Patch
 
 _SOFTMAX = _exact_math.GeneratedOp("tensorflow.python.ops.gen_nn_ops", "softmax")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet.patches._registry import Patch
+from tfdet._patching._registry import Patch
 
 OPTION = "arithmetic_optimization"
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from tfdet._errors import NondeterministicError
-from tfdet.patches._registry import Patch
-from tfdet.patches._swap import Swap
+from tfdet._patching._registry import Patch
+from tfdet._patching._swap import Swap
 
 _PARAMETER_SERVER = (
     "every worker updates the parameter servers' variables asynchronously, so "

@@ -29,8 +29,8 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tfdet.patches._registry import Patch
-from tfdet.patches._swap import Swap
+from tfdet._patching._registry import Patch
+from tfdet._patching._swap import Swap
 
 NAME = "sparse_optimizer_update"
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet.patches import _exact_math
-from tfdet.patches._registry import Patch
+from tfdet._patching import _exact_math
+from tfdet._patching._registry import Patch
 
 _FILTER_GRAD = _exact_math.GeneratedOp(
     "tensorflow.python.ops.gen_nn_ops", "conv2d_backprop_filter"

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfdet._patching._registry import Patch
 from tfdet._pin import _cpu_features, _isa
-from tfdet.patches._registry import Patch
 
 
 def _apply(swap: Any) -> None:

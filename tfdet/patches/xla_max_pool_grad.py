@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdet.patches._registry import Patch
-from tfdet.patches._swap import Swap
+from tfdet._patching._registry import Patch
+from tfdet._patching._swap import Swap
 
 # TensorFlow's MaxPool gradient, for what the patch leaves to it.
 _original_gradient: Any = None

@@ -35,7 +35,7 @@ import os
 import signal
 
 import tfdet
-from tfdet.patches import _registry
+from tfdet._patching import _registry
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out")

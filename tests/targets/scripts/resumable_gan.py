@@ -22,7 +22,7 @@ import signal
 import types
 
 import tfdet
-from tfdet.patches import _registry
+from tfdet._patching import _registry
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out")

@@ -5,7 +5,7 @@ the host, or runs nondeterministically on GPU under op determinism (and the
 CPU ops whose bits depend on the CPU model or on the thread-pool size), which
 TensorFlow versions each row applies to and the Keras entry points that reach
 it: facts about TensorFlow only. Which tfdet patch replaces an op is declared
-by the patch (`tfdet.patches._registry`). `tfdet scan` matches traced ops
+by the patch (`tfdet._patching._registry`). `tfdet scan` matches traced ops
 against the table; each patch's `needed()` asks `needs_patch()` here whether
 the running TensorFlow has a hazard for its ops. Nothing in this module
 imports TensorFlow.
@@ -165,7 +165,7 @@ def _parse_row(raw: Mapping[str, Any]) -> Hazard:
 def table() -> Table:
     """The hazard table shipped with tfdet (parsed once)."""
     text = (
-        resources.files("tfdet.patches")
+        resources.files("tfdet._patching")
         .joinpath("hazards.json")
         .read_text(encoding="utf-8")
     )

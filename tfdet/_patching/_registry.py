@@ -24,9 +24,9 @@ from typing import Any
 
 from tfdet._kernels import library as kernel_library
 from tfdet._kernels.library import KernelLibrary
+from tfdet._patching import _hazards, _import_hook
+from tfdet._patching._swap import Swap
 from tfdet._pin import _devices, _versions
-from tfdet.patches import _hazards, _import_hook
-from tfdet.patches._swap import Swap
 
 _LOG = logging.getLogger("tfdet")
 

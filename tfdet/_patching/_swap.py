@@ -1,6 +1,6 @@
 """Reversible replacement of attributes and registered gradients.
 
-Every patch owns one `Swap` (`tfdet.patches._registry.Patch`): its `apply`
+Every patch owns one `Swap` (`tfdet._patching._registry.Patch`): its `apply`
 makes each replacement through it, which records the original first, and
 `restore()` puts them back in reverse order, so a patch is undone exactly.
 """

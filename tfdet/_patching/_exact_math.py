@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from tfdet.patches._swap import Swap
+from tfdet._patching._swap import Swap
 
 # Float dtypes the compositions handle; any other dtype (integers, complex)
 # goes to the original op, whose kernels use no approximate instruction.
