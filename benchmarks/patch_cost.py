@@ -374,7 +374,7 @@ def _time(step: Callable[[], Any], iterations: int) -> float:
 
 def measure(case: Case, rounds: int, iterations: int) -> dict[str, Any]:
     """Times the original and the patched entry point, taking turns."""
-    from tfdet.patches import _registry
+    from tfdet._patching import _registry
 
     patch = _registry.available()[case.patch]
     patch.restore()
@@ -437,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     tf.config.experimental.enable_op_determinism()
 
-    from tfdet.patches import _registry
+    from tfdet._patching import _registry
 
     cases = _cases()
     registered = _registry.available()
