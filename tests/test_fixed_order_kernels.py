@@ -708,7 +708,9 @@ print(json.dumps(found))
 
 # (threads, oneDNN ISA cap): the pool sizes under enable()'s AVX2 cap (6 and
 # 8 beyond this machine's cores: the kernel cuts its tiles by the pool
-# size, about two a thread), and one pool under SSE4.1 (oneDNN's narrower
+# size, about two a thread, and at 4, 6 and 8 the 256 x 4096 x 64
+# product's tiles are the least-cost ones, 66 x 64, 48 x 64 and 66 x 32,
+# where the first cut would leave threads idle), and one pool under SSE4.1 (oneDNN's narrower
 # vectors, the control for width; the kernel on its scalar path there) and,
 # where the CPU has it, under AVX-512 (oneDNN's and the kernel's widest).
 POOLS = (1, 2, 3, 4, 6, 8)
