@@ -205,6 +205,7 @@ struct InputGradientOperands {
       iw[r] = p % g.width, ih[r] = (p / g.width) % g.height;
       image[r] = p / (g.width * g.height);
     }
+    const bool unit_stride = g.stride_h == 1 && g.stride_w == 1;
     // Terms k0 .. k0 + kc: a run of filters at each tap.
     for (int64 x = k0; x < k0 + kc;) {
       const int64 tap = x / g.filters, o0 = x % g.filters;
@@ -216,9 +217,13 @@ struct InputGradientOperands {
         sources[r] = kZeros;
         if (r >= rows) continue;
         const int64 h = ih[r] + top, w = iw[r] + left;
-        const int64 oh = h / g.stride_h, ow = w / g.stride_w;
-        if (h < 0 || h % g.stride_h != 0 || oh >= g.out_h || w < 0 ||
-            w % g.stride_w != 0 || ow >= g.out_w)
+        if (h < 0 || w < 0) continue;
+        // At a unit stride every pixel is read at every tap: no division,
+        // which per row and run cost as much as the run's packing.
+        const int64 oh = unit_stride ? h : h / g.stride_h;
+        const int64 ow = unit_stride ? w : w / g.stride_w;
+        if (oh >= g.out_h || ow >= g.out_w ||
+            (!unit_stride && (h % g.stride_h != 0 || w % g.stride_w != 0)))
           continue;
         sources[r] = out_backprop +
                      ((image[r] * g.out_h + oh) * g.out_w + ow) * g.filters + o0;
