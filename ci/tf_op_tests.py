@@ -106,11 +106,27 @@ MODULES = {
     # The float unary functions (the portable kernels' ops): testFloat*,
     # and testBFloat16Basic, which -k's substring match takes too.
     "unary": Module("math_ops/cwise_ops_unary_test.py", keyword="Float"),
+    # The sums (fixed_order_sums: Sum and Mean, their axes and keepdims).
+    "reduction": Module(
+        "math_ops/reduction_ops_test.py",
+        keyword="SumReduction or MeanReduction or UnknownShape or InvalidKeepdims",
+    ),
+    # Softmax and log-softmax (portable_softmax, portable_log_softmax).
+    "softmax": Module("nn_ops/softmax_op_test.py"),
+    # Pow (portable_math) and the float binary functions beside it.
+    "binary": Module(
+        "math_ops/cwise_ops_binary_test.py", keyword="BinaryOpTest and (Float or Pow)"
+    ),
 }
 
 # The kernels a tfdet run must have loaded (`tfdet.profile().kernels`): a
 # run whose kernels fell back to the compositions would test those instead.
-EXPECTED_KERNELS = ("fixed_order_products", "fixed_order_convolutions")
+EXPECTED_KERNELS = (
+    "fixed_order_products",
+    "fixed_order_convolutions",
+    "fixed_order_sums",
+    "portable_math",
+)
 
 # Tests that pass without tfdet and fail with it, accepted: "module::Class::
 # test" -> why. The patches' differences were fixed; these two are

@@ -267,7 +267,18 @@ try:
 except tf.errors.InvalidArgumentError as error:
     found["bad_axis"] = type(error).__name__
 found["empty_mean"] = float(tf.reduce_mean(tf.zeros([0], tf.float32)))
+
+# TensorFlow's own op test's case: an axis named twice, its error's text.
+def repeated_axes():
+    try:
+        tf.reduce_sum(tf.constant([1.0, 2.0]), tf.constant([0, 0]))
+    except tf.errors.InvalidArgumentError as error:
+        return error.message
+    return None
+
+found["repeated_axes"] = repeated_axes()
 _registry.restore()
+found["repeated_axes_plain"] = repeated_axes()
 found["restored_ops"] = ops(lambda v: tf.reduce_sum(tf.exp(v)))
 for name, function in cases.items():
     y, g = run(function)
@@ -299,6 +310,9 @@ def test_under_enable_the_calls_run_the_library_with_tensorflows_values():
     assert found["int_sum"] == 6
     assert found["bad_axis"] == "InvalidArgumentError"
     assert np.isnan(found["empty_mean"])
+    duplicate = "Axes contains duplicate dimension: 0"
+    assert duplicate in found["repeated_axes_plain"]  # TensorFlow's own op.
+    assert duplicate in found["repeated_axes"]
 
 
 ORTHOGONAL = """

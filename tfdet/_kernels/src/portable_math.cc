@@ -331,7 +331,15 @@ class FixedOrderSumOp : public OpKernel {
                   tensorflow::errors::InvalidArgument(
                       "Invalid reduction dimension (", axis, " for input with ",
                       rank, " dimension(s)"));
-      reduced[(axis + rank) % rank] = true;
+      // An axis named twice is TensorFlow's error too (its text, with the
+      // axis counted from 0), not a sum over it once.
+      const int64_t normalized = (axis + rank) % rank;
+      OP_REQUIRES(context, !reduced[normalized],
+                  tensorflow::errors::InvalidArgument(
+                      "Invalid reduction arguments: Axes contains duplicate "
+                      "dimension: ",
+                      normalized));
+      reduced[normalized] = true;
     }
     std::vector<int64_t> dims(rank);
     std::vector<int> order;  // The kept axes, then the reduced ones.
