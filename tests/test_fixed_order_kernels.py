@@ -432,7 +432,22 @@ def _path_results(kernels, monkeypatch, path):
     long_images = tf.constant(rng.normal(size=(8, 34, 34, 3)), tf.float32)
     long_upstream = tf.constant(rng.normal(size=(8, 32, 32, 19)), tf.float32)
     valid = {"strides": [1, 1, 1, 1], "padding": "VALID"}
+    # Filter gradients in the filter's own layout (32 filters or more), which
+    # the AVX-512 path reads from the image where a micro-row's channels lie
+    # in one tap, packing only the micro-rows that span two taps: 13
+    # channels at stride 2 with padding (64 filters, two pairs), and 8
+    # channels over 8,192 positions (two K blocks, 32 filters).
+    direct_images = tf.constant(rng.normal(size=(3, 9, 9, 13)), tf.float32)
+    direct_upstream = tf.constant(rng.normal(size=(3, 5, 5, 64)), tf.float32)
+    long_direct = tf.constant(rng.normal(size=(8, 34, 34, 8)), tf.float32)
+    long_direct_upstream = tf.constant(rng.normal(size=(8, 32, 32, 32)), tf.float32)
     results = [
+        kernels.conv2d_backprop_filter(
+            direct_images, [3, 3, 13, 64], direct_upstream, **attributes
+        ),
+        kernels.conv2d_backprop_filter(
+            long_direct, [3, 3, 8, 32], long_direct_upstream, **valid
+        ),
         kernels.matmul(long_a, long_b),
         kernels.conv2d_backprop_filter(
             long_images, [3, 3, 3, 19], long_upstream, **valid

@@ -438,6 +438,25 @@ struct FilterGradientDirectOperands {
       }
     }
   }
+  // The rows of one tap (its channels), and where each term's first one
+  // lies: the pixel tap `tap` reads at output position k0 + x (its channel
+  // 0), or `zeros` where that is padding. A micro-row of one tap's
+  // channels reads its kMR values side by side there (ComputeTileReadingA).
+  int64 RowsATap() const { return g.channels; }
+  void TapTerms(int64 tap, int64 k0, int64 kc, const float* zeros,
+                const float** at) const {
+    const int64 top = (tap / g.filter_w) * g.dilation_h - g.pad_top;
+    const int64 left = (tap % g.filter_w) * g.dilation_w - g.pad_left;
+    OutputPosition position(g, k0);
+    for (int64 x = 0; x < kc; ++x, position.Next(g)) {
+      const int64 ih = position.oh * g.stride_h + top;
+      const int64 iw = position.ow * g.stride_w + left;
+      at[x] = ih < 0 || ih >= g.height || iw < 0 || iw >= g.width
+                  ? zeros
+                  : input + ((position.image * g.height + ih) * g.width + iw) *
+                                g.channels;
+    }
+  }
   void PackB(int64, int64 j0, int64 k0, int64 kc, float* dst) const {
     PackColumns(View{out_backprop, g.filters, 1}, g.filters, j0, k0, kc, dst);
   }
