@@ -236,9 +236,11 @@ __attribute__((target("avx2,fma"))) void Avx2Kernel(int64 kc, const float* a,
 // Two micro-tiles side by side (kMR x 2 kNR), b0's columns then b1's, with
 // one AVX-512 vector per micro-tile row: twice the AVX2 kernel's work per
 // instruction, each lane still one element's chain over k in order, and
-// vfmadd231ps rounds each lane as the AVX2 and scalar fma do.
-__attribute__((target("avx512f"))) void Avx512PairKernel(
-    int64 kc, const float* a, const float* b0, const float* b1, int64 ldb,
+// vfmadd231ps rounds each lane as the AVX2 and scalar fma do. A's kMR
+// values of term k are at `term(k)`, side by side.
+template <typename Terms>
+__attribute__((target("avx512f"), always_inline)) inline void Avx512Pair(
+    int64 kc, Terms term, const float* b0, const float* b1, int64 ldb,
     float* c, int64 ldc, bool accumulate) {
   __m512 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
   if (accumulate) {
@@ -253,6 +255,7 @@ __attribute__((target("avx512f"))) void Avx512PairKernel(
     c30 = c31 = c40 = c41 = c50 = c51 = _mm512_setzero_ps();
   }
   for (int64 k = 0; k < kc; ++k) {
+    const float* a = term(k);
     const __m512 v0 = _mm512_loadu_ps(b0);
     const __m512 v1 = _mm512_loadu_ps(b1);
     __m512 x;
@@ -268,7 +271,6 @@ __attribute__((target("avx512f"))) void Avx512PairKernel(
     c40 = _mm512_fmadd_ps(x, v0, c40), c41 = _mm512_fmadd_ps(x, v1, c41);
     x = _mm512_set1_ps(a[5]);
     c50 = _mm512_fmadd_ps(x, v0, c50), c51 = _mm512_fmadd_ps(x, v1, c51);
-    a += kMR;
     b0 += ldb;
     b1 += ldb;
   }
@@ -280,50 +282,22 @@ __attribute__((target("avx512f"))) void Avx512PairKernel(
   _mm512_storeu_ps(c + 5 * ldc, c50), _mm512_storeu_ps(c + 5 * ldc + 16, c51);
 }
 
-// The pair kernel with A read where it lies: the kMR values of term k are
-// at a[k] + offset, side by side (a filter gradient's channels of one pixel
-// at one tap), instead of in a packed panel. The same chains, lane for lane.
+// The pair kernel over a packed A panel (term k's values at a + k kMR).
+__attribute__((target("avx512f"))) void Avx512PairKernel(
+    int64 kc, const float* a, const float* b0, const float* b1, int64 ldb,
+    float* c, int64 ldc, bool accumulate) {
+  Avx512Pair(kc, [a](int64 k) { return a + k * kMR; }, b0, b1, ldb, c, ldc,
+             accumulate);
+}
+
+// The pair kernel with A read where it lies: term k's kMR values at a[k] +
+// offset (a filter gradient's channels of one pixel at one tap), instead of
+// in a packed panel. The same chains, lane for lane.
 __attribute__((target("avx512f"))) void Avx512PairKernelIndirect(
     int64 kc, const float* const* a, int64 offset, const float* b0,
     const float* b1, int64 ldb, float* c, int64 ldc, bool accumulate) {
-  __m512 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
-  if (accumulate) {
-    c00 = _mm512_loadu_ps(c + 0 * ldc), c01 = _mm512_loadu_ps(c + 0 * ldc + 16);
-    c10 = _mm512_loadu_ps(c + 1 * ldc), c11 = _mm512_loadu_ps(c + 1 * ldc + 16);
-    c20 = _mm512_loadu_ps(c + 2 * ldc), c21 = _mm512_loadu_ps(c + 2 * ldc + 16);
-    c30 = _mm512_loadu_ps(c + 3 * ldc), c31 = _mm512_loadu_ps(c + 3 * ldc + 16);
-    c40 = _mm512_loadu_ps(c + 4 * ldc), c41 = _mm512_loadu_ps(c + 4 * ldc + 16);
-    c50 = _mm512_loadu_ps(c + 5 * ldc), c51 = _mm512_loadu_ps(c + 5 * ldc + 16);
-  } else {
-    c00 = c01 = c10 = c11 = c20 = c21 = _mm512_setzero_ps();
-    c30 = c31 = c40 = c41 = c50 = c51 = _mm512_setzero_ps();
-  }
-  for (int64 k = 0; k < kc; ++k) {
-    const float* x = a[k] + offset;
-    const __m512 v0 = _mm512_loadu_ps(b0);
-    const __m512 v1 = _mm512_loadu_ps(b1);
-    __m512 s;
-    s = _mm512_set1_ps(x[0]);
-    c00 = _mm512_fmadd_ps(s, v0, c00), c01 = _mm512_fmadd_ps(s, v1, c01);
-    s = _mm512_set1_ps(x[1]);
-    c10 = _mm512_fmadd_ps(s, v0, c10), c11 = _mm512_fmadd_ps(s, v1, c11);
-    s = _mm512_set1_ps(x[2]);
-    c20 = _mm512_fmadd_ps(s, v0, c20), c21 = _mm512_fmadd_ps(s, v1, c21);
-    s = _mm512_set1_ps(x[3]);
-    c30 = _mm512_fmadd_ps(s, v0, c30), c31 = _mm512_fmadd_ps(s, v1, c31);
-    s = _mm512_set1_ps(x[4]);
-    c40 = _mm512_fmadd_ps(s, v0, c40), c41 = _mm512_fmadd_ps(s, v1, c41);
-    s = _mm512_set1_ps(x[5]);
-    c50 = _mm512_fmadd_ps(s, v0, c50), c51 = _mm512_fmadd_ps(s, v1, c51);
-    b0 += ldb;
-    b1 += ldb;
-  }
-  _mm512_storeu_ps(c + 0 * ldc, c00), _mm512_storeu_ps(c + 0 * ldc + 16, c01);
-  _mm512_storeu_ps(c + 1 * ldc, c10), _mm512_storeu_ps(c + 1 * ldc + 16, c11);
-  _mm512_storeu_ps(c + 2 * ldc, c20), _mm512_storeu_ps(c + 2 * ldc + 16, c21);
-  _mm512_storeu_ps(c + 3 * ldc, c30), _mm512_storeu_ps(c + 3 * ldc + 16, c31);
-  _mm512_storeu_ps(c + 4 * ldc, c40), _mm512_storeu_ps(c + 4 * ldc + 16, c41);
-  _mm512_storeu_ps(c + 5 * ldc, c50), _mm512_storeu_ps(c + 5 * ldc + 16, c51);
+  Avx512Pair(kc, [a, offset](int64 k) { return a[k] + offset; }, b0, b1, ldb,
+             c, ldc, accumulate);
 }
 #endif  // TFDET_X86
 
