@@ -106,7 +106,7 @@ class FixedOrderPlanOp : public tensorflow::OpKernel {
     auto o = out->vec<int64_t>();
     o(0) = plan.threads;
     o(1) = plan.blocks.count;
-    o(2) = plan.tasks(v(0));
+    o(2) = plan.tasks;
     o(3) = plan.tiling.tm;
     o(4) = plan.tiling.tn;
   }

@@ -665,6 +665,10 @@ void ComputeTileReadingA(const Operands& operands, const MicroKernels& kernels,
   const int64 ldb = in_place != nullptr ? n : kNR;
   for (int64 k0 = k_begin; k0 < k_end; k0 += kKC) {
     const int64 kc = std::min(kKC, k_end - k0);
+    auto b_panel = [&](int64 at) -> const float* {
+      if (in_place != nullptr) return in_place + k0 * n + j0 + at;
+      return b_pack + ((j0 + at) / kNR) * kNR * k + k0 * kNR;
+    };
     for (int64 group = first; group <= last; ++group)
       operands.TapTerms(group, k0, kc, zeros.data(),
                         terms.data() + (group - first) * kKC);
@@ -688,10 +692,6 @@ void ComputeTileReadingA(const Operands& operands, const MicroKernels& kernels,
             panel[x * kMR + row] = row_terms[row][x][row_offset[row]];
       }
       for (int64 q = 0; q < cols; q += 2 * kNR) {
-        auto b_panel = [&](int64 at) -> const float* {
-          if (in_place != nullptr) return in_place + k0 * n + j0 + at;
-          return b_pack + ((j0 + at) / kNR) * kNR * k + k0 * kNR;
-        };
         float* out = c + (i0 + r) * n + j0 + q;
         if (inside) {
           kernels.indirect(kc, terms.data() + ((i0 + r) / group_rows - first) * kKC,
@@ -804,13 +804,12 @@ struct Plan {
   int64 threads;
   KBlocks blocks;
   Tiling tiling;
+  int64 tasks;
   Plan(int64 batch, int64 m, int64 n, int64 k, int64 pool, bool pairs)
       : threads(ThreadsFor(batch * m * n * k, pool)),
         blocks(k),
-        tiling(batch * blocks.count, m, n, threads, pairs) {}
-  int64 tasks(int64 batch) const {
-    return blocks.count * batch * tiling.row_tiles * tiling.col_tiles;
-  }
+        tiling(batch * blocks.count, m, n, threads, pairs),
+        tasks(blocks.count * batch * tiling.row_tiles * tiling.col_tiles) {}
 };
 
 // A row-major B of n columns (`data`) where the micro-kernel may read it in
@@ -905,7 +904,7 @@ void ComputeProducts(tensorflow::OpKernelContext* context,
                   (tile % tiling.col_tiles) * tiling.tn, tiling.tm, tiling.tn);
     }
   };
-  const int64 tasks = plan.tasks(batch);
+  const int64 tasks = plan.tasks;
   if (per_product == 1 && slots == batch && blocks.count == 1) {
     // Small products, one tile each, each its own B: one pass over the
     // pool, each task packing its own product's B panels and computing it.
