@@ -111,31 +111,6 @@ class ConvolutionAttributes {
   std::vector<int64_t> explicit_paddings_;
 };
 
-// A zero term for every row that reads none: a run is at most a K block.
-constexpr float kZeros[kKC] = {};
-
-// Terms [x, x + run) of kMR rows, from each row's source (kZeros where a
-// row reads none), into a panel: for each term, the kMR rows side by side.
-// Eight terms at a time by the vector transpose where the CPU has AVX2,
-// the rest row by row within a term. The transpose's last store spills
-// two floats past its eighth term: into this run's next term, or, where
-// `more` (the panel's terms go on after this run, and are packed later),
-// past the run; otherwise the last term is left to the loop.
-void Interleave(const float* const* sources, int64 run, bool more,
-                float* dst) {
-  int64 c = 0;
-#ifdef TFDET_X86
-  if (PackWithAvx2() && run >= 8) {
-    const float* eight[8];
-    for (int64 i = 0; i < 8; ++i) eight[i] = sources[std::min(i, kMR - 1)];
-    const int64 vectors = more ? run : run - 1;
-    for (; c + 8 <= vectors; c += 8) Transpose8x8(eight, c, dst + c * kMR, kMR);
-  }
-#endif
-  for (dst += c * kMR; c < run; ++c, dst += kMR)
-    for (int64 r = 0; r < kMR; ++r) dst[r] = sources[r][c];
-}
-
 // The forward convolution as a product: row (image, oh, ow) of the image
 // patches times the filter as a (filter_h x filter_w x channels) x filters
 // matrix. Each output's chain runs over (tap row, tap column, channel).
@@ -146,7 +121,10 @@ struct ForwardOperands {
   float* output;
   int64 m() const { return g.batch * g.out_h * g.out_w; }
   int64 k() const { return g.filter_h * g.filter_w * g.channels; }
-  void PackA(int64, int64 i0, int64 k0, int64 kc, float* dst) const {
+  // Each row's terms at a tap: a run of channels in the pixel it reads.
+  int64 TermsPerTap() const { return g.channels; }
+  void RowSources(int64 i0, int64 first_tap, int64 taps, const float* zeros,
+                  const float** at) const {
     int64 image[kMR], oh[kMR], ow[kMR];
     const int64 rows = std::min(kMR, m() - i0);
     for (int64 r = 0; r < rows; ++r) {
@@ -154,25 +132,17 @@ struct ForwardOperands {
       ow[r] = p % g.out_w, oh[r] = (p / g.out_w) % g.out_h;
       image[r] = p / (g.out_w * g.out_h);
     }
-    // Terms k0 .. k0 + kc: a run of channels at each tap.
-    for (int64 x = k0; x < k0 + kc;) {
-      const int64 tap = x / g.channels, c0 = x % g.channels;
-      const int64 run = std::min(g.channels - c0, k0 + kc - x);
+    for (int64 tap = first_tap; tap < first_tap + taps; ++tap, at += kMR) {
       const int64 top = (tap / g.filter_w) * g.dilation_h - g.pad_top;
       const int64 left = (tap % g.filter_w) * g.dilation_w - g.pad_left;
-      const float* sources[kMR];
       for (int64 r = 0; r < kMR; ++r) {
         const int64 ih = r < rows ? oh[r] * g.stride_h + top : -1;
         const int64 iw = r < rows ? ow[r] * g.stride_w + left : -1;
-        sources[r] =
-            (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width)
-                ? kZeros
-                : input +
-                      ((image[r] * g.height + ih) * g.width + iw) * g.channels +
-                      c0;
+        at[r] = (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width)
+                    ? zeros
+                    : input +
+                          ((image[r] * g.height + ih) * g.width + iw) * g.channels;
       }
-      Interleave(sources, run, x + run < k0 + kc, dst + (x - k0) * kMR);
-      x += run;
     }
   }
   void PackB(int64, int64 j0, int64 k0, int64 kc, float* dst) const {
@@ -197,7 +167,11 @@ struct InputGradientOperands {
   float* output;
   int64 m() const { return g.batch * g.height * g.width; }
   int64 k() const { return g.filter_h * g.filter_w * g.filters; }
-  void PackA(int64, int64 i0, int64 k0, int64 kc, float* dst) const {
+  // Each row's terms at a tap: a run of filters in the output gradient's
+  // position that read this pixel through the tap.
+  int64 TermsPerTap() const { return g.filters; }
+  void RowSources(int64 i0, int64 first_tap, int64 taps, const float* zeros,
+                  const float** at) const {
     int64 image[kMR], ih[kMR], iw[kMR];
     const int64 rows = std::min(kMR, m() - i0);
     for (int64 r = 0; r < rows; ++r) {
@@ -206,30 +180,23 @@ struct InputGradientOperands {
       image[r] = p / (g.width * g.height);
     }
     const bool unit_stride = g.stride_h == 1 && g.stride_w == 1;
-    // Terms k0 .. k0 + kc: a run of filters at each tap.
-    for (int64 x = k0; x < k0 + kc;) {
-      const int64 tap = x / g.filters, o0 = x % g.filters;
-      const int64 run = std::min(g.filters - o0, k0 + kc - x);
+    for (int64 tap = first_tap; tap < first_tap + taps; ++tap, at += kMR) {
       const int64 top = g.pad_top - (tap / g.filter_w) * g.dilation_h;
       const int64 left = g.pad_left - (tap % g.filter_w) * g.dilation_w;
-      const float* sources[kMR];
       for (int64 r = 0; r < kMR; ++r) {
-        sources[r] = kZeros;
+        at[r] = zeros;
         if (r >= rows) continue;
         const int64 h = ih[r] + top, w = iw[r] + left;
         if (h < 0 || w < 0) continue;
         // At a unit stride every pixel is read at every tap: no division,
-        // which per row and run cost as much as the run's packing.
+        // which per row and tap cost as much as the tap's packing.
         const int64 oh = unit_stride ? h : h / g.stride_h;
         const int64 ow = unit_stride ? w : w / g.stride_w;
         if (oh >= g.out_h || ow >= g.out_w ||
             (!unit_stride && (h % g.stride_h != 0 || w % g.stride_w != 0)))
           continue;
-        sources[r] = out_backprop +
-                     ((image[r] * g.out_h + oh) * g.out_w + ow) * g.filters + o0;
+        at[r] = out_backprop + ((image[r] * g.out_h + oh) * g.out_w + ow) * g.filters;
       }
-      Interleave(sources, run, x + run < k0 + kc, dst + (x - k0) * kMR);
-      x += run;
     }
   }
   // Columns [j0, j0 + kNR) (input channels), rows [k0, k0 + kc) of the

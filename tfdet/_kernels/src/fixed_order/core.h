@@ -170,6 +170,31 @@ void PackColumns(const View& b, int64 n, int64 j0, int64 k0, int64 kc,
   }
 }
 
+// A zero term for every row that reads none: a run is at most a K block.
+constexpr float kZeros[kKC] = {};
+
+// Terms [x, x + run) of kMR rows, from each row's source (kZeros where a
+// row reads none), into a panel: for each term, the kMR rows side by side.
+// Eight terms at a time by the vector transpose where the CPU has AVX2,
+// the rest row by row within a term. The transpose's last store spills
+// two floats past its eighth term: into this run's next term, or, where
+// `more` (the panel's terms go on after this run, and are packed later),
+// past the run; otherwise the last term is left to the loop.
+void Interleave(const float* const* sources, int64 run, bool more,
+                float* dst) {
+  int64 c = 0;
+#ifdef TFDET_X86
+  if (PackWithAvx2() && run >= 8) {
+    const float* eight[8];
+    for (int64 i = 0; i < 8; ++i) eight[i] = sources[std::min(i, kMR - 1)];
+    const int64 vectors = more ? run : run - 1;
+    for (; c + 8 <= vectors; c += 8) Transpose8x8(eight, c, dst + c * kMR, kMR);
+  }
+#endif
+  for (dst += c * kMR; c < run; ++c, dst += kMR)
+    for (int64 r = 0; r < kMR; ++r) dst[r] = sources[r][c];
+}
+
 // c (kMR x kNR, row stride ldc) = (accumulate ? c : 0) + a-panel x b-panel,
 // each element one FMA chain over k in order. The b-panel's rows (one per
 // k) lie ldb floats apart: kNR where it was packed, B's own row stride
@@ -233,53 +258,74 @@ __attribute__((target("avx2,fma"))) void Avx2Kernel(int64 kc, const float* a,
   _mm256_storeu_ps(c + 5 * ldc, c50), _mm256_storeu_ps(c + 5 * ldc + 8, c51);
 }
 
-// Two micro-tiles side by side (kMR x 2 kNR), b0's columns then b1's, with
-// one AVX-512 vector per micro-tile row: twice the AVX2 kernel's work per
-// instruction, each lane still one element's chain over k in order, and
-// vfmadd231ps rounds each lane as the AVX2 and scalar fma do. A's kMR
-// values of term k are at `term(k)`, side by side.
+// Two micro-tiles' sums side by side (kMR x 2 kNR), b0's columns then
+// b1's, with one AVX-512 vector per micro-tile row: twice the AVX2 kernel's
+// work per instruction, each lane still one element's chain over k in
+// order, and vfmadd231ps rounds each lane as the AVX2 and scalar fma do.
+// The pair kernels below differ only in where they find A's kMR values of
+// each term.
+struct Avx512PairSums {
+  __m512 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
+
+  __attribute__((target("avx512f"), always_inline)) inline void Start(
+      const float* c, int64 ldc, bool accumulate) {
+    if (accumulate) {
+      c00 = _mm512_loadu_ps(c + 0 * ldc), c01 = _mm512_loadu_ps(c + 0 * ldc + 16);
+      c10 = _mm512_loadu_ps(c + 1 * ldc), c11 = _mm512_loadu_ps(c + 1 * ldc + 16);
+      c20 = _mm512_loadu_ps(c + 2 * ldc), c21 = _mm512_loadu_ps(c + 2 * ldc + 16);
+      c30 = _mm512_loadu_ps(c + 3 * ldc), c31 = _mm512_loadu_ps(c + 3 * ldc + 16);
+      c40 = _mm512_loadu_ps(c + 4 * ldc), c41 = _mm512_loadu_ps(c + 4 * ldc + 16);
+      c50 = _mm512_loadu_ps(c + 5 * ldc), c51 = _mm512_loadu_ps(c + 5 * ldc + 16);
+    } else {
+      c00 = c01 = c10 = c11 = c20 = c21 = _mm512_setzero_ps();
+      c30 = c31 = c40 = c41 = c50 = c51 = _mm512_setzero_ps();
+    }
+  }
+  // One term: row r's value a_r times b0's and b1's 16 columns.
+  __attribute__((target("avx512f"), always_inline)) inline void Add(
+      const float* b0, const float* b1, float a0, float a1, float a2,
+      float a3, float a4, float a5) {
+    const __m512 v0 = _mm512_loadu_ps(b0);
+    const __m512 v1 = _mm512_loadu_ps(b1);
+    __m512 x;
+    x = _mm512_set1_ps(a0);
+    c00 = _mm512_fmadd_ps(x, v0, c00), c01 = _mm512_fmadd_ps(x, v1, c01);
+    x = _mm512_set1_ps(a1);
+    c10 = _mm512_fmadd_ps(x, v0, c10), c11 = _mm512_fmadd_ps(x, v1, c11);
+    x = _mm512_set1_ps(a2);
+    c20 = _mm512_fmadd_ps(x, v0, c20), c21 = _mm512_fmadd_ps(x, v1, c21);
+    x = _mm512_set1_ps(a3);
+    c30 = _mm512_fmadd_ps(x, v0, c30), c31 = _mm512_fmadd_ps(x, v1, c31);
+    x = _mm512_set1_ps(a4);
+    c40 = _mm512_fmadd_ps(x, v0, c40), c41 = _mm512_fmadd_ps(x, v1, c41);
+    x = _mm512_set1_ps(a5);
+    c50 = _mm512_fmadd_ps(x, v0, c50), c51 = _mm512_fmadd_ps(x, v1, c51);
+  }
+  __attribute__((target("avx512f"), always_inline)) inline void Store(
+      float* c, int64 ldc) const {
+    _mm512_storeu_ps(c + 0 * ldc, c00), _mm512_storeu_ps(c + 0 * ldc + 16, c01);
+    _mm512_storeu_ps(c + 1 * ldc, c10), _mm512_storeu_ps(c + 1 * ldc + 16, c11);
+    _mm512_storeu_ps(c + 2 * ldc, c20), _mm512_storeu_ps(c + 2 * ldc + 16, c21);
+    _mm512_storeu_ps(c + 3 * ldc, c30), _mm512_storeu_ps(c + 3 * ldc + 16, c31);
+    _mm512_storeu_ps(c + 4 * ldc, c40), _mm512_storeu_ps(c + 4 * ldc + 16, c41);
+    _mm512_storeu_ps(c + 5 * ldc, c50), _mm512_storeu_ps(c + 5 * ldc + 16, c51);
+  }
+};
+
+// The pair over terms whose kMR values lie side by side at `term(k)`.
 template <typename Terms>
 __attribute__((target("avx512f"), always_inline)) inline void Avx512Pair(
     int64 kc, Terms term, const float* b0, const float* b1, int64 ldb,
     float* c, int64 ldc, bool accumulate) {
-  __m512 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
-  if (accumulate) {
-    c00 = _mm512_loadu_ps(c + 0 * ldc), c01 = _mm512_loadu_ps(c + 0 * ldc + 16);
-    c10 = _mm512_loadu_ps(c + 1 * ldc), c11 = _mm512_loadu_ps(c + 1 * ldc + 16);
-    c20 = _mm512_loadu_ps(c + 2 * ldc), c21 = _mm512_loadu_ps(c + 2 * ldc + 16);
-    c30 = _mm512_loadu_ps(c + 3 * ldc), c31 = _mm512_loadu_ps(c + 3 * ldc + 16);
-    c40 = _mm512_loadu_ps(c + 4 * ldc), c41 = _mm512_loadu_ps(c + 4 * ldc + 16);
-    c50 = _mm512_loadu_ps(c + 5 * ldc), c51 = _mm512_loadu_ps(c + 5 * ldc + 16);
-  } else {
-    c00 = c01 = c10 = c11 = c20 = c21 = _mm512_setzero_ps();
-    c30 = c31 = c40 = c41 = c50 = c51 = _mm512_setzero_ps();
-  }
+  Avx512PairSums sums;
+  sums.Start(c, ldc, accumulate);
   for (int64 k = 0; k < kc; ++k) {
     const float* a = term(k);
-    const __m512 v0 = _mm512_loadu_ps(b0);
-    const __m512 v1 = _mm512_loadu_ps(b1);
-    __m512 x;
-    x = _mm512_set1_ps(a[0]);
-    c00 = _mm512_fmadd_ps(x, v0, c00), c01 = _mm512_fmadd_ps(x, v1, c01);
-    x = _mm512_set1_ps(a[1]);
-    c10 = _mm512_fmadd_ps(x, v0, c10), c11 = _mm512_fmadd_ps(x, v1, c11);
-    x = _mm512_set1_ps(a[2]);
-    c20 = _mm512_fmadd_ps(x, v0, c20), c21 = _mm512_fmadd_ps(x, v1, c21);
-    x = _mm512_set1_ps(a[3]);
-    c30 = _mm512_fmadd_ps(x, v0, c30), c31 = _mm512_fmadd_ps(x, v1, c31);
-    x = _mm512_set1_ps(a[4]);
-    c40 = _mm512_fmadd_ps(x, v0, c40), c41 = _mm512_fmadd_ps(x, v1, c41);
-    x = _mm512_set1_ps(a[5]);
-    c50 = _mm512_fmadd_ps(x, v0, c50), c51 = _mm512_fmadd_ps(x, v1, c51);
+    sums.Add(b0, b1, a[0], a[1], a[2], a[3], a[4], a[5]);
     b0 += ldb;
     b1 += ldb;
   }
-  _mm512_storeu_ps(c + 0 * ldc, c00), _mm512_storeu_ps(c + 0 * ldc + 16, c01);
-  _mm512_storeu_ps(c + 1 * ldc, c10), _mm512_storeu_ps(c + 1 * ldc + 16, c11);
-  _mm512_storeu_ps(c + 2 * ldc, c20), _mm512_storeu_ps(c + 2 * ldc + 16, c21);
-  _mm512_storeu_ps(c + 3 * ldc, c30), _mm512_storeu_ps(c + 3 * ldc + 16, c31);
-  _mm512_storeu_ps(c + 4 * ldc, c40), _mm512_storeu_ps(c + 4 * ldc + 16, c41);
-  _mm512_storeu_ps(c + 5 * ldc, c50), _mm512_storeu_ps(c + 5 * ldc + 16, c51);
+  sums.Store(c, ldc);
 }
 
 // The pair kernel over a packed A panel (term k's values at a + k kMR).
@@ -298,6 +344,36 @@ __attribute__((target("avx512f"))) void Avx512PairKernelIndirect(
     const float* b1, int64 ldb, float* c, int64 ldc, bool accumulate) {
   Avx512Pair(kc, [a, offset](int64 k) { return a[k] + offset; }, b0, b1, ldb,
              c, ldc, accumulate);
+}
+
+// The pair kernel with each of A's kMR rows read where it lies, a tap at a
+// time: the terms are taps of `tap_terms` each (a convolution's channels
+// at one filter tap), row r's terms of the t-th tap a run at rows[t kMR +
+// r] (a pixel's channels; zeros where the row reads padding), the first
+// tap from its term `first` on. The same chains as the packed panel's,
+// term for term, without the copy into it.
+__attribute__((target("avx512f"))) void Avx512PairKernelRows(
+    int64 kc, const float* const* rows, int64 first, int64 tap_terms,
+    const float* b0, const float* b1, int64 ldb, float* c, int64 ldc,
+    bool accumulate) {
+  Avx512PairSums sums;
+  sums.Start(c, ldc, accumulate);
+  for (int64 k = 0; k < kc; rows += kMR, first = 0) {
+    const int64 run = std::min(tap_terms - first, kc - k);
+    const float* a0 = rows[0] + first;
+    const float* a1 = rows[1] + first;
+    const float* a2 = rows[2] + first;
+    const float* a3 = rows[3] + first;
+    const float* a4 = rows[4] + first;
+    const float* a5 = rows[5] + first;
+    for (int64 x = 0; x < run; ++x) {
+      sums.Add(b0, b1, a0[x], a1[x], a2[x], a3[x], a4[x], a5[x]);
+      b0 += ldb;
+      b1 += ldb;
+    }
+    k += run;
+  }
+  sums.Store(c, ldc);
 }
 #endif  // TFDET_X86
 
@@ -360,14 +436,23 @@ using IndirectPairKernel = void (*)(int64 kc, const float* const* a,
                                     const float* b1, int64 ldb, float* c,
                                     int64 ldc, bool accumulate);
 
+// A pair kernel reading each of A's rows where it lies, a tap at a time
+// (see Avx512PairKernelRows).
+using RowsPairKernel = void (*)(int64 kc, const float* const* rows,
+                                int64 first, int64 tap_terms, const float* b0,
+                                const float* b1, int64 ldb, float* c,
+                                int64 ldc, bool accumulate);
+
 // The micro-kernels of a call: `single` for one micro-tile, and `pair`,
 // where the CPU has a wider vector, for two side by side (null otherwise);
-// `indirect`, the pair reading A in place (null where there is no pair).
+// `indirect` and `rows`, the pair reading A in place (null where there is
+// no pair).
 struct MicroKernels {
   MicroKernel single;
   PairKernel pair;
   const char* name;  // "avx512", "avx2", "neon" or "scalar"
   IndirectPairKernel indirect = nullptr;
+  RowsPairKernel rows = nullptr;
 };
 
 // The micro-kernels of this process: the widest vectors the CPU has (AVX-512
@@ -382,7 +467,8 @@ MicroKernels ChooseKernels() {
   if (wanted == "scalar") return {ScalarKernel, nullptr, "scalar"};
 #ifdef TFDET_X86
   if (avx512 && wanted != "avx2")
-    return {Avx2Kernel, Avx512PairKernel, "avx512", Avx512PairKernelIndirect};
+    return {Avx2Kernel, Avx512PairKernel, "avx512", Avx512PairKernelIndirect,
+            Avx512PairKernelRows};
   if (avx2) return {Avx2Kernel, nullptr, "avx2"};
 #endif
 #ifdef TFDET_NEON
@@ -562,6 +648,59 @@ void ComputeMicroTile(const MicroKernels& kernels, int64 kc,
     std::memcpy(out + x * n, edge + x * width, sizeof(float) * nr);
 }
 
+// Whether operands say where each of A's rows reads its terms, a tap at a
+// time (a convolution's rows are positions, whose terms at one filter tap
+// are a run of channels in one pixel), so that packing, or the micro-kernel
+// itself, reads them there:
+//   int64 TermsPerTap() const;  // the terms of a tap (the channels)
+//   void RowSources(int64 i0, int64 first_tap, int64 taps,
+//                   const float* zeros, const float** at) const;
+//       // at[t kMR + r]: where row i0 + r's terms of tap first_tap + t
+//       // start (`zeros`, TermsPerTap() floats, where the row reads
+//       // padding or lies past m)
+template <typename Operands, typename = void>
+struct ReadsARows : std::false_type {};
+template <typename Operands>
+struct ReadsARows<Operands, std::void_t<decltype(&Operands::RowSources)>>
+    : std::true_type {};
+
+// Terms [first, first + kc) of the taps whose sources are at `rows` (kMR
+// a tap, as RowSources gives them) as one packed kMR x kc panel.
+void PackFromSources(const float* const* rows, int64 first, int64 tap_terms,
+                     int64 kc, const float* zeros, float* dst) {
+  for (int64 k = 0; k < kc; rows += kMR, first = 0) {
+    const int64 run = std::min(tap_terms - first, kc - k);
+    const float* sources[kMR];
+    // kZeros holds a run (at most a K block); `zeros` a whole tap.
+    for (int64 r = 0; r < kMR; ++r)
+      sources[r] = rows[r] == zeros ? kZeros : rows[r] + first;
+    Interleave(sources, run, k + run < kc, dst + k * kMR);
+    k += run;
+  }
+}
+
+// The taps that terms [k0, k0 + kc) span, tap_terms a tap: the first one,
+// how many, and the first one's first term.
+struct TapSpan {
+  int64 first_tap, taps, first;
+  TapSpan(int64 k0, int64 kc, int64 tap_terms)
+      : first_tap(k0 / tap_terms),
+        taps((k0 + kc - 1) / tap_terms - k0 / tap_terms + 1),
+        first(k0 % tap_terms) {}
+};
+
+// Rows [i0, i0 + kMR) of operands that say where their rows read, terms
+// [k0, k0 + kc), as a packed panel.
+template <typename Operands>
+void PackRowsFromSources(const Operands& operands, int64 i0, int64 k0,
+                         int64 kc, float* dst) {
+  const TapSpan span(k0, kc, operands.TermsPerTap());
+  const float* sources[(kKC + 1) * kMR];
+  operands.RowSources(i0, span.first_tap, span.taps, kZeros, sources);
+  PackFromSources(sources, span.first, operands.TermsPerTap(), kc, kZeros,
+                  dst);
+}
+
 // Whether operands pack a tile's rows of A at once (`PackATile`), rather
 // than one micro-panel at a time (`PackA`).
 template <typename Operands, typename = void>
@@ -577,6 +716,9 @@ void PackTileRows(const Operands& operands, int64 p, int64 i0, int64 rows,
                   int64 k0, int64 kc, float* a_block) {
   if constexpr (PacksTiles<Operands>::value) {
     operands.PackATile(p, i0, rows, k0, kc, a_block);
+  } else if constexpr (ReadsARows<Operands>::value) {
+    for (int64 r = 0; r < rows; r += kMR)
+      PackRowsFromSources(operands, i0 + r, k0, kc, a_block + r * kc);
   } else {
     for (int64 r = 0; r < rows; r += kMR)
       operands.PackA(p, i0 + r, k0, kc, a_block + r * kc);
@@ -707,6 +849,56 @@ void ComputeTileReadingA(const Operands& operands, const MicroKernels& kernels,
   }
 }
 
+// A tile of operands that say where their rows read, on a path with the
+// rows kernel: each whole micro-row's pairs of micro-tiles read A from the
+// rows' sources, with no copy. Only a micro-row past m's end, and columns
+// short of a pair, are packed, from the same sources. Packing had copied
+// each term of the built-in CNN's convolutions to feed one or two pairs of
+// micro-tiles. The chains are the packed path's, term for term.
+template <typename Operands>
+void ComputeTileReadingRows(const Operands& operands,
+                            const MicroKernels& kernels, float* a_block,
+                            const float* in_place, const float* b_pack,
+                            int64 n, int64 k, int64 k_begin, int64 k_end,
+                            float* c, int64 i0, int64 j0, int64 rows,
+                            int64 cols) {
+  const int64 tap_terms = operands.TermsPerTap();
+  const std::vector<float> zeros(tap_terms, 0.0f);
+  std::vector<const float*> sources((kKC / tap_terms + 2) * kMR);
+  const int64 ldb = in_place != nullptr ? n : kNR;
+  const int64 paired = cols / (2 * kNR) * (2 * kNR);
+  for (int64 k0 = k_begin; k0 < k_end; k0 += kKC) {
+    const int64 kc = std::min(kKC, k_end - k0);
+    const TapSpan span(k0, kc, tap_terms);
+    const bool accumulate = k0 > k_begin;
+    auto b_panel = [&](int64 at) -> const float* {
+      if (in_place != nullptr) return in_place + k0 * n + j0 + at;
+      return b_pack + ((j0 + at) / kNR) * kNR * k + k0 * kNR;
+    };
+    for (int64 r = 0; r < rows; r += kMR) {
+      const int64 real = std::min(kMR, rows - r);
+      operands.RowSources(i0 + r, span.first_tap, span.taps, zeros.data(),
+                          sources.data());
+      float* out = c + (i0 + r) * n + j0;
+      const int64 direct = real == kMR ? paired : 0;
+      for (int64 q = 0; q < direct; q += 2 * kNR)
+        kernels.rows(kc, sources.data(), span.first, tap_terms, b_panel(q),
+                     b_panel(q + kNR), ldb, out + q, n, accumulate);
+      if (direct == cols) continue;
+      PackFromSources(sources.data(), span.first, tap_terms, kc, zeros.data(),
+                      a_block);
+      for (int64 q = direct; q < cols;) {
+        const bool pair = cols - q >= 2 * kNR;
+        const int64 width = pair ? 2 * kNR : kNR;
+        ComputeMicroTile(kernels, kc, a_block, b_panel(q),
+                         pair ? b_panel(q + kNR) : nullptr, ldb, out + q, n,
+                         real, std::min(width, cols - q), accumulate);
+        q += width;
+      }
+    }
+  }
+}
+
 template <typename Operands>
 void ComputeTile(const Operands& operands, const MicroKernels& kernels,
                  bool own_b,
@@ -721,6 +913,13 @@ void ComputeTile(const Operands& operands, const MicroKernels& kernels,
     return;
   }
   const float* in_place = operands.InPlaceB(p);
+  if constexpr (ReadsARows<Operands>::value) {
+    if (kernels.rows != nullptr && !own_b) {
+      ComputeTileReadingRows(operands, kernels, a_block, in_place, b_pack, n, k,
+                             k_begin, k_end, c, i0, j0, rows, cols);
+      return;
+    }
+  }
   if constexpr (ReadsATerms<Operands>::value) {
     if (kernels.indirect != nullptr && !own_b && cols % (2 * kNR) == 0 &&
         operands.RowsATap() >= kMR) {
@@ -833,7 +1032,8 @@ const float* InPlace(const float* data, int64 n) {
 // goes:
 //   void PackA(int64 product, int64 i0, int64 k0, int64 kc, float* dst)
 //       const;  // rows [i0, i0 + kMR), terms [k0, k0 + kc): kMR x kc
-//       // (or PackATile, a tile's rows at once: see PackTileRows)
+//       // (or PackATile, a tile's rows at once: see PackTileRows; or
+//       // RowSources, where each row reads: see ReadsARows)
 //   void PackB(int64 product, int64 j0, int64 k0, int64 kc, float* dst)
 //       const;  // terms [k0, k0 + kc), columns [j0, j0 + kNR): kc x kNR
 //   float* Output(int64 product) const;  // m x n, row-major
