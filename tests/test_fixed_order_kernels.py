@@ -441,7 +441,24 @@ def _path_results(kernels, monkeypatch, path):
     direct_upstream = tf.constant(rng.normal(size=(3, 5, 5, 64)), tf.float32)
     long_direct = tf.constant(rng.normal(size=(8, 34, 34, 8)), tf.float32)
     long_direct_upstream = tf.constant(rng.normal(size=(8, 32, 32, 32)), tf.float32)
+    # Convolutions whose micro-rows the AVX-512 path reads where they lie,
+    # a tap at a time: 37 channels and 40 filters (K blocks of 256 terms
+    # that end inside a tap; a pair of micro-tiles and a lone one beside
+    # it), 189 positions (a short last micro-row), padding on every side,
+    # and the input gradient at strides 1 and 2.
+    rows_images = tf.constant(rng.normal(size=(3, 7, 9, 37)), tf.float32)
+    rows_filter = tf.constant(rng.normal(size=(3, 3, 37, 40)), tf.float32)
+    rows_upstream = tf.constant(rng.normal(size=(3, 7, 9, 40)), tf.float32)
+    strided_upstream = tf.constant(rng.normal(size=(3, 4, 5, 40)), tf.float32)
+    same = {"strides": [1, 1, 1, 1], "padding": "SAME"}
     results = [
+        kernels.conv2d(rows_images, rows_filter, **same),
+        kernels.conv2d_backprop_input(
+            tf.shape(rows_images), rows_filter, rows_upstream, **same
+        ),
+        kernels.conv2d_backprop_input(
+            tf.shape(rows_images), rows_filter, strided_upstream, **attributes
+        ),
         kernels.conv2d_backprop_filter(
             direct_images, [3, 3, 13, 64], direct_upstream, **attributes
         ),
