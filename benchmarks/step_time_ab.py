@@ -23,6 +23,12 @@ product of those sizes by `fixed_order.matmul` or `batch_matmul` (a
 convolution's call as the product over its patches, packed plainly), the
 fastest of `--steps` calls each, and prints the sum over the calls, each
 counted as often as a step makes it.
+
+`--convolutions LAYERS` times convolutions alone: each process runs
+`benchmarks/fixed_order_convolutions.py --layers LAYERS --fastest` with one
+side's tfdet, and the table gives each layer's forward, input gradient and
+filter gradient as before / after / TensorFlow's op, the fastest call of
+every round (TensorFlow's over both sides' processes), with their sums.
 """
 
 from __future__ import annotations
@@ -105,6 +111,64 @@ def step_time(
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def convolution_times(
+    source: Path, layers: str, repeats: int
+) -> dict[tuple[str, int], tuple[float, float]]:
+    """One process's fastest (kernel, TensorFlow) ms per (layer, op: 0
+    forward, 1 input gradient, 2 filter gradient), with the tfdet of
+    `source`."""
+    env = {**os.environ, "PYTHONPATH": str(source), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "fixed_order_convolutions.py"),
+         "--layers", layers, "--repeats", str(repeats), "--batch", "32",
+         "--fastest"],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"{layers} did not run:\n{done.stderr[-3000:]}")
+    times = {}
+    for line in done.stdout.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or "/" not in cells[1] or cells[0] == "layer":
+            continue
+        for op, cell in enumerate(cells[1:]):
+            kernel, tensorflow = (float(value) for value in cell.split("/"))
+            times[(cells[0], op)] = (kernel, tensorflow)
+    return times
+
+
+def print_convolutions(found: dict[str, list[dict]]) -> None:
+    """The layers' table: fastest before / after / TensorFlow per op."""
+    cells = found["after"][0].keys()
+    fastest = {
+        key: (
+            min(times[key][0] for times in found["before"]),
+            min(times[key][0] for times in found["after"]),
+            min(times[key][1] for side in found.values() for times in side),
+        )
+        for key in cells
+    }
+    print("| layer | forward before / after / TF | input gradient | filter gradient |")
+    print("|---|---|---|---|")
+    for layer in dict.fromkeys(name for name, _ in cells):
+        row = (fastest[(layer, op)] for op in range(3))
+        print(
+            f"| {layer} | "
+            + " | ".join(" / ".join(f"{t:.2f}" for t in r) for r in row)
+            + " |"
+        )
+    sums = [
+        [
+            sum(fastest[(layer, op)][i] for layer, o in cells if o == op)
+            for i in range(3)
+        ]
+        for op in range(3)
+    ]
+    print(
+        "| sum | " + " | ".join(" / ".join(f"{t:.2f}" for t in s) for s in sums) + " |"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", required=True, help="The commit to compare.")
@@ -115,6 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         "--calls",
         action="store_true",
         help="Time each model's recorded kernel calls, not its step.",
+    )
+    parser.add_argument(
+        "--convolutions",
+        metavar="LAYERS",
+        help="Time fixed_order_convolutions.py's LAYERS (cnn, resnet50, "
+        "first, pointwise) instead of models.",
     )
     args = parser.parse_args(argv)
     models = args.models.split(",")
@@ -127,8 +197,15 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         try:
             found: dict[tuple[str, str], list[dict[str, float]]] = {}
+            layers: dict[str, list[dict]] = {"before": [], "after": []}
             for round_ in range(args.rounds):
                 sides = [("before", before), ("after", REPO)]
+                if args.convolutions:
+                    for side, source in sides[:: 1 if round_ % 2 == 0 else -1]:
+                        layers[side].append(
+                            convolution_times(source, args.convolutions, args.steps)
+                        )
+                    continue
                 for model in models:
                     for side, source in sides[:: 1 if round_ % 2 == 0 else -1]:
                         result = step_time(source, model, args.steps, args.calls)
@@ -144,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
                  str(before)],
                 check=False,
             )  # fmt: skip
+    if args.convolutions:
+        print_convolutions(layers)
+        return 0
     for model in models:
         after, old = found[(model, "after")], found[(model, "before")]
         ratios = [a["ms"] / b["ms"] for a, b in zip(after, old, strict=True)]
