@@ -202,6 +202,12 @@ void Interleave(const float* const* sources, int64 run, bool more,
 using MicroKernel = void (*)(int64 kc, const float* a, const float* b,
                              int64 ldb, float* c, int64 ldc, bool accumulate);
 
+// Two micro-tiles side by side, b0's columns then b1's (kMR x 2 kNR, row
+// stride ldc), each element one FMA chain over k in order.
+using PairKernel = void (*)(int64 kc, const float* a, const float* b0,
+                            const float* b1, int64 ldb, float* c, int64 ldc,
+                            bool accumulate);
+
 void ScalarKernel(int64 kc, const float* a, const float* b, int64 ldb,
                   float* c, int64 ldc, bool accumulate) {
   for (int64 r = 0; r < kMR; ++r) {
@@ -336,6 +342,49 @@ __attribute__((target("avx512f"))) void Avx512PairKernel(
              accumulate);
 }
 
+// The pair kernel over a packed A panel's first R rows (R < kMR: the last
+// micro-row of an m that is no multiple of kMR), straight into C's R rows:
+// the full kernel would compute the panel's zero rows too, and its output
+// would need a copy (a recurrent step's 32 rows are 5 micro-rows and 2 rows:
+// a ninth of its product was rows of zeros). The same chains, lane for lane.
+template <int R>
+__attribute__((target("avx512f"))) void Avx512PairKernelFewRows(
+    int64 kc, const float* a, const float* b0, const float* b1, int64 ldb,
+    float* c, int64 ldc, bool accumulate) {
+  __m512 s0[R], s1[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    s0[r] = accumulate ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();
+    s1[r] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps();
+  }
+  for (int64 k = 0; k < kc; ++k, a += kMR, b0 += ldb, b1 += ldb) {
+    const __m512 v0 = _mm512_loadu_ps(b0);
+    const __m512 v1 = _mm512_loadu_ps(b1);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 x = _mm512_set1_ps(a[r]);
+      s0[r] = _mm512_fmadd_ps(x, v0, s0[r]);
+      s1[r] = _mm512_fmadd_ps(x, v1, s1[r]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(c + r * ldc, s0[r]);
+    _mm512_storeu_ps(c + r * ldc + 16, s1[r]);
+  }
+}
+
+// The few-rows pair kernel for `rows` (1 to kMR - 1) rows.
+void Avx512PairKernelShort(int64 rows, int64 kc, const float* a,
+                           const float* b0, const float* b1, int64 ldb,
+                           float* c, int64 ldc, bool accumulate) {
+  static constexpr PairKernel kByRows[kMR] = {
+      nullptr, Avx512PairKernelFewRows<1>, Avx512PairKernelFewRows<2>,
+      Avx512PairKernelFewRows<3>, Avx512PairKernelFewRows<4>,
+      Avx512PairKernelFewRows<5>};
+  kByRows[rows](kc, a, b0, b1, ldb, c, ldc, accumulate);
+}
+
 // The pair kernel with A read where it lies: term k's kMR values at a[k] +
 // offset (a filter gradient's channels of one pixel at one tap), instead of
 // in a packed panel. The same chains, lane for lane.
@@ -424,12 +473,6 @@ bool CpuHasAvx512() {
 #endif
 }
 
-// Two micro-tiles side by side, b0's columns then b1's (kMR x 2 kNR, row
-// stride ldc), each element one FMA chain over k in order.
-using PairKernel = void (*)(int64 kc, const float* a, const float* b0,
-                            const float* b1, int64 ldb, float* c, int64 ldc,
-                            bool accumulate);
-
 // A pair kernel reading A where it lies (see Avx512PairKernelIndirect).
 using IndirectPairKernel = void (*)(int64 kc, const float* const* a,
                                     int64 offset, const float* b0,
@@ -443,16 +486,24 @@ using RowsPairKernel = void (*)(int64 kc, const float* const* rows,
                                 const float* b1, int64 ldb, float* c,
                                 int64 ldc, bool accumulate);
 
+// A pair kernel over a packed panel's first `rows` rows (see
+// Avx512PairKernelFewRows).
+using ShortPairKernel = void (*)(int64 rows, int64 kc, const float* a,
+                                 const float* b0, const float* b1, int64 ldb,
+                                 float* c, int64 ldc, bool accumulate);
+
 // The micro-kernels of a call: `single` for one micro-tile, and `pair`,
 // where the CPU has a wider vector, for two side by side (null otherwise);
-// `indirect` and `rows`, the pair reading A in place (null where there is
-// no pair).
+// `indirect` and `rows`, the pair reading A in place, and `short_pair`,
+// the pair over fewer rows than a micro-tile's (null where there is no
+// pair).
 struct MicroKernels {
   MicroKernel single;
   PairKernel pair;
   const char* name;  // "avx512", "avx2", "neon" or "scalar"
   IndirectPairKernel indirect = nullptr;
   RowsPairKernel rows = nullptr;
+  ShortPairKernel short_pair = nullptr;
 };
 
 // The micro-kernels of this process: the widest vectors the CPU has (AVX-512
@@ -467,8 +518,9 @@ MicroKernels ChooseKernels() {
   if (wanted == "scalar") return {ScalarKernel, nullptr, "scalar"};
 #ifdef TFDET_X86
   if (avx512 && wanted != "avx2")
-    return {Avx2Kernel, Avx512PairKernel, "avx512", Avx512PairKernelIndirect,
-            Avx512PairKernelRows};
+    return {Avx2Kernel,           Avx512PairKernel,
+            "avx512",             Avx512PairKernelIndirect,
+            Avx512PairKernelRows, Avx512PairKernelShort};
   if (avx2) return {Avx2Kernel, nullptr, "avx2"};
 #endif
 #ifdef TFDET_NEON
@@ -637,6 +689,11 @@ void ComputeMicroTile(const MicroKernels& kernels, int64 kc,
   };
   if (mr == kMR && nr == width) {
     run(out, n);
+    return;
+  }
+  if (b1_panel != nullptr && nr == width && kernels.short_pair != nullptr) {
+    kernels.short_pair(mr, kc, a_panel, b_panel, b1_panel, ldb, out, n,
+                       accumulate);
     return;
   }
   alignas(64) float edge[kMR * 2 * kNR];
