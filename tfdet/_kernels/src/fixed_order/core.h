@@ -221,47 +221,89 @@ void ScalarKernel(int64 kc, const float* a, const float* b, int64 ldb,
 }
 
 #ifdef TFDET_X86
+// A micro-tile's sums in AVX2 registers: kMR rows of two 8-lane vectors,
+// each lane one element's chain over k in order. The kernels below differ
+// only in where they find A's kMR values of each term.
+struct Avx2Sums {
+  __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
+
+  __attribute__((target("avx2,fma"), always_inline)) inline void Start(
+      const float* c, int64 ldc, bool accumulate) {
+    if (accumulate) {
+      c00 = _mm256_loadu_ps(c + 0 * ldc), c01 = _mm256_loadu_ps(c + 0 * ldc + 8);
+      c10 = _mm256_loadu_ps(c + 1 * ldc), c11 = _mm256_loadu_ps(c + 1 * ldc + 8);
+      c20 = _mm256_loadu_ps(c + 2 * ldc), c21 = _mm256_loadu_ps(c + 2 * ldc + 8);
+      c30 = _mm256_loadu_ps(c + 3 * ldc), c31 = _mm256_loadu_ps(c + 3 * ldc + 8);
+      c40 = _mm256_loadu_ps(c + 4 * ldc), c41 = _mm256_loadu_ps(c + 4 * ldc + 8);
+      c50 = _mm256_loadu_ps(c + 5 * ldc), c51 = _mm256_loadu_ps(c + 5 * ldc + 8);
+    } else {
+      c00 = c01 = c10 = c11 = c20 = c21 = _mm256_setzero_ps();
+      c30 = c31 = c40 = c41 = c50 = c51 = _mm256_setzero_ps();
+    }
+  }
+  // One term: row r's value a_r times b's 16 columns.
+  __attribute__((target("avx2,fma"), always_inline)) inline void Add(
+      const float* b, float a0, float a1, float a2, float a3, float a4,
+      float a5) {
+    const __m256 b0 = _mm256_loadu_ps(b);
+    const __m256 b1 = _mm256_loadu_ps(b + 8);
+    __m256 x;
+    x = _mm256_set1_ps(a0);
+    c00 = _mm256_fmadd_ps(x, b0, c00), c01 = _mm256_fmadd_ps(x, b1, c01);
+    x = _mm256_set1_ps(a1);
+    c10 = _mm256_fmadd_ps(x, b0, c10), c11 = _mm256_fmadd_ps(x, b1, c11);
+    x = _mm256_set1_ps(a2);
+    c20 = _mm256_fmadd_ps(x, b0, c20), c21 = _mm256_fmadd_ps(x, b1, c21);
+    x = _mm256_set1_ps(a3);
+    c30 = _mm256_fmadd_ps(x, b0, c30), c31 = _mm256_fmadd_ps(x, b1, c31);
+    x = _mm256_set1_ps(a4);
+    c40 = _mm256_fmadd_ps(x, b0, c40), c41 = _mm256_fmadd_ps(x, b1, c41);
+    x = _mm256_set1_ps(a5);
+    c50 = _mm256_fmadd_ps(x, b0, c50), c51 = _mm256_fmadd_ps(x, b1, c51);
+  }
+  __attribute__((target("avx2,fma"), always_inline)) inline void Store(
+      float* c, int64 ldc) const {
+    _mm256_storeu_ps(c + 0 * ldc, c00), _mm256_storeu_ps(c + 0 * ldc + 8, c01);
+    _mm256_storeu_ps(c + 1 * ldc, c10), _mm256_storeu_ps(c + 1 * ldc + 8, c11);
+    _mm256_storeu_ps(c + 2 * ldc, c20), _mm256_storeu_ps(c + 2 * ldc + 8, c21);
+    _mm256_storeu_ps(c + 3 * ldc, c30), _mm256_storeu_ps(c + 3 * ldc + 8, c31);
+    _mm256_storeu_ps(c + 4 * ldc, c40), _mm256_storeu_ps(c + 4 * ldc + 8, c41);
+    _mm256_storeu_ps(c + 5 * ldc, c50), _mm256_storeu_ps(c + 5 * ldc + 8, c51);
+  }
+};
+
+// The micro-tile over a packed A panel (term k's values at a + k kMR).
 __attribute__((target("avx2,fma"))) void Avx2Kernel(int64 kc, const float* a,
                                                      const float* b, int64 ldb,
                                                      float* c, int64 ldc,
                                                      bool accumulate) {
-  __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
-  if (accumulate) {
-    c00 = _mm256_loadu_ps(c + 0 * ldc), c01 = _mm256_loadu_ps(c + 0 * ldc + 8);
-    c10 = _mm256_loadu_ps(c + 1 * ldc), c11 = _mm256_loadu_ps(c + 1 * ldc + 8);
-    c20 = _mm256_loadu_ps(c + 2 * ldc), c21 = _mm256_loadu_ps(c + 2 * ldc + 8);
-    c30 = _mm256_loadu_ps(c + 3 * ldc), c31 = _mm256_loadu_ps(c + 3 * ldc + 8);
-    c40 = _mm256_loadu_ps(c + 4 * ldc), c41 = _mm256_loadu_ps(c + 4 * ldc + 8);
-    c50 = _mm256_loadu_ps(c + 5 * ldc), c51 = _mm256_loadu_ps(c + 5 * ldc + 8);
-  } else {
-    c00 = c01 = c10 = c11 = c20 = c21 = _mm256_setzero_ps();
-    c30 = c31 = c40 = c41 = c50 = c51 = _mm256_setzero_ps();
+  Avx2Sums sums;
+  sums.Start(c, ldc, accumulate);
+  for (int64 k = 0; k < kc; ++k, a += kMR, b += ldb)
+    sums.Add(b, a[0], a[1], a[2], a[3], a[4], a[5]);
+  sums.Store(c, ldc);
+}
+
+// The micro-tile with each of A's rows read where it lies, a tap at a time
+// (as Avx512PairKernelRows, below, reads them for a pair).
+__attribute__((target("avx2,fma"))) void Avx2KernelRows(
+    int64 kc, const float* const* rows, int64 first, int64 tap_terms,
+    const float* b, int64 ldb, float* c, int64 ldc, bool accumulate) {
+  Avx2Sums sums;
+  sums.Start(c, ldc, accumulate);
+  for (int64 k = 0; k < kc; rows += kMR, first = 0) {
+    const int64 run = std::min(tap_terms - first, kc - k);
+    const float* a0 = rows[0] + first;
+    const float* a1 = rows[1] + first;
+    const float* a2 = rows[2] + first;
+    const float* a3 = rows[3] + first;
+    const float* a4 = rows[4] + first;
+    const float* a5 = rows[5] + first;
+    for (int64 x = 0; x < run; ++x, b += ldb)
+      sums.Add(b, a0[x], a1[x], a2[x], a3[x], a4[x], a5[x]);
+    k += run;
   }
-  for (int64 k = 0; k < kc; ++k) {
-    const __m256 b0 = _mm256_loadu_ps(b);
-    const __m256 b1 = _mm256_loadu_ps(b + 8);
-    __m256 x;
-    x = _mm256_broadcast_ss(a + 0);
-    c00 = _mm256_fmadd_ps(x, b0, c00), c01 = _mm256_fmadd_ps(x, b1, c01);
-    x = _mm256_broadcast_ss(a + 1);
-    c10 = _mm256_fmadd_ps(x, b0, c10), c11 = _mm256_fmadd_ps(x, b1, c11);
-    x = _mm256_broadcast_ss(a + 2);
-    c20 = _mm256_fmadd_ps(x, b0, c20), c21 = _mm256_fmadd_ps(x, b1, c21);
-    x = _mm256_broadcast_ss(a + 3);
-    c30 = _mm256_fmadd_ps(x, b0, c30), c31 = _mm256_fmadd_ps(x, b1, c31);
-    x = _mm256_broadcast_ss(a + 4);
-    c40 = _mm256_fmadd_ps(x, b0, c40), c41 = _mm256_fmadd_ps(x, b1, c41);
-    x = _mm256_broadcast_ss(a + 5);
-    c50 = _mm256_fmadd_ps(x, b0, c50), c51 = _mm256_fmadd_ps(x, b1, c51);
-    a += kMR;
-    b += ldb;
-  }
-  _mm256_storeu_ps(c + 0 * ldc, c00), _mm256_storeu_ps(c + 0 * ldc + 8, c01);
-  _mm256_storeu_ps(c + 1 * ldc, c10), _mm256_storeu_ps(c + 1 * ldc + 8, c11);
-  _mm256_storeu_ps(c + 2 * ldc, c20), _mm256_storeu_ps(c + 2 * ldc + 8, c21);
-  _mm256_storeu_ps(c + 3 * ldc, c30), _mm256_storeu_ps(c + 3 * ldc + 8, c31);
-  _mm256_storeu_ps(c + 4 * ldc, c40), _mm256_storeu_ps(c + 4 * ldc + 8, c41);
-  _mm256_storeu_ps(c + 5 * ldc, c50), _mm256_storeu_ps(c + 5 * ldc + 8, c51);
+  sums.Store(c, ldc);
 }
 
 // Two micro-tiles' sums side by side (kMR x 2 kNR), b0's columns then
@@ -486,6 +528,11 @@ using RowsPairKernel = void (*)(int64 kc, const float* const* rows,
                                 const float* b1, int64 ldb, float* c,
                                 int64 ldc, bool accumulate);
 
+// The same for one micro-tile (see Avx2KernelRows).
+using RowsKernel = void (*)(int64 kc, const float* const* rows, int64 first,
+                            int64 tap_terms, const float* b, int64 ldb,
+                            float* c, int64 ldc, bool accumulate);
+
 // A pair kernel over a packed panel's first `rows` rows (see
 // Avx512PairKernelFewRows).
 using ShortPairKernel = void (*)(int64 rows, int64 kc, const float* a,
@@ -494,16 +541,18 @@ using ShortPairKernel = void (*)(int64 rows, int64 kc, const float* a,
 
 // The micro-kernels of a call: `single` for one micro-tile, and `pair`,
 // where the CPU has a wider vector, for two side by side (null otherwise);
-// `indirect` and `rows`, the pair reading A in place, and `short_pair`,
-// the pair over fewer rows than a micro-tile's (null where there is no
-// pair).
+// `indirect` and `pair_rows`, the pair reading A in place, and
+// `short_pair`, the pair over fewer rows than a micro-tile's (null where
+// there is no pair); `single_rows`, the single reading A in place (null
+// where the path has none: scalar and NEON pack).
 struct MicroKernels {
   MicroKernel single;
   PairKernel pair;
   const char* name;  // "avx512", "avx2", "neon" or "scalar"
   IndirectPairKernel indirect = nullptr;
-  RowsPairKernel rows = nullptr;
+  RowsPairKernel pair_rows = nullptr;
   ShortPairKernel short_pair = nullptr;
+  RowsKernel single_rows = nullptr;
 };
 
 // The micro-kernels of this process: the widest vectors the CPU has (AVX-512
@@ -518,10 +567,12 @@ MicroKernels ChooseKernels() {
   if (wanted == "scalar") return {ScalarKernel, nullptr, "scalar"};
 #ifdef TFDET_X86
   if (avx512 && wanted != "avx2")
-    return {Avx2Kernel,           Avx512PairKernel,
-            "avx512",             Avx512PairKernelIndirect,
-            Avx512PairKernelRows, Avx512PairKernelShort};
-  if (avx2) return {Avx2Kernel, nullptr, "avx2"};
+    return {Avx2Kernel,           Avx512PairKernel,      "avx512",
+            Avx512PairKernelIndirect, Avx512PairKernelRows, Avx512PairKernelShort,
+            Avx2KernelRows};
+  if (avx2)
+    return {Avx2Kernel, nullptr, "avx2", nullptr, nullptr, nullptr,
+            Avx2KernelRows};
 #endif
 #ifdef TFDET_NEON
   return {NeonKernel, nullptr, "neon"};
@@ -906,10 +957,11 @@ void ComputeTileReadingA(const Operands& operands, const MicroKernels& kernels,
   }
 }
 
-// A tile of operands that say where their rows read, on a path with the
-// rows kernel: each whole micro-row's pairs of micro-tiles read A from the
-// rows' sources, with no copy. Only a micro-row past m's end, and columns
-// short of a pair, are packed, from the same sources. Packing had copied
+// A tile of operands that say where their rows read, on a path with rows
+// kernels: each whole micro-row's pairs of micro-tiles, then its single
+// micro-tiles, read A from the rows' sources, with no copy. Only a
+// micro-row past m's end, and columns short of a micro-tile, are packed,
+// from the same sources. Packing had copied
 // each term of the built-in CNN's convolutions to feed one or two pairs of
 // micro-tiles. The chains are the packed path's, term for term.
 template <typename Operands>
@@ -923,7 +975,6 @@ void ComputeTileReadingRows(const Operands& operands,
   const std::vector<float> zeros(tap_terms, 0.0f);
   std::vector<const float*> sources((kKC / tap_terms + 2) * kMR);
   const int64 ldb = in_place != nullptr ? n : kNR;
-  const int64 paired = cols / (2 * kNR) * (2 * kNR);
   for (int64 k0 = k_begin; k0 < k_end; k0 += kKC) {
     const int64 kc = std::min(kKC, k_end - k0);
     const TapSpan span(k0, kc, tap_terms);
@@ -937,15 +988,21 @@ void ComputeTileReadingRows(const Operands& operands,
       operands.RowSources(i0 + r, span.first_tap, span.taps, zeros.data(),
                           sources.data());
       float* out = c + (i0 + r) * n + j0;
-      const int64 direct = real == kMR ? paired : 0;
-      for (int64 q = 0; q < direct; q += 2 * kNR)
-        kernels.rows(kc, sources.data(), span.first, tap_terms, b_panel(q),
-                     b_panel(q + kNR), ldb, out + q, n, accumulate);
-      if (direct == cols) continue;
+      int64 q = 0;
+      if (real == kMR && kernels.pair_rows != nullptr)
+        for (; q + 2 * kNR <= cols; q += 2 * kNR)
+          kernels.pair_rows(kc, sources.data(), span.first, tap_terms,
+                            b_panel(q), b_panel(q + kNR), ldb, out + q, n,
+                            accumulate);
+      if (real == kMR)
+        for (; q + kNR <= cols; q += kNR)
+          kernels.single_rows(kc, sources.data(), span.first, tap_terms,
+                              b_panel(q), ldb, out + q, n, accumulate);
+      if (q == cols) continue;
       PackFromSources(sources.data(), span.first, tap_terms, kc, zeros.data(),
                       a_block);
-      for (int64 q = direct; q < cols;) {
-        const bool pair = cols - q >= 2 * kNR;
+      while (q < cols) {
+        const bool pair = kernels.pair != nullptr && cols - q >= 2 * kNR;
         const int64 width = pair ? 2 * kNR : kNR;
         ComputeMicroTile(kernels, kc, a_block, b_panel(q),
                          pair ? b_panel(q + kNR) : nullptr, ldb, out + q, n,
@@ -971,7 +1028,7 @@ void ComputeTile(const Operands& operands, const MicroKernels& kernels,
   }
   const float* in_place = operands.InPlaceB(p);
   if constexpr (ReadsARows<Operands>::value) {
-    if (kernels.rows != nullptr && !own_b) {
+    if (kernels.single_rows != nullptr && !own_b) {
       ComputeTileReadingRows(operands, kernels, a_block, in_place, b_pack, n, k,
                              k_begin, k_end, c, i0, j0, rows, cols);
       return;
