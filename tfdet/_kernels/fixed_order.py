@@ -8,7 +8,7 @@ splits the work over output tiles and those blocks, so its bits do not follow th
 thread count, the row count (a sample's batch) or the vector width (its
 AVX-512, AVX2 and scalar paths give the same bits). A 2-D convolution (NHWC,
 float32) and its two gradients are the same product over the image's
-patches, packed from the image itself. See the source's header.
+patches, read from the image itself. See the source's header.
 
 It is a TensorFlow custom op, installed with tfdet or built at first use
 and cached (`tfdet._kernels.library`); where it cannot be had, `load()`

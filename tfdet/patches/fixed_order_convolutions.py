@@ -4,7 +4,7 @@
 (Keras's Conv1D and Conv2D, their gradients, Conv2DTranspose's forward)
 are computed by tfdet's fixed-order product kernel
 (`tfdet/_kernels/fixed_order.py`) as products over the image's
-patches, packed from the image itself: every output element (an output
+patches, read from the image itself: every output element (an output
 pixel's filter, an input pixel's channel, a weight) is one chain of fused
 multiply-adds over its terms in an order fixed by the shapes (a long sum in
 K blocks fixed by its length), and the work is split over output tiles and
@@ -17,7 +17,10 @@ where `pool_size_free_products` relies on oneDNN's forward convolution
 Slower than oneDNN's own convolutions on an AMD EPYC Zen 3 (AVX2, 2 threads,
 the built-in CNN's layers, batch 64: forward 1.1-1.7x, input gradient
 1.4-2.4x, filter gradient 0.9-1.3x, 3.6x on 3 channels;
-`benchmarks/fixed_order_convolutions.py`); whole models run at plain
+`benchmarks/fixed_order_convolutions.py`); on a 2-core AMD EPYC Zen 4
+(AVX-512, batch 32, the kernel reading the image in place), the same
+layers' forward 1.14x, input gradient 1.44x, filter gradient 1.19x in
+sum (`benchmarks/step_time_ab.py --convolutions cnn`); whole models run at plain
 TensorFlow's speed all the same (docs/how-to/cost.md), so "auto" installs
 it, with `pool_size_free_products` and `fixed_order_products`. Installed with
 `pool_size_free_products`, that patch leaves the convolutions to this one;

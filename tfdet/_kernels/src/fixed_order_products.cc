@@ -22,8 +22,10 @@
 // - padded rows and columns of the edge tiles are zeros computed beside the
 //   real ones and thrown away: they never enter a real element's chain.
 //
-// A convolution is the same product over its image patches, packed from
-// the image directly (no im2col copy in memory beside the packed panels):
+// A convolution is the same product over its image patches, read from the
+// image directly (no im2col copy in memory): packed into panels, or read
+// in place by the micro-kernel through a pointer per row and filter tap
+// (ReadsARows in core.h) or per term (ReadsATerms), which changes no chain:
 // forward, (batch x out_h x out_w) x (filter_h x filter_w x channels) times
 // the filter; the input gradient, (batch x height x width) x (filter_h x
 // filter_w x filters) of the output gradient, zero where no output reads
