@@ -148,6 +148,9 @@ CONVOLUTIONS = (
     ((2, 11, 11, 3), (7, 7, 32), (2, 2), "SAME", 1),
     ((2, 9, 9, 2), (3, 3, 40), (1, 1), [0, 0, 1, 2, 2, 0, 0, 0], 1),
     ((2, 8, 8, 4), (3, 3, 32), (1, 2), "VALID", 1),
+    # 32 filters and 8 channels, dilated and strided without padding: the
+    # AVX-512 path's filter gradient reads each tap's pixels in place.
+    ((2, 13, 12, 8), (3, 3, 32), (2, 1), "VALID", 2),
     # A 1x1 filter at stride 1: the image read in place as the filter
     # gradient's B (fewer than 32 filters, its transposed form).
     ((2, 5, 7, 32), (1, 1, 24), (1, 1), "SAME", 1),
