@@ -961,9 +961,9 @@ void ComputeTileReadingA(const Operands& operands, const MicroKernels& kernels,
 // kernels: each whole micro-row's pairs of micro-tiles, then its single
 // micro-tiles, read A from the rows' sources, with no copy. Only a
 // micro-row past m's end, and columns short of a micro-tile, are packed,
-// from the same sources. Packing had copied
-// each term of the built-in CNN's convolutions to feed one or two pairs of
-// micro-tiles. The chains are the packed path's, term for term.
+// from the same sources. Packing had copied each term of the built-in
+// CNN's convolutions to feed one or two pairs of micro-tiles. The chains
+// are the packed path's, term for term.
 template <typename Operands>
 void ComputeTileReadingRows(const Operands& operands,
                             const MicroKernels& kernels, float* a_block,
