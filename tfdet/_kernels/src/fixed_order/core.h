@@ -802,12 +802,26 @@ struct TapSpan {
 template <typename Operands>
 void PackRowsFromSources(const Operands& operands, int64 i0, int64 k0,
                          int64 kc, float* dst) {
-  const TapSpan span(k0, kc, operands.TermsPerTap());
+  const int64 tap_terms = operands.TermsPerTap();
+  const TapSpan span(k0, kc, tap_terms);
   const float* sources[(kKC + 1) * kMR];
   operands.RowSources(i0, span.first_tap, span.taps, kZeros, sources);
-  PackFromSources(sources, span.first, operands.TermsPerTap(), kc, kZeros,
-                  dst);
+  PackFromSources(sources, span.first, tap_terms, kc, kZeros, dst);
 }
+
+// Where a tile's B panels lie, columns j0.. on: read in place from B (k x
+// n, row-major) where `in_place` is B, else packed (each panel k x kNR).
+// At(k0, column): the panel of the tile's `column`-th column from term k0.
+struct BPanels {
+  const float* in_place;
+  const float* packed;
+  int64 n, k, j0;
+  int64 ldb() const { return in_place != nullptr ? n : kNR; }
+  const float* At(int64 k0, int64 column) const {
+    if (in_place != nullptr) return in_place + k0 * n + j0 + column;
+    return packed + ((j0 + column) / kNR) * kNR * k + k0 * kNR;
+  }
+};
 
 // Whether operands pack a tile's rows of A at once (`PackATile`), rather
 // than one micro-panel at a time (`PackA`).
@@ -904,21 +918,17 @@ struct ReadsATerms<Operands, std::void_t<decltype(&Operands::TapTerms)>>
 // chains are the packed path's, term for term.
 template <typename Operands>
 void ComputeTileReadingA(const Operands& operands, const MicroKernels& kernels,
-                         int64 p, float* a_block, const float* in_place,
-                         const float* b_pack, int64 n, int64 k, int64 k_begin,
-                         int64 k_end, float* c, int64 i0, int64 j0,
-                         int64 rows, int64 cols) {
+                         float* a_block, const BPanels& b, int64 k_begin,
+                         int64 k_end, float* c, int64 i0, int64 rows,
+                         int64 cols) {
   const int64 group_rows = operands.RowsATap();
   const int64 first = i0 / group_rows, last = (i0 + rows - 1) / group_rows;
   const std::vector<float> zeros(group_rows, 0.0f);
   std::vector<const float*> terms((last - first + 1) * kKC);
-  const int64 ldb = in_place != nullptr ? n : kNR;
+  const int64 n = b.n, ldb = b.ldb();
   for (int64 k0 = k_begin; k0 < k_end; k0 += kKC) {
     const int64 kc = std::min(kKC, k_end - k0);
-    auto b_panel = [&](int64 at) -> const float* {
-      if (in_place != nullptr) return in_place + k0 * n + j0 + at;
-      return b_pack + ((j0 + at) / kNR) * kNR * k + k0 * kNR;
-    };
+    auto b_panel = [&](int64 column) { return b.At(k0, column); };
     for (int64 group = first; group <= last; ++group)
       operands.TapTerms(group, k0, kc, zeros.data(),
                         terms.data() + (group - first) * kKC);
@@ -942,7 +952,7 @@ void ComputeTileReadingA(const Operands& operands, const MicroKernels& kernels,
             panel[x * kMR + row] = row_terms[row][x][row_offset[row]];
       }
       for (int64 q = 0; q < cols; q += 2 * kNR) {
-        float* out = c + (i0 + r) * n + j0 + q;
+        float* out = c + (i0 + r) * n + b.j0 + q;
         if (inside) {
           kernels.indirect(kc, terms.data() + ((i0 + r) / group_rows - first) * kKC,
                            offset, b_panel(q), b_panel(q + kNR), ldb, out, n,
@@ -967,27 +977,22 @@ void ComputeTileReadingA(const Operands& operands, const MicroKernels& kernels,
 template <typename Operands>
 void ComputeTileReadingRows(const Operands& operands,
                             const MicroKernels& kernels, float* a_block,
-                            const float* in_place, const float* b_pack,
-                            int64 n, int64 k, int64 k_begin, int64 k_end,
-                            float* c, int64 i0, int64 j0, int64 rows,
-                            int64 cols) {
+                            const BPanels& b, int64 k_begin, int64 k_end,
+                            float* c, int64 i0, int64 rows, int64 cols) {
   const int64 tap_terms = operands.TermsPerTap();
   const std::vector<float> zeros(tap_terms, 0.0f);
   std::vector<const float*> sources((kKC / tap_terms + 2) * kMR);
-  const int64 ldb = in_place != nullptr ? n : kNR;
+  const int64 n = b.n, ldb = b.ldb();
   for (int64 k0 = k_begin; k0 < k_end; k0 += kKC) {
     const int64 kc = std::min(kKC, k_end - k0);
     const TapSpan span(k0, kc, tap_terms);
     const bool accumulate = k0 > k_begin;
-    auto b_panel = [&](int64 at) -> const float* {
-      if (in_place != nullptr) return in_place + k0 * n + j0 + at;
-      return b_pack + ((j0 + at) / kNR) * kNR * k + k0 * kNR;
-    };
+    auto b_panel = [&](int64 column) { return b.At(k0, column); };
     for (int64 r = 0; r < rows; r += kMR) {
       const int64 real = std::min(kMR, rows - r);
       operands.RowSources(i0 + r, span.first_tap, span.taps, zeros.data(),
                           sources.data());
-      float* out = c + (i0 + r) * n + j0;
+      float* out = c + (i0 + r) * n + b.j0;
       int64 q = 0;
       if (real == kMR && kernels.pair_rows != nullptr)
         for (; q + 2 * kNR <= cols; q += 2 * kNR)
@@ -1026,33 +1031,32 @@ void ComputeTile(const Operands& operands, const MicroKernels& kernels,
       std::fill(c + (i0 + r) * n + j0, c + (i0 + r) * n + j0 + cols, 0.0f);
     return;
   }
-  const float* in_place = operands.InPlaceB(p);
+  const BPanels b{operands.InPlaceB(p), b_pack, n, k, j0};
   if constexpr (ReadsARows<Operands>::value) {
     if (kernels.single_rows != nullptr && !own_b) {
-      ComputeTileReadingRows(operands, kernels, a_block, in_place, b_pack, n, k,
-                             k_begin, k_end, c, i0, j0, rows, cols);
+      ComputeTileReadingRows(operands, kernels, a_block, b, k_begin, k_end, c,
+                             i0, rows, cols);
       return;
     }
   }
   if constexpr (ReadsATerms<Operands>::value) {
     if (kernels.indirect != nullptr && !own_b && cols % (2 * kNR) == 0 &&
         operands.RowsATap() >= kMR) {
-      ComputeTileReadingA(operands, kernels, p, a_block, in_place, b_pack, n,
-                          k, k_begin, k_end, c, i0, j0, rows, cols);
+      ComputeTileReadingA(operands, kernels, a_block, b, k_begin, k_end, c, i0,
+                          rows, cols);
       return;
     }
   }
-  const int64 ldb = in_place != nullptr ? n : kNR;
+  const int64 ldb = b.ldb();
   for (int64 k0 = k_begin; k0 < k_end; k0 += kKC) {
     const int64 kc = std::min(kKC, k_end - k0);
     PackTileRows(operands, p, i0, rows, k0, kc, a_block);
     if (own_b)
       for (int64 q = 0; q < cols; q += kNR)
         operands.PackB(p, j0 + q, k0, kc, b_block + q * kc);
+    // Where tasks pack B (own_b), this K block's panels, just packed.
     auto b_panel = [&](int64 q) -> const float* {
-      if (in_place != nullptr) return in_place + k0 * n + j0 + q;
-      return own_b ? b_block + q * kc
-                   : b_pack + ((j0 + q) / kNR) * kNR * k + k0 * kNR;
+      return own_b && b.in_place == nullptr ? b_block + q * kc : b.At(k0, q);
     };
     for (int64 q = 0; q < cols;) {
       // Two whole micro-tiles side by side where the kernels pair them.
